@@ -1,0 +1,1 @@
+"""media-disk: stepcore backend package."""

@@ -1,0 +1,1 @@
+"""media-s3: stepcore backend package."""

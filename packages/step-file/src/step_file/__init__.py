@@ -1,0 +1,1 @@
+"""step-file: stepcore backend package."""

@@ -1,0 +1,1 @@
+"""step-mongo: stepcore backend package."""

@@ -1,0 +1,1 @@
+"""step-sqlite: stepcore backend package."""

@@ -1,0 +1,7 @@
+"""The `stepcore` command line."""
+
+from __future__ import annotations
+
+from .app import app, main
+
+__all__ = ('app', 'main')

@@ -1,0 +1,172 @@
+"""Incremental history storage, shared by every persistent store.
+
+A run's messages are stored as nodes of a tree: each node holds one encoded message and points at
+the node before it. A snapshot names only its newest node (its *head*) and its length, so saving a
+step writes the messages that are new since the previous save and one small snapshot row, and
+reading a snapshot walks back from its head. Bytes grow linearly with the run and the work per save
+does not grow with the history.
+
+History rewrites are handled by content: the new history is compared with the last saved one, the
+longest common prefix is reused, and everything after it becomes new nodes hanging off the prefix.
+So a compaction, a trimming history processor, or a request stamped by pydantic-ai after it was
+saved (its timestamp and run id are filled in when it is sent) are all stored exactly.
+
+Comparing content without re-serializing the whole history at every step: the index remembers,
+per run, the message objects it saved and a digest of each one's encoding. A position holding the
+very same object is taken as unchanged, except for the newest `TAIL_RECHECK` saved messages, which
+pydantic-ai is known to stamp in place and which are always re-encoded and compared. Everything
+that is not the same object is re-encoded and compared by digest. Messages older than the tail are
+assumed not to be mutated in place (pydantic-ai never does so); a rewrite that replaces them is
+detected by identity.
+
+Nodes are never deleted while their run exists, so pruning a snapshot cannot break another one,
+and an index entry can never point at a node that is gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+from pydantic_ai.messages import ModelMessage
+
+from .codec import decode_messages, encode_message
+from .walker import MediaWalker
+
+__all__ = ('TAIL_RECHECK', 'HistoryDelta', 'HistoryIndex', 'walk_chain')
+
+TAIL_RECHECK = 2
+"""How many of the newest saved messages are always re-encoded when compared."""
+
+NodeId = Hashable
+
+
+def _digest(encoded: bytes) -> bytes:
+    return hashlib.blake2b(encoded, digest_size=16).digest()
+
+
+@dataclass(slots=True)
+class _SavedHistory:
+    messages: list[ModelMessage]
+    digests: list[bytes]
+    nodes: list[NodeId]
+
+
+@dataclass(slots=True)
+class HistoryDelta:
+    """What a save must write: the messages after the reused prefix, in stored form."""
+
+    run_id: str
+    parent: NodeId | None
+    """The node the first new message hangs off (`None` when the history starts fresh)."""
+    shared: int
+    """How many leading messages are reused from the previous save."""
+    new_messages: list[bytes]
+    """Stored form (media externalized) of `messages[shared:]`, in order."""
+    total: int
+    """Length of the whole history."""
+    _messages: list[ModelMessage] = field(repr=False)
+    _digests: list[bytes] = field(repr=False)
+    _base: _SavedHistory | None = field(repr=False)
+
+
+class HistoryIndex:
+    """Per-store memory of the last saved history of recent runs."""
+
+    def __init__(self, walker: MediaWalker, *, max_runs: int = 256) -> None:
+        self.walker = walker
+        self.max_runs = max_runs
+        self._runs: OrderedDict[str, _SavedHistory] = OrderedDict()
+
+    async def delta(self, run_id: str, messages: Sequence[ModelMessage]) -> HistoryDelta:
+        """Compare `messages` with the run's last saved history and encode what is new."""
+        saved = self._runs.get(run_id)
+        messages = list(messages)
+        digests: list[bytes] = []
+        shared = 0
+        pending: list[bytes] = []
+        if saved is not None:
+            limit = min(len(messages), len(saved.messages))
+            trusted = len(saved.messages) - TAIL_RECHECK
+            while shared < limit:
+                message = messages[shared]
+                if message is saved.messages[shared] and shared < trusted:
+                    digests.append(saved.digests[shared])
+                    shared += 1
+                    continue
+                encoded = encode_message(message)
+                digest = _digest(encoded)
+                if digest != saved.digests[shared]:
+                    pending.append(encoded)
+                    digests.append(digest)
+                    break
+                digests.append(digest)
+                shared += 1
+        parent = saved.nodes[shared - 1] if saved is not None and shared else None
+        if pending:
+            start = shared + 1
+        else:
+            start = shared
+        for message in messages[start:]:
+            encoded = encode_message(message)
+            pending.append(encoded)
+            digests.append(_digest(encoded))
+        new_messages = [await self.walker.externalize(e) for e in pending]
+        return HistoryDelta(
+            run_id=run_id,
+            parent=parent,
+            shared=shared,
+            new_messages=new_messages,
+            total=len(messages),
+            _messages=messages,
+            _digests=digests,
+            _base=saved,
+        )
+
+    def commit(self, delta: HistoryDelta, new_nodes: Sequence[NodeId]) -> None:
+        """Remember a written delta; `new_nodes` are the ids given to `delta.new_messages`."""
+        if len(new_nodes) != len(delta.new_messages):
+            raise ValueError(f'commit got {len(new_nodes)} node ids for {len(delta.new_messages)} new messages')
+        base_nodes = delta._base.nodes[: delta.shared] if delta._base is not None else []
+        self._runs[delta.run_id] = _SavedHistory(
+            messages=delta._messages, digests=delta._digests, nodes=[*base_nodes, *new_nodes]
+        )
+        self._runs.move_to_end(delta.run_id)
+        while len(self._runs) > self.max_runs:
+            self._runs.popitem(last=False)
+
+    def head(self, delta: HistoryDelta, new_nodes: Sequence[NodeId]) -> NodeId | None:
+        """The head node of the history a delta describes, once its new nodes have ids."""
+        if new_nodes:
+            return new_nodes[-1]
+        return delta.parent
+
+    def forget(self, run_id: str) -> None:
+        """Drop what is remembered of a run (call when its nodes are deleted)."""
+        self._runs.pop(run_id, None)
+
+    async def decode(self, stored: Sequence[bytes]) -> list[ModelMessage]:
+        """Messages back from stored node bodies, oldest first, media restored."""
+        return decode_messages([await self.walker.restore(s) for s in stored])
+
+
+def walk_chain(
+    head: NodeId | None, length: int, lookup: Callable[[NodeId], tuple[NodeId | None, bytes]]
+) -> list[bytes]:
+    """Stored bodies of the `length` nodes ending at `head`, oldest first.
+
+    `lookup(node)` returns `(parent, body)`. Raises `LookupError` when the chain is shorter than
+    the snapshot says, which means the store lost nodes.
+    """
+    bodies: list[bytes] = []
+    node = head
+    while node is not None and len(bodies) < length:
+        parent, body = lookup(node)
+        bodies.append(body)
+        node = parent
+    if len(bodies) != length:
+        raise LookupError(f'stored history is broken: expected {length} messages, found {len(bodies)}')
+    bodies.reverse()
+    return bodies

@@ -1,0 +1,100 @@
+"""The media store protocol: content-addressed blobs referenced from stored snapshots."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+__all__ = (
+    'EMPTY_CONTEXT',
+    'MEDIA_URI_PREFIX',
+    'KeyStrategy',
+    'MediaContext',
+    'MediaStore',
+    'PublicUrlResolver',
+    'default_key',
+    'digest_of_uri',
+    'media_uri',
+    'resolve_public_url',
+)
+
+MEDIA_URI_PREFIX = 'media+sha256://'
+
+
+@dataclass(frozen=True, kw_only=True)
+class MediaContext:
+    """Per-operation details a media store may use; every field is optional."""
+
+    media_type: str | None = None
+    """The payload's media type, e.g. `image/png`."""
+    filename: str | None = None
+    """The original filename, when known."""
+    metadata: Mapping[str, str] = field(default_factory=dict[str, str])
+    """User-supplied tags, returned by `get_metadata`."""
+
+
+EMPTY_CONTEXT = MediaContext()
+
+PublicUrlResolver = Callable[[str, MediaContext], Awaitable[str | None] | str | None]
+"""Turns a `media+sha256://` URI into a URL a model can fetch, or `None`."""
+
+KeyStrategy = Callable[[str, MediaContext], str]
+"""Maps a `media+sha256://` URI to the backend's storage key (a relative path or object key)."""
+
+
+def media_uri(data: bytes) -> str:
+    """The content address of `data`."""
+    return MEDIA_URI_PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def digest_of_uri(uri: str) -> str:
+    """The hex sha256 digest in a `media+sha256://` URI; `ValueError` for anything else."""
+    if not uri.startswith(MEDIA_URI_PREFIX):
+        raise ValueError(f'media URI {uri!r} is not a {MEDIA_URI_PREFIX}<sha256> address')
+    digest = uri[len(MEDIA_URI_PREFIX) :]
+    if len(digest) != 64 or any(c not in '0123456789abcdef' for c in digest):
+        raise ValueError(f'media URI {uri!r} does not carry a 64-character lowercase hex sha256 digest')
+    return digest
+
+
+def default_key(uri: str, context: MediaContext = EMPTY_CONTEXT) -> str:
+    """The default storage key of a blob: `<sha256>.bin`."""
+    del context
+    return f'{digest_of_uri(uri)}.bin'
+
+
+async def resolve_public_url(resolver: PublicUrlResolver | None, uri: str, context: MediaContext) -> str | None:
+    """Call a sync or async `public_url` resolver; `None` when there is none."""
+    if resolver is None:
+        return None
+    result = resolver(uri, context)
+    if isinstance(result, Awaitable):
+        return await result
+    return result
+
+
+@runtime_checkable
+class MediaStore(Protocol):
+    """Where externalized blobs live. Every method takes a `MediaContext`."""
+
+    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+        """Store `data` (once per content) and return its `media+sha256://<hex>` URI."""
+        ...
+
+    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
+        """The bytes at `uri`; `LookupError` when absent."""
+        ...
+
+    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
+        """Whether a blob is stored at `uri`."""
+        ...
+
+    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
+        """A URL a model can fetch for `uri`, from the configured resolver, else `None`."""
+        ...
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
+        """The metadata mapping stored with the blob, `None` when it was stored without any."""
+        ...

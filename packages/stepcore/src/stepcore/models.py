@@ -1,0 +1,147 @@
+"""The records stepcore persists: runs, step events, snapshots and tool effects."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_ai.messages import ModelMessage
+
+__all__ = (
+    'RECORD_FORMAT_VERSION',
+    'ContinuableSnapshot',
+    'EventKind',
+    'RunRecord',
+    'SnapshotState',
+    'StepEvent',
+    'ToolEffectRecord',
+    'ToolEffectStatus',
+    'utcnow',
+)
+
+RECORD_FORMAT_VERSION = 1
+"""Version of the stored record format. Readers refuse records stamped with a newer version."""
+
+
+def utcnow() -> datetime:
+    """The current time as an aware UTC datetime."""
+    return datetime.now(UTC)
+
+
+class EventKind(StrEnum):
+    """What happened at a step boundary."""
+
+    RUN_STARTED = 'run_started'
+    RUN_COMPLETED = 'run_completed'
+    RUN_FAILED = 'run_failed'
+    MODEL_REQUEST_STARTED = 'model_request_started'
+    MODEL_REQUEST_COMPLETED = 'model_request_completed'
+    MODEL_REQUEST_FAILED = 'model_request_failed'
+    TOOL_CALL_STARTED = 'tool_call_started'
+    TOOL_CALL_COMPLETED = 'tool_call_completed'
+    TOOL_CALL_FAILED = 'tool_call_failed'
+
+
+class SnapshotState(StrEnum):
+    """Whether a snapshot's tool work was settled when it was captured."""
+
+    COMPLETE = 'complete'
+    """Every tool call has a matching result: safe to continue from."""
+    INTERRUPTED = 'interrupted'
+    """Tool work was unsettled (a crash or failure mid tool cycle): check the ledger first."""
+
+
+class ToolEffectStatus(StrEnum):
+    """Lifecycle of one tool call in the tool-effect ledger."""
+
+    STARTED = 'started'
+    COMPLETED = 'completed'
+    FAILED = 'failed'
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra='ignore', validate_assignment=False, use_enum_values=False)
+
+
+class RunRecord(_Record):
+    """One `Agent.run` call and its lineage."""
+
+    run_id: str
+    agent_name: str | None = None
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    started_at: datetime = Field(default_factory=utcnow)
+    metadata: dict[str, str] = Field(default_factory=dict[str, str])
+    registration_id: str | None = None
+    """Identity of the registration that created this record.
+
+    A second `register_run` with the same `run_id` and the same `registration_id` is a retry of the
+    same registration (durable replay) and is accepted; any other reuse raises `ValueError`.
+    """
+
+
+class StepEvent(_Record):
+    """An append-only record of one step boundary."""
+
+    run_id: str
+    kind: EventKind
+    step_index: int = 0
+    timestamp: datetime = Field(default_factory=utcnow)
+    agent_name: str | None = None
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+    error: str | None = None
+    """`repr`-style description of the failure, for `*_failed` events."""
+    metadata: dict[str, str] = Field(default_factory=dict[str, str])
+    idempotency_key: str | None = None
+    """A key the store already applied for this run is suppressed; `None` always appends."""
+    seq: int | None = None
+    """Position in the run's event trail, assigned by the store on append."""
+
+
+class ContinuableSnapshot(_Record):
+    """The message history of a run at one boundary, loadable as `message_history=`."""
+
+    model_config = ConfigDict(extra='ignore', arbitrary_types_allowed=True)
+
+    run_id: str
+    step_index: int = 0
+    messages: list[ModelMessage] = Field(default_factory=list[ModelMessage])
+    state: SnapshotState = SnapshotState.COMPLETE
+    created_at: datetime = Field(default_factory=utcnow)
+    agent_name: str | None = None
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict[str, str])
+    idempotency_key: str | None = None
+    """A key the store already applied for this run is suppressed; `None` always saves."""
+    seq: int | None = None
+    """Per-run monotonic position, assigned by the store on save."""
+
+
+class ToolEffectRecord(_Record):
+    """The ledger entry of one tool call, keyed by `(run_id, tool_call_id)`."""
+
+    run_id: str
+    tool_call_id: str
+    tool_name: str
+    status: ToolEffectStatus = ToolEffectStatus.STARTED
+    started_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    step_index: int = 0
+    idempotency_key: str | None = None
+    """Set by the tool through `annotate_tool_effect`: how to deduplicate its side effect."""
+    effect_summary: str | None = None
+    """Set by the tool through `annotate_tool_effect`: what the side effect was, in words."""
+    error: str | None = None
+    args: Any = None
+    """The tool call's arguments as the model sent them (JSON-compatible)."""
+
+    @property
+    def unresolved(self) -> bool:
+        """True while the call has a `started` record and no terminal update."""
+        return self.status is ToolEffectStatus.STARTED
