@@ -35,7 +35,7 @@ from pydantic_ai.messages import ModelMessage
 from .codec import decode_messages, encode_message
 from .walker import MediaWalker
 
-__all__ = ('TAIL_RECHECK', 'HistoryDelta', 'HistoryIndex', 'walk_chain')
+__all__ = ("TAIL_RECHECK", "HistoryDelta", "HistoryIndex", "walk_chain")
 
 TAIL_RECHECK = 2
 """How many of the newest saved messages are always re-encoded when compared."""
@@ -105,10 +105,7 @@ class HistoryIndex:
                 digests.append(digest)
                 shared += 1
         parent = saved.nodes[shared - 1] if saved is not None and shared else None
-        if pending:
-            start = shared + 1
-        else:
-            start = shared
+        start = shared + 1 if pending else shared
         for message in messages[start:]:
             encoded = encode_message(message)
             pending.append(encoded)
@@ -128,7 +125,7 @@ class HistoryIndex:
     def commit(self, delta: HistoryDelta, new_nodes: Sequence[NodeId]) -> None:
         """Remember a written delta; `new_nodes` are the ids given to `delta.new_messages`."""
         if len(new_nodes) != len(delta.new_messages):
-            raise ValueError(f'commit got {len(new_nodes)} node ids for {len(delta.new_messages)} new messages')
+            raise ValueError(f"commit got {len(new_nodes)} node ids for {len(delta.new_messages)} new messages")
         base_nodes = delta._base.nodes[: delta.shared] if delta._base is not None else []
         self._runs[delta.run_id] = _SavedHistory(
             messages=delta._messages, digests=delta._digests, nodes=[*base_nodes, *new_nodes]
@@ -167,6 +164,6 @@ def walk_chain(
         bodies.append(body)
         node = parent
     if len(bodies) != length:
-        raise LookupError(f'stored history is broken: expected {length} messages, found {len(bodies)}')
+        raise LookupError(f"stored history is broken: expected {length} messages, found {len(bodies)}")
     bodies.reverse()
     return bodies
