@@ -13,9 +13,9 @@ _PATH_SAFE = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 
 def validate_path_safe_run_id(run_id: object) -> str:
     """Return `run_id` if it can name a folder safely; `ValueError` otherwise."""
-    if not isinstance(run_id, str) or not _PATH_SAFE.fullmatch(run_id) or ".." in run_id:
+    if not isinstance(run_id, str) or not _PATH_SAFE.fullmatch(run_id) or ".." in run_id or run_id == ".":
         raise ValueError(
-            f'run_id {run_id!r} is not path-safe: use 1-{MAX_RUN_ID_LENGTH} of A-Z a-z 0-9 _ . - and no ".."'
+            f'run_id {run_id!r} is not path-safe: use 1-{MAX_RUN_ID_LENGTH} of A-Z a-z 0-9 _ . -, not "." and no ".."'
         )
     return run_id
 

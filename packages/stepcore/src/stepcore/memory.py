@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .features import SNAPSHOT_RETENTION
+from .features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from .history import HistoryIndex, walk_chain
+from .media import MediaStore
 from .models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, ToolEffectStatus
 from .protocols import StepStore
 from .registration import check_registration
@@ -45,7 +46,16 @@ class InMemoryStepStore(StepStore):
 
     features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION})
 
-    def __init__(self, *, max_snapshots_per_run: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_snapshots_per_run: int | None = None,
+        media_store: MediaStore | None = None,
+        media_threshold_bytes: int | None = None,
+    ) -> None:
+        if media_store is not None or media_threshold_bytes is not None:
+            # Messages stay in process memory as they are: there is nothing to externalize to.
+            require_feature(self, MEDIA_EXTERNALIZATION, option="media_store / media_threshold_bytes")
         self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
         self._runs_by_id: dict[str, RunRecord] = {}
         self._data: dict[str, _Run] = {}

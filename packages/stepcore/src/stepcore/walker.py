@@ -40,11 +40,33 @@ _TEXT_MEDIA_TYPE = "text/plain; charset=utf-8"
 
 def _check_marker_format(value: dict[str, Any]) -> None:
     version = value.get(MARKER_FORMAT_KEY)
-    if version != MARKER_FORMAT:
+    if type(version) is not int or version != MARKER_FORMAT:
         raise ValueError(
             f"stored media marker has format {version!r}, which this stepcore does not read "
             f"(it reads format {MARKER_FORMAT}): upgrade stepcore to restore this snapshot"
         )
+
+
+def _decode_base64(text: str) -> tuple[bytes, str] | None:
+    """The bytes of a canonical base64 string and its alphabet, or `None` for any other string.
+
+    pydantic writes bytes as URL-safe base64; a standard-alphabet payload (user data shaped like
+    binary content) is accepted too. Only a string that re-encodes to itself is externalized, so
+    restoring always gives back the exact original text.
+    """
+    if not text.isascii():
+        return None
+    raw = text.encode("ascii")
+    try:
+        data = base64.urlsafe_b64decode(raw)
+        if base64.urlsafe_b64encode(data) == raw:
+            return data, "base64url"
+        data = base64.b64decode(raw, validate=True)
+    except ValueError:  # binascii.Error
+        return None
+    if base64.b64encode(data) == raw:
+        return data, "base64"
+    return None
 
 
 class MediaWalker:
@@ -110,8 +132,8 @@ class MediaWalker:
         escaped: dict[str, Any] = {}
         binary = self.media_store is not None and value.get("kind") == "binary" and isinstance(value.get("data"), str)
         for key, item in value.items():
-            if binary and key == "data":
-                out[key] = await self._externalize_binary(item, value.get("media_type"))
+            if binary and key == "data" and (decoded := _decode_base64(item)) is not None:
+                out[key] = await self._externalize_binary(*decoded, value.get("media_type"))
             elif key in RESERVED_KEYS:
                 escaped[key] = await self.externalize_value(item)
             else:
@@ -121,12 +143,11 @@ class MediaWalker:
             out[MARKER_FORMAT_KEY] = MARKER_FORMAT
         return out
 
-    async def _externalize_binary(self, b64: str, media_type: object) -> dict[str, Any]:
+    async def _externalize_binary(self, data: bytes, encoding: str, media_type: object) -> dict[str, Any]:
         assert self.media_store is not None
-        data = base64.b64decode(b64)
         context = MediaContext(media_type=media_type if isinstance(media_type, str) else None)
         uri = await self.media_store.put(data, context=context)
-        return {MARKER_KEY: uri, MARKER_FORMAT_KEY: MARKER_FORMAT, ENCODING_KEY: "base64"}
+        return {MARKER_KEY: uri, MARKER_FORMAT_KEY: MARKER_FORMAT, ENCODING_KEY: encoding}
 
     async def restore_value(self, value: Any) -> Any:
         """`value` with markers resolved and escaped keys put back (a new structure)."""
@@ -157,6 +178,8 @@ class MediaWalker:
         if self.media_store is None:
             raise ValueError(f"stored snapshot references externalized media {uri!r} but the store has no media_store")
         data = await self.media_store.get(uri)
+        if encoding == "base64url":
+            return base64.urlsafe_b64encode(data).decode("ascii")
         if encoding == "base64":
             return base64.b64encode(data).decode("ascii")
         if encoding == "text":
