@@ -12,10 +12,10 @@ _STEP_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTEN
 def register_step_stores() -> list[BackendInfo]:
     return [
         BackendInfo(
-            key="sqlite",
-            factory="step_sqlite.store:SqliteStepStore",
+            key='sqlite',
+            factory='step_sqlite.store:SqliteStepStore',
             features=_STEP_FEATURES,
-            summary="One embedded SQLite database file (the default).",
+            summary='One embedded SQLite database file (the default).',
         )
     ]
 
@@ -24,9 +24,9 @@ def register_step_stores() -> list[BackendInfo]:
 def register_media_stores() -> list[BackendInfo]:
     return [
         BackendInfo(
-            key="sqlite",
-            factory="step_sqlite.media:SqliteMediaStore",
+            key='sqlite',
+            factory='step_sqlite.media:SqliteMediaStore',
             features=frozenset({PERSISTENT}),
-            summary="Blobs in a table of a SQLite database.",
+            summary='Blobs in a table of a SQLite database.',
         )
     ]

@@ -1,0 +1,235 @@
+"""One SQLite connection shared by the stores of a database, used from worker threads.
+
+Every store call runs its SQL on a worker thread (`anyio.to_thread.run_sync`) so the event loop
+never waits on the disk, and a per-connection lock keeps calls from interleaving inside one
+connection. Writes run in `BEGIN IMMEDIATE` transactions: the write lock is taken up front, so two
+processes writing the same file wait for each other (up to the busy timeout) instead of failing
+on a lock upgrade.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal, TypeVar, cast
+
+import anyio.to_thread
+
+__all__ = ('Database', 'Synchronous', 'check_shared_connection', 'write_transaction')
+
+T = TypeVar('T')
+
+Synchronous = Literal['OFF', 'NORMAL', 'FULL', 'EXTRA']
+_SYNCHRONOUS = ('OFF', 'NORMAL', 'FULL', 'EXTRA')
+
+
+class _Guard:
+    """The lock of one connection; shared by every store object using that connection."""
+
+    __slots__ = ('__weakref__', 'closed', 'connection', 'lock')
+
+    def __init__(self, connection: sqlite3.Connection | None) -> None:
+        self.connection = connection
+        self.lock = threading.Lock()
+        self.closed = False
+        """Set when the store that opened the connection closed it."""
+
+
+# sqlite3.Connection cannot be weakly referenced, so guards are found by id(); a guard holds its
+# connection, so the id cannot be reused while the guard is alive.
+_GUARDS: weakref.WeakValueDictionary[int, _Guard] = weakref.WeakValueDictionary()
+_GUARDS_LOCK = threading.Lock()
+
+
+def _guard_for(connection: sqlite3.Connection) -> _Guard:
+    with _GUARDS_LOCK:
+        guard = _GUARDS.get(id(connection))
+        if guard is None or guard.connection is not connection:
+            guard = _Guard(connection)
+            _GUARDS[id(connection)] = guard
+        return guard
+
+
+def check_shared_connection(connection: object, *, owner: str) -> sqlite3.Connection:
+    """Check that a user-supplied connection is open and usable from worker threads."""
+    if not isinstance(connection, sqlite3.Connection):
+        raise TypeError(f'{owner}(connection=...) needs a sqlite3.Connection, got {type(connection).__name__}')
+    problem: list[BaseException] = []
+
+    def probe() -> None:
+        try:
+            connection.execute('SELECT 1').fetchone()
+        except BaseException as exc:
+            problem.append(exc)
+
+    thread = threading.Thread(target=probe, name='step-sqlite-connection-check')
+    thread.start()
+    thread.join()
+    if problem:
+        error = problem[0]
+        if isinstance(error, sqlite3.ProgrammingError) and 'thread' in str(error):
+            raise ValueError(
+                f'{owner}(connection=...) got a connection opened with check_same_thread=True; store calls run '
+                'on worker threads, so open it with sqlite3.connect(..., check_same_thread=False)'
+            ) from error
+        raise ValueError(f'{owner}(connection=...) got a connection that cannot be used: {error}') from error
+    return connection
+
+
+@contextmanager
+def write_transaction(connection: sqlite3.Connection) -> Iterator[None]:
+    """A write transaction that takes the database write lock immediately.
+
+    On a shared connection that already has a transaction open, the work joins it through a
+    savepoint and is committed (or rolled back) with the caller's transaction.
+    """
+    if connection.in_transaction:
+        connection.execute('SAVEPOINT step_sqlite')
+        try:
+            yield
+        except BaseException:
+            connection.execute('ROLLBACK TO step_sqlite')
+            connection.execute('RELEASE step_sqlite')
+            raise
+        connection.execute('RELEASE step_sqlite')
+        return
+    connection.execute('BEGIN IMMEDIATE')
+    try:
+        yield
+    except BaseException:
+        if connection.in_transaction:
+            connection.rollback()
+        raise
+    connection.commit()
+
+
+def _create_owner_only(path: Path) -> None:
+    """Create an empty database file readable by its owner only (0600), unless it exists."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
+class Database:
+    """A connection (opened lazily on a worker thread, or supplied) plus its lock.
+
+    `setup` callbacks (schema creation and migration) run once, under the lock, before the first
+    call that needs them.
+    """
+
+    def __init__(
+        self,
+        database: str | os.PathLike[str] | None,
+        connection: sqlite3.Connection | None,
+        *,
+        owner: str,
+        timeout: float = 30.0,
+        synchronous: Synchronous = 'NORMAL',
+    ) -> None:
+        if (database is None) == (connection is None):
+            raise ValueError(
+                f'{owner} needs exactly one of database= (a file path) or connection= (an open sqlite3.Connection)'
+            )
+        if synchronous not in _SYNCHRONOUS:
+            raise ValueError(
+                f'synchronous={synchronous!r} is not a SQLite synchronous level: use one of {_SYNCHRONOUS}'
+            )
+        if isinstance(timeout, bool) or not isinstance(cast(object, timeout), int | float) or timeout < 0:
+            raise ValueError(f'timeout={timeout!r} must be a number of seconds >= 0')
+        self.owner = owner
+        self.timeout = float(timeout)
+        self.synchronous: Synchronous = synchronous
+        self._setups: dict[str, Callable[[sqlite3.Connection], None]] = {}
+        self._ready: set[str] = set()
+        self.closed = False
+        if connection is not None:
+            self.path: str | None = None
+            self.owned = False
+            self._guard = _guard_for(check_shared_connection(connection, owner=owner))
+            self.describe = 'the shared connection'
+        else:
+            assert database is not None
+            self.path = os.fspath(database)
+            if not self.path:
+                raise ValueError(f"{owner}(database='') needs a file path (or ':memory:')")
+            self.owned = True
+            self._guard = _Guard(None)
+            self.describe = f'database {self.path!r}'
+
+    def add_setup(self, name: str, setup: Callable[[sqlite3.Connection], None]) -> None:
+        """Register a schema callback to run (once) before the next call."""
+        self._setups.setdefault(name, setup)
+
+    async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `work(connection)` on a worker thread, holding the connection lock."""
+        return await anyio.to_thread.run_sync(self._call, work)
+
+    def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        with self._guard.lock:
+            if self.closed or self._guard.closed:
+                raise RuntimeError(f'{self.owner} on {self.describe} is closed: create a new store to use it again')
+            connection = self._connection()
+            for name, setup in self._setups.items():
+                if name not in self._ready:
+                    setup(connection)
+                    self._ready.add(name)
+            return work(connection)
+
+    def _connection(self) -> sqlite3.Connection:
+        connection = self._guard.connection
+        if connection is not None:
+            return connection
+        assert self.path is not None
+        uri = self.path.startswith('file:')
+        if self.path != ':memory:' and not uri:
+            _create_owner_only(Path(self.path))
+        connection = sqlite3.connect(
+            self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False, uri=uri
+        )
+        try:
+            connection.execute('PRAGMA journal_mode=WAL').fetchone()
+            connection.execute(f'PRAGMA synchronous={self.synchronous}')
+        except BaseException:
+            connection.close()
+            raise
+        self._guard.connection = connection
+        return connection
+
+    async def aclose(self) -> None:
+        """Mark closed; close the connection when this object opened it."""
+        await anyio.to_thread.run_sync(self._close)
+
+    def _close(self) -> None:
+        with self._guard.lock:
+            if self.closed:
+                return
+            self.closed = True
+            connection = self._guard.connection
+            if self.owned:
+                self._guard.closed = True
+                self._guard.connection = None
+                if connection is not None:
+                    connection.close()
+
+    def share(self, owner: str) -> Database:
+        """Another handle on the same connection and lock (closing it never closes the connection)."""
+        other = object.__new__(Database)
+        other.owner = owner
+        other.timeout = self.timeout
+        other.synchronous = self.synchronous
+        other._setups = {}
+        other._ready = set()
+        other.closed = False
+        other.path = self.path
+        other.owned = False
+        other._guard = self._guard
+        other.describe = self.describe
+        return other

@@ -1,0 +1,129 @@
+"""`SqliteMediaStore`: content-addressed blobs in a table of a SQLite database."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Mapping
+from typing import Any, cast
+
+from stepcore.media import (
+    EMPTY_CONTEXT,
+    MediaContext,
+    MediaStore,
+    PublicUrlResolver,
+    digest_of_uri,
+    media_uri,
+    resolve_public_url,
+)
+from stepcore.models import utcnow
+
+from .connection import Database, Synchronous, write_transaction
+from .schema import ensure_schema, media_component
+
+__all__ = ('SqliteMediaStore',)
+
+_IDENTIFIER = re.compile(r'[A-Za-z_][A-Za-z0-9_]{0,62}')
+
+
+def _check_table(table: str) -> str:
+    if (
+        not isinstance(cast(object, table), str)
+        or not _IDENTIFIER.fullmatch(table)
+        or table.lower().startswith('sqlite_')
+    ):
+        raise ValueError(
+            f'table={table!r} is not a usable table name: use 1-63 of A-Z a-z 0-9 _ , not starting with a digit '
+            "or 'sqlite_'"
+        )
+    return table
+
+
+class SqliteMediaStore(MediaStore):
+    """One row per blob, keyed by its sha256 digest; a second put of the same bytes is a no-op.
+
+    `metadata` from the `MediaContext` is kept as a JSON column and `media_type` in its own column.
+    Pass `database=` (a file path; the store opens and closes its own connection) or `connection=`
+    (an open `sqlite3.Connection` created with `check_same_thread=False`, which the store never
+    closes). `public_url=` turns a `media+sha256://` URI into a URL a model can fetch.
+    """
+
+    def __init__(
+        self,
+        database: str | os.PathLike[str] | None = None,
+        *,
+        connection: sqlite3.Connection | None = None,
+        public_url: PublicUrlResolver | None = None,
+        table: str = 'media',
+        timeout: float = 30.0,
+        synchronous: Synchronous = 'NORMAL',
+    ) -> None:
+        db = Database(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
+        self._attach(db, public_url=public_url, table=table)
+
+    @classmethod
+    def on_database(cls, db: Database, *, public_url: PublicUrlResolver | None = None) -> SqliteMediaStore:
+        """A media store on another store's connection (sharing its lock; never closes it)."""
+        store = cls.__new__(cls)
+        store._attach(db.share(cls.__name__), public_url=public_url, table='media')
+        return store
+
+    def _attach(self, db: Database, *, public_url: PublicUrlResolver | None, table: str) -> None:
+        self.table = _check_table(table)
+        self._db = db
+        self._public_url = public_url
+        component = media_component(self.table)
+        db.add_setup(component.name, lambda conn: ensure_schema(conn, component, where=db.describe))
+        self._insert = (
+            f'INSERT OR IGNORE INTO {self.table} (digest, data, size, media_type, metadata, created_at) '
+            'VALUES (?, ?, ?, ?, ?, ?)'
+        )
+
+    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+        uri = media_uri(data)
+        digest = digest_of_uri(uri)
+        metadata = json.dumps(dict(context.metadata), ensure_ascii=False) if context.metadata else None
+        row = (digest, bytes(data), len(data), context.media_type, metadata, utcnow().isoformat())
+
+        def work(connection: sqlite3.Connection) -> None:
+            with write_transaction(connection):
+                connection.execute(self._insert, row)
+
+        await self._db.run(work)
+        return uri
+
+    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
+        digest = digest_of_uri(uri)
+        sql = f'SELECT data FROM {self.table} WHERE digest = ?'
+        row = await self._db.run(lambda conn: conn.execute(sql, (digest,)).fetchone())
+        if row is None:
+            raise LookupError(f'no media blob {uri!r} in table {self.table!r} of {self._db.describe}')
+        return bytes(row[0])
+
+    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
+        digest = digest_of_uri(uri)
+        sql = f'SELECT 1 FROM {self.table} WHERE digest = ?'
+        return await self._db.run(lambda conn: conn.execute(sql, (digest,)).fetchone()) is not None
+
+    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
+        digest_of_uri(uri)
+        return await resolve_public_url(self._public_url, uri, context)
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
+        digest = digest_of_uri(uri)
+        sql = f'SELECT metadata FROM {self.table} WHERE digest = ?'
+        row = await self._db.run(lambda conn: conn.execute(sql, (digest,)).fetchone())
+        if row is None:
+            raise LookupError(f'no media blob {uri!r} in table {self.table!r} of {self._db.describe}')
+        if row[0] is None:
+            return None
+        value = json.loads(row[0])
+        if not isinstance(value, dict):
+            raise ValueError(f'media blob {uri!r} has malformed metadata {row[0]!r}: expected a JSON object')
+        return {str(k): str(v) for k, v in cast(dict[Any, Any], value).items()}
+
+    async def aclose(self) -> None:
+        """Close the connection when this store opened it (a given connection stays open)."""
+        await self._db.aclose()
