@@ -6,15 +6,13 @@ from stepcore.features import PERSISTENT
 from stepcore.hookspecs import BackendInfo, hookimpl
 
 
-
-
 @hookimpl
 def register_media_stores() -> list[BackendInfo]:
     return [
         BackendInfo(
-            key="s3",
-            factory="media_s3.store:S3MediaStore",
+            key='s3',
+            factory='media_s3.store:S3MediaStore',
             features=frozenset({PERSISTENT}),
-            summary="Objects in an S3-compatible bucket (AWS S3, R2, MinIO).",
+            summary='Objects in an S3-compatible bucket (AWS S3, R2, MinIO).',
         )
     ]

@@ -1,0 +1,467 @@
+"""`S3MediaStore`: content-addressed blobs in an S3-compatible bucket (AWS S3, Cloudflare R2, MinIO).
+
+Requests go through aiobotocore, so signing (SigV4), retries and the credential chain (explicit
+keys, else environment variables, shared config/credentials files, profiles, container and
+instance roles) are botocore's. One client per store is opened on first use and closed by
+`aclose()` or `async with`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import AsyncExitStack, contextmanager
+from types import TracebackType
+from typing import Any, Literal, NoReturn, Self, cast
+from urllib.parse import urlsplit
+
+from aiobotocore.session import AioSession
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ProfileNotFound,
+    ReadTimeoutError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
+)
+
+from media_s3.client import S3Client
+from media_s3.errors import S3AccessDeniedError, S3BucketNotFoundError, S3EndpointUnreachableError, S3MediaError
+from media_s3.metadata import decode_metadata, encode_metadata
+from stepcore.media import (
+    EMPTY_CONTEXT,
+    KeyStrategy,
+    MediaContext,
+    PublicUrlResolver,
+    default_key,
+    digest_of_uri,
+    media_uri,
+    resolve_public_url,
+)
+
+__all__ = ('DEFAULT_MULTIPART_THRESHOLD_BYTES', 'DEFAULT_PART_BYTES', 'S3MediaStore')
+
+logger = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+DEFAULT_MULTIPART_THRESHOLD_BYTES = 16 * MiB
+"""Blobs at or above this size upload as multipart uploads."""
+DEFAULT_PART_BYTES = 8 * MiB
+"""Size of each multipart part (S3 allows 5 MiB to 5 GiB per part, except the last)."""
+MIN_PART_BYTES = 5 * MiB
+MAX_PART_BYTES = 5 * 1024 * MiB
+MAX_PARTS = 10_000
+MAX_KEY_BYTES = 1024
+READ_CHUNK_BYTES = 1 * MiB
+
+_ACCESS_CODES = frozenset(
+    {
+        'AccessDenied',
+        'AllAccessDisabled',
+        'AuthorizationHeaderMalformed',
+        'ExpiredToken',
+        'InvalidAccessKeyId',
+        'InvalidToken',
+        'SignatureDoesNotMatch',
+        'TokenRefreshRequired',
+        '401',
+        '403',
+    }
+)
+_MISSING_KEY_CODES = frozenset({'NoSuchKey', 'NotFound', '404'})
+
+AddressingStyle = Literal['path', 'virtual', 'auto']
+
+
+def _error_code(exc: ClientError) -> tuple[str, int | None, str]:
+    response = cast(Mapping[str, Any], exc.response)
+    error = cast(Mapping[str, Any], response.get('Error', {}))
+    metadata = cast(Mapping[str, Any], response.get('ResponseMetadata', {}))
+    status = metadata.get('HTTPStatusCode')
+    return str(error.get('Code', '')), status if isinstance(status, int) else None, str(error.get('Message', ''))
+
+
+class S3MediaStore:
+    """Blobs in an S3-compatible bucket, one object per content address.
+
+    The object key is `key_prefix + key_strategy(uri, context)`, by default `<prefix><sha256>.bin`.
+    A blob already present is not uploaded again (a HEAD request comes first). `context.media_type`
+    becomes the object's Content-Type and `context.metadata` its `x-amz-meta-*` headers, returned by
+    `get_metadata`. Blobs of `multipart_threshold_bytes` or more go up as a multipart upload, which
+    is aborted if any part fails.
+
+    Addressing is path-style by default (`https://endpoint/bucket/key`), which AWS S3, Cloudflare R2
+    (`region='auto'`) and MinIO all accept. Without `access_key_id`/`secret_access_key` the
+    credentials come from botocore's chain (`AWS_*` environment variables, `profile`, config
+    files, roles). `client_config` (a `botocore.config.Config`) is merged over the store's defaults
+    to tune retries, timeouts or signing.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        profile: str | None = None,
+        key_prefix: str = '',
+        key_strategy: KeyStrategy | None = None,
+        public_url: PublicUrlResolver | None = None,
+        multipart_threshold_bytes: int = DEFAULT_MULTIPART_THRESHOLD_BYTES,
+        multipart_part_bytes: int = DEFAULT_PART_BYTES,
+        multipart_concurrency: int = 4,
+        addressing_style: AddressingStyle = 'path',
+        client_config: Config | None = None,
+    ) -> None:
+        if not isinstance(bucket, str) or not bucket or '/' in bucket:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'bucket {bucket!r} is not a bucket name: pass the bare name, e.g. "my-media"')
+        if endpoint is not None:
+            parts = urlsplit(endpoint)
+            if parts.scheme not in ('http', 'https') or not parts.netloc:
+                raise ValueError(
+                    f'endpoint {endpoint!r} is not an http(s) URL: pass e.g. "https://<account>.r2.cloudflarestorage.com"'
+                )
+        if (access_key_id is None) != (secret_access_key is None):
+            given = 'access_key_id' if access_key_id is not None else 'secret_access_key'
+            raise ValueError(
+                f'only {given} was passed: pass both access_key_id and secret_access_key, or neither to use the '
+                'AWS credential chain (environment variables, profiles, roles)'
+            )
+        if session_token is not None and access_key_id is None:
+            raise ValueError('session_token was passed without access_key_id and secret_access_key: pass all three')
+        if not isinstance(multipart_threshold_bytes, int) or multipart_threshold_bytes < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'multipart_threshold_bytes must be a positive int, got {multipart_threshold_bytes!r}')
+        if not isinstance(multipart_part_bytes, int) or not MIN_PART_BYTES <= multipart_part_bytes <= MAX_PART_BYTES:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(
+                f'multipart_part_bytes must be between {MIN_PART_BYTES} (5 MiB) and {MAX_PART_BYTES} (5 GiB), '
+                f'the part sizes S3 accepts; got {multipart_part_bytes!r}'
+            )
+        if not isinstance(multipart_concurrency, int) or multipart_concurrency < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'multipart_concurrency must be a positive int, got {multipart_concurrency!r}')
+        if addressing_style not in ('path', 'virtual', 'auto'):
+            raise ValueError(f"addressing_style must be 'path', 'virtual' or 'auto', got {addressing_style!r}")
+
+        self.bucket = bucket
+        self.endpoint = endpoint
+        self.region = region if region is not None else ('us-east-1' if endpoint is not None else None)
+        self.key_prefix = key_prefix
+        self.multipart_threshold_bytes = multipart_threshold_bytes
+        self.multipart_part_bytes = multipart_part_bytes
+        self.multipart_concurrency = multipart_concurrency
+        self._key_strategy: KeyStrategy = key_strategy or default_key
+        self._public_url = public_url
+        self._access_key_id = access_key_id
+        self._secret_access_key = secret_access_key
+        self._session_token = session_token
+        self._profile = profile
+        config = Config(
+            s3={'addressing_style': addressing_style},
+            signature_version='s3v4',
+            retries={'mode': 'standard', 'max_attempts': 3},
+            connect_timeout=10,
+            read_timeout=60,
+            # Checksums only where S3 requires them: many S3-compatible services reject the newer
+            # default trailing checksums. Content addressing already guards every read (see `get`).
+            request_checksum_calculation='when_required',
+            response_checksum_validation='when_required',
+        )
+        if client_config is not None:
+            config = config.merge(client_config)  # pyright: ignore[reportUnknownMemberType]
+        self._config = config
+        self._client: S3Client | None = None
+        self._exit_stack: AsyncExitStack | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._open_lock = asyncio.Lock()
+        self._bucket_confirmed = False
+
+    def __repr__(self) -> str:
+        return f'S3MediaStore(bucket={self.bucket!r}, endpoint={self._where!r}, key_prefix={self.key_prefix!r})'
+
+    @property
+    def _where(self) -> str:
+        return self.endpoint or f'AWS S3 ({self.region or "default region"})'
+
+    # -- client lifecycle -------------------------------------------------------------------------
+
+    async def client(self) -> S3Client:
+        """The store's aiobotocore S3 client, opened on first use (e.g. for `generate_presigned_url`)."""
+        loop = asyncio.get_running_loop()
+        client = self._client
+        if client is None:
+            async with self._open_lock:
+                client = self._client
+                if client is None:
+                    client = await self._open(loop)
+        if self._loop is not loop:
+            raise RuntimeError(
+                f'{self!r} was opened on another event loop: use a store from the loop that first used it, '
+                'or call aclose() on that loop before using it from a new one'
+            )
+        return client
+
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> S3Client:
+        stack = AsyncExitStack()
+        with self._translate('open a client for'):
+            session = AioSession(profile=self._profile) if self._profile is not None else AioSession()
+            raw_client: object = await stack.enter_async_context(
+                session.create_client(  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+                    's3',
+                    endpoint_url=self.endpoint,
+                    region_name=self.region,
+                    aws_access_key_id=self._access_key_id,
+                    aws_secret_access_key=self._secret_access_key,
+                    aws_session_token=self._session_token,
+                    config=self._config,
+                )
+            )
+        client = cast(S3Client, raw_client)
+        self._client, self._exit_stack, self._loop = client, stack, loop
+        return client
+
+    async def aclose(self) -> None:
+        """Close the client and its connections; a later call opens a new one."""
+        stack, self._exit_stack, self._client, self._loop = self._exit_stack, None, None, None
+        self._bucket_confirmed = False
+        if stack is not None:
+            await stack.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- keys -------------------------------------------------------------------------------------
+
+    def key_for(self, uri: str, context: MediaContext = EMPTY_CONTEXT) -> str:
+        """The object key of `uri`: `key_prefix` plus the key strategy's result."""
+        digest_of_uri(uri)
+        key = self.key_prefix + self._key_strategy(uri, context)
+        if not isinstance(key, str) or not key:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'key_strategy returned {key!r} for {uri!r}: return a non-empty object key string')
+        if len(key.encode('utf-8')) > MAX_KEY_BYTES:
+            raise ValueError(f'object key for {uri!r} is over {MAX_KEY_BYTES} bytes, the S3 limit: shorten key_prefix')
+        return key
+
+    # -- MediaStore -------------------------------------------------------------------------------
+
+    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+        """Store `data` once per content and return its `media+sha256://<hex>` URI."""
+        data = bytes(data)
+        uri = media_uri(data)
+        key = self.key_for(uri, context)
+        metadata = encode_metadata(context.metadata)
+        if await self._head(key) is not None:
+            return uri
+        extra: dict[str, Any] = {}
+        if context.media_type:
+            extra['ContentType'] = context.media_type
+        if metadata:
+            extra['Metadata'] = metadata
+        client = await self.client()
+        with self._translate('upload', key):
+            if len(data) >= self.multipart_threshold_bytes:
+                await self._put_multipart(client, key, data, extra)
+            else:
+                await client.put_object(Bucket=self.bucket, Key=key, Body=data, **extra)
+        self._bucket_confirmed = True
+        return uri
+
+    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
+        """The bytes at `uri`; `LookupError` when no object exists at its key."""
+        key = self.key_for(uri, context)
+        client = await self.client()
+        with self._translate('download', key):
+            try:
+                response = await client.get_object(Bucket=self.bucket, Key=key)
+            except ClientError as exc:
+                code, status, _ = _error_code(exc)
+                if code in _MISSING_KEY_CODES or (status == 404 and code != 'NoSuchBucket'):
+                    raise self._missing(uri, key) from None
+                raise
+            self._bucket_confirmed = True
+            body = response['Body']
+            chunks: list[bytes] = []
+            async with body:
+                async for chunk in body.iter_chunks(READ_CHUNK_BYTES):
+                    chunks.append(chunk)
+        data = b''.join(chunks)
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != digest_of_uri(uri):
+            raise S3MediaError(
+                f'object s3://{self.bucket}/{key} at {self._where} has sha256 {actual}, not the digest {uri!r} names: '
+                'it was changed outside the store, or key_strategy maps different blobs to one key',
+                bucket=self.bucket,
+                endpoint=self._where,
+            )
+        return data
+
+    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
+        """Whether an object exists at the key of `uri` (one HEAD request)."""
+        return await self._head(self.key_for(uri, context)) is not None
+
+    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
+        """The configured `public_url` resolver's URL for `uri`, or `None` without a resolver."""
+        digest_of_uri(uri)
+        return await resolve_public_url(self._public_url, uri, context)
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
+        """The `x-amz-meta-*` metadata stored with the blob, `None` when it has none; `LookupError` if absent."""
+        key = self.key_for(uri, context)
+        head = await self._head(key)
+        if head is None:
+            raise self._missing(uri, key)
+        metadata = decode_metadata(cast(Mapping[str, str], head.get('Metadata') or {}))
+        return metadata or None
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _missing(self, uri: str, key: str) -> LookupError:
+        return LookupError(
+            f'no media blob {uri!r}: object s3://{self.bucket}/{key} does not exist at {self._where} '
+            '(check key_prefix and key_strategy match the store that wrote it)'
+        )
+
+    async def _head(self, key: str) -> dict[str, Any] | None:
+        """The HEAD response of `key`, `None` when the object does not exist."""
+        client = await self.client()
+        with self._translate('look up', key):
+            try:
+                head = await client.head_object(Bucket=self.bucket, Key=key)
+            except ClientError as exc:
+                code, status, _ = _error_code(exc)
+                if status != 404 and code not in _MISSING_KEY_CODES:
+                    raise
+                await self._confirm_bucket(client)
+                return None
+        self._bucket_confirmed = True
+        return head
+
+    async def _confirm_bucket(self, client: S3Client) -> None:
+        """After a 404 on an object HEAD (which cannot tell a missing key from a missing bucket)."""
+        if self._bucket_confirmed:
+            return
+        try:
+            await client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            code, status, _ = _error_code(exc)
+            if status == 404 or code in ('NoSuchBucket', 'NotFound', '404'):
+                self._raise_no_bucket(exc)
+            if status == 403 or code in ('AccessDenied', '403'):
+                # Credentials valid for objects but not for the bucket itself: nothing more to learn.
+                self._bucket_confirmed = True
+                return
+            raise
+        self._bucket_confirmed = True
+
+    def _raise_no_bucket(self, exc: Exception) -> NoReturn:
+        raise S3BucketNotFoundError(
+            f'bucket {self.bucket!r} does not exist at {self._where}: '
+            'create it, or pass the name of an existing bucket',
+            bucket=self.bucket,
+            endpoint=self._where,
+        ) from exc
+
+    async def _put_multipart(self, client: S3Client, key: str, data: bytes, extra: dict[str, Any]) -> None:
+        part_bytes = max(self.multipart_part_bytes, math.ceil(len(data) / MAX_PARTS))
+        created = await client.create_multipart_upload(Bucket=self.bucket, Key=key, **extra)
+        upload_id = cast(str, created['UploadId'])
+        view = memoryview(data)
+        limit = asyncio.Semaphore(self.multipart_concurrency)
+
+        async def upload(number: int, start: int) -> dict[str, Any]:
+            async with limit:
+                part = await client.upload_part(
+                    Bucket=self.bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=bytes(view[start : start + part_bytes]),
+                )
+            return {'PartNumber': number, 'ETag': part['ETag']}
+
+        try:
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [
+                        group.create_task(upload(number, start))
+                        for number, start in enumerate(range(0, len(data), part_bytes), start=1)
+                    ]
+            except BaseExceptionGroup as failures:
+                raise failures.exceptions[0] from None
+            await client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={'Parts': [task.result() for task in tasks]},
+            )
+        except BaseException:
+            try:
+                await client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            except Exception as abort_error:
+                logger.warning(
+                    'could not abort multipart upload %s of s3://%s/%s at %s (%s); '
+                    'a bucket lifecycle rule for incomplete uploads removes its parts',
+                    upload_id,
+                    self.bucket,
+                    key,
+                    self._where,
+                    abort_error,
+                )
+            raise
+
+    @contextmanager
+    def _translate(self, action: str, key: str | None = None) -> Iterator[None]:
+        """Turn botocore failures into errors that name the bucket and endpoint (never a secret)."""
+        target = f's3://{self.bucket}/{key}' if key is not None else f'bucket {self.bucket!r}'
+        try:
+            yield
+        except ClientError as exc:
+            code, status, message = _error_code(exc)
+            if code == 'NoSuchBucket':
+                self._raise_no_bucket(exc)
+            detail = f'{code or status}: {message}' if message else f'{code or status}'
+            if code in _ACCESS_CODES or status in (401, 403):
+                raise S3AccessDeniedError(
+                    f'{self._where} refused to {action} {target} ({detail}): check access_key_id and '
+                    'secret_access_key (or the credentials in the environment/profile), the region, and that '
+                    'they grant access to the bucket',
+                    bucket=self.bucket,
+                    endpoint=self._where,
+                ) from exc
+            raise S3MediaError(
+                f'could not {action} {target} at {self._where} ({detail})', bucket=self.bucket, endpoint=self._where
+            ) from exc
+        except (NoCredentialsError, PartialCredentialsError, ProfileNotFound) as exc:
+            raise S3AccessDeniedError(
+                f'no usable credentials to {action} {target} at {self._where} ({type(exc).__name__}): pass '
+                'access_key_id and secret_access_key, or set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile',
+                bucket=self.bucket,
+                endpoint=self._where,
+            ) from exc
+        except (BotoConnectionError, HTTPClientError, ReadTimeoutError) as exc:
+            raise S3EndpointUnreachableError(
+                f'cannot reach {self._where} to {action} {target} ({type(exc).__name__}): check the endpoint URL, '
+                'that the service is running, and the network',
+                bucket=self.bucket,
+                endpoint=self._where,
+            ) from exc
+        except BotoCoreError as exc:
+            raise S3MediaError(
+                f'could not {action} {target} at {self._where} ({type(exc).__name__}: {exc})',
+                bucket=self.bucket,
+                endpoint=self._where,
+            ) from exc
