@@ -12,8 +12,8 @@ _STEP_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTEN
 def register_step_stores() -> list[BackendInfo]:
     return [
         BackendInfo(
-            key="mongo",
-            factory="step_mongo.store:MongoStepStore",
+            key='mongo',
+            factory='step_mongo.store:MongoStepStore',
             features=_STEP_FEATURES,
             summary="MongoDB collections through pymongo's async client.",
         )
@@ -24,9 +24,9 @@ def register_step_stores() -> list[BackendInfo]:
 def register_media_stores() -> list[BackendInfo]:
     return [
         BackendInfo(
-            key="mongo",
-            factory="step_mongo.media:MongoMediaStore",
+            key='mongo',
+            factory='step_mongo.media:MongoMediaStore',
             features=frozenset({PERSISTENT}),
-            summary="Chunked, content-addressed blobs in MongoDB.",
+            summary='Chunked, content-addressed blobs in MongoDB.',
         )
     ]

@@ -1,0 +1,51 @@
+"""Choosing the `AsyncMongoClient` and database a store works on."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
+
+__all__ = ('DEFAULT_DATABASE', 'Document', 'MongoClient', 'open_client', 'resolve_database')
+
+Document = dict[str, Any]
+MongoClient = AsyncMongoClient[Document]
+
+DEFAULT_DATABASE = 'stepcore'
+"""Database used when neither `database=` nor the connection string names one."""
+
+
+def open_client(owner: str, client: MongoClient | None, db_url: str | None) -> tuple[MongoClient, bool]:
+    """The client to use and whether the store owns it (created it from `db_url`)."""
+    if client is not None and db_url is not None:
+        raise ValueError(f'{owner} takes client= or db_url=, not both: pass a shared client or a connection string')
+    if client is not None:
+        if not isinstance(cast(object, client), AsyncMongoClient):
+            raise TypeError(
+                f'{owner} needs a pymongo AsyncMongoClient as client=, got {type(client).__name__}: '
+                'create one with pymongo.AsyncMongoClient(url) or pass db_url= instead'
+            )
+        return client, False
+    if db_url is None:
+        raise ValueError(
+            f'{owner} needs client= (a shared pymongo AsyncMongoClient) or db_url= (a connection string such as '
+            "'mongodb://127.0.0.1:27017')"
+        )
+    if not db_url.startswith(('mongodb://', 'mongodb+srv://')):
+        raise ValueError(
+            f"{owner} got db_url={db_url!r}: expected a 'mongodb://' or 'mongodb+srv://' connection string"
+        )
+    return AsyncMongoClient(db_url), True
+
+
+def resolve_database(client: MongoClient, database: str | None) -> AsyncDatabase[Document]:
+    """`database`, else the one named in the connection string, else `DEFAULT_DATABASE`."""
+    if database is not None:
+        if not database or any(c in database for c in '/\\. "$\x00'):
+            raise ValueError(
+                f'database={database!r} is not a valid MongoDB database name: use a non-empty name without '
+                '/ \\ . space " $ or NUL'
+            )
+        return client[database]
+    return client.get_default_database(default=DEFAULT_DATABASE)
