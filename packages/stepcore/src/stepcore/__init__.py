@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from .capability import StepPersistence
+from .events import SnapshotSaved
+from .helpers import annotate_tool_effect, continue_run, fork_run, is_provider_valid
 from .hookspecs import BackendInfo, hookimpl
 from .media import MediaContext, MediaStore
 from .memory import InMemoryStepStore
@@ -15,6 +18,7 @@ from .models import (
     ToolEffectStatus,
 )
 from .protocols import StepStore
+from .recovery import RecoveryReport, inspect_recovery
 from .registry import media_from_spec
 from .registry import store_from_spec as from_spec
 
@@ -25,14 +29,22 @@ __all__ = (
     'InMemoryStepStore',
     'MediaContext',
     'MediaStore',
+    'RecoveryReport',
     'RunRecord',
+    'SnapshotSaved',
     'SnapshotState',
     'StepEvent',
+    'StepPersistence',
     'StepStore',
     'ToolEffectRecord',
     'ToolEffectStatus',
+    'annotate_tool_effect',
+    'continue_run',
+    'fork_run',
     'from_spec',
     'hookimpl',
+    'inspect_recovery',
+    'is_provider_valid',
     'media_from_spec',
 )
 

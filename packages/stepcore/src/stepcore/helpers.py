@@ -1,0 +1,86 @@
+"""Loading stored histories back into a run, and annotating in-flight tool effects."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart
+from pydantic_ai.tools import RunContext
+
+from .protocols import StepStore
+
+__all__ = ('annotate_tool_effect', 'continue_run', 'fork_run', 'is_provider_valid', 'unanswered_tool_calls')
+
+
+def unanswered_tool_calls(messages: Sequence[ModelMessage]) -> list[ToolCallPart]:
+    """Tool calls in `messages` that no later request answers, in order."""
+    pending: dict[str, ToolCallPart] = {}
+    for message in messages:
+        if isinstance(message, ModelResponse):
+            for part in message.parts:
+                if isinstance(part, ToolCallPart):
+                    pending[part.tool_call_id] = part
+        elif isinstance(message, ModelRequest):  # pyright: ignore[reportUnnecessaryIsInstance]
+            for part in message.parts:
+                call_id: Any = getattr(part, 'tool_call_id', None)
+                if isinstance(call_id, str):
+                    pending.pop(call_id, None)
+    return list(pending.values())
+
+
+def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
+    """True when every tool call in `messages` has a matching result (return or retry) after it.
+
+    This is what makes a snapshot `complete`: a provider accepts the history as it stands and no
+    tool work is left unsettled. Native (provider-run) tool calls are settled inside their own
+    response and are not counted.
+    """
+    return not unanswered_tool_calls(messages)
+
+
+async def continue_run(store: StepStore, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:
+    """The messages of the run's newest settled snapshot, to pass as `message_history=`.
+
+    With `include_interrupted=True` the newest snapshot of any state is used (check
+    `store.list_unresolved_tool_effects(run_id)` first). Raises `LookupError` when the run has no
+    matching snapshot.
+    """
+    snapshot = await store.latest_snapshot(run_id, include_interrupted=include_interrupted)
+    if snapshot is None:
+        which = 'snapshot' if include_interrupted else 'complete snapshot'
+        hint = '' if include_interrupted else ' (pass include_interrupted=True to consider interrupted ones)'
+        raise LookupError(f'run {run_id!r} has no {which} in {type(store).__name__}{hint}')
+    return snapshot.messages
+
+
+async def fork_run(store: StepStore, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:
+    """Like `continue_run`, for starting a new branch from the snapshot.
+
+    Pass the result to a new `Agent.run` (which gets its own run id); give it a fresh
+    `conversation_id` to keep the branch apart from the original dialogue.
+    """
+    return await continue_run(store, run_id=run_id, include_interrupted=include_interrupted)
+
+
+async def annotate_tool_effect(
+    store: StepStore,
+    ctx: RunContext[Any],
+    *,
+    idempotency_key: str | None = None,
+    effect_summary: str | None = None,
+) -> None:
+    """Attach how to deduplicate, and what, a tool's side effect is to its in-flight ledger entry.
+
+    Call it from inside a tool, before doing the side effect. The fields are merged into the
+    `started` record of this tool call and kept when the call's terminal record is written. Outside
+    a tool call wrapped by `StepPersistence` it does nothing.
+    """
+    from .capability import active_tool_call
+
+    active = active_tool_call()
+    if active is None or ctx.tool_call_id is None or active.tool_call_id != ctx.tool_call_id:
+        return
+    await active.capability.annotate(
+        ctx, store, active.tool_call_id, idempotency_key=idempotency_key, effect_summary=effect_summary
+    )

@@ -1,0 +1,18 @@
+"""The capability conformance section, run against the in-memory store."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from stepcore import InMemoryStepStore
+from stepcore_conformance.capability import CapabilityConformance
+
+
+class TestCapabilityInMemory(CapabilityConformance):
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[InMemoryStepStore]:
+        store = InMemoryStepStore()
+        yield store
+        await store.aclose()
