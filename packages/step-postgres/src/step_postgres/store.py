@@ -1,0 +1,390 @@
+"""`PostgresStepStore`: runs, events, snapshots and the tool-effect ledger in PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any, ClassVar, Final, cast
+
+from psycopg import AsyncConnection, Rollback, sql
+from psycopg.rows import tuple_row
+from psycopg_pool import AsyncConnectionPool
+
+from stepcore.codec import dump_record_json, load_record
+from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.history import HistoryDelta, HistoryIndex, walk_chain
+from stepcore.media import MediaStore
+from stepcore.models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, ToolEffectStatus
+from stepcore.protocols import StepStore
+from stepcore.registration import check_registration
+from stepcore.retention import check_max_snapshots, snapshots_to_prune
+from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+
+from ._pool import PoolHandle
+from .media import PostgresMediaStore
+from .schema import DEFAULT_TABLE_PREFIX, STEPS, Tables, ensure_schema
+
+__all__ = ('PostgresStepStore',)
+
+logger = logging.getLogger('step_postgres')
+
+
+class _DefaultMedia:
+    def __repr__(self) -> str:
+        return '<PostgresMediaStore on the same pool>'
+
+
+DEFAULT_MEDIA: Final = _DefaultMedia()
+
+_SNAPSHOT_HEADER_EXCLUDE = {'messages', 'seq'}
+_SEQ_EXCLUDE = {'seq'}
+
+
+class _AlreadyApplied(Exception):
+    """A snapshot's idempotency key was claimed before (raised to roll its transaction back)."""
+
+
+class PostgresStepStore(StepStore):
+    """A step store in PostgreSQL tables named `<table_prefix>_<table>`.
+
+    Connect with `pool=` (an `AsyncConnectionPool` you open and close; the store never closes it)
+    or `dsn=` (the store opens its own pool on first use and closes it in `aclose()`). Tables are
+    created, or migrated, on first use under an advisory lock, so many processes may share one
+    database and prefix.
+
+    Snapshots are stored incrementally: each message is one row of a node table pointing at the
+    message before it, and a snapshot row holds only its newest node and its length, so a save
+    sends the server just the messages that are new since the run's previous save (one batched
+    insert). `BinaryContent` data and strings of `media_threshold_bytes` or more go to
+    `media_store` (by default a `PostgresMediaStore` on the same pool and prefix; `None` keeps
+    everything inline).
+    """
+
+    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+
+    def __init__(
+        self,
+        *,
+        pool: AsyncConnectionPool[Any] | None = None,
+        dsn: str | None = None,
+        table_prefix: str = DEFAULT_TABLE_PREFIX,
+        media_store: MediaStore | None | _DefaultMedia = DEFAULT_MEDIA,
+        media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
+        max_snapshots_per_run: int | None = None,
+    ) -> None:
+        self.tables = Tables(table_prefix)
+        self.table_prefix = table_prefix
+        self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
+        self._handle = PoolHandle(pool=pool, dsn=dsn, owner='PostgresStepStore')
+        if isinstance(media_store, _DefaultMedia):
+            media_store = PostgresMediaStore(table_prefix=table_prefix, _handle=self._handle)
+        self.media_store: MediaStore | None = media_store
+        self._history = HistoryIndex(MediaWalker(media_store, media_threshold_bytes))
+        self._ready = False
+        self._ready_lock: asyncio.Lock | None = None
+        self._q = _Queries(self.tables)
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any] | None:
+        """The connection pool in use (`None` until a DSN-built pool is first opened)."""
+        return self._handle.pool
+
+    async def _ensure(self) -> None:
+        if self._ready:
+            return
+        if self._ready_lock is None:
+            self._ready_lock = asyncio.Lock()
+        async with self._ready_lock:
+            if not self._ready:
+                async with self._handle.connection() as conn:
+                    await ensure_schema(conn, self.tables, STEPS)
+                self._ready = True
+
+    async def _fetchall(self, query: sql.Composed, params: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
+        await self._ensure()
+        async with self._handle.connection() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(query, params)
+            return await cur.fetchall()
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    async def register_run(self, record: RunRecord) -> None:
+        await self._ensure()
+        async with self._handle.connection() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(
+                self._q.run_insert,
+                (
+                    record.run_id,
+                    record.started_at,
+                    record.conversation_id,
+                    record.parent_run_id,
+                    record.registration_id,
+                    dump_record_json(record),
+                ),
+            )
+            if await cur.fetchone() is not None:
+                return
+            await cur.execute(self._q.run_get, (record.run_id,))
+            row = await cur.fetchone()
+        existing = load_record(RunRecord, row[0]) if row is not None else None
+        if check_registration(existing, record):  # pragma: no cover - the row vanished meanwhile
+            raise RuntimeError(f'run {record.run_id!r} was neither inserted nor found; retry the registration')
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        rows = await self._fetchall(self._q.run_get, (run_id,))
+        return load_record(RunRecord, rows[0][0]) if rows else None
+
+    async def list_runs(
+        self, *, conversation_id: str | None = None, parent_run_id: str | None = None
+    ) -> list[RunRecord]:
+        if conversation_id is not None and parent_run_id is not None:
+            rows = await self._fetchall(self._q.runs_by_both, (conversation_id, parent_run_id))
+        elif conversation_id is not None:
+            rows = await self._fetchall(self._q.runs_by_conversation, (conversation_id,))
+        elif parent_run_id is not None:
+            rows = await self._fetchall(self._q.runs_by_parent, (parent_run_id,))
+        else:
+            rows = await self._fetchall(self._q.runs_all, ())
+        return [load_record(RunRecord, row[0]) for row in rows]
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def append_event(self, event: StepEvent) -> None:
+        await self._ensure()
+        params = {
+            'run': event.run_id,
+            'key': event.idempotency_key,
+            'record': dump_record_json(event, exclude=_SEQ_EXCLUDE),
+        }
+        async with self._handle.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._q.event_insert, params)
+            if await cur.fetchone() is None:
+                # The key was applied before: undo the sequence step so seqs stay gapless.
+                raise Rollback()
+
+    async def list_events(self, run_id: str) -> list[StepEvent]:
+        rows = await self._fetchall(self._q.events_list, (run_id,))
+        return [load_record(StepEvent, record, seq=seq) for seq, record in rows]
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        await self._ensure()
+        delta = await self._history.delta(snapshot.run_id, snapshot.messages)
+        try:
+            async with self._handle.connection() as conn, conn.transaction():
+                node_ids = await self._write_snapshot(conn, snapshot, delta)
+        except _AlreadyApplied:
+            return  # the key was applied before: the transaction rolled back, nothing was written
+        self._history.commit(delta, node_ids)
+
+    async def _write_snapshot(
+        self, conn: AsyncConnection[Any], snapshot: ContinuableSnapshot, delta: HistoryDelta
+    ) -> list[int]:
+        """Claim the key, write the new nodes and the snapshot row, prune; returns the new node ids."""
+        run_id = snapshot.run_id
+        key = snapshot.idempotency_key
+        header = dump_record_json(snapshot, exclude=_SNAPSHOT_HEADER_EXCLUDE)
+        cur = conn.cursor(row_factory=tuple_row)
+        if key is not None:
+            await cur.execute(self._q.snapshot_key_claim, (run_id, key))
+            if await cur.fetchone() is None:
+                raise _AlreadyApplied
+        await cur.execute(
+            self._q.snapshot_alloc,
+            {'run': run_id, 'seq_name': self.tables.name('node_ids'), 'n': len(delta.new_messages)},
+        )
+        alloc = await cur.fetchone()
+        assert alloc is not None
+        seq = int(alloc[0])
+        node_ids = [int(i) for i in cast(list[int], alloc[1])]
+        parent = delta.parent
+        parents: list[int | None] = [parent if isinstance(parent, int) else None, *node_ids[:-1]]
+        head = self._history.head(delta, node_ids)
+        await cur.execute(
+            self._q.snapshot_insert,
+            {
+                'run': run_id,
+                'ids': node_ids,
+                'parents': parents[: len(node_ids)],
+                'bodies': delta.new_messages,
+                'seq': seq,
+                'state': snapshot.state.value,
+                'step_index': snapshot.step_index,
+                'head': head if isinstance(head, int) else None,
+                'length': delta.total,
+                'record': header,
+            },
+        )
+        if self.max_snapshots_per_run is not None:
+            await self._prune(conn, run_id, self.max_snapshots_per_run)
+        return node_ids
+
+    async def _prune(self, conn: AsyncConnection[Any], run_id: str, limit: int) -> None:
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(self._q.snapshot_states, (run_id,))
+        retained = [(int(seq), str(state)) for seq, state in await cur.fetchall()]
+        doomed = snapshots_to_prune(retained, limit)
+        if doomed:
+            await cur.execute(self._q.snapshot_delete, (run_id, doomed))
+
+    async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
+        query = self._q.latest_any if include_interrupted else self._q.latest_complete
+        rows = await self._fetchall(query, {'run': run_id, 'complete': SnapshotState.COMPLETE.value})
+        if not rows:
+            return None
+        seq, length, record, bodies = rows[0]
+        stored = [bytes(b) for b in cast(list[bytes], bodies or [])]
+        if len(stored) != length:
+            raise LookupError(
+                f'snapshot seq={seq} of run {run_id!r} is broken: expected {length} messages, found {len(stored)}'
+            )
+        messages = await self._history.decode(stored)
+        return load_record(ContinuableSnapshot, record, seq=seq, messages=messages)
+
+    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
+        await self._ensure()
+        async with self._handle.connection() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._q.snapshots_list, (run_id,))
+            headers = await cur.fetchall()
+            if not headers:
+                return []
+            await cur.execute(self._q.snapshot_nodes, (run_id,))
+            nodes: dict[int, tuple[int | None, bytes]] = {
+                int(node_id): (parent, bytes(body)) for node_id, parent, body in await cur.fetchall()
+            }
+        found: list[ContinuableSnapshot] = []
+        for seq, head, length, record in headers:
+            try:
+                bodies = walk_chain(head, length, lambda node: nodes[cast(int, node)])
+                messages = await self._history.decode(bodies)
+                found.append(load_record(ContinuableSnapshot, record, seq=seq, messages=messages))
+            except (ValueError, LookupError) as exc:
+                logger.error('skipping snapshot seq=%s of run %r that cannot be read: %s', seq, run_id, exc)
+        return found
+
+    # -- tool effects ---------------------------------------------------------------------------
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        await self._ensure()
+        async with self._handle.connection() as conn:
+            await conn.execute(
+                self._q.effect_upsert,
+                (record.run_id, record.tool_call_id, record.status.value, record.started_at, dump_record_json(record)),
+            )
+
+    async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        rows = await self._fetchall(self._q.effect_get, (run_id, tool_call_id))
+        return load_record(ToolEffectRecord, rows[0][0]) if rows else None
+
+    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        rows = await self._fetchall(self._q.effects_list, (run_id,))
+        return [load_record(ToolEffectRecord, row[0]) for row in rows]
+
+    async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        rows = await self._fetchall(self._q.effects_by_status, (run_id, ToolEffectStatus.STARTED.value))
+        return [load_record(ToolEffectRecord, row[0]) for row in rows]
+
+    async def aclose(self) -> None:
+        """Close the pool if this store opened it from `dsn=`; a given pool is left open."""
+        await self._handle.close()
+
+
+class _Queries:
+    """Every statement the store runs, composed once with the prefix's identifiers."""
+
+    def __init__(self, tables: Tables) -> None:
+        q = tables.query
+        self.run_insert = q(
+            """INSERT INTO {runs} (run_id, started_at, conversation_id, parent_run_id, registration_id, record)
+            VALUES (%s, %s, %s, %s, %s, %s::jsonb) ON CONFLICT (run_id) DO NOTHING RETURNING run_id"""
+        )
+        self.run_get = q('SELECT record FROM {runs} WHERE run_id = %s')
+        self.runs_all = q('SELECT record FROM {runs} ORDER BY started_at, ord')
+        self.runs_by_conversation = q('SELECT record FROM {runs} WHERE conversation_id = %s ORDER BY started_at, ord')
+        self.runs_by_parent = q('SELECT record FROM {runs} WHERE parent_run_id = %s ORDER BY started_at, ord')
+        self.runs_by_both = q(
+            """SELECT record FROM {runs} WHERE conversation_id = %s AND parent_run_id = %s
+            ORDER BY started_at, ord"""
+        )
+        # The per-run counter row is the only serialization point: its row lock orders writers of
+        # one run and nothing else. A suppressed insert rolls the counter back with it.
+        self.event_insert = q(
+            """WITH c AS (
+                INSERT INTO {counters} (run_id, kind, value) VALUES (%(run)s, 'event', 1)
+                ON CONFLICT (run_id, kind) DO UPDATE SET value = {counters}.value + 1
+                RETURNING value
+            )
+            INSERT INTO {events} (run_id, seq, idempotency_key, record)
+            SELECT %(run)s, c.value, %(key)s, %(record)s::jsonb FROM c
+            ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            RETURNING seq"""
+        )
+        self.events_list = q('SELECT seq, record FROM {events} WHERE run_id = %s ORDER BY seq')
+        self.snapshot_key_claim = q(
+            """INSERT INTO {snapshot_keys} (run_id, idempotency_key) VALUES (%s, %s)
+            ON CONFLICT DO NOTHING RETURNING 1"""
+        )
+        self.snapshot_alloc = q(
+            """WITH c AS (
+                INSERT INTO {counters} (run_id, kind, value) VALUES (%(run)s, 'snapshot', 1)
+                ON CONFLICT (run_id, kind) DO UPDATE SET value = {counters}.value + 1
+                RETURNING value
+            )
+            SELECT c.value, ARRAY(SELECT nextval(%(seq_name)s::regclass) FROM generate_series(1, %(n)s))
+            FROM c"""
+        )
+        self.snapshot_insert = q(
+            """WITH new_nodes AS (
+                INSERT INTO {nodes} (node_id, run_id, parent, body)
+                SELECT t.node_id, %(run)s, t.parent, t.body
+                FROM unnest(%(ids)s::bigint[], %(parents)s::bigint[], %(bodies)s::bytea[]) AS t(node_id, parent, body)
+            )
+            INSERT INTO {snapshots} (run_id, seq, state, step_index, head, length, record)
+            VALUES (%(run)s, %(seq)s, %(state)s, %(step_index)s, %(head)s, %(length)s, %(record)s::jsonb)"""
+        )
+        self.snapshot_states = q('SELECT seq, state FROM {snapshots} WHERE run_id = %s ORDER BY seq')
+        self.snapshot_delete = q('DELETE FROM {snapshots} WHERE run_id = %s AND seq = ANY(%s::bigint[])')
+        latest = """WITH RECURSIVE s AS (
+                SELECT seq, head, length, record FROM {snapshots}
+                WHERE run_id = %(run)s {filter} ORDER BY seq DESC LIMIT 1
+            ),
+            chain (node_id, parent, body, depth) AS (
+                SELECT n.node_id, n.parent, n.body, 1 FROM {nodes} n JOIN s ON n.node_id = s.head
+                UNION ALL
+                SELECT n.node_id, n.parent, n.body, c.depth + 1
+                FROM chain c JOIN {nodes} n ON n.node_id = c.parent CROSS JOIN s
+                WHERE c.depth < s.length
+            )
+            SELECT s.seq, s.length, s.record, (SELECT array_agg(body ORDER BY depth DESC) FROM chain) FROM s"""
+        self.latest_any = sql.SQL(latest).format(filter=sql.SQL(''), **tables.identifiers())
+        self.latest_complete = sql.SQL(latest).format(
+            filter=sql.SQL('AND state = %(complete)s'), **tables.identifiers()
+        )
+        self.snapshots_list = q('SELECT seq, head, length, record FROM {snapshots} WHERE run_id = %s ORDER BY seq')
+        # Every node reachable from a retained snapshot's head, each fetched once.
+        self.snapshot_nodes = q(
+            """WITH RECURSIVE reach (node_id, parent) AS (
+                SELECT n.node_id, n.parent FROM {nodes} n
+                WHERE n.node_id IN (SELECT head FROM {snapshots} WHERE run_id = %s AND head IS NOT NULL)
+                UNION
+                SELECT n.node_id, n.parent FROM reach r JOIN {nodes} n ON n.node_id = r.parent
+            )
+            SELECT n.node_id, n.parent, n.body FROM reach JOIN {nodes} n USING (node_id)"""
+        )
+        self.effect_upsert = q(
+            """INSERT INTO {tool_effects} (run_id, tool_call_id, status, started_at, record)
+            VALUES (%s, %s, %s, %s, %s::jsonb)
+            ON CONFLICT (run_id, tool_call_id) DO UPDATE
+            SET status = EXCLUDED.status, started_at = EXCLUDED.started_at, record = EXCLUDED.record"""
+        )
+        self.effect_get = q('SELECT record FROM {tool_effects} WHERE run_id = %s AND tool_call_id = %s')
+        self.effects_list = q('SELECT record FROM {tool_effects} WHERE run_id = %s ORDER BY started_at, ord')
+        self.effects_by_status = q(
+            'SELECT record FROM {tool_effects} WHERE run_id = %s AND status = %s ORDER BY started_at, ord'
+        )

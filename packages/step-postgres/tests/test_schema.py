@@ -1,0 +1,210 @@
+"""Schema creation, versioning and migrations, and table prefix validation."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+
+import psycopg
+import pytest
+from psycopg.rows import tuple_row
+
+from step_postgres import PostgresMediaStore, PostgresStepStore, SchemaVersionError, validate_table_prefix
+from step_postgres.schema import MEDIA, STEPS, Tables, ensure_schema, schema_version
+from stepcore import RunRecord
+
+
+@pytest.mark.parametrize('prefix', ['a', '_', 'step_persistence', 'x1_', 'a' * 41])
+def test_valid_prefixes(prefix: str) -> None:
+    assert validate_table_prefix(prefix) == prefix
+
+
+@pytest.mark.parametrize(
+    'prefix',
+    ['', 'A', '1abc', 'a-b', 'a b', 'a;drop table x', 'a"b', 'a' * 42, 'é', 'runs\n', None, 3],
+)
+def test_invalid_prefixes_are_refused_before_connecting(prefix: object) -> None:
+    with pytest.raises(ValueError, match=r'table_prefix=.* is not a valid table prefix'):
+        PostgresStepStore(dsn='postgresql://nobody@127.0.0.1:1/none', table_prefix=prefix)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match='not a valid table prefix'):
+        PostgresMediaStore(dsn='postgresql://nobody@127.0.0.1:1/none', table_prefix=prefix)  # type: ignore[arg-type]
+
+
+def test_pool_or_dsn_is_required() -> None:
+    with pytest.raises(ValueError, match=r'PostgresStepStore needs exactly one of pool= \(.*\) or dsn='):
+        PostgresStepStore()
+    with pytest.raises(ValueError, match=r'PostgresMediaStore needs exactly one of'):
+        PostgresMediaStore()
+
+
+def _tables(url: str, prefix: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            'SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND starts_with(tablename, %s)',
+            (prefix + '_',),
+        ).fetchall()
+    return {r[0].removeprefix(prefix + '_') for r in rows}
+
+
+def _indexes(url: str, prefix: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            'SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND starts_with(indexname, %s)',
+            (prefix + '_',),
+        ).fetchall()
+    return {r[0].removeprefix(prefix + '_') for r in rows}
+
+
+async def test_first_use_creates_the_latest_schema(postgres_url: str, table_prefix: str) -> None:
+    store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
+    try:
+        await store.register_run(RunRecord(run_id='r'))
+        assert await store.get_run('r') is not None
+        await store.media_store.put(b'blob')  # type: ignore[union-attr]
+    finally:
+        await store.aclose()
+    assert _tables(postgres_url, table_prefix) == {
+        'schema_version',
+        'runs',
+        'counters',
+        'events',
+        'nodes',
+        'snapshots',
+        'snapshot_keys',
+        'tool_effects',
+        'media',
+    }
+    assert {'runs_conversation', 'runs_parent', 'snapshots_state', 'tool_effects_status', 'events_key'} <= _indexes(
+        postgres_url, table_prefix
+    )
+    with psycopg.connect(postgres_url) as conn:
+        versions = dict(
+            conn.execute(Tables(table_prefix).query('SELECT component, version FROM {schema_version}')).fetchall()
+        )
+    assert versions == {'steps': STEPS.latest, 'media': MEDIA.latest}
+
+
+async def test_older_schema_is_migrated_in_place(postgres_url: str, table_prefix: str) -> None:
+    tables = Tables(table_prefix)
+    async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+        assert await ensure_schema(conn, tables, STEPS, target=1) == 1
+        await conn.commit()
+        # A run written by a version-1 deployment.
+        record = RunRecord(run_id='old', conversation_id='c')
+        await conn.execute(
+            tables.query(
+                'INSERT INTO {runs} (run_id, started_at, conversation_id, record) VALUES (%s, %s, %s, %s::jsonb)'
+            ),
+            ('old', record.started_at, 'c', record.model_dump_json()),
+        )
+        await conn.commit()
+    assert 'runs_conversation' not in _indexes(postgres_url, table_prefix)
+
+    store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
+    try:
+        assert [r.run_id for r in await store.list_runs(conversation_id='c')] == ['old']
+        await store.register_run(RunRecord(run_id='new', conversation_id='c'))
+        assert [r.run_id for r in await store.list_runs(conversation_id='c')] == ['old', 'new']
+    finally:
+        await store.aclose()
+    assert {'runs_conversation', 'runs_parent', 'runs_started'} <= _indexes(postgres_url, table_prefix)
+    async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+        assert await schema_version(conn, tables, STEPS) == STEPS.latest
+
+
+async def test_newer_schema_is_refused(postgres_url: str, table_prefix: str) -> None:
+    store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
+    try:
+        await store.register_run(RunRecord(run_id='r'))
+    finally:
+        await store.aclose()
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute(
+            Tables(table_prefix).query('UPDATE {schema_version} SET version = 99 WHERE component = %s'), ('steps',)
+        )
+
+    store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
+    try:
+        with pytest.raises(
+            SchemaVersionError, match=r'steps schema version 99, newer than this step-postgres supports'
+        ):
+            await store.get_run('r')
+    finally:
+        await store.aclose()
+
+
+async def test_migration_target_out_of_range(postgres_url: str, table_prefix: str) -> None:
+    async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+        with pytest.raises(ValueError, match='not a version of the'):
+            await ensure_schema(conn, Tables(table_prefix), STEPS, target=STEPS.latest + 1)
+
+
+_CREATE_AT_ONCE = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from step_postgres import PostgresStepStore
+    from stepcore import RunRecord
+
+    async def main(url, prefix, run_id, start_at):
+        store = PostgresStepStore(dsn=url, table_prefix=prefix)
+        while time.time() < start_at:
+            await asyncio.sleep(0.001)
+        try:
+            await store.register_run(RunRecord(run_id=run_id))
+            await store.media_store.put(run_id.encode())
+        finally:
+            await store.aclose()
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])))
+    """
+)
+
+
+def test_concurrent_schema_creation_from_two_processes(postgres_url: str, table_prefix: str) -> None:
+    import time
+
+    start_at = time.time() + 3.0  # both processes are importing by then; they connect at the same moment
+    procs = [
+        subprocess.Popen(
+            [sys.executable, '-c', _CREATE_AT_ONCE, postgres_url, table_prefix, f'run-{i}', str(start_at)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(2)
+    ]
+    results = [p.communicate(timeout=120) for p in procs]
+    for proc, (_, err) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, err.decode()
+    tables = Tables(table_prefix)
+    with psycopg.connect(postgres_url, row_factory=tuple_row) as conn:
+        runs = conn.execute(tables.query('SELECT run_id FROM {runs} ORDER BY run_id')).fetchall()
+        versions = conn.execute(
+            Tables(table_prefix).query('SELECT component, version FROM {schema_version}')
+        ).fetchall()
+    assert [r[0] for r in runs] == ['run-0', 'run-1']
+    assert dict(versions) == {'steps': STEPS.latest, 'media': MEDIA.latest}
+
+
+async def test_concurrent_first_use_in_one_process(postgres_url: str, table_prefix: str) -> None:
+    stores = [PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix) for _ in range(4)]
+    try:
+        await asyncio.gather(*(s.register_run(RunRecord(run_id=f'r{i}')) for i, s in enumerate(stores)))
+        assert len(await stores[0].list_runs()) == 4
+    finally:
+        await asyncio.gather(*(s.aclose() for s in stores))
+
+
+async def test_prefixes_are_isolated(postgres_url: str, new_prefix: Callable[[], str]) -> None:
+    a = PostgresStepStore(dsn=postgres_url, table_prefix=new_prefix())
+    b = PostgresStepStore(dsn=postgres_url, table_prefix=new_prefix())
+    try:
+        await a.register_run(RunRecord(run_id='same', agent_name='a'))
+        await b.register_run(RunRecord(run_id='same', agent_name='b'))  # no duplicate: another set of tables
+        assert [r.agent_name for r in await a.list_runs()] == ['a']
+        assert [r.agent_name for r in await b.list_runs()] == ['b']
+    finally:
+        await a.aclose()
+        await b.aclose()
