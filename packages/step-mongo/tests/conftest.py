@@ -40,7 +40,9 @@ async def mongo_client(mongo_url: str) -> AsyncIterator[MongoClient]:
         await client.admin.command('ping')
     except PyMongoError as error:
         await client.close()
-        pytest.fail(f'cannot reach the MongoDB server at {URL_VARIABLE}={mongo_url!r}: {error}; {_HOW_TO}', pytrace=False)
+        pytest.fail(
+            f'cannot reach the MongoDB server at {URL_VARIABLE}={mongo_url!r}: {error}; {_HOW_TO}', pytrace=False
+        )
     yield client
     await client.close()
 

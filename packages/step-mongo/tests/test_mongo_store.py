@@ -1,0 +1,297 @@
+"""MongoStepStore behaviour specific to MongoDB, against the server at STEP_MONGO_URL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import bson
+import pytest
+from pydantic_ai.messages import BinaryContent, ModelRequest, ModelResponse, TextPart, UserPromptPart
+from pymongo import AsyncMongoClient
+from pymongo.errors import InvalidOperation, OperationFailure
+
+import stepcore
+from step_mongo.client import Document, MongoClient
+from step_mongo.indexes import index_error
+from step_mongo.media import MongoMediaStore
+from step_mongo.store import NODE_PIECE_BYTES, MongoStepStore
+from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
+from stepcore.codec import encode_messages
+
+MAX_BSON_DOCUMENT = 16 * 1024 * 1024
+
+
+@pytest.fixture
+async def store(mongo_client: MongoClient, db_name: str) -> AsyncIterator[MongoStepStore]:
+    s = MongoStepStore(client=mongo_client, database=db_name)
+    yield s
+    await s.aclose()
+
+
+def _index_specs(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: {'key': list(spec['key']), **{k: v for k, v in spec.items() if k not in ('key', 'v', 'ns')}}
+        for name, spec in info.items()
+    }
+
+
+async def test_indexes_are_created_on_first_write(store: MongoStepStore, mongo_client: MongoClient, db_name: str):
+    db = mongo_client[db_name]
+    assert await db.list_collection_names() == []  # constructing the store writes nothing
+    await store.register_run(RunRecord(run_id='r1'))
+
+    runs = _index_specs(await db['runs'].index_information())
+    assert runs['conversation_id']['key'] == [('conversation_id', 1)]
+    assert runs['conversation_id']['sparse'] is True
+    assert runs['parent_run_id']['sparse'] is True
+    assert runs['started_at']['key'] == [('started_at', 1)]
+
+    events = _index_specs(await db['events'].index_information())
+    assert events['run_id_seq']['key'] == [('run_id', 1), ('seq', 1)]
+    keyed = events['run_id_idempotency_key']
+    assert keyed['key'] == [('run_id', 1), ('idempotency_key', 1)]
+    assert keyed['unique'] is True
+    assert dict(keyed['partialFilterExpression']) == {'idempotency_key': {'$type': 'string'}}
+
+    snapshots = _index_specs(await db['snapshots'].index_information())
+    assert snapshots['run_id_seq']['key'] == [('run_id', 1), ('seq', 1)]
+    assert snapshots['run_id_idempotency_key']['unique'] is True
+    assert dict(snapshots['run_id_idempotency_key']['partialFilterExpression']) == {
+        'idempotency_key': {'$type': 'string'}
+    }
+    assert snapshots['run_id_state_seq']['key'] == [('run_id', 1), ('state', 1), ('seq', 1)]
+
+    effects = _index_specs(await db['tool_effects'].index_information())
+    assert effects['run_id_tool_call_id']['key'] == [('run_id', 1), ('tool_call_id', 1)]
+    assert effects['run_id_tool_call_id']['unique'] is True
+    assert effects['run_id_status']['key'] == [('run_id', 1), ('status', 1)]
+
+    nodes = _index_specs(await db['message_nodes'].index_information())
+    assert nodes['run_id_n_part']['unique'] is True
+
+
+async def test_none_idempotency_keys_append(store: MongoStepStore):
+    for _ in range(3):
+        await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r1'))
+    assert [e.seq for e in await store.list_events('r1')] == [1, 2, 3]
+    assert [s.seq for s in await store.list_snapshots('r1')] == [1, 2, 3]
+
+
+BAD_KEYS = ['a.b', '$where', 'nul\x00byte']
+
+
+@pytest.mark.parametrize('key', BAD_KEYS)
+async def test_invalid_metadata_keys_are_rejected_before_any_write(
+    store: MongoStepStore, mongo_client: MongoClient, db_name: str, key: str
+):
+    with pytest.raises(ValueError, match=r'RunRecord\.metadata key') as raised:
+        await store.register_run(RunRecord(run_id='r1', metadata={'ok': 'x', key: 'v'}))
+    assert repr(key) in str(raised.value)
+    with pytest.raises(ValueError, match=r'StepEvent\.metadata key'):
+        await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, metadata={key: 'v'}))
+    messages = [ModelRequest(parts=[UserPromptPart('hi')])]
+    with pytest.raises(ValueError, match=r'ContinuableSnapshot\.metadata key'):
+        await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, metadata={key: 'v'}))
+    assert await mongo_client[db_name].list_collection_names() == []
+    assert await store.get_run('r1') is None
+
+
+async def test_metadata_is_stored_as_a_nested_document(store: MongoStepStore, mongo_client: MongoClient, db_name: str):
+    await store.register_run(RunRecord(run_id='r1', metadata={'team': 'search', 'ünï': 'ok'}))
+    raw = await mongo_client[db_name]['runs'].find_one({'_id': 'r1'})
+    assert raw is not None
+    assert raw['metadata'] == {'team': 'search', 'ünï': 'ok'}
+    assert 'conversation_id' not in raw  # absent, so the sparse index skips the run
+
+
+async def test_tool_arguments_with_any_keys_round_trip(store: MongoStepStore):
+    args = {'a.b': 1, '$x': [1, {'c.d': None}], 'nul\x00': 'v'}
+    await store.record_tool_effect(ToolEffectRecord(run_id='r1', tool_call_id='c1', tool_name='t', args=args))
+    effect = await store.get_tool_effect('r1', 'c1')
+    assert effect is not None
+    assert effect.args == args
+
+
+async def test_times_keep_microseconds_and_sort_within_a_millisecond(store: MongoStepStore):
+    base = datetime(2026, 1, 1, 12, 0, 0, 500, tzinfo=UTC)
+    await store.register_run(
+        RunRecord(run_id='later', conversation_id='c', started_at=base + timedelta(microseconds=2))
+    )
+    await store.register_run(RunRecord(run_id='earlier', conversation_id='c', started_at=base))
+    runs = await store.list_runs(conversation_id='c')
+    assert [r.run_id for r in runs] == ['earlier', 'later']
+    assert runs[0].started_at == base
+
+
+async def test_snapshots_store_each_message_once(store: MongoStepStore, mongo_client: MongoClient, db_name: str):
+    history: list[Any] = []
+    for i in range(5):
+        history = [*history, ModelRequest(parts=[UserPromptPart(f'q{i}')]), ModelResponse(parts=[TextPart(f'a{i}')])]
+        await store.save_snapshot(ContinuableSnapshot(run_id='r1', step_index=i, messages=history))
+    db = mongo_client[db_name]
+    assert await db['message_nodes'].count_documents({'run_id': 'r1'}) == 10
+    snapshot_docs = [d async for d in db['snapshots'].find({'run_id': 'r1'}, sort=[('seq', 1)])]
+    assert [d['length'] for d in snapshot_docs] == [2, 4, 6, 8, 10]
+    assert all('messages' not in d for d in snapshot_docs)
+    listed = await store.list_snapshots('r1')
+    assert [len(s.messages) for s in listed] == [2, 4, 6, 8, 10]
+    assert listed[-1].messages == history
+
+
+async def test_a_message_bigger_than_a_document_is_split_and_round_trips(
+    store: MongoStepStore, mongo_client: MongoClient, db_name: str
+):
+    # 290 parts of 60 KiB stay under the 64 KiB externalization threshold, yet total > 16 MiB.
+    part = 'x' * (60 * 1024)
+    request = ModelRequest(parts=[UserPromptPart(f'{i:04d}{part}') for i in range(290)])
+    messages = [request, ModelResponse(parts=[TextPart('done')])]
+    await store.save_snapshot(ContinuableSnapshot(run_id='big', messages=messages))
+
+    db = mongo_client[db_name]
+    sizes: list[int] = []
+    async for raw in db.get_collection('message_nodes').find_raw_batches({'run_id': 'big'}):
+        sizes.extend(len(bson.encode(d)) for d in bson.decode_all(raw))
+    assert sum(sizes) > MAX_BSON_DOCUMENT
+    assert max(sizes) <= NODE_PIECE_BYTES + 1024 < MAX_BSON_DOCUMENT
+    head = await db['message_nodes'].find_one({'run_id': 'big', 'part': 0, 'parent': None})
+    assert head is not None
+    assert head['parts'] == len([s for s in sizes if s > 1024])
+    assert head['parts'] >= 3
+    assert await db['media'].count_documents({}) == 0  # nothing was at the threshold
+
+    restored = await store.latest_snapshot('big')
+    assert restored is not None
+    assert restored.messages == messages
+
+
+async def test_binary_content_goes_to_the_media_store_on_the_same_client(
+    store: MongoStepStore, mongo_client: MongoClient, db_name: str
+):
+    assert isinstance(store.media_store, MongoMediaStore)
+    assert store.media_store.client is store.client
+    image = BinaryContent(data=b'\x89PNG' + bytes(range(256)) * 10, media_type='image/png')
+    messages = [ModelRequest(parts=[UserPromptPart(['look', image])])]
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages))
+    db = mongo_client[db_name]
+    manifest = await db['media'].find_one({})
+    assert manifest is not None
+    assert manifest['media_type'] == 'image/png'
+    node = await db['message_nodes'].find_one({'run_id': 'r1'})
+    assert node is not None
+    assert b'media+sha256://' in bytes(node['body'])
+    restored = await store.latest_snapshot('r1')
+    assert restored is not None
+    # pydantic-ai decodes an image BinaryContent as its BinaryImage subclass: compare encodings.
+    assert encode_messages(restored.messages) == encode_messages(messages)
+
+
+async def test_media_store_none_keeps_bytes_inline(mongo_client: MongoClient, db_name: str):
+    store = MongoStepStore(client=mongo_client, database=db_name, media_store=None)
+    image = BinaryContent(data=b'\x00\x01' * 100, media_type='application/octet-stream')
+    messages = [ModelRequest(parts=[UserPromptPart([image])])]
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages))
+    assert 'media' not in await mongo_client[db_name].list_collection_names()
+    restored = await store.latest_snapshot('r1')
+    assert restored is not None
+    assert encode_messages(restored.messages) == encode_messages(messages)
+
+
+async def test_a_retried_registration_is_accepted_and_a_duplicate_refused(store: MongoStepStore):
+    await store.register_run(RunRecord(run_id='r1', registration_id='reg-1'))
+    await store.register_run(RunRecord(run_id='r1', registration_id='reg-1'))
+    with pytest.raises(ValueError, match="run_id 'r1' is already registered"):
+        await store.register_run(RunRecord(run_id='r1', registration_id='reg-2'))
+
+
+async def test_a_given_client_stays_open_after_aclose(mongo_client: MongoClient, db_name: str):
+    store = MongoStepStore(client=mongo_client, database=db_name)
+    await store.register_run(RunRecord(run_id='r1'))
+    await store.aclose()
+    assert (await mongo_client.admin.command('ping'))['ok'] == 1
+
+
+async def test_aclose_closes_a_client_the_store_created(mongo_url: str, db_name: str):
+    store = MongoStepStore(db_url=mongo_url, database=db_name)
+    await store.register_run(RunRecord(run_id='r1'))
+    await store.aclose()
+    with pytest.raises(InvalidOperation):
+        await store.client.admin.command('ping')
+
+
+async def test_from_spec_builds_a_working_store(mongo_url: str, db_name: str):
+    store = stepcore.from_spec('mongo', db_url=mongo_url, database=db_name, max_snapshots_per_run=2)
+    try:
+        assert isinstance(store, MongoStepStore)
+        assert store.database_name == db_name
+        assert store.max_snapshots_per_run == 2
+        await store.register_run(RunRecord(run_id='r1', agent_name='a'))
+        got = await store.get_run('r1')
+        assert got is not None
+        assert got.agent_name == 'a'
+    finally:
+        await store.aclose()
+    media = stepcore.media_from_spec('mongo', db_url=mongo_url, database=db_name)
+    try:
+        assert isinstance(media, MongoMediaStore)
+        uri = await media.put(b'blob')
+        assert await media.get(uri) == b'blob'
+    finally:
+        await media.aclose()
+
+
+async def test_database_defaults_to_the_one_in_the_url(mongo_url: str, db_name: str):
+    base, _, query = mongo_url.partition('?')
+    url = f'{base.rstrip("/")}/{db_name}' + (f'?{query}' if query else '')
+    store = MongoStepStore(db_url=url)
+    try:
+        assert store.database_name == db_name
+    finally:
+        await store.aclose()
+
+
+async def test_duplicate_tool_effects_block_the_unique_index_with_a_clear_error(
+    mongo_client: MongoClient, db_name: str
+):
+    effects = mongo_client[db_name]['tool_effects']
+    await effects.insert_many([{'run_id': 'r1', 'tool_call_id': 'c1'}, {'run_id': 'r1', 'tool_call_id': 'c1'}])
+    store = MongoStepStore(client=mongo_client, database=db_name)
+    with pytest.raises(RuntimeError, match='duplicate keys') as raised:
+        await store.register_run(RunRecord(run_id='r2'))
+    assert 'tool_effects' in str(raised.value)
+    assert 'Remove the duplicates' in str(raised.value)
+    await effects.delete_many({})
+    await store.register_run(RunRecord(run_id='r2'))  # indexes are retried on the next write
+    assert await store.get_run('r2') is not None
+
+
+def test_a_missing_privilege_names_the_fix():
+    failure = OperationFailure('not authorized on db to execute command createIndexes', code=13)
+    error = index_error('db.runs', [], failure)
+    assert isinstance(error, PermissionError)
+    assert 'createIndex privilege' in str(error)
+    assert 'readWrite' in str(error)
+
+
+def test_constructor_errors_say_what_to_pass():
+    with pytest.raises(ValueError, match=r'needs client= .* or db_url='):
+        MongoStepStore()
+    with pytest.raises(ValueError, match="expected a 'mongodb://'"):
+        MongoStepStore(db_url='postgres://x')
+    with pytest.raises(ValueError, match='max_snapshots_per_run=0'):
+        MongoStepStore(db_url='mongodb://127.0.0.1:1', max_snapshots_per_run=0)
+    with pytest.raises(ValueError, match='media_threshold_bytes=0'):
+        MongoStepStore(db_url='mongodb://127.0.0.1:1', media_threshold_bytes=0)
+    with pytest.raises(ValueError, match='not a valid MongoDB database name'):
+        MongoStepStore(db_url='mongodb://127.0.0.1:1', database='a.b')
+
+
+async def test_client_and_db_url_are_exclusive(mongo_url: str):
+    client: MongoClient = AsyncMongoClient[Document](mongo_url)
+    try:
+        with pytest.raises(ValueError, match='not both'):
+            MongoStepStore(client=client, db_url=mongo_url)
+    finally:
+        await client.close()
