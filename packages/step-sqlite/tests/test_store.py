@@ -1,0 +1,413 @@
+"""SqliteStepStore behaviour specific to SQLite: files, connections, incremental storage, media."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+from pydantic_ai.messages import (
+    BinaryContent,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+
+import stepcore
+from step_sqlite import SqliteMediaStore, SqliteStepStore
+from stepcore import (
+    ContinuableSnapshot,
+    EventKind,
+    RunRecord,
+    SnapshotState,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
+from stepcore.codec import encode_message
+
+
+def _step(i: int, size: int = 2048) -> list[ModelMessage]:
+    return [
+        ModelResponse(parts=[ToolCallPart('lookup', {'i': i}, tool_call_id=f'call-{i}')]),
+        ModelRequest(parts=[ToolReturnPart('lookup', 'x' * size, tool_call_id=f'call-{i}')]),
+    ]
+
+
+def _count(db: Path, sql: str) -> int:
+    with sqlite3.connect(db) as raw:
+        return int(raw.execute(sql).fetchone()[0])
+
+
+async def test_from_spec_builds_the_sqlite_store_through_the_entry_point(tmp_path: Path) -> None:
+    store = stepcore.from_spec('sqlite', database=str(tmp_path / 'runs.db'), max_snapshots_per_run=3)
+    try:
+        assert isinstance(store, SqliteStepStore)
+        assert store.max_snapshots_per_run == 3
+        await store.register_run(RunRecord(run_id='r'))
+        assert (tmp_path / 'runs.db').exists()
+    finally:
+        await store.aclose()
+    media = stepcore.media_from_spec('sqlite', database=str(tmp_path / 'media.db'))
+    assert isinstance(media, SqliteMediaStore)
+    await media.aclose()
+
+
+async def test_data_outlives_the_store_and_reads_back_in_a_new_one(tmp_path: Path) -> None:
+    db = tmp_path / 'runs.db'
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('hello')]), *_step(0)]
+    store = SqliteStepStore(database=db)
+    await store.register_run(RunRecord(run_id='r', conversation_id='c', metadata={'k': 'v'}))
+    await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=1, messages=messages))
+    await store.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='call-0', tool_name='lookup'))
+    await store.aclose()
+
+    again = SqliteStepStore(database=db)
+    try:
+        run = await again.get_run('r')
+        assert run is not None
+        assert (run.conversation_id, run.metadata) == ('c', {'k': 'v'})
+        assert [e.kind for e in await again.list_events('r')] == [EventKind.RUN_STARTED]
+        latest = await again.latest_snapshot('r')
+        assert latest is not None
+        assert latest.step_index == 1
+        assert latest.messages == messages
+        assert [r.tool_call_id for r in await again.list_unresolved_tool_effects('r')] == ['call-0']
+    finally:
+        await again.aclose()
+
+
+async def test_each_message_is_written_once_so_storage_grows_linearly(tmp_path: Path) -> None:
+    db = tmp_path / 'runs.db'
+    store = SqliteStepStore(database=db)
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
+    try:
+        for i in range(60):
+            messages.extend(_step(i))
+            await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=i, messages=list(messages)))
+        nodes = _count(db, 'SELECT COUNT(*) FROM message_nodes')
+        body_bytes = _count(db, 'SELECT SUM(LENGTH(body)) FROM message_nodes')
+        assert nodes == len(messages)
+        assert body_bytes == sum(len(encode_message(m)) for m in messages)
+        assert _count(db, 'SELECT COUNT(*) FROM snapshots') == 60
+        snapshots = await store.list_snapshots('r')
+        assert [len(s.messages) for s in snapshots] == [1 + 2 * (i + 1) for i in range(60)]
+        assert snapshots[-1].messages == messages
+    finally:
+        await store.aclose()
+
+
+async def test_a_history_rewrite_is_stored_without_changing_earlier_snapshots(tmp_path: Path) -> None:
+    store = SqliteStepStore(database=tmp_path / 'runs.db')
+    try:
+        first: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('q')]), *_step(0), *_step(1)]
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=first))
+        compacted: list[ModelMessage] = [first[0], ModelResponse(parts=[TextPart('summary of the two lookups')])]
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=compacted))
+        grown = [*compacted, *_step(2)]
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=grown))
+        assert [s.messages for s in await store.list_snapshots('r')] == [first, compacted, grown]
+    finally:
+        await store.aclose()
+
+
+async def test_a_saved_snapshot_is_isolated_from_later_mutation(tmp_path: Path) -> None:
+    store = SqliteStepStore(database=tmp_path / 'runs.db')
+    try:
+        part = UserPromptPart('original')
+        messages: list[ModelMessage] = [ModelRequest(parts=[part])]
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages))
+        part.content = 'mutated'
+        messages.append(ModelResponse(parts=[TextPart('later')]))
+        latest = await store.latest_snapshot('r')
+        assert latest is not None
+        assert len(latest.messages) == 1
+        restored = latest.messages[0]
+        assert isinstance(restored, ModelRequest)
+        assert isinstance(restored.parts[0], UserPromptPart)
+        assert restored.parts[0].content == 'original'
+    finally:
+        await store.aclose()
+
+
+async def test_pruning_deletes_snapshot_rows_but_keeps_every_message_node(tmp_path: Path) -> None:
+    db = tmp_path / 'runs.db'
+    store = SqliteStepStore(database=db, max_snapshots_per_run=2)
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
+    try:
+        for i in range(5):
+            messages.extend(_step(i, size=10))
+            state = SnapshotState.COMPLETE if i == 1 else SnapshotState.INTERRUPTED
+            await store.save_snapshot(
+                ContinuableSnapshot(run_id='r', step_index=i, messages=list(messages), state=state)
+            )
+        kept = await store.list_snapshots('r')
+        # newest two, plus the newest complete one (step 1)
+        assert [s.step_index for s in kept] == [1, 3, 4]
+        assert [s.state for s in kept] == [SnapshotState.COMPLETE, SnapshotState.INTERRUPTED, SnapshotState.INTERRUPTED]
+        assert _count(db, 'SELECT COUNT(*) FROM message_nodes') == len(messages)
+        complete = await store.latest_snapshot('r')
+        assert complete is not None
+        assert complete.step_index == 1
+        assert len(complete.messages) == 5
+    finally:
+        await store.aclose()
+
+
+async def test_snapshot_seq_is_monotonic_per_run_across_interleaved_runs(tmp_path: Path) -> None:
+    store = SqliteStepStore(database=tmp_path / 'runs.db')
+    try:
+        for i in range(3):
+            for run in ('a', 'b'):
+                await store.save_snapshot(ContinuableSnapshot(run_id=run, step_index=i))
+        for run in ('a', 'b'):
+            seqs = [s.seq for s in await store.list_snapshots(run)]
+            assert [s.step_index for s in await store.list_snapshots(run)] == [0, 1, 2]
+            assert all(isinstance(s, int) for s in seqs)
+            assert seqs == sorted(seqs)
+            assert len(set(seqs)) == 3
+    finally:
+        await store.aclose()
+
+
+async def test_concurrent_appends_to_one_run_get_contiguous_seqs(tmp_path: Path) -> None:
+    store = SqliteStepStore(database=tmp_path / 'runs.db')
+    try:
+        await asyncio.gather(
+            *(
+                store.append_event(StepEvent(run_id='r', kind=EventKind.TOOL_CALL_STARTED, step_index=i))
+                for i in range(25)
+            )
+        )
+        events = await store.list_events('r')
+        assert [e.seq for e in events] == list(range(1, 26))
+        assert sorted(e.step_index for e in events) == list(range(25))
+    finally:
+        await store.aclose()
+
+
+async def test_tool_effects_upsert_keeps_one_row_with_the_latest_state(tmp_path: Path) -> None:
+    db = tmp_path / 'runs.db'
+    store = SqliteStepStore(database=db)
+    try:
+        started = ToolEffectRecord(run_id='r', tool_call_id='t1', tool_name='pay', args={'amount': 3})
+        await store.record_tool_effect(started)
+        await store.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='t2', tool_name='pay'))
+        done = started.model_copy(update={'status': ToolEffectStatus.COMPLETED, 'effect_summary': 'paid 3'})
+        await store.record_tool_effect(done)
+        assert _count(db, "SELECT COUNT(*) FROM tool_effects WHERE tool_call_id = 't1'") == 1
+        got = await store.get_tool_effect('r', 't1')
+        assert got is not None
+        assert (got.status, got.effect_summary, got.args) == (ToolEffectStatus.COMPLETED, 'paid 3', {'amount': 3})
+        assert [r.tool_call_id for r in await store.list_tool_effects('r')] == ['t1', 't2']
+        assert [r.tool_call_id for r in await store.list_unresolved_tool_effects('r')] == ['t2']
+    finally:
+        await store.aclose()
+
+
+# -- media ---------------------------------------------------------------------------------
+
+
+async def test_binary_content_goes_to_the_media_table_of_the_same_database(tmp_path: Path) -> None:
+    db = tmp_path / 'runs.db'
+    image = bytes(range(256)) * 4
+    store = SqliteStepStore(database=db)
+    messages: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart(['look', BinaryContent(image, media_type='image/png')])])
+    ]
+    try:
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages))
+        await store.save_snapshot(ContinuableSnapshot(run_id='other', messages=messages))
+        with sqlite3.connect(db) as raw:
+            rows = raw.execute('SELECT data, media_type FROM media').fetchall()
+            bodies = [bytes(r[0]) for r in raw.execute('SELECT body FROM message_nodes')]
+        assert rows == [(image, 'image/png')]  # stored once for both runs
+        assert all(b'media+sha256://' in body for body in bodies)
+        latest = await store.latest_snapshot('other')
+        assert latest is not None
+        restored = latest.messages[0]
+        assert isinstance(restored, ModelRequest)
+        prompt = restored.parts[0]
+        assert isinstance(prompt, UserPromptPart)
+        assert not isinstance(prompt.content, str)
+        blob = prompt.content[1]
+        assert isinstance(blob, BinaryContent)
+        assert blob.data == image
+    finally:
+        await store.aclose()
+
+
+async def test_large_text_is_externalized_at_the_threshold(tmp_path: Path) -> None:
+    db = tmp_path / 'runs.db'
+    big = 'é' * 600  # 1200 UTF-8 bytes
+    store = SqliteStepStore(database=db, media_threshold_bytes=1000)
+    messages: list[ModelMessage] = [ModelRequest(parts=[ToolReturnPart('t', big, tool_call_id='c')])]
+    try:
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages))
+        assert _count(db, 'SELECT COUNT(*) FROM media') == 1
+        assert _count(db, 'SELECT MAX(LENGTH(body)) FROM message_nodes') < 1000
+        latest = await store.latest_snapshot('r')
+        assert latest is not None
+        assert latest.messages == messages
+    finally:
+        await store.aclose()
+
+
+async def test_media_store_none_keeps_payloads_inline(tmp_path: Path) -> None:
+    db = tmp_path / 'runs.db'
+    image = b'\x89PNG' + bytes(70_000)
+    store = SqliteStepStore(database=db, media_store=None)
+    messages: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart(['look', BinaryContent(image, media_type='image/png')])])
+    ]
+    try:
+        assert store.media_store is None
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages))
+        with sqlite3.connect(db) as raw:
+            tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            body = bytes(raw.execute('SELECT body FROM message_nodes').fetchone()[0])
+        assert 'media' not in tables
+        assert b'media+sha256://' not in body
+        assert len(body) > len(image)
+        latest = await store.latest_snapshot('r')
+        assert latest is not None
+        prompt = latest.messages[0].parts[0]
+        assert isinstance(prompt, UserPromptPart)
+        assert not isinstance(prompt.content, str)
+        blob = prompt.content[1]
+        assert isinstance(blob, BinaryContent)
+        assert blob.data == image
+    finally:
+        await store.aclose()
+
+
+async def test_an_explicit_media_store_receives_the_blobs(tmp_path: Path) -> None:
+    media = SqliteMediaStore(database=tmp_path / 'media.db')
+    store = SqliteStepStore(database=tmp_path / 'runs.db', media_store=media)
+    try:
+        msg = ModelRequest(parts=[UserPromptPart([BinaryContent(b'abc', media_type='audio/wav')])])
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=[msg]))
+        assert _count(tmp_path / 'media.db', 'SELECT COUNT(*) FROM media') == 1
+        with sqlite3.connect(tmp_path / 'runs.db') as raw:
+            tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert 'media' not in tables
+    finally:
+        await store.aclose()
+        await media.aclose()
+
+
+async def test_unknown_marker_version_fails_latest_and_is_skipped_by_list(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / 'runs.db'
+    store = SqliteStepStore(database=db)
+    first: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('plain')])]
+    second: list[ModelMessage] = [
+        *first,
+        ModelRequest(parts=[UserPromptPart([BinaryContent(b'img', media_type='image/png')])]),
+    ]
+    try:
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=0, messages=first))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=1, messages=second))
+        with sqlite3.connect(db) as raw:
+            raw.execute(
+                'UPDATE message_nodes SET body = CAST(REPLACE(CAST(body AS TEXT), '
+                '\'"__stepcore_marker_format__":1\', \'"__stepcore_marker_format__":99\') AS BLOB)'
+            )
+        with pytest.raises(ValueError, match='format 99'):
+            await store.latest_snapshot('r')
+        with caplog.at_level(logging.WARNING, logger='step_sqlite.store'):
+            listed = await store.list_snapshots('r')
+        assert [s.step_index for s in listed] == [0]
+        assert 'skipping snapshot' in caplog.text
+        assert 'format 99' in caplog.text
+    finally:
+        await store.aclose()
+
+
+# -- files, connections, threads -----------------------------------------------------------
+
+
+async def test_database_files_are_owner_only_and_in_wal_mode(tmp_path: Path) -> None:
+    db = tmp_path / 'nested' / 'runs.db'
+    store = SqliteStepStore(database=db)
+    try:
+        await store.register_run(RunRecord(run_id='r'))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_step(0)))
+        files = {p.name: stat.S_IMODE(p.stat().st_mode) for p in db.parent.iterdir()}
+        assert {'runs.db', 'runs.db-wal', 'runs.db-shm'} <= set(files)
+        assert all(mode == 0o600 for mode in files.values()), files
+        with sqlite3.connect(db) as raw:
+            assert raw.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
+    finally:
+        await store.aclose()
+
+
+async def test_a_shared_connection_must_allow_other_threads(tmp_path: Path) -> None:
+    connection = sqlite3.connect(tmp_path / 'app.db')
+    try:
+        with pytest.raises(ValueError, match='check_same_thread=False'):
+            SqliteStepStore(connection=connection)
+        with pytest.raises(ValueError, match='check_same_thread=False'):
+            SqliteMediaStore(connection=connection)
+    finally:
+        connection.close()
+
+
+async def test_exactly_one_of_database_or_connection(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match='exactly one of database='):
+        SqliteStepStore()
+    connection = sqlite3.connect(tmp_path / 'app.db', check_same_thread=False)
+    try:
+        with pytest.raises(ValueError, match='exactly one of database='):
+            SqliteStepStore(database=tmp_path / 'x.db', connection=connection)
+    finally:
+        connection.close()
+
+
+async def test_a_shared_connection_is_used_off_the_loop_and_left_open(tmp_path: Path) -> None:
+    connection = sqlite3.connect(tmp_path / 'app.db', check_same_thread=False)
+    threads: set[int] = set()
+    connection.set_trace_callback(lambda _sql: threads.add(threading.get_ident()))
+    try:
+        store = SqliteStepStore(connection=connection)
+        await store.register_run(RunRecord(run_id='r'))
+        await store.save_snapshot(
+            ContinuableSnapshot(
+                run_id='r',
+                messages=[ModelRequest(parts=[UserPromptPart([BinaryContent(b'z', media_type='image/png')])])],
+            )
+        )
+        assert threads
+        assert threading.get_ident() not in threads
+        await store.aclose()
+        with pytest.raises(RuntimeError, match='is closed'):
+            await store.get_run('r')
+        # the application's connection still works and sees the store's data
+        connection.set_trace_callback(None)
+        assert connection.execute('SELECT COUNT(*) FROM runs').fetchone()[0] == 1
+        assert connection.execute('SELECT COUNT(*) FROM media').fetchone()[0] == 1
+    finally:
+        connection.close()
+
+
+async def test_aclose_closes_an_owned_connection(tmp_path: Path) -> None:
+    store = SqliteStepStore(database=tmp_path / 'runs.db')
+    await store.register_run(RunRecord(run_id='r'))
+    await store.aclose()
+    await store.aclose()  # idempotent
+    with pytest.raises(RuntimeError, match='is closed'):
+        await store.list_runs()
+    media = store.media_store
+    assert isinstance(media, SqliteMediaStore)
+    with pytest.raises(RuntimeError, match='is closed'):
+        await media.exists('media+sha256://' + '0' * 64)
