@@ -2,49 +2,434 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
+from ..codec import dump_record
+from ..protocols import StepStore
 from ..registry import get_registry
+from . import render
+from .stores import ENV_VAR, StoreError, open_store, resolve_store_url
+from .transfer import (
+    RunExport,
+    descendant_ids,
+    dump_export,
+    export_runs,
+    import_runs,
+    parse_export,
+)
 
-app = typer.Typer(help='Inspect and recover agent runs persisted by stepcore.', no_args_is_help=True)
+__all__ = ('app', 'main')
+
+T = TypeVar('T')
+
+app = typer.Typer(
+    help='Inspect and recover agent runs persisted by stepcore.',
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 console = Console()
+err_console = Console(stderr=True)
+
+DEBUG_VAR = 'STEPCORE_DEBUG'
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        '--store',
+        '-s',
+        help=f'Store URL, e.g. sqlite:///runs.db, file:///path/runs, mongodb://host/db (default: ${ENV_VAR}).',
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option('--json', help='Print JSON for scripts instead of a table.')]
+RunArgument = Annotated[str, typer.Argument(help='The run id.', show_default=False)]
 
 
 @app.callback()
-def _root() -> None:
+def cli_root() -> None:
     """Inspect and recover agent runs persisted by stepcore."""
 
 
+def _fail(message: str) -> NoReturn:
+    err_console.print(f'[bold red]error:[/] {escape(message)}', highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, StoreError | LookupError | ValueError):
+        text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    elif isinstance(exc, OSError):
+        where = f' {exc.filename!r}' if exc.filename else ''
+        text = f'{exc.strerror or exc}{where}'
+    else:
+        text = f'{type(exc).__name__}: {exc}'
+    return text or type(exc).__name__
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's async body, turning a user error into one line on stderr and exit code 1."""
+    try:
+        return asyncio.run(coro)
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if os.environ.get(DEBUG_VAR):
+            raise
+        _fail(_error_text(exc))
+
+
+def _with_store(url: str | None, body: Callable[[StepStore], Awaitable[T]], *, must_exist: bool = True) -> T:
+    async def main() -> T:
+        store = open_store(resolve_store_url(url), must_exist=must_exist)
+        try:
+            return await body(store)
+        finally:
+            await store.aclose()
+
+    return _run(main())
+
+
+def _echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+async def _require_run(store: StepStore, run_id: str) -> None:
+    if await store.get_run(run_id) is None:
+        raise LookupError(f'run {run_id!r} not found in this store: list the stored runs with `stepcore runs`')
+
+
+@contextmanager
+def _progress(description: str, total: int | None):
+    """A progress bar on stderr, shown only when stderr is a terminal."""
+    stderr = Console(stderr=True)
+    with Progress(
+        TextColumn('{task.description}'),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        disable=not stderr.is_terminal,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(description, total=total)
+
+        def advance(n: int) -> None:
+            progress.advance(task, n)
+
+        yield advance
+
+
+# --- plugins -------------------------------------------------------------------------------------
+
+
 @app.command()
-def plugins(as_json: bool = typer.Option(False, '--json', help='Print JSON for scripts.')) -> None:
+def plugins(as_json: JsonOption = False) -> None:
     """List installed plugins, their versions, backend keys and features."""
     registry = get_registry()
-    rows = [
-        {
-            'plugin': p.name,
-            'distribution': p.distribution,
-            'version': p.version,
-            'backends': [
-                {'kind': b.kind, 'key': b.info.key, 'features': sorted(b.info.features), 'summary': b.info.summary}
-                for b in p.backends
-            ],
-        }
-        for p in sorted(registry.plugins, key=lambda p: p.distribution)
-    ]
+    found = sorted(registry.plugins, key=lambda p: p.distribution)
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        _echo_json(
+            [
+                {
+                    'plugin': p.name,
+                    'distribution': p.distribution,
+                    'version': p.version,
+                    'backends': [
+                        {
+                            'kind': b.kind,
+                            'key': b.info.key,
+                            'features': sorted(b.info.features),
+                            'summary': b.info.summary,
+                        }
+                        for b in p.backends
+                    ],
+                }
+                for p in found
+            ]
+        )
         return
     table = Table(title='stepcore plugins')
     for column in ('distribution', 'version', 'kind', 'key', 'features', 'summary'):
         table.add_column(column)
-    for row in rows:
-        for b in row['backends']:
-            table.add_row(row['distribution'], row['version'], b['kind'], b['key'], ', '.join(b['features']), b['summary'])
+    for p in found:
+        for b in p.backends:
+            table.add_row(
+                p.distribution, p.version, b.kind, b.info.key, ', '.join(sorted(b.info.features)), b.info.summary
+            )
     console.print(table)
+
+
+# --- listings ------------------------------------------------------------------------------------
+
+
+@app.command()
+def runs(
+    store: StoreOption = None,
+    conversation: Annotated[str | None, typer.Option(help='Only runs of this conversation_id.')] = None,
+    parent: Annotated[str | None, typer.Option(help='Only runs delegated from this run id.')] = None,
+    agent: Annotated[str | None, typer.Option(help='Only runs of this agent name.')] = None,
+    limit: Annotated[int, typer.Option(min=1, help='Show at most this many of the newest matching runs.')] = 50,
+    offset: Annotated[int, typer.Option(min=0, help='Skip this many of the newest matching runs.')] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """List runs, oldest first and newest last (filters combine with AND)."""
+
+    async def body(s: StepStore) -> tuple[list[Any], list[str], int, int]:
+        found = await s.list_runs(conversation_id=conversation, parent_run_id=parent)
+        if agent is not None:
+            found = [r for r in found if r.agent_name == agent]
+        end = max(0, len(found) - offset)
+        start = max(0, end - limit)
+        page = found[start:end]
+        statuses = [render.run_status(await s.list_events(r.run_id)) for r in page]
+        return page, statuses, start, len(found)
+
+    page, statuses, start, total = _with_store(store, body)
+    if as_json:
+        _echo_json([{**dump_record(r), 'status': st} for r, st in zip(page, statuses, strict=True)])
+        return
+    if not page:
+        console.print('no runs match' if total else 'no runs in this store')
+        return
+    console.print(render.runs_table(page, statuses))
+    if len(page) < total:
+        console.print(
+            f'runs {start + 1}-{start + len(page)} of {total} (oldest first); '
+            f'use --offset {offset + len(page)} for older ones',
+            style='dim',
+        )
+
+
+@app.command()
+def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
+    """Show a run and the runs delegated from it, with their status."""
+
+    async def build(s: StepStore, rid: str, seen: set[str]) -> render.RunNode:
+        record = await s.get_run(rid)
+        if record is None:
+            raise LookupError(f'run {rid!r} not found in this store: list the stored runs with `stepcore runs`')
+        seen.add(rid)
+        status = render.run_status(await s.list_events(rid))
+        unresolved = len(await s.list_unresolved_tool_effects(rid))
+        children = [
+            await build(s, child.run_id, seen)
+            for child in await s.list_runs(parent_run_id=rid)
+            if child.run_id not in seen
+        ]
+        return render.RunNode(record, status, unresolved, children)
+
+    root = _with_store(store, lambda s: build(s, run_id, set()))
+    if as_json:
+        _echo_json(root.as_json())
+        return
+    console.print(render.run_tree(root))
+
+
+@app.command()
+def events(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
+    """List a run's step events in the order they were appended."""
+
+    async def body(s: StepStore) -> list[Any]:
+        await _require_run(s, run_id)
+        return await s.list_events(run_id)
+
+    found = _with_store(store, body)
+    if as_json:
+        _echo_json([dump_record(e) for e in found])
+        return
+    console.print(render.events_table(found, title=f'events of {run_id}'))
+
+
+@app.command()
+def snapshots(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
+    """List a run's retained snapshots (see `show` for their messages)."""
+
+    async def body(s: StepStore) -> list[Any]:
+        await _require_run(s, run_id)
+        return await s.list_snapshots(run_id)
+
+    found = _with_store(store, body)
+    if as_json:
+        _echo_json([{**dump_record(x, exclude={'messages'}), 'message_count': len(x.messages)} for x in found])
+        return
+    if not found:
+        console.print(f'run {run_id} has no snapshots')
+        return
+    console.print(render.snapshots_table(found, title=f'snapshots of {run_id}'))
+
+
+@app.command()
+def show(
+    run_id: RunArgument,
+    seq: Annotated[int | None, typer.Option(help='Show this snapshot instead of the newest one.')] = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the messages of a run's newest snapshot (of any state), or of snapshot --seq N."""
+    from .transfer import _dump_snapshot  # pyright: ignore[reportPrivateUsage]
+
+    async def body(s: StepStore) -> Any:
+        await _require_run(s, run_id)
+        if seq is None:
+            snap = await s.latest_snapshot(run_id, include_interrupted=True)
+            if snap is None:
+                raise LookupError(f'run {run_id!r} has no snapshot yet: see its events with `stepcore events {run_id}`')
+            return snap
+        retained = await s.list_snapshots(run_id)
+        for snap in retained:
+            if snap.seq == seq:
+                return snap
+        have = ', '.join(str(x.seq) for x in retained) or 'none'
+        raise LookupError(f'run {run_id!r} has no snapshot with seq {seq}; retained seqs: {have}')
+
+    snap = _with_store(store, body)
+    if as_json:
+        _echo_json(_dump_snapshot(snap))
+        return
+    header = Text()
+    header.append(f'{run_id}', style='bold')
+    header.append(f'  snapshot seq {snap.seq}, step {snap.step_index}, ')
+    header.append(snap.state.value, style='green' if snap.state.value == 'complete' else 'yellow')
+    header.append(f', {len(snap.messages)} messages')
+    console.print(header)
+    console.print(render.render_messages(snap.messages))
+
+
+@app.command()
+def effects(
+    run_id: RunArgument,
+    unresolved: Annotated[bool, typer.Option('--unresolved', help='Only calls started with no outcome.')] = False,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List a run's tool-effect ledger: which tool calls completed, failed, or may or may not have run."""
+
+    async def body(s: StepStore) -> list[Any]:
+        await _require_run(s, run_id)
+        return await (s.list_unresolved_tool_effects(run_id) if unresolved else s.list_tool_effects(run_id))
+
+    found = _with_store(store, body)
+    if as_json:
+        _echo_json([dump_record(e) for e in found])
+        return
+    if not found:
+        console.print(f'run {run_id} has no {"unresolved " if unresolved else ""}tool effects')
+        return
+    console.print(render.effects_table(found, title=f'tool effects of {run_id}'))
+
+
+@app.command()
+def recover(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
+    """Explain what a run left behind and how it can be resumed."""
+    from .recovery_view import describe_recovery, recovery_json
+
+    async def body(s: StepStore) -> Any:
+        from ..recovery import inspect_recovery
+
+        await _require_run(s, run_id)
+        return await inspect_recovery(store=s, run_id=run_id)
+
+    report = _with_store(store, body)
+    if as_json:
+        _echo_json(recovery_json(report))
+        return
+    console.print(describe_recovery(run_id, report))
+
+
+# --- export / import -----------------------------------------------------------------------------
+
+
+class ExportFormat(str, Enum):
+    json = 'json'
+
+
+@app.command('export')
+def export_command(
+    run_id: RunArgument,
+    store: StoreOption = None,
+    format: Annotated[ExportFormat, typer.Option('--format', help='Output format.')] = ExportFormat.json,
+    output: Annotated[Path | None, typer.Option('--output', '-o', help='Write here instead of stdout.')] = None,
+    with_delegates: Annotated[
+        bool, typer.Option('--with-delegates', help='Also export every run delegated from it, recursively.')
+    ] = False,
+) -> None:
+    """Export a run (record, events, every snapshot with its messages, tool effects) as JSON."""
+    del format  # JSON is the only format
+
+    async def body(s: StepStore) -> list[RunExport]:
+        await _require_run(s, run_id)
+        ids = await descendant_ids(s, run_id) if with_delegates else [run_id]
+        with _progress('exporting', None) as advance:
+            return await export_runs(s, ids, progress=advance)
+
+    exported = _with_store(store, body)
+    text = json.dumps(dump_export(exported), indent=1, ensure_ascii=False)
+    if output is None:
+        typer.echo(text)
+        return
+    try:
+        output.write_text(text + '\n', encoding='utf-8')
+    except OSError as exc:
+        _fail(f'cannot write {str(output)!r}: {exc.strerror or exc}')
+    err_console.print(f'exported {len(exported)} run(s) to {escape(str(output))}', highlight=False)
+
+
+@app.command('import')
+def import_command(
+    file: Annotated[Path, typer.Argument(help='A file written by `stepcore export` ("-" for stdin).')],
+    store: StoreOption = None,
+) -> None:
+    """Import runs from an export file into a store (created if it does not exist)."""
+    try:
+        text = sys.stdin.read() if str(file) == '-' else file.read_text(encoding='utf-8')
+    except OSError as exc:
+        _fail(f'cannot read {str(file)!r}: {exc.strerror or exc}')
+    try:
+        runs_in = parse_export(json.loads(text))
+    except ValueError as exc:
+        _fail(f'{file}: {_error_text(exc)}')
+
+    async def body(s: StepStore) -> None:
+        with _progress('importing', sum(r.size for r in runs_in)) as advance:
+            await import_runs(s, runs_in, progress=advance)
+
+    _with_store(store, body, must_exist=False)
+    names = ', '.join(r.run.run_id for r in runs_in)
+    err_console.print(f'imported {len(runs_in)} run(s): {escape(names)}', highlight=False)
+
+
+# --- demo ----------------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    database: Annotated[Path, typer.Option('--database', help='SQLite file to write (replaced if it exists).')] = Path(
+        'stepcore-demo.db'
+    ),
+) -> None:
+    """Run an agent, kill its process mid tool call, inspect what was saved, and resume it."""
+    from .demo import DemoError, run_demo
+
+    try:
+        run_demo(database, console=console)
+    except DemoError as exc:
+        _fail(str(exc))
 
 
 def main() -> None:

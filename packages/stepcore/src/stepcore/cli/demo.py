@@ -1,0 +1,240 @@
+"""`stepcore demo`: a run killed mid tool call, inspected, and resumed from its settled snapshot."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import cast
+
+from rich.console import Console
+from rich.markup import escape
+from rich.padding import Padding
+from rich.rule import Rule
+
+from ..helpers import continue_run
+from ..protocols import StepStore
+from ..recovery import inspect_recovery
+from ..registry import get_registry, store_from_spec
+from . import render
+from .demo_agents import CONVERSATION_ID, FIRST_RUN_ID, OUTBOX_FILE, REPORT_FILE, RESUMED_RUN_ID, build_agents
+from .recovery_view import describe_recovery
+
+__all__ = ('DemoError', 'run_demo')
+
+_MARKER = '.send_email.started'
+_DEMO_FILES = {REPORT_FILE, OUTBOX_FILE, _MARKER}
+_WORKER_TIMEOUT = 120.0
+
+
+class DemoError(Exception):
+    """The demo could not run; the message says why and what to do."""
+
+
+def _workdir_for(database: Path) -> Path:
+    return database.with_name(database.stem + '-files')
+
+
+def _reset(database: Path, workdir: Path) -> None:
+    """Start fresh: remove an earlier demo database and its files, refusing to touch anything else."""
+    if database.exists():
+        if database.is_dir():
+            raise DemoError(f'{str(database)!r} is a folder: pass --database a file path')
+        with database.open('rb') as f:
+            header = f.read(16)
+        if header and header != b'SQLite format 3\x00':
+            raise DemoError(f'{str(database)!r} exists and is not a SQLite database: pass --database a new file path')
+    for suffix in ('', '-wal', '-shm', '-journal'):
+        Path(str(database) + suffix).unlink(missing_ok=True)
+    if workdir.exists():
+        unknown = sorted(p.name for p in workdir.iterdir() if p.name not in _DEMO_FILES)
+        if unknown:
+            raise DemoError(f'{str(workdir)!r} holds files the demo did not write ({", ".join(unknown)}): move them')
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+
+
+def _open_store(database: Path) -> StepStore:
+    try:
+        return cast(StepStore, store_from_spec('sqlite', database=database))
+    except ValueError as exc:
+        raise DemoError(f'the demo stores runs in SQLite: {exc}') from None
+
+
+def _run_worker(database: Path, workdir: Path, console: Console) -> None:
+    marker = workdir / _MARKER
+    command = [
+        sys.executable,
+        '-m',
+        'stepcore.cli.demo_worker',
+        '--database',
+        str(database),
+        '--workdir',
+        str(workdir),
+        '--marker',
+        str(marker),
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + _WORKER_TIMEOUT
+    while not marker.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise DemoError(
+                f'the agent process exited with code {proc.returncode} before reaching send_email:\n{out}{err}'
+            )
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.communicate()
+            raise DemoError(f'the agent process did not reach send_email within {_WORKER_TIMEOUT:.0f} s')
+        time.sleep(0.02)
+    proc.kill()  # SIGKILL: no exception handler, finally block or hook gets to run
+    out, _err = proc.communicate()
+    for line in out.splitlines():
+        console.print(f'  [dim]child |[/] {escape(line)}', highlight=False, soft_wrap=True)
+    console.print(f'  [bold red]parent: sent SIGKILL to the child (exit code {proc.returncode})[/]', highlight=False)
+
+
+def _stage(console: Console, number: int, title: str, note: str) -> None:
+    console.print()
+    console.print(Rule(f'[bold]{number}. {title}[/]', align='left'))
+    console.print(note, highlight=False)
+
+
+async def _inspect_and_resume(database: Path, workdir: Path, console: Console) -> None:
+    store = _open_store(database)
+    try:
+        await _inspect(store, workdir, console)
+        await _resume(store, workdir, console)
+    finally:
+        await store.aclose()
+
+
+async def _tree(store: StepStore, run_id: str) -> render.RunNode:
+    record = await store.get_run(run_id)
+    assert record is not None
+    children = [await _tree(store, child.run_id) for child in await store.list_runs(parent_run_id=run_id)]
+    status = render.run_status(await store.list_events(run_id))
+    unresolved = len(await store.list_unresolved_tool_effects(run_id))
+    return render.RunNode(record, status, unresolved, children)
+
+
+async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
+    _stage(
+        console,
+        2,
+        'The run tree',
+        'The assistant delegated to a researcher; the delegate run points at it through parent_run_id. '
+        'The assistant never finished: its process died.',
+    )
+    console.print(Padding(render.run_tree(await _tree(store, FIRST_RUN_ID)), (0, 2)))
+
+    _stage(
+        console,
+        3,
+        'The event trail',
+        'Events are appended as the run goes, so the trail ends where the process died: a tool call '
+        'that started and never completed.',
+    )
+    events = await store.list_events(FIRST_RUN_ID)
+    console.print(render.events_table(events, timestamps=False))
+
+    _stage(
+        console,
+        4,
+        'Snapshots',
+        'A complete snapshot is saved each time a round of tool calls has settled; it is a safe point '
+        'to continue from.',
+    )
+    snapshots = await store.list_snapshots(FIRST_RUN_ID)
+    console.print(render.snapshots_table(snapshots, timestamps=False))
+
+    _stage(
+        console,
+        5,
+        'The tool-effect ledger',
+        'send_email is still "started": the ledger cannot tell whether the email went out. The tool '
+        'recorded an idempotency key before acting, so it can check for itself.',
+    )
+    effects = await store.list_tool_effects(FIRST_RUN_ID)
+    console.print(render.effects_table(effects, timestamps=False, compact=True))
+    outbox = workdir / OUTBOX_FILE
+    sent = len(outbox.read_text(encoding='utf-8').splitlines()) if outbox.exists() else 0
+    console.print(f'Outbox on disk: {sent} email(s) sent. {REPORT_FILE} exists: {(workdir / REPORT_FILE).exists()}.')
+
+    _stage(console, 6, 'What inspect_recovery says', 'The same report `stepcore recover` prints:')
+    report = await inspect_recovery(store=store, run_id=FIRST_RUN_ID)
+    console.print(Padding(describe_recovery(FIRST_RUN_ID, report), (0, 2)))
+
+
+async def _resume(store: StepStore, workdir: Path, console: Console) -> None:
+    history = await continue_run(store, run_id=FIRST_RUN_ID)
+    settled = await store.latest_snapshot(FIRST_RUN_ID)
+    assert settled is not None
+    _stage(
+        console,
+        7,
+        'Resume',
+        f'continue_run loads the settled snapshot (seq {settled.seq}, {len(history)} messages, ending with the '
+        f'write_report result). A new run, {RESUMED_RUN_ID}, in the same conversation, carries on from there: '
+        'research and the report are not redone.',
+    )
+
+    def say(line: str) -> None:
+        console.print(f'  [dim]resumed |[/] {escape(line)}', highlight=False, soft_wrap=True)
+
+    console.print(Padding(render.render_messages(history), (0, 2)))
+    agents = build_agents(store, workdir, say=say)
+    result = await agents.assistant.run(message_history=history, run_id=RESUMED_RUN_ID, conversation_id=CONVERSATION_ID)
+    console.print(f'  [bold]assistant:[/] {escape(result.output)}', highlight=False)
+
+    _stage(console, 8, 'The conversation now', 'Both runs share the conversation id; the second one completed.')
+    runs = await store.list_runs(conversation_id=CONVERSATION_ID)
+    statuses = [render.run_status(await store.list_events(r.run_id)) for r in runs]
+    console.print(render.runs_table(runs, statuses, timestamps=False))
+    unresolved = await store.list_unresolved_tool_effects(RESUMED_RUN_ID)
+    outbox = workdir / OUTBOX_FILE
+    sent = len(outbox.read_text(encoding='utf-8').splitlines()) if outbox.exists() else 0
+    console.print(f'Unresolved tool calls in {RESUMED_RUN_ID}: {len(unresolved)}. Outbox: {sent} email(s) sent.')
+
+
+def run_demo(database: Path, *, console: Console) -> None:
+    """Run the whole demo, printing each stage to `console`."""
+    database = database.expanduser()
+    workdir = _workdir_for(database)
+    try:
+        get_registry().get('step', 'sqlite')
+    except ValueError as exc:
+        raise DemoError(f'the demo stores runs in SQLite: {exc}') from None
+    _reset(database, workdir)
+    console.print(
+        '[bold]stepcore demo[/]: an assistant agent researches (through a delegate agent), writes a report '
+        'and emails it. Its process is killed in the middle of sending the email. Then we look at what '
+        'was saved and resume the run.',
+        highlight=False,
+    )
+    console.print(f'Database: {escape(str(database))}   Files: {escape(str(workdir))}', highlight=False)
+
+    _stage(
+        console,
+        1,
+        'Run the agent in a child process, then kill it',
+        f'The child runs {FIRST_RUN_ID} with StepPersistence writing to SQLite. When send_email starts, '
+        'the child signals the parent, which kills it with SIGKILL.',
+    )
+    _run_worker(database, workdir, console)
+    asyncio.run(_inspect_and_resume(database, workdir, console))
+
+    store_url = f'sqlite:///{database}'
+    console.print()
+    console.print(Rule('[bold]Explore it yourself[/]', align='left'))
+    for command in (
+        f'stepcore runs --store {store_url}',
+        f'stepcore tree {FIRST_RUN_ID} --store {store_url}',
+        f'stepcore show {FIRST_RUN_ID} --store {store_url}',
+        f'stepcore effects {FIRST_RUN_ID} --unresolved --store {store_url}',
+        f'stepcore export {FIRST_RUN_ID} --with-delegates --store {store_url} -o report-run-1.json',
+    ):
+        console.print(f'  {escape(command)}', highlight=False, soft_wrap=True)

@@ -1,0 +1,175 @@
+"""The demo's scripted agents: an assistant that delegates research, writes a file and sends an email.
+
+The models are pydantic-ai `FunctionModel`s that pick the next step from the history, so the demo
+needs no API key and prints the same thing every time. Tool side effects are real and visible: a
+report file is written and "sent" emails are appended to an outbox file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic_ai import Agent, RunContext, Tool
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from ..capability import StepPersistence
+from ..helpers import annotate_tool_effect
+from ..protocols import StepStore
+
+__all__ = (
+    'CONVERSATION_ID',
+    'EMAIL_KEY',
+    'FIRST_RUN_ID',
+    'PROMPT',
+    'RESUMED_RUN_ID',
+    'DemoAgents',
+    'build_agents',
+)
+
+PROMPT = 'Prepare the weekly report and email it to the team.'
+CONVERSATION_ID = 'weekly-report'
+FIRST_RUN_ID = 'report-run-1'
+RESUMED_RUN_ID = 'report-run-2'
+EMAIL_TO = 'team@example.com'
+EMAIL_KEY = f'email::{EMAIL_TO}::weekly-report'
+REPORT_FILE = 'weekly-report.md'
+OUTBOX_FILE = 'outbox.jsonl'
+
+_FACTS = {
+    'releases': 'v2.3 shipped on Tuesday; v2.4 is in review.',
+    'incidents': 'one incident: the nightly export ran 40 minutes late.',
+}
+
+
+def _returned_tools(messages: list[ModelMessage]) -> set[str]:
+    return {
+        part.tool_name
+        for message in messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    }
+
+
+def _tool_return(messages: list[ModelMessage], tool_name: str) -> str:
+    for message in reversed(messages):
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, ToolReturnPart) and part.tool_name == tool_name:
+                    return part.model_response_str()
+    return ''
+
+
+def assistant_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Research, then write the report, then email it, then say so."""
+    del info
+    done = _returned_tools(messages)
+    if 'ask_researcher' not in done:
+        call = ToolCallPart('ask_researcher', {'question': 'What happened this week?'}, tool_call_id='call-research')
+        return ModelResponse(parts=[call])
+    if 'write_report' not in done:
+        findings = _tool_return(messages, 'ask_researcher')
+        content = f'# Weekly report\n\n{findings}\n'
+        call = ToolCallPart('write_report', {'filename': REPORT_FILE, 'content': content}, tool_call_id='call-write')
+        return ModelResponse(parts=[call])
+    if 'send_email' not in done:
+        args = {'to': EMAIL_TO, 'subject': 'Weekly report', 'attachment': REPORT_FILE}
+        return ModelResponse(parts=[ToolCallPart('send_email', args, tool_call_id='call-email')])
+    return ModelResponse(parts=[TextPart(f'The weekly report is written and was emailed to {EMAIL_TO}.')])
+
+
+def researcher_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Look up two topics, then summarise them."""
+    del info
+    looked_up = [
+        part
+        for message in messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    ]
+    topics = list(_FACTS)
+    if len(looked_up) < len(topics):
+        topic = topics[len(looked_up)]
+        return ModelResponse(parts=[ToolCallPart('lookup', {'topic': topic}, tool_call_id=f'call-lookup-{topic}')])
+    summary = ' '.join(part.model_response_str() for part in looked_up)
+    return ModelResponse(parts=[TextPart(summary)])
+
+
+@dataclass
+class DemoAgents:
+    assistant: Agent[None, str]
+    researcher: Agent[None, str]
+
+
+def build_agents(
+    store: StepStore,
+    workdir: Path,
+    *,
+    say: Callable[[str], None],
+    hang_marker: Path | None = None,
+) -> DemoAgents:
+    """The two agents, persisted to `store`, with tools acting inside `workdir`.
+
+    With `hang_marker`, `send_email` writes that file once its ledger entry is recorded and then
+    waits forever, for the parent process to kill it mid tool call.
+    """
+
+    def lookup(topic: str) -> str:
+        """Look up what happened this week on a topic."""
+        say(f'researcher looked up {topic!r}')
+        return _FACTS.get(topic, 'nothing recorded')
+
+    researcher = Agent(
+        FunctionModel(researcher_model, model_name='scripted-researcher'),
+        name='researcher',
+        output_type=str,
+        tools=[Tool(lookup)],
+        capabilities=[StepPersistence(store=store)],
+    )
+
+    async def ask_researcher(ctx: RunContext[None], question: str) -> str:
+        """Delegate a question to the researcher agent."""
+        say(f'assistant delegated to the researcher: {question!r}')
+        result = await researcher.run(question, run_id=f'{ctx.run_id}.research')
+        return result.output
+
+    def write_report(filename: str, content: str) -> str:
+        """Write the report file."""
+        path = workdir / filename
+        path.write_text(content, encoding='utf-8')
+        say(f'wrote {filename} ({len(content)} bytes)')
+        return f'wrote {filename}'
+
+    async def send_email(ctx: RunContext[None], to: str, subject: str, attachment: str) -> str:
+        """Email the report, at most once per recipient and subject."""
+        await annotate_tool_effect(store, ctx, idempotency_key=EMAIL_KEY, effect_summary=f'email {subject!r} to {to}')
+        outbox = workdir / OUTBOX_FILE
+        sent = outbox.read_text(encoding='utf-8').splitlines() if outbox.exists() else []
+        if any(json.loads(line)['key'] == EMAIL_KEY for line in sent):
+            say(f'email to {to} was already sent (key {EMAIL_KEY}): not sending it twice')
+            return f'already sent to {to}'
+        if hang_marker is not None:
+            say(f'sending email to {to}...')
+            hang_marker.write_text('in send_email\n', encoding='utf-8')
+            await asyncio.Event().wait()  # the parent kills the process here
+        with outbox.open('a', encoding='utf-8') as f:
+            f.write(json.dumps({'key': EMAIL_KEY, 'to': to, 'subject': subject, 'attachment': attachment}) + '\n')
+        say(f'sent email to {to}: {subject!r} with {attachment} attached')
+        return f'sent to {to}'
+
+    assistant = Agent(
+        FunctionModel(assistant_model, model_name='scripted-assistant'),
+        name='assistant',
+        deps_type=type(None),
+        output_type=str,
+        tools=[Tool(ask_researcher), Tool(write_report), Tool(send_email)],
+        capabilities=[StepPersistence(store=store)],
+    )
+
+    return DemoAgents(assistant=assistant, researcher=researcher)
