@@ -1,1 +1,60 @@
-"""The conformance suite for stepcore backends."""
+"""The conformance suite every stepcore backend passes.
+
+Subclass a base class in your backend's tests and override one fixture::
+
+    class TestMyStore(StepStoreConformance):
+        @pytest.fixture
+        async def store(self, store_options):
+            yield MyStore(**store_options)
+
+See the package README for the fixtures and the feature flags.
+"""
+
+from __future__ import annotations
+
+from .capability import CapabilityConformance
+from .concurrency import ConcurrencyConformance
+from .effects import EffectsConformance
+from .events import EventsConformance
+from .externalization import MediaExternalizationConformance
+from .features import FeaturesConformance
+from .history import HistoryConformance
+from .media import MediaStoreConformance
+from .memory_media import InMemoryMediaStore
+from .persistence import PersistenceConformance
+from .retention import RetentionConformance
+from .runs import RunsConformance
+from .snapshots import SnapshotsConformance
+
+__all__ = (
+    'CapabilityConformance',
+    'ConcurrencyConformance',
+    'EffectsConformance',
+    'EventsConformance',
+    'FeaturesConformance',
+    'HistoryConformance',
+    'InMemoryMediaStore',
+    'MediaExternalizationConformance',
+    'MediaStoreConformance',
+    'PersistenceConformance',
+    'RetentionConformance',
+    'RunsConformance',
+    'SnapshotsConformance',
+    'StepStoreConformance',
+)
+
+
+class StepStoreConformance(
+    FeaturesConformance,
+    RunsConformance,
+    EventsConformance,
+    SnapshotsConformance,
+    HistoryConformance,
+    EffectsConformance,
+    RetentionConformance,
+    MediaExternalizationConformance,
+    ConcurrencyConformance,
+    PersistenceConformance,
+    CapabilityConformance,
+):
+    """Every section of the step-store suite. Override `store` (and optionally `store_spec`)."""

@@ -1,0 +1,231 @@
+"""Fixtures and helpers shared by every section of the kit."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar, cast
+
+import pytest
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+
+from stepcore import (
+    ContinuableSnapshot,
+    EventKind,
+    RunRecord,
+    SnapshotState,
+    StepEvent,
+    StepStore,
+)
+
+__all__ = (
+    'T0',
+    'StoreFixtures',
+    'at',
+    'canonical',
+    'conversation',
+    'declared',
+    'history_step',
+    'needs_feature',
+    'new_id',
+    'options',
+    'register',
+    'reply',
+    'require_feature_declared',
+    'snapshot',
+    'tool_exchange',
+    'user',
+)
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+"""Base of every timestamp the kit writes, so expected values are deterministic."""
+
+OptionsParam = dict[str, Any] | Callable[[], dict[str, Any]]
+
+
+def at(seconds: float) -> datetime:
+    """`T0` plus `seconds` (microsecond precision is kept on purpose: stores must round-trip it)."""
+    return T0 + timedelta(seconds=seconds)
+
+
+def options(*params: OptionsParam) -> pytest.MarkDecorator:
+    """Parametrize the `store_options` fixture: each param is a dict or a zero-argument factory of one."""
+    ids = [_options_id(p) for p in params]
+    return pytest.mark.parametrize('store_options', list(params), indirect=True, ids=ids)
+
+
+def _options_id(param: OptionsParam) -> str:
+    if callable(param):
+        return getattr(param, '__name__', 'options')
+    return ','.join(f'{k}={v!r}' for k, v in param.items()) or 'defaults'
+
+
+class StoreFixtures:
+    """The fixtures every `StepStore` section uses.
+
+    A backend overrides `store` (required) and `store_spec` (optional); `store_options` is set by
+    the kit per test.
+    """
+
+    @pytest.fixture
+    def store_options(self, request: pytest.FixtureRequest) -> dict[str, Any]:
+        """Constructor options the kit asks for (e.g. `max_snapshots_per_run`); `{}` by default."""
+        param = cast(OptionsParam, getattr(request, 'param', {}))
+        return param() if callable(param) else dict(param)
+
+    @pytest.fixture
+    async def store(self, store_options: dict[str, Any]) -> AsyncIterator[StepStore]:
+        """Override this: yield a fresh, empty store built with `**store_options`, close it afterwards."""
+        pytest.fail(
+            f'{type(self).__name__} must override the `store` fixture: an async fixture taking `store_options` '
+            'that yields a new empty StepStore built with **store_options (see the stepcore-conformance README)'
+        )
+        return cast(StepStore, None)  # pragma: no cover
+
+    @pytest.fixture
+    def stepcore_feature_gate(self, request: pytest.FixtureRequest) -> None:
+        """Skip a `needs_feature` test, with its reason, unless the store declares the feature."""
+        feature = cast(str, getattr(request.function, FEATURE_ATTRIBUTE))
+        try:
+            store = request.getfixturevalue('store')
+        except NotImplementedError as error:
+            pytest.skip(f'feature {feature!r} is not available: the store refused its options ({error})')
+        require_feature_declared(store, feature)
+
+    @pytest.fixture
+    def store_spec(self) -> dict[str, Any] | None:
+        """Override this to enable cross-instance and cross-process tests.
+
+        Return the keyword arguments of `stepcore.from_spec` (including `backend=`) that build
+        another store over the same data as the `store` fixture, or `None` (the default).
+        """
+        return None
+
+
+FEATURE_ATTRIBUTE = '__stepcore_feature__'
+F = TypeVar('F', bound=Callable[..., Any])
+
+
+def needs_feature(feature: str) -> Callable[[F], F]:
+    """Run the decorated test only for a store that declares `feature`; skip it otherwise.
+
+    The check happens in the `stepcore_feature_gate` fixture, before the test body, so a store
+    that refuses the test's `store_options` (an undeclared feature's option) is skipped too
+    instead of erroring.
+    """
+
+    def decorate(test: F) -> F:
+        setattr(test, FEATURE_ATTRIBUTE, feature)
+        return pytest.mark.usefixtures('stepcore_feature_gate')(test)
+
+    return decorate
+
+
+def declared(store: object) -> frozenset[str]:
+    """The features the store's class declares."""
+    return cast(frozenset[str], getattr(type(store), 'features', frozenset[str]()))
+
+
+def require_feature_declared(store: object, feature: str) -> None:
+    """Skip the calling test, with a reason shown by `pytest -rs`, unless the store declares `feature`."""
+    if feature not in declared(store):
+        pytest.skip(f'{type(store).__name__} does not declare feature {feature!r}')
+
+
+def new_id(prefix: str) -> str:
+    """A unique, path-safe id, so tests never collide even in a shared database."""
+    return f'{prefix}-{uuid.uuid4().hex[:12]}'
+
+
+async def register(store: StepStore, run_id: str | None = None, **fields: Any) -> str:
+    """Register a run (fresh id unless given) and return its id."""
+    run_id = run_id or new_id('run')
+    fields.setdefault('started_at', at(0))
+    await store.register_run(RunRecord(run_id=run_id, **fields))
+    return run_id
+
+
+def event(run_id: str, n: int, **fields: Any) -> StepEvent:
+    """A deterministic event numbered `n`."""
+    fields.setdefault('kind', EventKind.MODEL_REQUEST_STARTED)
+    fields.setdefault('step_index', n)
+    fields.setdefault('timestamp', at(n))
+    return StepEvent(run_id=run_id, **fields)
+
+
+def snapshot(
+    run_id: str,
+    messages: Sequence[ModelMessage],
+    step_index: int = 0,
+    state: SnapshotState = SnapshotState.COMPLETE,
+    **fields: Any,
+) -> ContinuableSnapshot:
+    """A snapshot of `messages` (the list is passed through, not copied)."""
+    fields.setdefault('created_at', at(step_index))
+    return ContinuableSnapshot(
+        run_id=run_id, step_index=step_index, state=state, messages=cast(list[ModelMessage], messages), **fields
+    )
+
+
+def user(text: str, n: int = 0) -> ModelRequest:
+    """A user request with a fixed timestamp."""
+    return ModelRequest(parts=[UserPromptPart(content=text, timestamp=at(n))])
+
+
+def reply(text: str, n: int = 0) -> ModelResponse:
+    """A text response with a fixed timestamp."""
+    return ModelResponse(parts=[TextPart(content=text)], model_name='kit-model', timestamp=at(n))
+
+
+def tool_exchange(n: int, content: Any = None) -> list[ModelMessage]:
+    """A tool call and its return, numbered `n`."""
+    call_id = f'call-{n}'
+    return [
+        ModelResponse(
+            parts=[ToolCallPart(tool_name='lookup', args={'n': n, 'q': f'query {n}'}, tool_call_id=call_id)],
+            model_name='kit-model',
+            timestamp=at(n),
+        ),
+        ModelRequest(
+            parts=[
+                ToolReturnPart(
+                    tool_name='lookup',
+                    content=content if content is not None else {'n': n, 'rows': [n, n + 1]},
+                    tool_call_id=call_id,
+                    timestamp=at(n),
+                )
+            ]
+        ),
+    ]
+
+
+def history_step(n: int) -> list[ModelMessage]:
+    """The messages one settled tool step adds to a history."""
+    return tool_exchange(n)
+
+
+def conversation(steps: int, *, tag: str = 'kit') -> list[ModelMessage]:
+    """A deterministic history: a prompt followed by `steps` tool exchanges."""
+    messages: list[ModelMessage] = [user(f'{tag}: start')]
+    for n in range(steps):
+        messages.extend(tool_exchange(n, content=f'{tag} result {n}'))
+    return messages
+
+
+def canonical(messages: Sequence[ModelMessage]) -> list[ModelMessage]:
+    """`messages` after one trip through pydantic-ai's own serializer: what a store must give back.
+
+    For most parts this equals the input; a `BinaryContent` comes back narrowed (e.g. `BinaryImage`)
+    with its identifier filled in, exactly as pydantic-ai itself loads it.
+    """
+    return ModelMessagesTypeAdapter.validate_json(ModelMessagesTypeAdapter.dump_json(list(messages)))

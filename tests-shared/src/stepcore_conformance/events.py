@@ -1,0 +1,99 @@
+"""The step-event trail: append order, seq, idempotency keys."""
+
+from __future__ import annotations
+
+from stepcore import EventKind, StepEvent, StepStore
+
+from ._support import StoreFixtures, at, event, new_id, register
+
+__all__ = ('EventsConformance',)
+
+
+def _without_seq(events: list[StepEvent]) -> list[StepEvent]:
+    return [e.model_copy(update={'seq': None}) for e in events]
+
+
+class EventsConformance(StoreFixtures):
+    """`append_event` and `list_events`."""
+
+    async def test_events_round_trip_in_append_order(self, store: StepStore) -> None:
+        run_id = await register(store)
+        written = [
+            StepEvent(
+                run_id=run_id,
+                kind=kind,
+                step_index=i,
+                timestamp=at(100 - i + 0.000123),  # timestamps go backwards: order is append order
+                agent_name='agent',
+                conversation_id='conv',
+                parent_run_id='parent',
+                tool_name='lookup' if 'tool' in kind.value else None,
+                tool_call_id=f'call-{i}' if 'tool' in kind.value else None,
+                error="RuntimeError('boom')" if kind.value.endswith('failed') else None,
+                metadata={'i': str(i)},
+                idempotency_key=f'key-{i}',
+            )
+            for i, kind in enumerate(EventKind)
+        ]
+        for e in written:
+            await store.append_event(e)
+        listed = await store.list_events(run_id)
+        assert _without_seq(listed) == written
+
+    async def test_seq_is_assigned_and_strictly_increasing(self, store: StepStore) -> None:
+        run_id = await register(store)
+        for n in range(12):
+            await store.append_event(event(run_id, n))
+        seqs = [e.seq for e in await store.list_events(run_id)]
+        assert all(isinstance(s, int) for s in seqs), seqs
+        ints = [s for s in seqs if s is not None]
+        assert ints == sorted(ints)
+        assert len(set(ints)) == 12
+        assert [e.step_index for e in await store.list_events(run_id)] == list(range(12))
+
+    async def test_list_events_of_unknown_run_is_empty(self, store: StepStore) -> None:
+        assert await store.list_events(new_id('missing')) == []
+
+    async def test_applied_idempotency_key_is_suppressed(self, store: StepStore) -> None:
+        run_id = await register(store)
+        first = event(run_id, 1, idempotency_key='k', metadata={'v': 'first'})
+        await store.append_event(first)
+        await store.append_event(event(run_id, 2, idempotency_key='k', metadata={'v': 'second'}))
+        await store.append_event(event(run_id, 3, idempotency_key='other'))
+        await store.append_event(event(run_id, 4, idempotency_key='k', kind=EventKind.RUN_FAILED))
+        listed = await store.list_events(run_id)
+        assert [e.idempotency_key for e in listed] == ['k', 'other']
+        assert listed[0].model_copy(update={'seq': None}) == first
+
+    async def test_none_idempotency_key_always_appends(self, store: StepStore) -> None:
+        run_id = await register(store)
+        same = event(run_id, 1)
+        for _ in range(3):
+            await store.append_event(same)
+        listed = await store.list_events(run_id)
+        assert _without_seq(listed) == [same, same, same]
+        assert len({e.seq for e in listed}) == 3
+
+    async def test_idempotency_keys_are_scoped_to_their_run(self, store: StepStore) -> None:
+        run_a, run_b = await register(store), await register(store)
+        await store.append_event(event(run_a, 1, idempotency_key='shared'))
+        await store.append_event(event(run_b, 1, idempotency_key='shared'))
+        assert len(await store.list_events(run_a)) == 1
+        assert len(await store.list_events(run_b)) == 1
+
+    async def test_runs_have_separate_trails(self, store: StepStore) -> None:
+        run_a, run_b = await register(store), await register(store)
+        for n in range(3):
+            await store.append_event(event(run_a, n, metadata={'run': 'a'}))
+            await store.append_event(event(run_b, n, metadata={'run': 'b'}))
+        assert {e.metadata['run'] for e in await store.list_events(run_a)} == {'a'}
+        assert [e.run_id for e in await store.list_events(run_b)] == [run_b] * 3
+
+    async def test_stored_events_are_isolated_from_caller_objects(self, store: StepStore) -> None:
+        run_id = await register(store)
+        written = event(run_id, 1, metadata={'a': '1'})
+        await store.append_event(written)
+        written.metadata['a'] = 'changed after append'
+        listed = await store.list_events(run_id)
+        listed[0].metadata['a'] = 'changed after list'
+        assert (await store.list_events(run_id))[0].metadata == {'a': '1'}

@@ -1,0 +1,182 @@
+"""Media externalization through a step store (feature `media_externalization`).
+
+Binary content and strings at or above `media_threshold_bytes` leave the stored snapshot for a
+`MediaStore` and come back exactly on read. Tests run twice: with the backend's default media
+store, and with the kit's `InMemoryMediaStore` passed as `media_store=`, which lets them check
+what was actually externalized.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any, cast
+
+from pydantic_ai.messages import (
+    BinaryContent,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+
+from stepcore import StepStore
+from stepcore.features import MEDIA_EXTERNALIZATION
+from stepcore.media import media_uri
+
+from ._support import StoreFixtures, at, canonical, needs_feature, options, register, snapshot, tool_exchange
+from .memory_media import InMemoryMediaStore
+from .snapshots import RESERVED_KEY_PAYLOAD
+
+__all__ = ('MediaExternalizationConformance',)
+
+THRESHOLD = 1024
+ALL_BYTES = bytes(range(256)) * 12
+"""Every byte value: base64 of it uses `+`/`/` (standard) or `-`/`_` (URL-safe), catching alphabet mix-ups."""
+PDF = b'%PDF-1.7\n' + bytes(range(200, 256)) * 3
+
+
+def _binary(*, data: bytes, media_type: str) -> BinaryContent:
+    return cast(Callable[..., BinaryContent], BinaryContent)(data=data, media_type=media_type)
+
+
+def default_media() -> dict[str, Any]:
+    """The backend's own default media store, with a low threshold."""
+    return {'media_threshold_bytes': THRESHOLD}
+
+
+def kit_media() -> dict[str, Any]:
+    """The kit's `InMemoryMediaStore` (fresh per test), with a low threshold."""
+    return {'media_store': InMemoryMediaStore(), 'media_threshold_bytes': THRESHOLD}
+
+
+def _kit_media_store(store_options: dict[str, Any]) -> InMemoryMediaStore:
+    return cast(InMemoryMediaStore, store_options['media_store'])
+
+
+def _media_messages() -> list[ModelMessage]:
+    big_text = 'Large tool output ✓ ' * 200  # > THRESHOLD bytes, multi-byte characters included
+    return [
+        ModelRequest(
+            parts=[
+                UserPromptPart(
+                    content=[
+                        'describe these',
+                        _binary(data=ALL_BYTES, media_type='image/png'),
+                        _binary(data=PDF, media_type='application/pdf'),
+                        _binary(data=b'x', media_type='audio/wav'),
+                    ],
+                    timestamp=at(0),
+                )
+            ]
+        ),
+        ModelResponse(parts=[TextPart(content='Long answer. ' * 100)], model_name='kit-model', timestamp=at(1)),
+        *tool_exchange(2, content=big_text),
+        *tool_exchange(3, content={'report': big_text, 'short': 'kept inline', 'rows': [big_text[:10]]}),
+    ]
+
+
+def _binary_data(messages: list[ModelMessage]) -> list[bytes]:
+    first = messages[0]
+    assert isinstance(first, ModelRequest)
+    part = first.parts[0]
+    assert isinstance(part, UserPromptPart)
+    data_of = operator.attrgetter('data')  # pyright reads BinaryContent as a bare pydantic dataclass
+    return [cast(bytes, data_of(c)) for c in part.content if isinstance(c, BinaryContent)]
+
+
+BOTH = options(default_media, kit_media)
+
+
+class MediaExternalizationConformance(StoreFixtures):
+    """Round-trips of binary content and large text through `media_store` / `media_threshold_bytes`."""
+
+    @BOTH
+    @needs_feature(MEDIA_EXTERNALIZATION)
+    async def test_binary_and_large_text_round_trip(self, store: StepStore) -> None:
+        run_id = await register(store)
+        messages = _media_messages()
+        await store.save_snapshot(snapshot(run_id, messages))
+        latest = await store.latest_snapshot(run_id)
+        assert latest is not None
+        assert latest.messages == canonical(messages)
+        assert _binary_data(latest.messages) == [ALL_BYTES, PDF, b'x']
+        listed = await store.list_snapshots(run_id)
+        assert [s.messages for s in listed] == [canonical(messages)]
+
+    @options(kit_media)
+    @needs_feature(MEDIA_EXTERNALIZATION)
+    async def test_payloads_are_stored_in_the_media_store(
+        self, store: StepStore, store_options: dict[str, Any]
+    ) -> None:
+        media = _kit_media_store(store_options)
+        run_id = await register(store)
+        messages = _media_messages()
+        await store.save_snapshot(snapshot(run_id, messages))
+        blobs = media.blobs
+        for data in (ALL_BYTES, PDF, b'x'):
+            assert blobs.get(media_uri(data)) == data, 'binary content was not externalized'
+        big_text = ('Large tool output ✓ ' * 200).encode()
+        assert blobs.get(media_uri(big_text)) == big_text, 'a string above the threshold was not externalized'
+        assert media_uri(b'kept inline') not in blobs
+        latest = await store.latest_snapshot(run_id)
+        assert latest is not None
+        assert latest.messages == canonical(messages)
+
+    @options(kit_media)
+    @needs_feature(MEDIA_EXTERNALIZATION)
+    async def test_threshold_is_inclusive(self, store: StepStore, store_options: dict[str, Any]) -> None:
+        media = _kit_media_store(store_options)
+        run_id = await register(store)
+        at_threshold = 'é' * (THRESHOLD // 2)  # exactly THRESHOLD bytes in UTF-8, half as many characters
+        below = 'a' * (THRESHOLD - 1)
+        messages = [*tool_exchange(1, content=at_threshold), *tool_exchange(2, content=below)]
+        await store.save_snapshot(snapshot(run_id, messages))
+        assert media_uri(at_threshold.encode()) in media.blobs
+        assert media_uri(below.encode()) not in media.blobs
+        latest = await store.latest_snapshot(run_id)
+        assert latest is not None
+        assert latest.messages == messages
+
+    @BOTH
+    @needs_feature(MEDIA_EXTERNALIZATION)
+    async def test_reserved_keys_and_binary_shaped_data_round_trip(self, store: StepStore) -> None:
+        run_id = await register(store)
+        shaped: list[Any] = [
+            RESERVED_KEY_PAYLOAD,
+            {'kind': 'binary', 'data': 'hello world'},  # not base64
+            {'kind': 'binary', 'data': 'aGVsbG8'},  # unpadded
+            {'kind': 'binary', 'data': '+/+/AAAA', 'media_type': 'image/png'},  # standard alphabet
+            {'kind': 'binary', 'data': '-_-_AAAA'},  # URL-safe alphabet
+            {'kind': 'binary', 'data': 'aGVs\nbG8='},  # base64 with a newline
+            {'kind': 'binary', 'data': 12},
+        ]
+        messages = [*tool_exchange(1, content=shaped), *tool_exchange(2, content={'__stepcore_media__': 'x' * 2000})]
+        await store.save_snapshot(snapshot(run_id, messages))
+        latest = await store.latest_snapshot(run_id)
+        assert latest is not None
+        assert latest.messages == messages
+        returned = latest.messages[1]
+        assert isinstance(returned, ModelRequest)
+        part = returned.parts[0]
+        assert isinstance(part, ToolReturnPart)
+        assert part.content == shaped
+
+    @options(kit_media)
+    @needs_feature(MEDIA_EXTERNALIZATION)
+    async def test_media_shared_by_many_snapshots(self, store: StepStore, store_options: dict[str, Any]) -> None:
+        media = _kit_media_store(store_options)
+        run_id = await register(store)
+        live = _media_messages()
+        expected: list[list[ModelMessage]] = []
+        puts_after_first_save = 0
+        for step in range(5):
+            live.extend(tool_exchange(10 + step))
+            await store.save_snapshot(snapshot(run_id, live, step_index=step))
+            expected.append(canonical(live))
+            puts_after_first_save = puts_after_first_save or media.puts
+        assert [s.messages for s in await store.list_snapshots(run_id)] == expected
+        # Later saves add no media, and the messages holding media are not written again.
+        assert media.puts == puts_after_first_save, 'unchanged messages were externalized again on a later save'

@@ -1,0 +1,66 @@
+"""Declared features: known names, the protocol, and refusal of undeclared options."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from stepcore import StepStore
+from stepcore.features import ALL_FEATURES, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
+from stepcore.registry import get_registry
+
+from ._support import StoreFixtures, declared, options
+
+__all__ = ('FeaturesConformance',)
+
+
+def _refused(request: pytest.FixtureRequest, feature: str, option: str) -> None:
+    """Build the store with an option of `feature`: it must raise `NotImplementedError` unless declared."""
+    refusal: NotImplementedError | None = None
+    try:
+        store = request.getfixturevalue('store')
+    except NotImplementedError as error:
+        refusal = error
+        store = None
+    if refusal is not None:
+        assert option in str(refusal), f'the refusal does not name {option!r}: {refusal}'
+        return
+    if feature in declared(store):
+        pytest.skip(f'{type(store).__name__} declares feature {feature!r}: its tests run instead of the refusal check')
+    pytest.fail(
+        f'{type(store).__name__} accepted {option} without declaring feature {feature!r}: '
+        'refuse it with stepcore.features.require_feature (NotImplementedError) or declare the feature'
+    )
+
+
+class FeaturesConformance(StoreFixtures):
+    """`features` is declared honestly: what is not declared is refused, not silently ignored."""
+
+    async def test_store_implements_the_protocol(self, store: StepStore) -> None:
+        assert isinstance(store, StepStore)
+        features: object = getattr(type(store), 'features', None)
+        assert isinstance(features, frozenset), f'{type(store).__name__}.features must be a frozenset, got {features!r}'
+        unknown = set(cast(frozenset[str], features)) - ALL_FEATURES
+        assert not unknown, f'unknown feature names {sorted(unknown)}; known: {sorted(ALL_FEATURES)}'
+
+    @options({'max_snapshots_per_run': 2})
+    def test_undeclared_snapshot_retention_is_refused(
+        self, request: pytest.FixtureRequest, store_options: dict[str, Any]
+    ) -> None:
+        _refused(request, SNAPSHOT_RETENTION, 'max_snapshots_per_run')
+
+    @options({'media_threshold_bytes': 1024})
+    def test_undeclared_media_externalization_is_refused(
+        self, request: pytest.FixtureRequest, store_options: dict[str, Any]
+    ) -> None:
+        _refused(request, MEDIA_EXTERNALIZATION, 'media_threshold_bytes')
+
+    async def test_plugin_declares_the_same_features(self, store: StepStore, store_spec: dict[str, Any] | None) -> None:
+        if store_spec is None:
+            pytest.skip(f'{type(self).__name__} has no store_spec fixture: the plugin entry cannot be found without it')
+        backend = get_registry().get('step', str(store_spec.get('backend', 'memory')))
+        assert backend.info.features == type(store).features, (
+            f'plugin {backend.distribution!r} declares {sorted(backend.info.features)} for backend '
+            f'{backend.info.key!r} but {type(store).__name__}.features is {sorted(type(store).features)}'
+        )

@@ -1,0 +1,131 @@
+"""`MediaStoreConformance`: the checks every `MediaStore` backend passes."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from stepcore.media import MediaContext, MediaStore, media_uri
+
+__all__ = ('MediaStoreConformance',)
+
+URI = re.compile(r'media\+sha256://[0-9a-f]{64}')
+
+
+def _blob(tag: str, size: int = 256) -> bytes:
+    """Distinct bytes per test and per run, so a shared bucket or database never holds them already."""
+    rng = random.Random()
+    return f'{tag}:'.encode() + rng.randbytes(size)
+
+
+class MediaStoreConformance:
+    """Subclass and override the `media_store` fixture (async, yields a `MediaStore` built without a
+    `public_url` resolver, closed afterwards if it needs closing)."""
+
+    @pytest.fixture
+    async def media_store(self) -> AsyncIterator[MediaStore]:
+        """Override this: yield the media store under test."""
+        pytest.fail(
+            f'{type(self).__name__} must override the `media_store` fixture: an async fixture that yields '
+            'a MediaStore built without a public_url resolver (see the stepcore-conformance README)'
+        )
+        return  # pragma: no cover
+
+    async def test_put_returns_the_content_address(self, media_store: MediaStore) -> None:
+        data = _blob('address')
+        uri = await media_store.put(data)
+        assert URI.fullmatch(uri), f'{uri!r} is not media+sha256://<64 lowercase hex>'
+        assert uri == media_uri(data)
+
+    async def test_put_get_exists_round_trip(self, media_store: MediaStore) -> None:
+        data = _blob('round-trip') + bytes(range(256))
+        uri = await media_store.put(data, context=MediaContext(media_type='application/octet-stream'))
+        assert await media_store.get(uri) == data
+        assert await media_store.exists(uri) is True
+
+    async def test_missing_blob(self, media_store: MediaStore) -> None:
+        uri = media_uri(_blob('never stored'))
+        assert await media_store.exists(uri) is False
+        with pytest.raises(LookupError):
+            await media_store.get(uri)
+
+    async def test_malformed_uri_is_a_value_error(self, media_store: MediaStore) -> None:
+        for uri in ('https://example.org/x.png', 'media+sha256://not-a-digest', 'media+sha256://' + 'A' * 64):
+            with pytest.raises(ValueError, match='media'):
+                await media_store.get(uri)
+
+    async def test_same_bytes_same_uri(self, media_store: MediaStore) -> None:
+        data = _blob('dedup')
+        first = await media_store.put(data)
+        second = await media_store.put(bytes(data), context=MediaContext(media_type='image/png', filename='a.png'))
+        assert first == second
+        assert await media_store.get(first) == data
+        other = await media_store.put(data + b'!')
+        assert other != first
+
+    async def test_context_does_not_change_the_address(self, media_store: MediaStore) -> None:
+        data = _blob('context')
+        uri = await media_store.put(data, context=MediaContext(media_type='image/png', filename='photo.png'))
+        assert uri == media_uri(data)
+        assert await media_store.get(uri) == data
+        assert await media_store.exists(uri)
+
+    async def test_empty_blob(self, media_store: MediaStore) -> None:
+        uri = await media_store.put(b'')
+        assert uri == media_uri(b'')
+        assert await media_store.get(uri) == b''
+        assert await media_store.exists(uri)
+
+    async def test_one_mebibyte_blob(self, media_store: MediaStore) -> None:
+        data = _blob('big', 1024 * 1024)
+        uri = await media_store.put(data)
+        assert uri == media_uri(data)
+        assert await media_store.get(uri) == data
+
+    async def test_public_url_is_none_without_a_resolver(self, media_store: MediaStore) -> None:
+        uri = await media_store.put(_blob('url'))
+        assert await media_store.public_url(uri) is None
+
+    async def test_metadata_is_none_when_stored_without(self, media_store: MediaStore) -> None:
+        uri = await media_store.put(_blob('no metadata'), context=MediaContext(media_type='text/plain'))
+        assert await media_store.get_metadata(uri) is None
+
+    async def test_metadata_round_trips(self, media_store: MediaStore) -> None:
+        metadata = {'source': 'crawler', 'run-id': 'run-42', 'empty': ''}
+        uri = await media_store.put(
+            _blob('metadata'), context=MediaContext(media_type='image/png', filename='a.png', metadata=metadata)
+        )
+        got = await media_store.get_metadata(uri)
+        assert got is not None
+        assert dict(got) == metadata
+
+    async def test_concurrent_puts_of_one_blob(self, media_store: MediaStore) -> None:
+        data = _blob('same', 64 * 1024)
+        uris: list[str] = []
+
+        async def put() -> None:
+            uris.append(await media_store.put(data))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(put)
+        assert uris == [media_uri(data)] * 10
+        assert await media_store.get(uris[0]) == data
+
+    async def test_concurrent_puts_of_many_blobs(self, media_store: MediaStore) -> None:
+        blobs = [_blob(f'many-{n}', 4096) for n in range(10)]
+        stored: dict[str, bytes] = {}
+
+        async def put(data: bytes) -> None:
+            stored[await media_store.put(data)] = data
+
+        async with anyio.create_task_group() as tg:
+            for data in blobs:
+                tg.start_soon(put, data)
+        assert len(stored) == len(blobs)
+        for uri, data in stored.items():
+            assert await media_store.get(uri) == data
