@@ -6,15 +6,13 @@ from stepcore.features import PERSISTENT
 from stepcore.hookspecs import BackendInfo, hookimpl
 
 
-
-
 @hookimpl
 def register_media_stores() -> list[BackendInfo]:
     return [
         BackendInfo(
-            key="disk",
-            factory="media_disk.store:DiskMediaStore",
+            key='disk',
+            factory='media_disk.store:DiskMediaStore',
             features=frozenset({PERSISTENT}),
-            summary="One file per blob in a local directory.",
+            summary='One file per blob in a local directory.',
         )
     ]

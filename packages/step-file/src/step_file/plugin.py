@@ -12,9 +12,9 @@ _STEP_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTEN
 def register_step_stores() -> list[BackendInfo]:
     return [
         BackendInfo(
-            key="file",
-            factory="step_file.store:FileStepStore",
+            key='file',
+            factory='step_file.store:FileStepStore',
             features=_STEP_FEATURES,
-            summary="One folder per run on the local file system.",
+            summary='One folder per run on the local file system.',
         )
     ]

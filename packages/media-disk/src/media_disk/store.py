@@ -1,0 +1,218 @@
+"""`DiskMediaStore`: content-addressed blobs as files in one directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import anyio.to_thread
+
+from stepcore.media import (
+    EMPTY_CONTEXT,
+    KeyStrategy,
+    MediaContext,
+    MediaStore,
+    PublicUrlResolver,
+    default_key,
+    digest_of_uri,
+    media_uri,
+    resolve_public_url,
+)
+
+__all__ = ('SIDECAR_SUFFIX', 'DiskMediaStore')
+
+SIDECAR_SUFFIX = '.meta.json'
+"""Appended to a blob's path to name the JSON file holding its metadata."""
+_SIDECAR_FORMAT = 1
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file next to `path`, fsync it, and rename it into place."""
+    tmp = path.with_name(f'.{path.name}.{uuid.uuid4().hex}.tmp')
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _make_dirs(path: Path) -> None:
+    """Create `path` and missing parents, fsyncing each parent that gained an entry."""
+    if path.is_dir():
+        return
+    _make_dirs(path.parent)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return
+    _fsync_dir(path.parent)
+
+
+class DiskMediaStore(MediaStore):
+    """Stores each blob once, as a file under `directory` (by default `<sha256>.bin`).
+
+    - Writes are atomic: a temporary file in the same directory is fsynced and renamed into
+      place, so a reader never sees a partial blob. A blob already present is not rewritten.
+    - `key_strategy(uri, context)` may choose another relative path; an absolute path or one with
+      a `..` segment is refused with `ValueError`.
+    - When a `put` carries `context.metadata`, the mapping (and `context.media_type`) is written
+      to a sidecar `<blob path>.meta.json`, also atomically. Without metadata no sidecar is
+      written and `get_metadata` returns `None`.
+    - `public_url` (sync or async) turns a URI into a fetchable URL; without it `public_url`
+      returns `None`.
+
+    File I/O runs in worker threads, never on the event loop.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        key_strategy: KeyStrategy | None = None,
+        public_url: PublicUrlResolver | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.key_strategy: KeyStrategy = key_strategy if key_strategy is not None else default_key
+        self._public_url = public_url
+
+    def __repr__(self) -> str:
+        return f'{type(self).__name__}({str(self.directory)!r})'
+
+    # -- paths ------------------------------------------------------------------------------
+
+    def path_for(self, uri: str, context: MediaContext = EMPTY_CONTEXT) -> Path:
+        """Where the blob for `uri` lives; `ValueError` for a malformed URI or an unsafe key."""
+        digest_of_uri(uri)
+        key = cast(object, self.key_strategy(uri, context))
+        if not isinstance(key, str) or not key:
+            raise ValueError(f'key_strategy returned {key!r} for {uri!r}: it must return a non-empty relative path')
+        segments = key.replace('\\', '/').split('/')
+        if key.startswith(('/', '\\')) or os.path.isabs(key) or (len(key) > 1 and key[1] == ':'):
+            raise ValueError(
+                f'key_strategy returned the absolute path {key!r} for {uri!r}: return a path relative to '
+                f'the media directory {str(self.directory)!r}'
+            )
+        if '..' in segments:
+            raise ValueError(
+                f'key_strategy returned {key!r} for {uri!r}, which has a ".." segment and could leave the media '
+                f'directory {str(self.directory)!r}: return a path without ".."'
+            )
+        if segments[-1] in ('', '.'):
+            raise ValueError(f'key_strategy returned {key!r} for {uri!r}: it must name a file, not a directory')
+        return self.directory.joinpath(*(s for s in segments if s not in ('', '.')))
+
+    @staticmethod
+    def sidecar_path(blob_path: Path) -> Path:
+        """The metadata sidecar of a blob."""
+        return blob_path.with_name(blob_path.name + SIDECAR_SUFFIX)
+
+    # -- MediaStore -------------------------------------------------------------------------
+
+    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+        """Store `data` once per content and return its `media+sha256://` URI."""
+        data = bytes(data)
+        uri = media_uri(data)
+        path = self.path_for(uri, context)
+        sidecar: bytes | None = None
+        if context.metadata:
+            sidecar = json.dumps(
+                {
+                    'format': _SIDECAR_FORMAT,
+                    'metadata': dict(context.metadata),
+                    'media_type': context.media_type,
+                },
+                ensure_ascii=False,
+                separators=(',', ':'),
+            ).encode()
+        await anyio.to_thread.run_sync(self._put_sync, path, data, sidecar)
+        return uri
+
+    def _put_sync(self, path: Path, data: bytes, sidecar: bytes | None) -> None:
+        if not path.is_file():
+            _make_dirs(path.parent)
+            _write_atomic(path, data)
+        if sidecar is not None:
+            side = self.sidecar_path(path)
+            try:
+                current = side.read_bytes()
+            except FileNotFoundError:
+                current = None
+            if current != sidecar:
+                _write_atomic(side, sidecar)
+
+    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
+        """The blob's bytes; `LookupError` when absent, `ValueError` when its content does not match `uri`."""
+        path = self.path_for(uri, context)
+        try:
+            data = await anyio.to_thread.run_sync(path.read_bytes)
+        except FileNotFoundError:
+            raise LookupError(
+                f'media {uri!r} is not stored in {str(self.directory)!r} (looked for {str(path)!r})'
+            ) from None
+        if hashlib.sha256(data).hexdigest() != digest_of_uri(uri):
+            raise ValueError(
+                f'media file {str(path)!r} does not hold the content of {uri!r} (it was modified or damaged): '
+                'restore it from a backup or delete it so the next put rewrites it'
+            )
+        return data
+
+    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
+        """Whether the blob for `uri` is stored."""
+        path = self.path_for(uri, context)
+        return await anyio.to_thread.run_sync(path.is_file)
+
+    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
+        """The configured resolver's URL for `uri`, or `None` without a resolver."""
+        digest_of_uri(uri)
+        return await resolve_public_url(self._public_url, uri, context)
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
+        """The metadata stored with the blob; `None` when it was stored without any."""
+        path = self.path_for(uri, context)
+        side = self.sidecar_path(path)
+        try:
+            raw = await anyio.to_thread.run_sync(side.read_bytes)
+        except FileNotFoundError:
+            return None
+        try:
+            value: Any = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f'media metadata file {str(side)!r} is not valid JSON ({exc}): delete or fix it') from None
+        if not isinstance(value, dict):
+            raise ValueError(f'media metadata file {str(side)!r} does not hold a JSON object: delete or fix it')
+        content = cast(dict[str, Any], value)
+        version = content.get('format')
+        if version != _SIDECAR_FORMAT:
+            raise ValueError(
+                f'media metadata file {str(side)!r} has format {version!r}, which this media-disk does not read '
+                f'(it reads format {_SIDECAR_FORMAT}): upgrade media-disk'
+            )
+        metadata = content.get('metadata')
+        if not isinstance(metadata, dict):
+            raise ValueError(f'media metadata file {str(side)!r} has no "metadata" object: delete or fix it')
+        return {str(k): str(v) for k, v in cast(dict[Any, Any], metadata).items()}

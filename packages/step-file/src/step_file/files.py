@@ -1,0 +1,199 @@
+"""Low-level file helpers: atomic writes, fsync, per-run locks and append-only JSON-lines logs."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = (
+    'JsonlCursor',
+    'append_lines',
+    'catch_up',
+    'fsync_dir',
+    'make_dir',
+    'read_complete_lines',
+    'run_lock',
+    'write_atomic',
+)
+
+logger = logging.getLogger('step_file')
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory `path` (creations, renames) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dir(path: Path) -> bool:
+    """Create `path` (and missing parents), fsyncing each parent that gained an entry.
+
+    Returns True when `path` was created by this call.
+    """
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return False
+    except FileNotFoundError:
+        make_dir(path.parent)
+        try:
+            path.mkdir()
+        except FileExistsError:
+            return False
+    fsync_dir(path.parent)
+    return True
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _temp_path(path: Path) -> Path:
+    return path.with_name(f'.{path.name}.{uuid.uuid4().hex}.tmp')
+
+
+def write_temp(path: Path, data: bytes) -> Path:
+    """Write `data` to a fresh fsynced temporary file next to `path` and return its path."""
+    tmp = _temp_path(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def write_atomic(path: Path, data: bytes, *, sync_dir: bool) -> None:
+    """Replace `path` with `data` atomically: temp file in the same directory, fsync, rename.
+
+    The file's content is always fsynced before the rename, so the new name never points at
+    unwritten data; `sync_dir` also fsyncs the directory, making the rename itself durable.
+    """
+    tmp = write_temp(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def run_lock(lock_path: Path, *, exclusive: bool) -> Iterator[None]:
+    """Hold `flock` on a run's lock file: exclusive for writers, shared for readers.
+
+    A reader whose lock file does not exist (nothing was ever written) proceeds without a lock.
+    """
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT if exclusive else os.O_RDONLY, 0o644)
+    except FileNotFoundError:
+        if exclusive:
+            raise
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+@dataclass(slots=True)
+class JsonlCursor:
+    """How far this process has read one append-only `.jsonl` file.
+
+    `offset` always sits just after a complete line. When the file's inode changes or it becomes
+    shorter than `offset`, the file was replaced and is read again from the start.
+    """
+
+    offset: int = 0
+    inode: int | None = None
+
+
+def _torn_tail(path: Path, size: int, end: int) -> None:
+    logger.warning(
+        'step_file: %s ends with an incomplete line (%d bytes, left by an interrupted write); it is ignored',
+        path,
+        size - end,
+    )
+
+
+def catch_up(fd: int, path: Path, cursor: JsonlCursor, *, repair: bool) -> tuple[list[bytes], bool]:
+    """Complete lines appended to the file since `cursor`, and whether the file was read from scratch.
+
+    A trailing incomplete line (a write cut short by a crash) is not returned; with `repair=True`
+    (the caller holds the run's exclusive lock, so no write is in progress) it is truncated away so
+    the next append starts on a clean line.
+    """
+    st = os.fstat(fd)
+    reset = False
+    if cursor.inode != st.st_ino or st.st_size < cursor.offset:
+        cursor.inode = st.st_ino
+        cursor.offset = 0
+        reset = True
+    if st.st_size == cursor.offset:
+        return [], reset
+    data = os.pread(fd, st.st_size - cursor.offset, cursor.offset)
+    end = data.rfind(b'\n') + 1
+    if end < len(data):
+        _torn_tail(path, len(data), end)
+        if repair:
+            os.ftruncate(fd, cursor.offset + end)
+            os.fsync(fd)
+            logger.warning('step_file: truncated the incomplete last line of %s', path)
+    lines = data[:end].split(b'\n')
+    lines.pop()  # the empty string after the final newline
+    cursor.offset += end
+    return lines, reset
+
+
+def open_log(path: Path) -> int:
+    """Open an append-only log for reading and appending, creating it (and fsyncing its directory) if needed."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_APPEND)
+    except FileNotFoundError:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        fsync_dir(path.parent)
+        return fd
+
+
+def append_lines(fd: int, cursor: JsonlCursor, data: bytes, *, sync: bool) -> None:
+    """Append complete lines (`data` ends with a newline), fsyncing when `sync`.
+
+    Call right after `catch_up(repair=True)`, with the run's exclusive lock held.
+    """
+    _write_all(fd, data)
+    if sync:
+        os.fsync(fd)
+    cursor.offset += len(data)
+
+
+def read_complete_lines(path: Path) -> list[bytes]:
+    """Every complete line of a `.jsonl` file (an incomplete last line is logged and ignored)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    end = data.rfind(b'\n') + 1
+    if end < len(data):
+        _torn_tail(path, len(data), end)
+    lines = data[:end].split(b'\n')
+    lines.pop()
+    return lines

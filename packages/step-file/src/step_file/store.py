@@ -1,0 +1,690 @@
+"""`FileStepStore`: one folder per run, append-only logs and incremental snapshots."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar, Literal, cast
+
+import anyio.to_thread
+
+from media_disk import DiskMediaStore
+from stepcore.codec import FORMAT_KEY, check_format_version, dump_record, dump_record_json, load_record
+from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.history import HistoryDelta, HistoryIndex, walk_chain
+from stepcore.ids import validate_path_safe_run_id
+from stepcore.media import MediaStore
+from stepcore.models import (
+    RECORD_FORMAT_VERSION,
+    ContinuableSnapshot,
+    RunRecord,
+    SnapshotState,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
+from stepcore.protocols import StepStore
+from stepcore.registration import check_registration
+from stepcore.retention import check_max_snapshots, snapshots_to_prune
+from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+
+from .files import (
+    JsonlCursor,
+    append_lines,
+    catch_up,
+    fsync_dir,
+    make_dir,
+    open_log,
+    read_complete_lines,
+    run_lock,
+    write_atomic,
+    write_temp,
+)
+
+__all__ = (
+    'EFFECTS_FILE',
+    'EVENTS_FILE',
+    'LOCK_FILE',
+    'MEDIA_DIR',
+    'MESSAGES_FILE',
+    'RUN_FILE',
+    'SNAPSHOTS_DIR',
+    'SNAPSHOT_KEYS_FILE',
+    'Durability',
+    'FileStepStore',
+)
+
+logger = logging.getLogger('step_file')
+
+RUN_FILE = 'run.json'
+EVENTS_FILE = 'events.jsonl'
+EFFECTS_FILE = 'tool_effects.jsonl'
+SNAPSHOT_KEYS_FILE = 'snapshot-keys.jsonl'
+MESSAGES_FILE = 'messages.jsonl'
+SNAPSHOTS_DIR = 'snapshots'
+LOCK_FILE = '.lock'
+MEDIA_DIR = 'media'
+
+_SNAPSHOT_NAME = re.compile(r'(\d+)\.json')
+_NODE_HEADER = re.compile(rb'\{"id":(\d+),"parent":(null|\d+),"body":')
+_MAX_CACHED_RUNS = 1024
+
+NodeId = Hashable
+
+
+Durability = Literal['normal', 'full']
+"""How much of each write is forced to disk (see `FileStepStore`)."""
+_DURABILITY = ('normal', 'full')
+
+
+class _DefaultMedia:
+    """Marker for "a `DiskMediaStore` in `<directory>/media`"."""
+
+
+_DEFAULT_MEDIA = _DefaultMedia()
+
+
+def _compact(data: dict[str, Any]) -> dict[str, Any]:
+    """A record dict without what loads back unchanged: `None` fields, empty `metadata` and `run_id`.
+
+    The run id is the folder's name; readers put it back.
+    """
+    return {k: v for k, v in data.items() if v is not None and k != 'run_id' and not (k == 'metadata' and v == {})}
+
+
+def _line(data: dict[str, Any]) -> bytes:
+    """One compact JSON line."""
+    return json.dumps(data, separators=(',', ':'), ensure_ascii=False).encode() + b'\n'
+
+
+def _json_object(line: bytes, path: Path) -> dict[str, Any] | None:
+    """A log line parsed as a JSON object, or `None` (logged) when it is damaged."""
+    try:
+        value: Any = json.loads(line)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        if line.strip():
+            logger.warning('step_file: skipping a damaged line in %s: %r', path, line[:200])
+        return None
+    return cast(dict[str, Any], value)
+
+
+def _sort_time(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+@dataclass(slots=True)
+class _RunState:
+    """What this process knows of one run's logs, kept current by reading only what was appended."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ready: bool = False
+    events: JsonlCursor = field(default_factory=JsonlCursor)
+    next_event_seq: int = 1
+    event_keys: set[str] = field(default_factory=set[str])
+    effects: JsonlCursor = field(default_factory=JsonlCursor)
+    effect_lines: dict[str, bytes] = field(default_factory=dict[str, bytes])
+    snapshot_log: JsonlCursor = field(default_factory=JsonlCursor)
+    next_snapshot_seq: int = 1
+    snapshot_keys: set[str] = field(default_factory=set[str])
+    live_snapshots: dict[int, SnapshotState] = field(default_factory=dict[int, SnapshotState])
+    nodes: JsonlCursor = field(default_factory=JsonlCursor)
+    next_node: int = 0
+
+
+@dataclass(slots=True)
+class _StoredSnapshot:
+    seq: int
+    header: ContinuableSnapshot
+    head: int | None
+    length: int
+
+
+class FileStepStore(StepStore):
+    """Stores each run in its own folder under `directory`.
+
+    Layout of `<directory>/<run_id>/`:
+
+    - `run.json`: the `RunRecord`, created atomically once.
+    - `events.jsonl`: step events, one per line, append-only.
+    - `tool_effects.jsonl`: tool-effect records, append-only; the last line per `tool_call_id` wins.
+    - `messages.jsonl`: the run's messages, each stored once as a node `{"id", "parent", "body"}`.
+    - `snapshots/<seq>.json`: one small file per snapshot: its header, head node and length.
+    - `snapshot-keys.jsonl`: one line per saved snapshot (seq, state, idempotency key); kept when
+      snapshots are pruned, so a replayed save stays suppressed.
+
+    Saving a step appends only the messages that are new since the previous save (see
+    `stepcore.history`), so bytes grow linearly with the run. Bytes (`BinaryContent` and strings of
+    `media_threshold_bytes` or more) go to `media_store`, by default a `DiskMediaStore` in
+    `<directory>/media`; pass `media_store=None` to keep them inline.
+
+    Several processes may share one directory: appends and seq allocation happen under an
+    exclusive `flock` on the run's `.lock` file, and registration creates `run.json` with an
+    atomic hard link. An incomplete last line left in a log by a crash is ignored when reading
+    and cut off before the next append.
+    """
+
+    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        media_store: MediaStore | None | _DefaultMedia = _DEFAULT_MEDIA,
+        media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
+        max_snapshots_per_run: int | None = None,
+        durability: Durability = 'normal',
+    ) -> None:
+        if durability not in _DURABILITY:
+            raise ValueError(f'durability={durability!r} is not a durability level: use one of {_DURABILITY}')
+        self.durability: Durability = durability
+        self._full = durability == 'full'
+        self.directory = Path(directory)
+        self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
+        if isinstance(media_store, _DefaultMedia):
+            media_store = DiskMediaStore(self.directory / MEDIA_DIR)
+        self.media_store: MediaStore | None = media_store
+        self.media_threshold_bytes = media_threshold_bytes
+        self._history = HistoryIndex(MediaWalker(media_store, media_threshold_bytes))
+        self._states: OrderedDict[str, _RunState] = OrderedDict()
+        self._states_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f'{type(self).__name__}({str(self.directory)!r})'
+
+    # -- per-run state ----------------------------------------------------------------------
+
+    def _state(self, run_id: str) -> _RunState:
+        with self._states_lock:
+            state = self._states.get(run_id)
+            if state is None:
+                state = self._states[run_id] = _RunState()
+                while len(self._states) > _MAX_CACHED_RUNS:
+                    self._states.popitem(last=False)
+            else:
+                self._states.move_to_end(run_id)
+            return state
+
+    def _run_dir(self, run_id: str) -> Path:
+        return self.directory / run_id
+
+    def _prepare(self, run_id: str, state: _RunState) -> Path:
+        run_dir = self._run_dir(run_id)
+        if not state.ready or not run_dir.is_dir():
+            make_dir(self.directory)
+            make_dir(run_dir)
+            make_dir(run_dir / SNAPSHOTS_DIR)
+            state.ready = True
+        return run_dir
+
+    @contextlib.contextmanager
+    def _writing(self, run_id: str, state: _RunState) -> Iterator[Path]:
+        """The run's folder, with this process's state lock and the run's exclusive file lock held."""
+        with state.lock:
+            run_dir = self._prepare(run_id, state)
+            with run_lock(run_dir / LOCK_FILE, exclusive=True):
+                yield run_dir
+
+    @contextlib.contextmanager
+    def _reading(self, run_id: str, state: _RunState) -> Iterator[Path]:
+        """The run's folder, with the state lock and a shared file lock (if the run has one) held."""
+        run_dir = self._run_dir(run_id)
+        with state.lock, run_lock(run_dir / LOCK_FILE, exclusive=False):
+            yield run_dir
+
+    # -- runs -------------------------------------------------------------------------------
+
+    async def register_run(self, record: RunRecord) -> None:
+        run_id = validate_path_safe_run_id(record.run_id)
+        await anyio.to_thread.run_sync(self._register_sync, run_id, record)
+
+    def _register_sync(self, run_id: str, record: RunRecord) -> None:
+        state = self._state(run_id)
+        with state.lock:
+            run_dir = self._prepare(run_id, state)
+        path = run_dir / RUN_FILE
+        if not check_registration(self._read_run(path), record):
+            return
+        tmp = write_temp(path, dump_record_json(record).encode())
+        try:
+            # A hard link never replaces an existing file: of several processes registering the
+            # same run id at once, exactly one creates run.json, always complete.
+            os.link(tmp, path)
+        except FileExistsError:
+            check_registration(self._read_run(path), record)  # raises unless it is a retry
+            return
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(run_dir)
+
+    @staticmethod
+    def _read_run(path: Path) -> RunRecord | None:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return load_record(RunRecord, raw)
+        except ValueError as exc:
+            raise ValueError(f'run record {str(path)!r} cannot be read: {exc}') from exc
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        run_id = validate_path_safe_run_id(run_id)
+        return await anyio.to_thread.run_sync(self._read_run, self._run_dir(run_id) / RUN_FILE)
+
+    async def list_runs(
+        self, *, conversation_id: str | None = None, parent_run_id: str | None = None
+    ) -> list[RunRecord]:
+        return await anyio.to_thread.run_sync(self._list_runs_sync, conversation_id, parent_run_id)
+
+    def _list_runs_sync(self, conversation_id: str | None, parent_run_id: str | None) -> list[RunRecord]:
+        try:
+            entries = sorted(e.name for e in os.scandir(self.directory) if e.is_dir() and not e.name.startswith('.'))
+        except FileNotFoundError:
+            return []
+        found: list[RunRecord] = []
+        for name in entries:
+            path = self.directory / name / RUN_FILE
+            try:
+                record = self._read_run(path)
+            except ValueError as exc:
+                logger.warning('step_file: skipping run folder %s: %s', path.parent, exc)
+                continue
+            if record is None:
+                continue
+            if record.run_id != name:
+                logger.warning('step_file: skipping %s: it names run %r, not %r', path, record.run_id, name)
+                continue
+            if conversation_id is not None and record.conversation_id != conversation_id:
+                continue
+            if parent_run_id is not None and record.parent_run_id != parent_run_id:
+                continue
+            found.append(record)
+        found.sort(key=lambda r: _sort_time(r.started_at))
+        return found
+
+    # -- events -----------------------------------------------------------------------------
+
+    async def append_event(self, event: StepEvent) -> None:
+        run_id = validate_path_safe_run_id(event.run_id)
+        await anyio.to_thread.run_sync(self._append_event_sync, run_id, event)
+
+    def _append_event_sync(self, run_id: str, event: StepEvent) -> None:
+        state = self._state(run_id)
+        with self._writing(run_id, state) as run_dir:
+            path = run_dir / EVENTS_FILE
+            fd = open_log(path)
+            try:
+                self._catch_up_events(fd, path, state)
+                key = event.idempotency_key
+                if key is not None and key in state.event_keys:
+                    return
+                seq = state.next_event_seq
+                append_lines(fd, state.events, _line(_compact(dump_record(event) | {'seq': seq})), sync=self._full)
+                state.next_event_seq = seq + 1
+                if key is not None:
+                    state.event_keys.add(key)
+            finally:
+                os.close(fd)
+
+    @staticmethod
+    def _catch_up_events(fd: int, path: Path, state: _RunState) -> None:
+        lines, reset = catch_up(fd, path, state.events, repair=True)
+        if reset:
+            state.next_event_seq = 1
+            state.event_keys.clear()
+        for line in lines:
+            data = _json_object(line, path)
+            if data is None:
+                continue
+            seq = data.get('seq')
+            if isinstance(seq, int) and seq >= state.next_event_seq:
+                state.next_event_seq = seq + 1
+            key = data.get('idempotency_key')
+            if isinstance(key, str):
+                state.event_keys.add(key)
+
+    async def list_events(self, run_id: str) -> list[StepEvent]:
+        run_id = validate_path_safe_run_id(run_id)
+        return await anyio.to_thread.run_sync(self._list_events_sync, run_id)
+
+    def _list_events_sync(self, run_id: str) -> list[StepEvent]:
+        with run_lock(self._run_dir(run_id) / LOCK_FILE, exclusive=False):
+            path = self._run_dir(run_id) / EVENTS_FILE
+            lines = read_complete_lines(path)
+        events: list[StepEvent] = []
+        for line in lines:
+            data = _json_object(line, path)
+            if data is not None:
+                events.append(load_record(StepEvent, data, run_id=run_id))
+        return events
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        run_id = validate_path_safe_run_id(snapshot.run_id)
+        state = self._state(run_id)
+        key = snapshot.idempotency_key
+        if key is not None and key in state.snapshot_keys:
+            return  # applied before (keys are never forgotten); re-checked under the lock otherwise
+        delta = await self._history.delta(run_id, snapshot.messages)
+        header = dump_record(snapshot, exclude={'messages'})
+        new_nodes = await anyio.to_thread.run_sync(
+            self._save_snapshot_sync, run_id, state, key, snapshot.state, header, delta
+        )
+        if new_nodes is not None:
+            self._history.commit(delta, new_nodes)
+
+    def _save_snapshot_sync(
+        self,
+        run_id: str,
+        state: _RunState,
+        key: str | None,
+        snapshot_state: SnapshotState,
+        header: dict[str, Any],
+        delta: HistoryDelta,
+    ) -> list[NodeId] | None:
+        with self._writing(run_id, state) as run_dir:
+            log_path = run_dir / SNAPSHOT_KEYS_FILE
+            log_fd = open_log(log_path)
+            try:
+                self._catch_up_snapshot_log(log_fd, log_path, state)
+                if key is not None and key in state.snapshot_keys:
+                    return None
+                # 1. the new messages, as nodes chained onto the reused prefix
+                new_nodes = self._append_nodes(run_dir, state, delta.parent, delta.new_messages)
+                head = self._history.head(delta, new_nodes)
+                # 2. the snapshot file, atomically, under a seq no file uses yet
+                snapshots_dir = run_dir / SNAPSHOTS_DIR
+                seq = state.next_snapshot_seq
+                while (snapshots_dir / f'{seq}.json').exists():  # left by a save that crashed before step 3
+                    seq += 1
+                document = {
+                    FORMAT_KEY: RECORD_FORMAT_VERSION,
+                    'head': head,
+                    'length': delta.total,
+                    'snapshot': _compact(header | {'seq': seq}),
+                }
+                path = snapshots_dir / f'{seq}.json'
+                write_atomic(
+                    path, json.dumps(document, separators=(',', ':'), ensure_ascii=False).encode(), sync_dir=self._full
+                )
+                # 3. the save's log line: allocates the seq and records the idempotency key
+                entry: dict[str, Any] = {'seq': seq, 'state': snapshot_state.value, 'key': key}
+                append_lines(log_fd, state.snapshot_log, _line(entry), sync=self._full)
+                state.next_snapshot_seq = seq + 1
+                state.live_snapshots[seq] = snapshot_state
+                if key is not None:
+                    state.snapshot_keys.add(key)
+                # 4. retention: snapshot files only, never nodes or media
+                self._prune(snapshots_dir, state)
+                return new_nodes
+            finally:
+                os.close(log_fd)
+
+    @staticmethod
+    def _catch_up_snapshot_log(fd: int, path: Path, state: _RunState) -> None:
+        lines, reset = catch_up(fd, path, state.snapshot_log, repair=True)
+        if reset:
+            state.next_snapshot_seq = 1
+            state.snapshot_keys.clear()
+            state.live_snapshots.clear()
+        for line in lines:
+            data = _json_object(line, path)
+            if data is None:
+                continue
+            seq = data.get('seq')
+            if isinstance(seq, int):
+                state.next_snapshot_seq = max(state.next_snapshot_seq, seq + 1)
+                with contextlib.suppress(ValueError):
+                    state.live_snapshots[seq] = SnapshotState(data.get('state'))
+            key = data.get('key')
+            if isinstance(key, str):
+                state.snapshot_keys.add(key)
+
+    def _append_nodes(
+        self, run_dir: Path, state: _RunState, parent: NodeId | None, bodies: Sequence[bytes]
+    ) -> list[NodeId]:
+        path = run_dir / MESSAGES_FILE
+        fd = open_log(path)
+        try:
+            lines, reset = catch_up(fd, path, state.nodes, repair=True)
+            if reset:
+                state.next_node = 0
+            for line in lines:
+                match = _NODE_HEADER.match(line)
+                if match is None:
+                    logger.warning('step_file: skipping a damaged line in %s: %r', path, line[:200])
+                    continue
+                state.next_node = max(state.next_node, int(match.group(1)) + 1)
+            if not bodies:
+                return []
+            chunks: list[bytes] = []
+            ids: list[NodeId] = []
+            node_id = state.next_node
+            previous = parent
+            for body in bodies:
+                if b'\n' in body:  # cannot happen with compact JSON, but a line must stay one line
+                    body = json.dumps(json.loads(body), separators=(',', ':'), ensure_ascii=False).encode()
+                parent_text = b'null' if previous is None else str(previous).encode()
+                chunks.append(b'{"id":%d,"parent":%s,"body":%s}\n' % (node_id, parent_text, body))
+                ids.append(node_id)
+                previous = node_id
+                node_id += 1
+            append_lines(fd, state.nodes, b''.join(chunks), sync=True)  # before any snapshot names them
+            state.next_node = node_id
+            return ids
+        finally:
+            os.close(fd)
+
+    def _prune(self, snapshots_dir: Path, state: _RunState) -> None:
+        for seq in snapshots_to_prune(state.live_snapshots.items(), self.max_snapshots_per_run):
+            with contextlib.suppress(FileNotFoundError):
+                (snapshots_dir / f'{seq}.json').unlink()
+            del state.live_snapshots[seq]
+
+    async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
+        run_id = validate_path_safe_run_id(run_id)
+        found = await anyio.to_thread.run_sync(self._latest_sync, run_id, include_interrupted)
+        if found is None:
+            return None
+        stored, nodes = found
+        return await self._materialize(stored, nodes)
+
+    def _latest_sync(
+        self, run_id: str, include_interrupted: bool
+    ) -> tuple[_StoredSnapshot, dict[int, tuple[int | None, bytes]]] | None:
+        run_dir = self._run_dir(run_id)
+        with run_lock(run_dir / LOCK_FILE, exclusive=False):
+            for seq in reversed(self._snapshot_seqs(run_dir)):
+                path = run_dir / SNAPSHOTS_DIR / f'{seq}.json'
+                try:
+                    raw = path.read_bytes()
+                except FileNotFoundError:
+                    continue  # pruned meanwhile by another process
+                stored = self._parse_snapshot(path, raw, run_id)
+                if include_interrupted or stored.header.state is SnapshotState.COMPLETE:
+                    return stored, self._read_nodes(run_dir)
+        return None
+
+    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
+        run_id = validate_path_safe_run_id(run_id)
+        stored, nodes = await anyio.to_thread.run_sync(self._list_snapshots_sync, run_id)
+        snapshots: list[ContinuableSnapshot] = []
+        for item in stored:
+            try:
+                snapshots.append(await self._materialize(item, nodes))
+            except ValueError as exc:
+                logger.warning('step_file: skipping snapshot %d of run %r: %s', item.seq, run_id, exc)
+        return snapshots
+
+    def _list_snapshots_sync(self, run_id: str) -> tuple[list[_StoredSnapshot], dict[int, tuple[int | None, bytes]]]:
+        run_dir = self._run_dir(run_id)
+        stored: list[_StoredSnapshot] = []
+        with run_lock(run_dir / LOCK_FILE, exclusive=False):
+            for seq in self._snapshot_seqs(run_dir):
+                path = run_dir / SNAPSHOTS_DIR / f'{seq}.json'
+                try:
+                    stored.append(self._parse_snapshot(path, path.read_bytes(), run_id))
+                except FileNotFoundError:
+                    continue
+                except ValueError as exc:
+                    logger.warning('step_file: skipping snapshot file %s: %s', path, exc)
+            nodes = self._read_nodes(run_dir) if stored else {}
+        return stored, nodes
+
+    @staticmethod
+    def _snapshot_seqs(run_dir: Path) -> list[int]:
+        try:
+            names = os.listdir(run_dir / SNAPSHOTS_DIR)
+        except FileNotFoundError:
+            return []
+        seqs: list[int] = []
+        for name in names:
+            match = _SNAPSHOT_NAME.fullmatch(name)
+            if match is not None:
+                seqs.append(int(match.group(1)))
+        seqs.sort()
+        return seqs
+
+    @staticmethod
+    def _parse_snapshot(path: Path, raw: bytes, run_id: str) -> _StoredSnapshot:
+        try:
+            document: Any = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(
+                f'snapshot file {str(path)!r} is not valid JSON ({exc}): it is damaged; delete it to fall back '
+                'to the previous snapshot'
+            ) from None
+        if not isinstance(document, dict):
+            raise ValueError(f'snapshot file {str(path)!r} does not hold a JSON object: it is damaged; delete it')
+        content = cast(dict[str, Any], document)
+        check_format_version(content.get(FORMAT_KEY), what=f'snapshot file {str(path)!r}')
+        head, length, header = content.get('head'), content.get('length'), content.get('snapshot')
+        if (
+            not (head is None or (isinstance(head, int) and not isinstance(head, bool)))
+            or not isinstance(length, int)
+            or isinstance(length, bool)
+            or length < 0
+            or not isinstance(header, dict)
+        ):
+            raise ValueError(f'snapshot file {str(path)!r} lacks a valid head, length or snapshot: it is damaged')
+        try:
+            record = load_record(ContinuableSnapshot, cast(dict[str, Any], header), run_id=run_id)
+        except ValueError as exc:
+            raise ValueError(f'snapshot file {str(path)!r} cannot be read: {exc}') from exc
+        seq = record.seq if record.seq is not None else int(path.stem)
+        return _StoredSnapshot(seq=seq, header=record, head=head, length=length)
+
+    @staticmethod
+    def _read_nodes(run_dir: Path) -> dict[int, tuple[int | None, bytes]]:
+        path = run_dir / MESSAGES_FILE
+        nodes: dict[int, tuple[int | None, bytes]] = {}
+        for line in read_complete_lines(path):
+            match = _NODE_HEADER.match(line)
+            if match is None or not line.endswith(b'}'):
+                if line.strip():
+                    logger.warning('step_file: skipping a damaged line in %s: %r', path, line[:200])
+                continue
+            parent = match.group(2)
+            nodes[int(match.group(1))] = (None if parent == b'null' else int(parent), line[match.end() : -1])
+        return nodes
+
+    async def _materialize(
+        self, stored: _StoredSnapshot, nodes: dict[int, tuple[int | None, bytes]]
+    ) -> ContinuableSnapshot:
+        def lookup(node: NodeId) -> tuple[NodeId | None, bytes]:
+            found = nodes.get(cast(int, node))
+            if found is None:
+                raise LookupError(node)
+            return found
+
+        try:
+            bodies = walk_chain(stored.head, stored.length, lookup)
+        except LookupError as exc:
+            raise ValueError(
+                f'snapshot {stored.seq} of run {stored.header.run_id!r} references message nodes missing from '
+                f'{MESSAGES_FILE} ({exc}): the run folder is damaged'
+            ) from None
+        messages = await self._history.decode(bodies)
+        return stored.header.model_copy(update={'messages': messages, 'seq': stored.seq})
+
+    # -- tool effects -----------------------------------------------------------------------
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        run_id = validate_path_safe_run_id(record.run_id)
+        await anyio.to_thread.run_sync(self._record_effect_sync, run_id, record)
+
+    def _record_effect_sync(self, run_id: str, record: ToolEffectRecord) -> None:
+        state = self._state(run_id)
+        with self._writing(run_id, state) as run_dir:
+            path = run_dir / EFFECTS_FILE
+            fd = open_log(path)
+            try:
+                self._catch_up_effects(fd, path, state, repair=True)
+                line = _line(_compact(dump_record(record)))
+                append_lines(fd, state.effects, line, sync=self._full)
+                state.effect_lines[record.tool_call_id] = line
+            finally:
+                os.close(fd)
+
+    @staticmethod
+    def _catch_up_effects(fd: int, path: Path, state: _RunState, *, repair: bool) -> None:
+        lines, reset = catch_up(fd, path, state.effects, repair=repair)
+        if reset:
+            state.effect_lines.clear()
+        for line in lines:
+            data = _json_object(line, path)
+            if data is None:
+                continue
+            tool_call_id = data.get('tool_call_id')
+            if isinstance(tool_call_id, str):
+                state.effect_lines[tool_call_id] = line
+
+    def _effect_lines_sync(self, run_id: str, tool_call_id: str | None) -> list[bytes]:
+        """The latest ledger line of one tool call (or of every call when `tool_call_id` is None)."""
+        state = self._state(run_id)
+        with self._reading(run_id, state) as run_dir:
+            path = run_dir / EFFECTS_FILE
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return []
+            try:
+                self._catch_up_effects(fd, path, state, repair=False)
+            finally:
+                os.close(fd)
+            if tool_call_id is None:
+                return list(state.effect_lines.values())
+            line = state.effect_lines.get(tool_call_id)
+            return [] if line is None else [line]
+
+    async def _effects(self, run_id: str, tool_call_id: str | None = None) -> list[ToolEffectRecord]:
+        lines = await anyio.to_thread.run_sync(self._effect_lines_sync, run_id, tool_call_id)
+        return [load_record(ToolEffectRecord, line, run_id=run_id) for line in lines]
+
+    async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        run_id = validate_path_safe_run_id(run_id)
+        found = await self._effects(run_id, tool_call_id)
+        return found[0] if found else None
+
+    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        run_id = validate_path_safe_run_id(run_id)
+        return sorted(await self._effects(run_id), key=lambda r: _sort_time(r.started_at))
+
+    async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        return [r for r in await self.list_tool_effects(run_id) if r.status is ToolEffectStatus.STARTED]
+
+    async def aclose(self) -> None:
+        with self._states_lock:
+            self._states.clear()
