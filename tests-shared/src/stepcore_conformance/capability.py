@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -127,13 +126,15 @@ class CapabilityConformance:
 
     async def test_tool_cycle_records_events_snapshots_and_ledger(self, store: StepStore) -> None:
         agent = Agent(
-            function_model(_script(ModelResponse(parts=[_call('add', 'c1', a=1, b=2)]), ModelResponse(parts=[TextPart('3')]))),
+            function_model(
+                _script(ModelResponse(parts=[_call('add', 'c1', a=1, b=2)]), ModelResponse(parts=[TextPart('3')]))
+            ),
             name='adder',
             capabilities=[StepPersistence(store=store)],
         )
 
         @agent.tool_plain
-        def add(a: int, b: int) -> int:
+        def add(a: int, b: int) -> int:  # pyright: ignore[reportUnusedFunction]
             return a + b
 
         result = await agent.run('add 1 and 2', conversation_id='conv-1')
@@ -154,7 +155,8 @@ class CapabilityConformance:
             EventKind.MODEL_REQUEST_COMPLETED,
             EventKind.RUN_COMPLETED,
         ]
-        assert all(e.conversation_id == 'conv-1' and e.agent_name == 'adder' for e in events)
+        assert all(e.conversation_id == 'conv-1' for e in events)
+        assert all(e.agent_name == 'adder' for e in events)
         assert all(e.idempotency_key for e in events)
         assert len({e.idempotency_key for e in events}) == len(events)
         tool_events = [e for e in events if e.tool_call_id is not None]
@@ -180,7 +182,9 @@ class CapabilityConformance:
         assert _content(await continue_run(store, run_id=run_id)) == _content(result.all_messages())
 
     async def test_run_without_tools_saves_one_snapshot(self, store: StepStore) -> None:
-        agent = Agent(function_model(_script(ModelResponse(parts=[TextPart('hi')]))), capabilities=[StepPersistence(store=store)])
+        agent = Agent(
+            function_model(_script(ModelResponse(parts=[TextPart('hi')]))), capabilities=[StepPersistence(store=store)]
+        )
         result = await agent.run('hello')
         snapshots = await store.list_snapshots(result.run_id)
         assert len(snapshots) == 1
@@ -191,7 +195,13 @@ class CapabilityConformance:
         agent = Agent(
             function_model(
                 _script(
-                    ModelResponse(parts=[_call('lookup', 'p1', key='a'), _call('lookup', 'p2', key='b'), _call('lookup', 'p3', key='c')]),
+                    ModelResponse(
+                        parts=[
+                            _call('lookup', 'p1', key='a'),
+                            _call('lookup', 'p2', key='b'),
+                            _call('lookup', 'p3', key='c'),
+                        ]
+                    ),
                     ModelResponse(parts=[TextPart('done')]),
                 )
             ),
@@ -199,7 +209,7 @@ class CapabilityConformance:
         )
 
         @agent.tool_plain
-        async def lookup(key: str) -> str:
+        async def lookup(key: str) -> str:  # pyright: ignore[reportUnusedFunction]
             await asyncio.sleep(0)
             return key.upper()
 
@@ -232,11 +242,11 @@ class CapabilityConformance:
         )
 
         @agent.tool_plain
-        def ok() -> str:
+        def ok() -> str:  # pyright: ignore[reportUnusedFunction]
             return 'fine'
 
         @agent.tool_plain
-        def boom() -> str:
+        def boom() -> str:  # pyright: ignore[reportUnusedFunction]
             raise RuntimeError('disk on fire')
 
         with pytest.raises(RuntimeError, match='disk on fire'):
@@ -245,18 +255,27 @@ class CapabilityConformance:
         effects = {e.tool_call_id: e for e in await store.list_tool_effects('tool-raises')}
         assert effects['c1'].status is ToolEffectStatus.COMPLETED
         assert effects['c3'].status is ToolEffectStatus.FAILED
-        assert effects['c3'].error is not None and 'disk on fire' in effects['c3'].error
+        assert effects['c3'].error is not None
+        assert 'disk on fire' in effects['c3'].error
         events = await store.list_events('tool-raises')
         assert events[-1].kind is EventKind.RUN_FAILED
-        assert events[-1].error is not None and 'disk on fire' in events[-1].error
+        assert events[-1].error is not None
+        assert 'disk on fire' in events[-1].error
         assert [e.kind for e in events if e.tool_call_id == 'c3'] == [
             EventKind.TOOL_CALL_STARTED,
             EventKind.TOOL_CALL_FAILED,
         ]
 
         newest = await store.latest_snapshot('tool-raises', include_interrupted=True)
-        assert newest is not None and newest.state is SnapshotState.INTERRUPTED
-        calls = [p.tool_call_id for m in newest.messages if isinstance(m, ModelResponse) for p in m.parts if isinstance(p, ToolCallPart)]
+        assert newest is not None
+        assert newest.state is SnapshotState.INTERRUPTED
+        calls = [
+            p.tool_call_id
+            for m in newest.messages
+            if isinstance(m, ModelResponse)
+            for p in m.parts
+            if isinstance(p, ToolCallPart)
+        ]
         assert calls == ['c1', 'c2', 'c3']
         assert not is_provider_valid(newest.messages)
         # The default read path stops at the last settled cycle.
@@ -276,14 +295,15 @@ class CapabilityConformance:
         )
 
         @agent.tool_plain
-        def ok() -> str:
+        def ok() -> str:  # pyright: ignore[reportUnusedFunction]
             return 'fine'
 
         with pytest.raises(ConnectionError):
             await agent.run('go')
         newest = await store.latest_snapshot('model-fails', include_interrupted=True)
         settled = await store.latest_snapshot('model-fails')
-        assert newest is not None and settled is not None
+        assert newest is not None
+        assert settled is not None
         assert newest.state is SnapshotState.COMPLETE
         assert newest.seq == settled.seq
         assert isinstance(newest.messages[-1], ModelRequest)
@@ -293,7 +313,8 @@ class CapabilityConformance:
 
     async def test_model_error_on_first_request_saves_nothing_without_frontier(self, store: StepStore) -> None:
         agent = Agent(
-            function_model(_script(ConnectionError('provider down'))), capabilities=[StepPersistence(store=store, run_id='r0')]
+            function_model(_script(ConnectionError('provider down'))),
+            capabilities=[StepPersistence(store=store, run_id='r0')],
         )
         with pytest.raises(ConnectionError):
             await agent.run('go')
@@ -309,24 +330,30 @@ class CapabilityConformance:
         with pytest.raises(ConnectionError):
             await agent.run('remember this prompt')
         newest = await store.latest_snapshot('f0', include_interrupted=True)
-        assert newest is not None and newest.state is SnapshotState.INTERRUPTED
-        assert [p.content for p in newest.messages[0].parts if isinstance(p, UserPromptPart)] == ['remember this prompt']
+        assert newest is not None
+        assert newest.state is SnapshotState.INTERRUPTED
+        assert [p.content for p in newest.messages[0].parts if isinstance(p, UserPromptPart)] == [
+            'remember this prompt'
+        ]
         assert await store.latest_snapshot('f0') is None
 
         proposed = Agent(
-            function_model(_script(ModelResponse(parts=[_call('ok', 'c1', x=1)]), ModelResponse(parts=[TextPart('done')]))),
+            function_model(
+                _script(ModelResponse(parts=[_call('ok', 'c1', x=1)]), ModelResponse(parts=[TextPart('done')]))
+            ),
             capabilities=[StepPersistence(store=store, run_id='f1', capture_frontier=True)],
         )
 
         @proposed.tool_plain
-        def ok(x: int) -> int:
+        def ok(x: int) -> int:  # pyright: ignore[reportUnusedFunction]
             return x
 
         result = await proposed.run('go')
         snapshots = await store.list_snapshots('f1')
         frontier = [s for s in snapshots if s.state is SnapshotState.INTERRUPTED]
         assert any(
-            isinstance(s.messages[-1], ModelResponse) and s.messages[-1].parts[0] == _call('ok', 'c1', x=1) for s in frontier
+            isinstance(s.messages[-1], ModelResponse) and s.messages[-1].parts[0] == _call('ok', 'c1', x=1)
+            for s in frontier
         )
         assert snapshots[-1].state is SnapshotState.COMPLETE
         assert _content(await continue_run(store, run_id='f1')) == _content(result.all_messages())
@@ -335,12 +362,14 @@ class CapabilityConformance:
 
     async def test_run_stream_saves_closing_response(self, store: StepStore) -> None:
         agent = Agent(
-            function_model(_script(ModelResponse(parts=[_call('ok', 'c1')]), ModelResponse(parts=[TextPart('streamed answer')]))),
+            function_model(
+                _script(ModelResponse(parts=[_call('ok', 'c1')]), ModelResponse(parts=[TextPart('streamed answer')]))
+            ),
             capabilities=[StepPersistence(store=store, run_id='streamed')],
         )
 
         @agent.tool_plain
-        def ok() -> str:
+        def ok() -> str:  # pyright: ignore[reportUnusedFunction]
             return 'fine'
 
         async with agent.run_stream('go') as stream:
@@ -360,7 +389,7 @@ class CapabilityConformance:
         )
 
         @agent.tool_plain
-        def ok() -> str:
+        def ok() -> str:  # pyright: ignore[reportUnusedFunction]
             return 'fine'
 
         async with agent.iter('go') as run:
@@ -392,7 +421,7 @@ class CapabilityConformance:
         )
 
         @agent.tool_plain
-        def ok() -> str:
+        def ok() -> str:  # pyright: ignore[reportUnusedFunction]
             return 'fine'
 
         result = await agent.run('go')
@@ -420,7 +449,13 @@ class CapabilityConformance:
 
     async def test_continue_with_new_prompt_and_fork(self, store: StepStore) -> None:
         def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-            prompts = [p.content for m in messages if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, UserPromptPart)]
+            prompts = [
+                p.content
+                for m in messages
+                if isinstance(m, ModelRequest)
+                for p in m.parts
+                if isinstance(p, UserPromptPart)
+            ]
             return ModelResponse(parts=[TextPart(' | '.join(str(p) for p in prompts))])
 
         agent = Agent(function_model(respond), capabilities=[StepPersistence(store=store, agent_name='librarian')])
@@ -431,7 +466,8 @@ class CapabilityConformance:
         second = await agent.run('and the path?', message_history=history, conversation_id='libr-conv')
         assert second.output == 'find it | and the path?'
         runs = await store.list_runs(conversation_id='libr-conv')
-        assert len(runs) == 2 and runs[0].run_id == prior
+        assert len(runs) == 2
+        assert runs[0].run_id == prior
         forked = await agent.run('other question', message_history=await fork_run(store, run_id=prior))
         assert forked.output == 'find it | other question'
         assert forked.run_id not in (first.run_id, second.run_id)
@@ -447,7 +483,7 @@ class CapabilityConformance:
         agent = Agent(function_model(respond), capabilities=[StepPersistence(store=store, capture_frontier=True)])
 
         @agent.tool_plain
-        def flaky() -> str:
+        def flaky() -> str:  # pyright: ignore[reportUnusedFunction]
             attempts.append('call')
             if len(attempts) == 1:
                 raise RuntimeError('transient')
@@ -469,9 +505,7 @@ class CapabilityConformance:
         assert attempts == ['call']
 
         # The frontier snapshot ends in the proposed call itself.
-        [frontier] = [
-            s for s in await store.list_snapshots(failed_run) if isinstance(s.messages[-1], ModelResponse)
-        ]
+        [frontier] = [s for s in await store.list_snapshots(failed_run) if isinstance(s.messages[-1], ModelResponse)]
         assert frontier.state is SnapshotState.INTERRUPTED
         history = frontier.messages
         # With a new prompt and none of the batch answered, pydantic-ai refuses to abandon the call.
@@ -501,12 +535,14 @@ class CapabilityConformance:
             seen.append(event)
 
         agent = Agent(
-            function_model(_script(ModelResponse(parts=[_call('ok', 'c1')]), ModelResponse(parts=[TextPart('original')]))),
+            function_model(
+                _script(ModelResponse(parts=[_call('ok', 'c1')]), ModelResponse(parts=[TextPart('original')]))
+            ),
             capabilities=[StepPersistence(store=store, run_id='notified'), _RewriteFinalHistory(), hooks],
         )
 
         @agent.tool_plain
-        def ok() -> str:
+        def ok() -> str:  # pyright: ignore[reportUnusedFunction]
             return 'fine'
 
         await agent.run('go', conversation_id='n-conv')
@@ -515,7 +551,8 @@ class CapabilityConformance:
         assert [(e.persistence_run_id, e.step_index, e.state) for e in seen] == [
             ('notified', s.step_index, s.state) for s in snapshots
         ]
-        assert all(e.conversation_id == 'n-conv' and e.kind == 'step_persistence.snapshot_saved' for e in seen)
+        assert all(e.conversation_id == 'n-conv' for e in seen)
+        assert all(e.kind == 'step_persistence.snapshot_saved' for e in seen)
 
         failing = Agent(
             function_model(_script(ModelResponse(parts=[_call('ok', 'c1')]), ConnectionError('down'))),
@@ -558,11 +595,23 @@ class CapabilityConformance:
 
     async def test_delegation_three_levels_sets_parent_chain(self, store: StepStore) -> None:
         def delegate_then_answer(tool: str) -> Responder:
-            return _script(ModelResponse(parts=[_call(tool, f'{tool}-call', question='q')]), ModelResponse(parts=[TextPart('answer')]))
+            return _script(
+                ModelResponse(parts=[_call(tool, f'{tool}-call', question='q')]),
+                ModelResponse(parts=[TextPart('answer')]),
+            )
 
-        leaf = Agent(function_model(_script(ModelResponse(parts=[TextPart('leaf answer')]))), capabilities=[StepPersistence(store=store, agent_name='leaf')])
-        middle = Agent(function_model(delegate_then_answer('ask_leaf')), capabilities=[StepPersistence(store=store, agent_name='middle')])
-        top = Agent(function_model(delegate_then_answer('ask_middle')), capabilities=[StepPersistence(store=store, agent_name='top')])
+        leaf = Agent(
+            function_model(_script(ModelResponse(parts=[TextPart('leaf answer')]))),
+            capabilities=[StepPersistence(store=store, agent_name='leaf')],
+        )
+        middle = Agent(
+            function_model(delegate_then_answer('ask_leaf')),
+            capabilities=[StepPersistence(store=store, agent_name='middle')],
+        )
+        top = Agent(
+            function_model(delegate_then_answer('ask_middle')),
+            capabilities=[StepPersistence(store=store, agent_name='top')],
+        )
 
         @middle.tool_plain
         async def ask_leaf(question: str) -> str:  # pyright: ignore[reportUnusedFunction]
@@ -574,7 +623,8 @@ class CapabilityConformance:
 
         await top.run('start', conversation_id='tree')
         top_run = (await store.list_runs(conversation_id='tree'))[-1]
-        assert top_run.parent_run_id is None and top_run.agent_name == 'top'
+        assert top_run.parent_run_id is None
+        assert top_run.agent_name == 'top'
         [middle_run] = await store.list_runs(parent_run_id=top_run.run_id)
         assert middle_run.agent_name == 'middle'
         [leaf_run] = await store.list_runs(parent_run_id=middle_run.run_id)
@@ -596,15 +646,23 @@ class CapabilityConformance:
 
     async def test_annotate_tool_effect_survives_terminal_write(self, store: StepStore) -> None:
         agent = Agent(
-            function_model(_script(ModelResponse(parts=[_call('set_label', 'c1', issue=7, label='bug')]), ModelResponse(parts=[TextPart('done')]))),
+            function_model(
+                _script(
+                    ModelResponse(parts=[_call('set_label', 'c1', issue=7, label='bug')]),
+                    ModelResponse(parts=[TextPart('done')]),
+                )
+            ),
             capabilities=[StepPersistence(store=store, run_id='annotated')],
         )
         seen_in_flight: list[Any] = []
 
         @agent.tool
-        async def set_label(ctx: RunContext[None], issue: int, label: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        async def set_label(ctx: RunContext[Any], issue: int, label: str) -> str:  # pyright: ignore[reportUnusedFunction]
             await annotate_tool_effect(
-                store, ctx, idempotency_key=f'issue-{issue}::label::{label}', effect_summary=f'set label {label!r} on #{issue}'
+                store,
+                ctx,
+                idempotency_key=f'issue-{issue}::label::{label}',
+                effect_summary=f'set label {label!r} on #{issue}',
             )
             seen_in_flight.append(await store.get_tool_effect('annotated', 'c1'))
             return 'ok'
@@ -619,10 +677,12 @@ class CapabilityConformance:
         assert (final.idempotency_key, final.effect_summary) == ('issue-7::label::bug', "set label 'bug' on #7")
 
         # Outside a wrapped tool call it does nothing.
-        plain = Agent(function_model(_script(ModelResponse(parts=[_call('note', 'n1')]), ModelResponse(parts=[TextPart('done')]))))
+        plain = Agent(
+            function_model(_script(ModelResponse(parts=[_call('note', 'n1')]), ModelResponse(parts=[TextPart('done')])))
+        )
 
         @plain.tool
-        async def note(ctx: RunContext[None]) -> str:  # pyright: ignore[reportUnusedFunction]
+        async def note(ctx: RunContext[Any]) -> str:  # pyright: ignore[reportUnusedFunction]
             await annotate_tool_effect(store, ctx, idempotency_key='k', effect_summary='s')
             return 'ok'
 
@@ -636,36 +696,36 @@ class CapabilityConformance:
     ) -> None:
         features: frozenset[str] = getattr(type(store), 'features', frozenset())
         if PERSISTENT not in features:
-            pytest.skip(f'{type(store).__name__} does not declare the {PERSISTENT!r} feature: data dies with the process')
+            pytest.skip(
+                f'{type(store).__name__} does not declare the {PERSISTENT!r} feature: data dies with the process'
+            )
         if store_spec is None:
             pytest.skip(f'{type(self).__name__} provides no store_spec fixture for another process to open the store')
         await store.aclose()
         ready = tmp_path / 'tool-started'
-        child = subprocess.Popen(
-            [
-                sys.executable,
-                '-c',
-                'from stepcore_conformance.capability import kill_child_main; kill_child_main()',
-                json.dumps({'spec': store_spec, 'ready': str(ready), 'run_id': 'killed-run'}),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            '-c',
+            'from stepcore_conformance.capability import kill_child_main; kill_child_main()',
+            json.dumps({'spec': store_spec, 'ready': str(ready), 'run_id': 'killed-run'}),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
         )
         try:
             for _ in range(600):
-                if ready.exists() or child.poll() is not None:
+                if ready.exists() or child.returncode is not None:
                     break
                 await asyncio.sleep(0.05)
-            assert ready.exists(), f'the child never reached the tool: {child.communicate()[1].decode()[-2000:]}'
+            if not ready.exists():
+                assert child.stderr is not None
+                detail = (await child.stderr.read()).decode()[-2000:]
+                pytest.fail(f'the child process never reached the tool call: {detail}')
             os.kill(child.pid, signal.SIGKILL)
-            assert child.wait(timeout=30) == -signal.SIGKILL
+            assert await child.wait() == -signal.SIGKILL
         finally:
-            if child.poll() is None:
+            if child.returncode is None:
                 child.kill()
-                child.wait()
-            assert child.stdout is not None and child.stderr is not None
-            child.stdout.close()
-            child.stderr.close()
+                await child.wait()
 
         from stepcore import from_spec
 
@@ -689,7 +749,8 @@ class CapabilityConformance:
             assert kinds[-1] is EventKind.TOOL_CALL_STARTED
             assert EventKind.RUN_FAILED not in kinds
             report = await inspect_recovery(store=fresh, run_id='killed-run')
-            assert report.interrupted and report.completed_tools == ['read']
+            assert report.interrupted
+            assert report.completed_tools == ['read']
         finally:
             await fresh.aclose()
 
@@ -719,7 +780,7 @@ def kill_child_main() -> None:
             return 'contents'
 
         @agent.tool
-        async def slow_write(ctx: RunContext[None], path: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        async def slow_write(ctx: RunContext[Any], path: str) -> str:  # pyright: ignore[reportUnusedFunction]
             await annotate_tool_effect(store, ctx, idempotency_key='write-1-key', effect_summary=f'write {path}')
             ready.write_text('started')
             await asyncio.sleep(3600)

@@ -437,10 +437,12 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     # --- node lifecycle ------------------------------------------------------------------------
 
-    async def before_node_run(self, ctx: RunContext[AgentDepsT], *, node: AgentNode[AgentDepsT]) -> AgentNode[AgentDepsT]:
+    async def before_node_run(
+        self, ctx: RunContext[AgentDepsT], *, node: AgentNode[AgentDepsT]
+    ) -> AgentNode[AgentDepsT]:
         st = self._observe(ctx)
         if self.capture_frontier and isinstance(node, CallToolsNode):
-            response = cast(ModelResponse, node.model_response)  # pyright: ignore[reportUnknownMemberType]
+            response = node.model_response
             if any(isinstance(part, ToolCallPart) for part in response.parts):
                 messages = list(ctx.messages)
                 if not messages or messages[-1] is not response:
@@ -493,9 +495,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, error: Exception
     ) -> ModelResponse:
         self._observe(ctx)
-        await self._event(
-            ctx, EventKind.MODEL_REQUEST_FAILED, discriminator=str(ctx.run_step), error=_describe(error)
-        )
+        await self._event(ctx, EventKind.MODEL_REQUEST_FAILED, discriminator=str(ctx.run_step), error=_describe(error))
         raise error
 
     # --- tool calls ----------------------------------------------------------------------------

@@ -1,0 +1,208 @@
+"""StepPersistence behaviour that does not depend on the backend (run with the in-memory store)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+from pydantic_ai import Agent, ModelRetry, RunContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.test import TestModel
+from pydantic_ai.usage import RunUsage
+
+from stepcore import (
+    InMemoryStepStore,
+    SnapshotSaved,
+    SnapshotState,
+    StepPersistence,
+    ToolEffectStatus,
+    continue_run,
+    fork_run,
+    inspect_recovery,
+    is_provider_valid,
+)
+from stepcore.ids import derive_run_id
+from stepcore_conformance.capability import function_model
+
+
+def _text(text: str) -> ModelResponse:
+    return ModelResponse(parts=[TextPart(text)])
+
+
+def _calls(*call_ids: str) -> ModelResponse:
+    return ModelResponse(parts=[ToolCallPart(tool_name='t', args={}, tool_call_id=i) for i in call_ids])
+
+
+def _returns(*call_ids: str) -> ModelRequest:
+    return ModelRequest(parts=[ToolReturnPart(tool_name='t', content='ok', tool_call_id=i) for i in call_ids])
+
+
+PROMPT = ModelRequest(parts=[UserPromptPart('hi')])
+
+
+# --- is_provider_valid ---------------------------------------------------------------------------
+
+
+def test_is_provider_valid_matches_calls_to_results() -> None:
+    assert is_provider_valid([])
+    assert is_provider_valid([PROMPT, _text('hello')])
+    assert is_provider_valid([PROMPT, _calls('a', 'b'), _returns('a', 'b')])
+    assert not is_provider_valid([PROMPT, _calls('a', 'b'), _returns('a')])
+    assert not is_provider_valid([PROMPT, _calls('a')])
+    assert not is_provider_valid([PROMPT, _calls('a'), _returns('a'), _calls('b')])
+
+
+# --- construction --------------------------------------------------------------------------------
+
+
+def test_stable_id_and_defaults() -> None:
+    capability = StepPersistence[None]()
+    assert capability.id == 'step_persistence'
+    assert isinstance(capability.store, InMemoryStepStore)
+    assert (capability.agent_name, capability.run_id, capability.parent_run_id) == (None, None, None)
+    assert capability.metadata == {}
+    assert capability.capture_frontier is False
+    assert capability.compaction_transcript_handle() is None
+    assert SnapshotSaved(persistence_run_id='r').kind == 'step_persistence.snapshot_saved'
+
+
+def test_from_spec_builds_the_store_through_the_registry() -> None:
+    capability = StepPersistence.from_spec(max_snapshots_per_run=3, agent_name='lib', capture_frontier=True)
+    assert isinstance(capability.store, InMemoryStepStore)
+    assert capability.store.max_snapshots_per_run == 3
+    assert (capability.agent_name, capability.capture_frontier) == ('lib', True)
+    with pytest.raises(ValueError, match="'nosuch'"):
+        StepPersistence.from_spec('nosuch')
+    with pytest.raises(ValueError, match=r"installed backends: .*'memory'"):
+        StepPersistence.from_spec(backend='memroy')
+
+
+async def test_agent_from_spec_uses_step_persistence() -> None:
+    agent = Agent.from_spec(
+        {'model': 'test', 'capabilities': [{'StepPersistence': {'backend': 'memory', 'agent_name': 'spec_agent'}}]},
+        custom_capability_types=[StepPersistence],
+    )
+    found: list[Any] = []
+    agent.root_capability.apply(found.append)
+    [capability] = [cast(StepPersistence[Any], c) for c in found if isinstance(c, StepPersistence)]
+    result = await agent.run('hello')
+    run_id = derive_run_id('spec_agent', result.run_id)
+    assert (await capability.store.get_run(run_id)) is not None
+
+
+# --- identity ------------------------------------------------------------------------------------
+
+
+async def test_agent_name_derives_the_run_id_and_falls_back_on_records() -> None:
+    store = InMemoryStepStore()
+    named = Agent(TestModel(), capabilities=[StepPersistence(store=store, agent_name='librarian')])
+    result = await named.run('hi')
+    record = await store.get_run(derive_run_id('librarian', result.run_id))
+    assert record is not None
+    assert record.agent_name == 'librarian'
+
+    unnamed = Agent(TestModel(), name='fallback_name', capabilities=[StepPersistence(store=store)])
+    result = await unnamed.run('hi')
+    record = await store.get_run(result.run_id)  # the store key stays ctx.run_id
+    assert record is not None
+    assert record.agent_name == 'fallback_name'
+
+
+async def test_derived_run_id_over_200_characters_fails_before_the_store_is_touched() -> None:
+    store = InMemoryStepStore()
+    agent = Agent(TestModel(), capabilities=[StepPersistence(store=store, agent_name='x' * 200)])
+    with pytest.raises(ValueError, match='200'):
+        await agent.run('hi')
+    assert await store.list_runs() == []
+
+
+async def test_missing_context_run_id_is_a_runtime_error() -> None:
+    capability = StepPersistence[None]()
+    ctx = RunContext[Any](deps=None, model=TestModel(), usage=RunUsage(), run_id=None)
+    with pytest.raises(RuntimeError, match='run id'):
+        await capability.for_run(ctx)
+    explicit = await StepPersistence[None](run_id='given').for_run(ctx)
+    assert explicit.compaction_transcript_handle() == 'given'
+    assert explicit.id == 'step_persistence'
+
+
+async def test_compaction_transcript_handle_is_the_run_id_during_the_run() -> None:
+    store = InMemoryStepStore()
+    handles: list[str | None] = []
+    agent = Agent(
+        function_model(lambda messages, info: _calls('h1') if len(messages) == 1 else _text('done')),
+        capabilities=[StepPersistence(store=store, agent_name='compactor')],
+    )
+
+    @agent.tool
+    def t(ctx: RunContext[Any]) -> str:  # pyright: ignore[reportUnusedFunction]
+        handles.extend(
+            c.compaction_transcript_handle() for c in ctx.capabilities.values() if isinstance(c, StepPersistence)
+        )
+        return 'ok'
+
+    result = await agent.run('go')
+    assert handles == [derive_run_id('compactor', result.run_id)]
+
+
+# --- tool ledger details -------------------------------------------------------------------------
+
+
+async def test_model_retry_from_a_tool_is_a_failed_effect() -> None:
+    store = InMemoryStepStore()
+    replies = iter([_calls('r1'), _calls('r2'), _text('done')])
+    agent = Agent(
+        function_model(lambda messages, info: next(replies)),
+        capabilities=[StepPersistence(store=store, run_id='retry')],
+    )
+    attempts: list[int] = []
+
+    @agent.tool_plain
+    def t() -> str:  # pyright: ignore[reportUnusedFunction]
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ModelRetry('try again')
+        return 'ok'
+
+    await agent.run('go')
+    effects = {e.tool_call_id: e for e in await store.list_tool_effects('retry')}
+    assert effects['r1'].status is ToolEffectStatus.FAILED
+    assert effects['r1'].error is not None
+    assert 'try again' in effects['r1'].error
+    assert effects['r2'].status is ToolEffectStatus.COMPLETED
+    # The retried call is answered in history, so the boundary is complete.
+    first = (await store.list_snapshots('retry'))[0]
+    assert first.state is SnapshotState.COMPLETE
+
+
+async def test_saved_snapshots_are_isolated_from_later_mutation() -> None:
+    store = InMemoryStepStore()
+    agent = Agent(
+        function_model(lambda messages, info: _text('answer')),
+        capabilities=[StepPersistence(store=store, run_id='iso')],
+    )
+    result = await agent.run('question')
+    messages: list[ModelMessage] = result.all_messages()
+    response = messages[-1]
+    assert isinstance(response, ModelResponse)
+    cast(list[Any], response.parts)[0] = TextPart('mutated')
+    history = await continue_run(store, run_id='iso')
+    assert history[-1].parts[0] == TextPart('answer')
+    assert await fork_run(store, run_id='iso') == history
+
+
+async def test_inspect_recovery_of_an_unknown_run_is_empty() -> None:
+    report = await inspect_recovery(store=InMemoryStepStore(), run_id='nope')
+    assert report.run is None
+    assert report.newest_snapshot is None
+    assert report.settled_snapshot is None
+    assert report.unresolved_effects == []
+    assert not report.interrupted
