@@ -249,7 +249,7 @@ async def test_public_url_without_resolver_is_none(s3_store: S3MediaStore) -> No
         await s3_store.public_url('https://example.invalid/x')
 
 
-async def test_static_public_url_serves_the_bytes(s3_server: S3Server) -> None:
+async def test_static_public_url_addresses_the_object(s3_server: S3Server) -> None:
     prefix = 'public/static/'
     resolver = make_static_public_url(f'{s3_server.endpoint}/{s3_server.bucket}/', key_prefix=prefix)
     async with s3_server.store(key_prefix=prefix, public_url=resolver) as store:
@@ -258,8 +258,13 @@ async def test_static_public_url_serves_the_bytes(s3_server: S3Server) -> None:
         url = await store.public_url(uri)
         assert url is not None
         assert url == f'{s3_server.endpoint}/{s3_server.bucket}/{prefix}{uri.removeprefix("media+sha256://")}.bin'
-        # s3rver serves unsigned GETs, like a public bucket.
-        assert await asyncio.to_thread(fetch, url) == data
+        # The same object URL the service signs for a GET, which returns the bytes.
+        client = await store.client()
+        signed = await client.generate_presigned_url(
+            'get_object', Params={'Bucket': store.bucket, 'Key': store.key_for(uri)}, ExpiresIn=60
+        )
+        assert signed.split('?', 1)[0] == url
+        assert await asyncio.to_thread(fetch, signed) == data
 
 
 def test_make_static_public_url_quotes_keys_and_checks_base() -> None:
@@ -385,3 +390,20 @@ async def test_bad_uri_is_value_error(s3_store: S3MediaStore) -> None:
         await s3_store.get('media+sha256://nothex')
     with pytest.raises(ValueError, match='media\\+sha256'):
         await s3_store.exists('s3://bucket/key')
+
+
+async def test_built_from_spec_through_the_plugin(s3_server: S3Server) -> None:
+    import stepcore
+
+    store = stepcore.media_from_spec(
+        's3',
+        bucket=s3_server.bucket,
+        endpoint=s3_server.endpoint,
+        access_key_id=s3_server.access_key,
+        secret_access_key=s3_server.secret_key,
+        key_prefix='spec/',
+    )
+    assert isinstance(store, S3MediaStore)
+    async with store:
+        uri = await store.put(b'built from a spec')
+        assert await store.get(uri) == b'built from a spec'
