@@ -20,6 +20,7 @@ from pydantic_ai.usage import RunUsage
 
 from stepcore import (
     InMemoryStepStore,
+    RunRecord,
     SnapshotSaved,
     SnapshotState,
     StepPersistence,
@@ -206,3 +207,19 @@ async def test_inspect_recovery_of_an_unknown_run_is_empty() -> None:
     assert report.settled_snapshot is None
     assert report.unresolved_effects == []
     assert not report.interrupted
+
+
+async def test_retried_registration_is_idempotent_and_distinct_reuse_fails() -> None:
+    store = InMemoryStepStore()
+    ctx = RunContext[Any](deps=None, model=TestModel(), usage=RunUsage(), run_id='ctx-run')
+    capability = await StepPersistence[Any](store=store).for_run(ctx)
+    identity = await capability._op_registration_identity(ctx)  # pyright: ignore[reportPrivateUsage]
+    record = RunRecord(run_id='ctx-run', started_at=identity.started_at, registration_id=identity.registration_id)
+    await capability._op_register_run(ctx, record)  # pyright: ignore[reportPrivateUsage]
+    # The same journaled identity again (a durable engine retrying the operation) is accepted.
+    await capability._op_register_run(ctx, record)  # pyright: ignore[reportPrivateUsage]
+    assert await store.get_run('ctx-run') == record
+    other = await capability._op_registration_identity(ctx)  # pyright: ignore[reportPrivateUsage]
+    assert other.registration_id != identity.registration_id
+    with pytest.raises(ValueError, match='ctx-run'):
+        await capability._op_register_run(ctx, record.model_copy(update={'registration_id': other.registration_id}))  # pyright: ignore[reportPrivateUsage]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from dbos import DBOS, SetWorkflowID
-from pydantic_ai import Agent
+from pydantic_ai import Agent, RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.durable_exec.dbos import DBOSDurability
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart
@@ -28,6 +28,7 @@ from stepcore import (
     StepPersistence,
     ToolEffectRecord,
     ToolEffectStatus,
+    annotate_tool_effect,
 )
 from stepcore.capability import OPERATION_NAMES
 from stepcore_conformance.capability import function_model
@@ -74,9 +75,10 @@ agent = Agent(
 )
 
 
-@agent.tool_plain
-async def work() -> str:
+@agent.tool
+async def work(ctx: RunContext[Any]) -> str:
     tool_calls.append('work')
+    await annotate_tool_effect(store, ctx, idempotency_key='work-once', effect_summary='did the work')
     workflow_id = DBOS.workflow_id
     if workflow_id in cancel_in_tool:
         # Interrupt the workflow mid tool call: its next durable step refuses to run.
@@ -157,6 +159,7 @@ async def test_interrupted_workflow_recovers_without_duplicates() -> None:
     ]
     [started] = await store.list_unresolved_tool_effects(record.run_id)
     assert started.status is ToolEffectStatus.STARTED
+    assert started.idempotency_key == 'work-once'
 
     store.writes.clear()
     handle = await DBOS.resume_workflow_async('wf-resume')
@@ -185,6 +188,7 @@ async def test_interrupted_workflow_recovers_without_duplicates() -> None:
     assert [s.state for s in snapshots] == [SnapshotState.COMPLETE, SnapshotState.COMPLETE]
     [effect] = await store.list_tool_effects(record.run_id)
     assert effect.status is ToolEffectStatus.COMPLETED
+    assert (effect.idempotency_key, effect.effect_summary) == ('work-once', 'did the work')
     # The start time is the journaled one from the interrupted execution.
     assert effect.started_at == started.started_at
     assert (await store.get_run(record.run_id)) == record
