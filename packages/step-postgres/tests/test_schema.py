@@ -6,11 +6,12 @@ import asyncio
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.rows import tuple_row
 
 from step_postgres import PostgresMediaStore, PostgresStepStore, SchemaVersionError, validate_table_prefix
 from step_postgres.schema import MEDIA, STEPS, Tables, ensure_schema, schema_version
@@ -144,48 +145,67 @@ async def test_migration_target_out_of_range(postgres_url: str, table_prefix: st
 
 _CREATE_AT_ONCE = textwrap.dedent(
     """
-    import asyncio, sys, time
+    import asyncio, sys
+    from pathlib import Path
     from step_postgres import PostgresStepStore
     from stepcore import RunRecord
 
-    async def main(url, prefix, run_id, start_at):
+    async def main(url, prefix, run_id, go):
         store = PostgresStepStore(dsn=url, table_prefix=prefix)
-        while time.time() < start_at:
-            await asyncio.sleep(0.001)
+        Path(f'{go}.{run_id}').write_text('')  # imported and ready: nothing is connected yet
+        while not go.exists():
+            await asyncio.sleep(0.002)
         try:
             await store.register_run(RunRecord(run_id=run_id))
             await store.media_store.put(run_id.encode())
         finally:
             await store.aclose()
 
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])))
     """
 )
 
 
-def test_concurrent_schema_creation_from_two_processes(postgres_url: str, table_prefix: str) -> None:
-    import time
-
-    start_at = time.time() + 3.0  # both processes are importing by then; they connect at the same moment
+def _create_at_once(postgres_url: str, table_prefix: str, go: Path, run_ids: list[str]) -> None:
+    """Two processes that first connect at the same moment to a database without the tables."""
     procs = [
         subprocess.Popen(
-            [sys.executable, '-c', _CREATE_AT_ONCE, postgres_url, table_prefix, f'run-{i}', str(start_at)],
+            [sys.executable, '-c', _CREATE_AT_ONCE, postgres_url, table_prefix, run_id, str(go)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            text=True,
         )
-        for i in range(2)
+        for run_id in run_ids
     ]
-    results = [p.communicate(timeout=120) for p in procs]
-    for proc, (_, err) in zip(procs, results, strict=True):
-        assert proc.returncode == 0, err.decode()
+    try:
+        deadline = time.monotonic() + 120
+        while not all(Path(f'{go}.{run_id}').exists() for run_id in run_ids):
+            assert time.monotonic() < deadline, 'processes did not start'
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            time.sleep(0.005)
+        go.write_text('go')
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+async def test_concurrent_schema_creation_from_two_processes(
+    postgres_url: str, table_prefix: str, tmp_path: Path
+) -> None:
+    await asyncio.to_thread(_create_at_once, postgres_url, table_prefix, tmp_path / 'go', ['run-0', 'run-1'])
     tables = Tables(table_prefix)
-    with psycopg.connect(postgres_url, row_factory=tuple_row) as conn:
-        runs = conn.execute(tables.query('SELECT run_id FROM {runs} ORDER BY run_id')).fetchall()
-        versions = conn.execute(
-            Tables(table_prefix).query('SELECT component, version FROM {schema_version}')
-        ).fetchall()
-    assert [r[0] for r in runs] == ['run-0', 'run-1']
-    assert dict(versions) == {'steps': STEPS.latest, 'media': MEDIA.latest}
+    async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+        cur = await conn.execute(tables.query('SELECT run_id FROM {runs} ORDER BY run_id'))
+        assert await cur.fetchall() == [('run-0',), ('run-1',)]
+        cur = await conn.execute(tables.query('SELECT component, version FROM {schema_version} ORDER BY 1'))
+        assert await cur.fetchall() == [('media', MEDIA.latest), ('steps', STEPS.latest)]
+        cur = await conn.execute(tables.query('SELECT count(*) FROM {media}'))
+        assert await cur.fetchone() == (2,)
 
 
 async def test_concurrent_first_use_in_one_process(postgres_url: str, table_prefix: str) -> None:

@@ -25,7 +25,14 @@ class PoolHandle:
     `close()`.
     """
 
-    def __init__(self, *, pool: AsyncConnectionPool[Any] | None, dsn: str | None, owner: str) -> None:
+    def __init__(
+        self,
+        *,
+        pool: AsyncConnectionPool[Any] | None,
+        dsn: str | None,
+        owner: str,
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+    ) -> None:
         if (pool is None) == (dsn is None):
             raise ValueError(
                 f'{owner} needs exactly one of pool= (an AsyncConnectionPool you manage) or dsn= '
@@ -34,6 +41,13 @@ class PoolHandle:
             )
         if dsn is not None and not isinstance(cast(object, dsn), str):
             raise ValueError(f'{owner}: dsn must be a connection string, got {type(dsn).__name__}')
+        if (
+            isinstance(connect_timeout, bool)
+            or not isinstance(cast(object, connect_timeout), int | float)
+            or connect_timeout <= 0
+        ):
+            raise ValueError(f'{owner}: connect_timeout={connect_timeout!r} must be a positive number of seconds')
+        self.connect_timeout = float(connect_timeout)
         self.owned = pool is None
         self.dsn = dsn
         self._pool = pool
@@ -57,12 +71,12 @@ class PoolHandle:
                     self.dsn, min_size=1, max_size=DEFAULT_MAX_POOL_SIZE, open=False, name='step-postgres'
                 )
                 try:
-                    await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
+                    await pool.open(wait=True, timeout=self.connect_timeout)
                 except PoolTimeout as exc:
                     await pool.close()
                     raise ConnectionError(
                         f'could not connect to PostgreSQL at {redact_dsn(self.dsn)} within '
-                        f'{CONNECT_TIMEOUT_SECONDS:.0f} s: check that the server is running and the DSN is right'
+                        f'{self.connect_timeout:g} s: check that the server is running and the DSN is right'
                     ) from exc
                 self._pool = pool
                 self._opened = True

@@ -12,7 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from stepcore.media import EMPTY_CONTEXT, MediaContext, PublicUrlResolver, digest_of_uri, media_uri, resolve_public_url
 
-from ._pool import PoolHandle
+from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
 from .schema import DEFAULT_TABLE_PREFIX, MEDIA, Tables, ensure_schema
 
 __all__ = ('PostgresMediaStore',)
@@ -34,12 +34,17 @@ class PostgresMediaStore:
         dsn: str | None = None,
         table_prefix: str = DEFAULT_TABLE_PREFIX,
         public_url: PublicUrlResolver | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
         _handle: PoolHandle | None = None,
     ) -> None:
         self.tables = Tables(table_prefix)
         self.table_prefix = table_prefix
         self._owns_handle = _handle is None
-        self._handle = _handle if _handle is not None else PoolHandle(pool=pool, dsn=dsn, owner='PostgresMediaStore')
+        self._handle = (
+            _handle
+            if _handle is not None
+            else PoolHandle(pool=pool, dsn=dsn, owner='PostgresMediaStore', connect_timeout=connect_timeout)
+        )
         self._public_url = public_url
         self._ready = False
         self._ready_lock: asyncio.Lock | None = None

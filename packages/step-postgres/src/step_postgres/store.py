@@ -21,7 +21,7 @@ from stepcore.registration import check_registration
 from stepcore.retention import check_max_snapshots, snapshots_to_prune
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 
-from ._pool import PoolHandle
+from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
 from .media import PostgresMediaStore
 from .schema import DEFAULT_TABLE_PREFIX, STEPS, Tables, ensure_schema
 
@@ -72,11 +72,12 @@ class PostgresStepStore(StepStore):
         media_store: MediaStore | None | _DefaultMedia = DEFAULT_MEDIA,
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         max_snapshots_per_run: int | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
     ) -> None:
         self.tables = Tables(table_prefix)
         self.table_prefix = table_prefix
         self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
-        self._handle = PoolHandle(pool=pool, dsn=dsn, owner='PostgresStepStore')
+        self._handle = PoolHandle(pool=pool, dsn=dsn, owner='PostgresStepStore', connect_timeout=connect_timeout)
         if isinstance(media_store, _DefaultMedia):
             media_store = PostgresMediaStore(table_prefix=table_prefix, _handle=self._handle)
         self.media_store: MediaStore | None = media_store

@@ -1,0 +1,348 @@
+"""PostgresStepStore behaviour specific to PostgreSQL, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import tuple_row
+from psycopg_pool import AsyncConnectionPool
+from pydantic_ai.messages import (
+    BinaryContent,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+
+import stepcore
+from step_postgres import PostgresMediaStore, PostgresStepStore
+from step_postgres.schema import Tables
+from stepcore import (
+    ContinuableSnapshot,
+    EventKind,
+    RunRecord,
+    SnapshotState,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
+
+
+@pytest.fixture
+async def store(postgres_url: str, table_prefix: str) -> AsyncIterator[PostgresStepStore]:
+    s = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
+    yield s
+    await s.aclose()
+
+
+def _exchange(i: int, size: int = 200) -> list[ModelMessage]:
+    call = f'call-{i}'
+    return [
+        ModelResponse(parts=[ToolCallPart('lookup', {'i': i}, tool_call_id=call)]),
+        ModelRequest(parts=[ToolReturnPart('lookup', f'result {i} ' + 'x' * size, tool_call_id=call)]),
+    ]
+
+
+def _rows(url: str, prefix: str, template: Any, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, row_factory=tuple_row) as conn:
+        return conn.execute(Tables(prefix).query(template), params).fetchall()
+
+
+def _execute(url: str, prefix: str, template: Any, params: tuple[Any, ...] = ()) -> None:
+    with psycopg.connect(url) as conn:
+        conn.execute(Tables(prefix).query(template), params)
+
+
+async def test_from_spec_builds_the_postgres_backends(postgres_url: str, table_prefix: str) -> None:
+    store = stepcore.from_spec('postgres', dsn=postgres_url, table_prefix=table_prefix, max_snapshots_per_run=3)
+    media = stepcore.media_from_spec('postgres', dsn=postgres_url, table_prefix=table_prefix)
+    try:
+        assert isinstance(store, PostgresStepStore)
+        assert store.max_snapshots_per_run == 3
+        assert isinstance(store.media_store, PostgresMediaStore)
+        assert isinstance(media, PostgresMediaStore)
+        await store.register_run(RunRecord(run_id='spec-run'))
+        uri = await media.put(b'shared blob')
+        # The step store's default media store uses the same table.
+        assert await store.media_store.get(uri) == b'shared blob'
+    finally:
+        await store.aclose()
+        await media.aclose()
+
+
+async def test_a_given_pool_is_used_and_left_open(postgres_url: str, table_prefix: str) -> None:
+    async with AsyncConnectionPool(postgres_url, min_size=1, max_size=2, open=False) as pool:
+        store = PostgresStepStore(pool=pool, table_prefix=table_prefix)
+        media = PostgresMediaStore(pool=pool, table_prefix=table_prefix)
+        await store.register_run(RunRecord(run_id='pooled'))
+        await media.put(b'x')
+        await store.aclose()
+        await media.aclose()
+        assert not pool.closed
+        async with pool.connection() as conn:
+            cur = await conn.execute(Tables(table_prefix).query('SELECT count(*) FROM {runs}'))
+            assert await cur.fetchone() == (1,)
+
+
+async def test_an_owned_pool_is_closed(postgres_url: str, table_prefix: str) -> None:
+    store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
+    assert store.pool is None  # nothing is opened before first use
+    await store.register_run(RunRecord(run_id='r'))
+    pool = store.pool
+    assert pool is not None
+    assert not pool.closed
+    await store.media_store.aclose()  # type: ignore[union-attr]  # shares the pool: must not close it
+    assert not pool.closed
+    await store.aclose()
+    assert pool.closed
+
+
+async def test_unreachable_server_error_names_the_server_without_password() -> None:
+    store = PostgresStepStore(dsn='postgresql://someone:s3cret@127.0.0.1:1/nothing', connect_timeout=1)
+    try:
+        with pytest.raises(
+            ConnectionError, match=r'could not connect to PostgreSQL at .*127\.0\.0\.1:1/nothing'
+        ) as info:
+            await store.get_run('r')
+        assert 's3cret' not in str(info.value)
+    finally:
+        await store.aclose()
+
+
+async def test_messages_are_stored_once_per_run(store: PostgresStepStore, postgres_url: str, table_prefix: str) -> None:
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
+    for i in range(40):
+        messages += _exchange(i)
+        await store.save_snapshot(ContinuableSnapshot(run_id='long', step_index=i, messages=list(messages)))
+    # 81 messages in the final history, 40 snapshots: each message is one node, written once.
+    assert _rows(postgres_url, table_prefix, 'SELECT count(*) FROM {nodes}') == [(81,)]
+    assert _rows(postgres_url, table_prefix, 'SELECT count(*), max(length) FROM {snapshots}') == [(40, 81)]
+    latest = await store.latest_snapshot('long')
+    assert latest is not None
+    assert latest.messages == messages
+    assert latest.seq == 40
+    listed = await store.list_snapshots('long')
+    assert [len(s.messages) for s in listed] == [1 + 2 * (i + 1) for i in range(40)]
+    assert listed[9].messages == messages[:21]
+
+
+async def test_history_rewrite_keeps_every_snapshot_exact(store: PostgresStepStore) -> None:
+    first: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')]), *_exchange(0), *_exchange(1)]
+    await store.save_snapshot(ContinuableSnapshot(run_id='rw', messages=first))
+    # A compaction replaces the middle of the history with a summary.
+    compacted: list[ModelMessage] = [
+        first[0],
+        ModelResponse(parts=[TextPart('summary of two lookups')]),
+        *_exchange(2),
+    ]
+    await store.save_snapshot(ContinuableSnapshot(run_id='rw', messages=compacted))
+    # A fresh store (no memory of earlier saves) continues the compacted history.
+    continued = [*compacted, *_exchange(3)]
+    await store.save_snapshot(ContinuableSnapshot(run_id='rw', messages=continued))
+    assert [s.messages for s in await store.list_snapshots('rw')] == [first, compacted, continued]
+
+
+async def test_a_fresh_store_continues_a_run(postgres_url: str, table_prefix: str) -> None:
+    base: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')]), *_exchange(0)]
+    a = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
+    b = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
+    try:
+        await a.save_snapshot(ContinuableSnapshot(run_id='r', messages=base))
+        longer = [*base, *_exchange(1)]
+        await b.save_snapshot(ContinuableSnapshot(run_id='r', messages=longer))
+        branch = [*base, *_exchange(7)]
+        await a.save_snapshot(ContinuableSnapshot(run_id='r', messages=branch))
+        assert [s.messages for s in await b.list_snapshots('r')] == [base, longer, branch]
+        assert [s.seq for s in await a.list_snapshots('r')] == [1, 2, 3]
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_pruning_deletes_snapshot_rows_only(postgres_url: str, table_prefix: str) -> None:
+    store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix, max_snapshots_per_run=2)
+    try:
+        messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
+        await store.save_snapshot(ContinuableSnapshot(run_id='p', messages=list(messages)))
+        for i in range(5):
+            messages += _exchange(i)
+            await store.save_snapshot(
+                ContinuableSnapshot(run_id='p', messages=list(messages), state=SnapshotState.INTERRUPTED)
+            )
+        # Kept: the newest two and the newest complete one (seq 1).
+        assert [s.seq for s in await store.list_snapshots('p')] == [1, 5, 6]
+        assert _rows(postgres_url, table_prefix, 'SELECT count(*) FROM {nodes}') == [(11,)]
+        complete = await store.latest_snapshot('p')
+        assert complete is not None
+        assert complete.seq == 1
+        assert complete.messages == messages[:1]
+        newest = await store.latest_snapshot('p', include_interrupted=True)
+        assert newest is not None
+        assert newest.messages == messages
+    finally:
+        await store.aclose()
+
+
+async def test_snapshot_keys_stay_applied_after_pruning(postgres_url: str, table_prefix: str) -> None:
+    store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix, max_snapshots_per_run=1)
+    try:
+        msgs: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
+        for key in ('k1', 'k2', 'k1'):
+            await store.save_snapshot(ContinuableSnapshot(run_id='k', messages=msgs, idempotency_key=key))
+        assert [s.seq for s in await store.list_snapshots('k')] == [2]
+    finally:
+        await store.aclose()
+
+
+async def test_sequences_are_per_run_and_gapless(store: PostgresStepStore) -> None:
+    async def append(run_id: str, i: int) -> None:
+        await store.append_event(StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_STARTED, step_index=i))
+        # A replayed key is suppressed and does not consume a seq.
+        await store.append_event(
+            StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_STARTED, idempotency_key=f'{run_id}-{i % 3}')
+        )
+
+    await asyncio.gather(*(append(run_id, i) for run_id in ('a', 'b') for i in range(12)))
+    for run_id in ('a', 'b'):
+        events = await store.list_events(run_id)
+        assert [e.seq for e in events] == list(range(1, 16))
+        assert sorted(e.idempotency_key for e in events if e.idempotency_key) == [f'{run_id}-{k}' for k in range(3)]
+
+
+async def test_unknown_marker_version_raises_on_latest_and_is_skipped_by_list(
+    store: PostgresStepStore, postgres_url: str, table_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    good: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('plain')])]
+    await store.save_snapshot(ContinuableSnapshot(run_id='m', messages=good))
+    image: list[ModelMessage] = [
+        *good,
+        ModelRequest(parts=[UserPromptPart(['look', BinaryContent(b'\x89PNG' * 10, media_type='image/png')])]),
+    ]
+    await store.save_snapshot(ContinuableSnapshot(run_id='m', messages=image))
+    # A newer writer's marker format in the stored node of the image message.
+    _execute(
+        postgres_url,
+        table_prefix,
+        """UPDATE {nodes} SET body = convert_to(replace(convert_from(body, 'UTF8'),
+        '"__stepcore_marker_format__":1', '"__stepcore_marker_format__":99'), 'UTF8')""",
+    )
+    with pytest.raises(ValueError, match='format 99'):
+        await store.latest_snapshot('m')
+    with caplog.at_level(logging.ERROR, logger='step_postgres'):
+        listed = await store.list_snapshots('m')
+    assert [s.seq for s in listed] == [1]
+    assert 'skipping snapshot seq=2' in caplog.text
+    assert 'format 99' in caplog.text
+
+
+async def test_newer_record_format_is_refused(store: PostgresStepStore, postgres_url: str, table_prefix: str) -> None:
+    await store.save_snapshot(ContinuableSnapshot(run_id='f', messages=[]))
+    _execute(postgres_url, table_prefix, """UPDATE {snapshots} SET record = record || '{{"format": 7}}'::jsonb""")
+    with pytest.raises(ValueError, match='format version 7'):
+        await store.latest_snapshot('f')
+    assert await store.list_snapshots('f') == []
+
+
+async def test_media_is_externalized_to_the_same_database(
+    store: PostgresStepStore, postgres_url: str, table_prefix: str
+) -> None:
+    big = 'y' * (70 * 1024)
+    data = bytes(range(256)) * 8
+    messages: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart(['pic', BinaryContent(data, media_type='image/png')])]),
+        ModelRequest(parts=[ToolReturnPart('dump', big, tool_call_id='c')]),
+    ]
+    await store.save_snapshot(ContinuableSnapshot(run_id='media', messages=messages))
+    blobs = _rows(postgres_url, table_prefix, 'SELECT media_type, length(data) FROM {media} ORDER BY 2')
+    assert blobs == [('image/png', len(data)), ('text/plain; charset=utf-8', len(big))]
+    (longest,) = _rows(postgres_url, table_prefix, 'SELECT max(length(body)) FROM {nodes}')[0]
+    assert longest < 2048  # the node rows hold markers, not the payloads
+    latest = await store.latest_snapshot('media')
+    assert latest is not None
+    assert latest.messages[1] == messages[1]
+    part = latest.messages[0].parts[0]
+    assert isinstance(part, UserPromptPart)
+    assert isinstance(part.content[1], BinaryContent)
+    assert part.content[1].data == data
+
+
+async def test_media_store_none_keeps_payloads_inline(postgres_url: str, table_prefix: str) -> None:
+    store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix, media_store=None)
+    try:
+        data = b'\x00\x01' * 40_000
+        messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart([BinaryContent(data, media_type='a/b')])])]
+        await store.save_snapshot(ContinuableSnapshot(run_id='inline', messages=messages))
+        latest = await store.latest_snapshot('inline')
+        assert latest is not None
+        part = latest.messages[0].parts[0]
+        assert isinstance(part, UserPromptPart)
+        assert isinstance(part.content[0], BinaryContent)
+        assert part.content[0].data == data
+        assert store.media_store is None
+        # Nothing was externalized, so the media table was never needed.
+        assert _rows(postgres_url, table_prefix, 'SELECT to_regclass(%s) IS NULL', (f'{table_prefix}_media',)) == [
+            (True,)
+        ]
+    finally:
+        await store.aclose()
+
+
+async def test_tool_effect_upsert_keeps_first_listing_position(store: PostgresStepStore) -> None:
+    first = ToolEffectRecord(run_id='e', tool_call_id='c1', tool_name='send')
+    second = ToolEffectRecord(run_id='e', tool_call_id='c2', tool_name='send', started_at=first.started_at)
+    await store.record_tool_effect(first)
+    await store.record_tool_effect(second)
+    done = first.model_copy(update={'status': ToolEffectStatus.COMPLETED, 'effect_summary': 'mail sent'})
+    await store.record_tool_effect(done)
+    assert [r.tool_call_id for r in await store.list_tool_effects('e')] == ['c1', 'c2']
+    assert await store.get_tool_effect('e', 'c1') == done
+    assert [r.tool_call_id for r in await store.list_unresolved_tool_effects('e')] == ['c2']
+
+
+async def test_registration_retry_and_duplicate(store: PostgresStepStore) -> None:
+    record = RunRecord(run_id='dup', registration_id='reg-1', metadata={'k': 'v'})
+    await store.register_run(record)
+    await store.register_run(record.model_copy())  # the same registration retried
+    with pytest.raises(ValueError, match="run_id 'dup' is already registered"):
+        await store.register_run(RunRecord(run_id='dup', registration_id='reg-2'))
+    assert await store.get_run('dup') == record
+
+
+async def test_every_protocol_query_can_use_an_index(
+    store: PostgresStepStore, postgres_url: str, table_prefix: str
+) -> None:
+    await store.register_run(RunRecord(run_id='r', conversation_id='c', parent_run_id='p'))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_exchange(0)))
+    await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED))
+    await store.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='c', tool_name='t'))
+    q = store._q
+    checks: list[tuple[Any, Any]] = [
+        (q.run_get, ('r',)),
+        (q.runs_by_conversation, ('c',)),
+        (q.runs_by_parent, ('p',)),
+        (q.runs_by_both, ('c', 'p')),
+        (q.runs_all, ()),
+        (q.events_list, ('r',)),
+        (q.snapshots_list, ('r',)),
+        (q.snapshot_states, ('r',)),
+        (q.snapshot_nodes, ('r',)),
+        (q.latest_complete, {'run': 'r', 'complete': 'complete'}),
+        (q.latest_any, {'run': 'r', 'complete': 'complete'}),
+        (q.effect_get, ('r', 'c')),
+        (q.effects_list, ('r',)),
+        (q.effects_by_status, ('r', 'started')),
+    ]
+    async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+        await conn.execute('SET enable_seqscan = off')
+        for query, params in checks:
+            cur = await conn.execute(psycopg.sql.SQL('EXPLAIN ') + query, params)
+            plan = '\n'.join(str(row[0]) for row in await cur.fetchall())
+            assert 'Seq Scan' not in plan, f'{query.as_string(conn)}\n{plan}'
