@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from step_file import FileStepStore
 from stepcore_conformance import (
     ConcurrencyConformance,
