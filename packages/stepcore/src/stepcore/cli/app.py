@@ -43,8 +43,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+
+
+def _out() -> Console:
+    # Made per use, so COLUMNS, NO_COLOR and redirected streams are read when the command runs.
+    return Console()
+
+
+def _err() -> Console:
+    return Console(stderr=True)
+
 
 DEBUG_VAR = 'STEPCORE_DEBUG'
 
@@ -67,7 +75,7 @@ def cli_root() -> None:
 
 
 def _fail(message: str) -> NoReturn:
-    err_console.print(f'[bold red]error:[/] {escape(message)}', highlight=False, soft_wrap=True)
+    _err().print(f'[bold red]error:[/] {escape(message)}', highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -172,7 +180,7 @@ def plugins(as_json: JsonOption = False) -> None:
             table.add_row(
                 p.distribution, p.version, b.kind, b.info.key, ', '.join(sorted(b.info.features)), b.info.summary
             )
-    console.print(table)
+    _out().print(table)
 
 
 # --- listings ------------------------------------------------------------------------------------
@@ -205,11 +213,11 @@ def runs(
         _echo_json([{**dump_record(r), 'status': st} for r, st in zip(page, statuses, strict=True)])
         return
     if not page:
-        console.print('no runs match' if total else 'no runs in this store')
+        _out().print('no runs match' if total else 'no runs in this store')
         return
-    console.print(render.runs_table(page, statuses))
+    _out().print(render.runs_table(page, statuses))
     if len(page) < total:
-        console.print(
+        _out().print(
             f'runs {start + 1}-{start + len(page)} of {total} (oldest first); '
             f'use --offset {offset + len(page)} for older ones',
             style='dim',
@@ -238,7 +246,7 @@ def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = F
     if as_json:
         _echo_json(root.as_json())
         return
-    console.print(render.run_tree(root))
+    _out().print(render.run_tree(root))
 
 
 @app.command()
@@ -253,7 +261,7 @@ def events(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption =
     if as_json:
         _echo_json([dump_record(e) for e in found])
         return
-    console.print(render.events_table(found, title=f'events of {run_id}'))
+    _out().print(render.events_table(found, title=f'events of {run_id}'))
 
 
 @app.command()
@@ -269,9 +277,9 @@ def snapshots(run_id: RunArgument, store: StoreOption = None, as_json: JsonOptio
         _echo_json([{**dump_record(x, exclude={'messages'}), 'message_count': len(x.messages)} for x in found])
         return
     if not found:
-        console.print(f'run {run_id} has no snapshots')
+        _out().print(f'run {run_id} has no snapshots')
         return
-    console.print(render.snapshots_table(found, title=f'snapshots of {run_id}'))
+    _out().print(render.snapshots_table(found, title=f'snapshots of {run_id}'))
 
 
 @app.command()
@@ -307,8 +315,8 @@ def show(
     header.append(f'  snapshot seq {snap.seq}, step {snap.step_index}, ')
     header.append(snap.state.value, style='green' if snap.state.value == 'complete' else 'yellow')
     header.append(f', {len(snap.messages)} messages')
-    console.print(header)
-    console.print(render.render_messages(snap.messages))
+    _out().print(header)
+    _out().print(render.render_messages(snap.messages))
 
 
 @app.command()
@@ -329,9 +337,9 @@ def effects(
         _echo_json([dump_record(e) for e in found])
         return
     if not found:
-        console.print(f'run {run_id} has no {"unresolved " if unresolved else ""}tool effects')
+        _out().print(f'run {run_id} has no {"unresolved " if unresolved else ""}tool effects')
         return
-    console.print(render.effects_table(found, title=f'tool effects of {run_id}'))
+    _out().print(render.effects_table(found, title=f'tool effects of {run_id}'))
 
 
 @app.command()
@@ -349,7 +357,7 @@ def recover(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption 
     if as_json:
         _echo_json(recovery_json(report))
         return
-    console.print(describe_recovery(run_id, report))
+    _out().print(describe_recovery(run_id, report))
 
 
 # --- export / import -----------------------------------------------------------------------------
@@ -387,7 +395,7 @@ def export_command(
         output.write_text(text + '\n', encoding='utf-8')
     except OSError as exc:
         _fail(f'cannot write {str(output)!r}: {exc.strerror or exc}')
-    err_console.print(f'exported {len(exported)} run(s) to {escape(str(output))}', highlight=False)
+    _err().print(f'exported {len(exported)} run(s) to {escape(str(output))}', highlight=False)
 
 
 @app.command('import')
@@ -411,7 +419,7 @@ def import_command(
 
     _with_store(store, body, must_exist=False)
     names = ', '.join(r.run.run_id for r in runs_in)
-    err_console.print(f'imported {len(runs_in)} run(s): {escape(names)}', highlight=False)
+    _err().print(f'imported {len(runs_in)} run(s): {escape(names)}', highlight=False)
 
 
 # --- demo ----------------------------------------------------------------------------------------
@@ -427,9 +435,13 @@ def demo(
     from .demo import DemoError, run_demo
 
     try:
-        run_demo(database, console=console)
+        run_demo(database, console=_out())
     except DemoError as exc:
         _fail(str(exc))
+    except Exception as exc:
+        if os.environ.get(DEBUG_VAR):
+            raise
+        _fail(_error_text(exc))
 
 
 def main() -> None:

@@ -77,11 +77,13 @@ def runs_table(
     runs: Sequence[RunRecord], statuses: Sequence[str], *, title: str | None = None, timestamps: bool = True
 ) -> Table:
     table = Table(title=title)
-    table.add_column('run_id', overflow='fold', min_width=12)
-    for column in ('agent', 'status', 'conversation', 'parent'):
-        table.add_column(column, overflow='fold')
+    table.add_column('run_id', overflow='fold')
+    table.add_column('agent', overflow='fold')
+    table.add_column('status', no_wrap=True)
+    table.add_column('conversation', overflow='fold')
+    table.add_column('parent', overflow='fold')
     if timestamps:
-        table.add_column('started_at (UTC)', no_wrap=True)
+        table.add_column('started_at (UTC)')
     for run, status in zip(runs, statuses, strict=True):
         row: list[RenderableType] = [
             run.run_id,

@@ -1,0 +1,293 @@
+"""The inspection commands over a real SQLite store filled by real agent runs.
+
+The store is the demo's: an assistant run killed mid tool call (in a child process), its delegate,
+the resumed run; plus a run whose tool raised, added here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from rich.console import Console
+from typer.testing import CliRunner
+
+from step_sqlite import SqliteStepStore
+from stepcore import StepPersistence
+from stepcore.cli import app
+from stepcore.cli.demo import run_demo
+
+runner = CliRunner()
+
+
+def _failing_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    del info
+    if len(messages) == 1:
+        return ModelResponse(parts=[ToolCallPart('deploy', {'service': 'web'}, tool_call_id='call-deploy')])
+    return ModelResponse(parts=[TextPart('done')])
+
+
+async def _add_failing_run(database: Path) -> None:
+    store = SqliteStepStore(database=database)
+    agent = Agent(FunctionModel(_failing_model), name='deployer', capabilities=[StepPersistence(store=store)])
+
+    @agent.tool_plain
+    def deploy(service: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        raise RuntimeError(f'cluster unreachable while deploying {service}')
+
+    try:
+        with pytest.raises(RuntimeError, match='cluster unreachable'):
+            await agent.run('deploy web', run_id='deploy-1', conversation_id='ops')
+    finally:
+        await store.aclose()
+
+
+@pytest.fixture(scope='module')
+def db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp('cli') / 'runs.db'
+    run_demo(path, console=Console(file=io.StringIO()))
+    asyncio.run(_add_failing_run(path))
+    return f'sqlite:///{path}'
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> Any:
+    # A wide console, so table cells are not folded in the middle of the values the tests look for.
+    return runner.invoke(app, list(args), env={'COLUMNS': '200', **(env or {})})
+
+
+def ok(*args: str) -> str:
+    result = cli(*args)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return result.stdout
+
+
+def as_json(*args: str) -> Any:
+    return json.loads(ok(*args, '--json'))
+
+
+def test_runs_lists_every_run_oldest_first(db: str) -> None:
+    rows = as_json('runs', '--store', db)
+    assert [r['run_id'] for r in rows] == ['report-run-1', 'report-run-1.research', 'report-run-2', 'deploy-1']
+    assert [r['status'] for r in rows] == ['unfinished', 'completed', 'completed', 'failed']
+    text = ok('runs', '--store', db)
+    assert 'report-run-1' in text
+    assert 'unfinished' in text
+    assert 'failed' in text
+
+
+def test_runs_filters_combine(db: str) -> None:
+    assert [r['run_id'] for r in as_json('runs', '-s', db, '--conversation', 'weekly-report')] == [
+        'report-run-1',
+        'report-run-2',
+    ]
+    assert [r['run_id'] for r in as_json('runs', '-s', db, '--parent', 'report-run-1')] == ['report-run-1.research']
+    assert [r['run_id'] for r in as_json('runs', '-s', db, '--agent', 'assistant')] == ['report-run-1', 'report-run-2']
+    assert as_json('runs', '-s', db, '--agent', 'assistant', '--conversation', 'ops') == []
+
+
+def test_runs_pages_from_the_newest(db: str) -> None:
+    assert [r['run_id'] for r in as_json('runs', '-s', db, '--limit', '2')] == ['report-run-2', 'deploy-1']
+    assert [r['run_id'] for r in as_json('runs', '-s', db, '--limit', '2', '--offset', '2')] == [
+        'report-run-1',
+        'report-run-1.research',
+    ]
+    text = ok('runs', '-s', db, '--limit', '1')
+    assert 'runs 4-4 of 4' in text
+    assert '--offset 1' in text
+
+
+def test_store_from_environment(db: str) -> None:
+    result = cli('runs', '--json', env={'STEPCORE_STORE': db})
+    assert result.exit_code == 0, result.stderr
+    assert len(json.loads(result.stdout)) == 4
+
+
+def test_tree_shows_delegation_and_status(db: str) -> None:
+    tree = as_json('tree', 'report-run-1', '-s', db)
+    assert tree['status'] == 'unfinished'
+    assert tree['unresolved_tool_effects'] == 1
+    assert [(c['run_id'], c['status'], c['children']) for c in tree['children']] == [
+        ('report-run-1.research', 'completed', [])
+    ]
+    text = ok('tree', 'report-run-1', '-s', db)
+    assert '└── report-run-1.research  [researcher]  completed' in text
+    assert '1 unresolved tool effect' in text
+
+
+def test_events_trail_ends_where_the_process_died(db: str) -> None:
+    events = as_json('events', 'report-run-1', '-s', db)
+    assert events[0]['kind'] == 'run_started'
+    assert (events[-1]['kind'], events[-1]['tool_name']) == ('tool_call_started', 'send_email')
+    failed = as_json('events', 'deploy-1', '-s', db)
+    assert failed[-1]['kind'] == 'run_failed'
+    assert any('cluster unreachable' in (e['error'] or '') for e in failed)
+    text = ok('events', 'deploy-1', '-s', db)
+    assert 'tool_call_failed' in text
+    assert 'cluster unreachable' in text
+
+
+def test_snapshots_and_show(db: str) -> None:
+    snaps = as_json('snapshots', 'report-run-1', '-s', db)
+    assert [(s['state'], s['message_count']) for s in snaps] == [('complete', 3), ('complete', 5)]
+    text = ok('show', 'report-run-1', '-s', db)
+    assert 'Prepare the weekly report' in text
+    assert 'ask_researcher({"question": "What happened this week?"})' in text
+    assert 'tool return' in text
+    assert 'wrote weekly-report.md' in text
+    first = snaps[0]['seq']
+    earlier = ok('show', 'report-run-1', '--seq', str(first), '-s', db)
+    assert f'snapshot seq {first}' in earlier
+    assert 'write_report' not in earlier
+    shown = as_json('show', 'report-run-1', '-s', db)
+    assert len(shown['messages']) == 5
+    assert shown['messages'][0]['parts'][0]['content'] == 'Prepare the weekly report and email it to the team.'
+
+
+def test_show_failed_run_has_interrupted_or_complete_snapshot(db: str) -> None:
+    shown = as_json('show', 'deploy-1', '-s', db)
+    assert shown['state'] in ('complete', 'interrupted')
+    assert 'deploy' in ok('show', 'deploy-1', '-s', db)
+
+
+def test_effects_and_unresolved(db: str) -> None:
+    effects = as_json('effects', 'report-run-1', '-s', db)
+    assert [(e['tool_name'], e['status']) for e in effects] == [
+        ('ask_researcher', 'completed'),
+        ('write_report', 'completed'),
+        ('send_email', 'started'),
+    ]
+    unresolved = as_json('effects', 'report-run-1', '--unresolved', '-s', db)
+    assert [(e['tool_call_id'], e['idempotency_key']) for e in unresolved] == [
+        ('call-email', 'email::team@example.com::weekly-report')
+    ]
+    assert 'no unresolved tool effects' in ok('effects', 'report-run-2', '--unresolved', '-s', db)
+    failed = as_json('effects', 'deploy-1', '-s', db)
+    assert [(e['tool_name'], e['status']) for e in failed] == [('deploy', 'failed')]
+
+
+def test_recover_explains_in_words(db: str) -> None:
+    text = ok('recover', 'report-run-1', '-s', db)
+    assert 'Settled snapshot' in text
+    assert 'send_email (call-email)' in text
+    assert 'may or may not' in text
+    assert 'continue_run' in text
+    report = as_json('recover', 'report-run-1', '-s', db)
+    assert report['settled_snapshot']['message_count'] == 5
+    assert [e['tool_name'] for e in report['unresolved_effects']] == ['send_email']
+    assert report['completed_tools'] == ['ask_researcher', 'write_report']
+    assert as_json('recover', 'deploy-1', '-s', db)['failed_tools'] == ['deploy']
+
+
+def _without_seq(doc: dict[str, Any]) -> dict[str, Any]:
+    """The export minus store-assigned positions (a target store numbers records afresh, in the same order)."""
+    copy = json.loads(json.dumps(doc))
+    for run in copy['runs']:
+        for item in (*run['events'], *run['snapshots']):
+            item.pop('seq', None)
+    return copy
+
+
+def test_export_import_round_trip(db: str, tmp_path: Path) -> None:
+    exported = tmp_path / 'export.json'
+    ok('export', 'report-run-1', '--with-delegates', '-s', db, '-o', str(exported))
+    doc = json.loads(exported.read_text())
+    assert [r['run']['run_id'] for r in doc['runs']] == ['report-run-1', 'report-run-1.research']
+    assert len(doc['runs'][0]['snapshots']) == 2
+
+    target = f'sqlite:///{tmp_path / "copy.db"}'
+    result = cli('import', str(exported), '-s', target)
+    assert result.exit_code == 0, result.stderr
+    assert 'imported 2 run(s)' in result.stderr
+    again = json.loads(ok('export', 'report-run-1', '--with-delegates', '-s', target))
+    assert _without_seq(again) == _without_seq(doc)
+    # the copy answers the same questions as the original
+    assert as_json('effects', 'report-run-1', '--unresolved', '-s', target) == as_json(
+        'effects', 'report-run-1', '--unresolved', '-s', db
+    )
+    assert (
+        as_json('show', 'report-run-1', '-s', target)['messages']
+        == as_json('show', 'report-run-1', '-s', db)['messages']
+    )
+
+    # into another backend, from stdin
+    folder = tmp_path / 'runs'
+    result = runner.invoke(app, ['import', '-', '-s', f'file://{folder}'], input=exported.read_text(), env={})
+    assert result.exit_code == 0, result.stderr
+    assert _without_seq(json.loads(ok('export', 'report-run-1', '--with-delegates', '-s', f'file://{folder}'))) == (
+        _without_seq(doc)
+    )
+
+    # importing the same runs twice is refused, and nothing is half written
+    result = cli('import', str(exported), '-s', target)
+    assert result.exit_code == 1
+    assert "run 'report-run-1' already exists" in result.stderr
+
+
+def test_import_rejects_bad_files(tmp_path: Path) -> None:
+    target = f'sqlite:///{tmp_path / "t.db"}'
+    bad = tmp_path / 'bad.json'
+    bad.write_text('{"hello": 1}')
+    result = cli('import', str(bad), '-s', target)
+    assert result.exit_code == 1
+    assert 'not a stepcore export' in result.stderr
+    newer = tmp_path / 'newer.json'
+    newer.write_text('{"stepcore_export": 99, "runs": []}')
+    result = cli('import', str(newer), '-s', target)
+    assert result.exit_code == 1
+    assert 'export version 99 is newer' in result.stderr
+    result = cli('import', str(tmp_path / 'absent.json'), '-s', target)
+    assert result.exit_code == 1
+    assert 'cannot read' in result.stderr
+
+
+@pytest.mark.parametrize(
+    ('args', 'message'),
+    [
+        (['show', 'no-such-run'], "run 'no-such-run' not found in this store"),
+        (['events', 'no-such-run'], "run 'no-such-run' not found"),
+        (['tree', 'no-such-run'], "run 'no-such-run' not found"),
+        (['export', 'no-such-run'], "run 'no-such-run' not found"),
+        (['show', 'report-run-1', '--seq', '999'], 'has no snapshot with seq 999; retained seqs:'),
+    ],
+)
+def test_missing_run_is_one_line_and_exit_1(db: str, args: list[str], message: str) -> None:
+    result = cli(*args, '-s', db)
+    assert result.exit_code == 1
+    assert message in result.stderr
+    assert 'Traceback' not in result.stderr + result.stdout
+    assert result.stderr.count('\n') == 1
+
+
+def test_store_url_errors(tmp_path: Path) -> None:
+    result = cli('runs', '-s', 'nosuch://x')
+    assert result.exit_code == 1
+    assert "unknown store URL scheme 'nosuch'" in result.stderr
+    assert 'Installed step-store backends:' in result.stderr
+    assert 'sqlite' in result.stderr
+
+    result = cli('runs', '-s', 'memory://')
+    assert result.exit_code == 1
+    assert 'memory:// cannot be inspected' in result.stderr
+
+    result = cli('runs', '-s', f'sqlite:///{tmp_path / "absent.db"}')
+    assert result.exit_code == 1
+    assert 'does not exist' in result.stderr
+    assert not (tmp_path / 'absent.db').exists()
+
+    garbage = tmp_path / 'garbage.db'
+    garbage.write_text('this is not a database at all')
+    result = cli('runs', '-s', f'sqlite:///{garbage}')
+    assert result.exit_code == 1
+    assert 'is not a SQLite database' in result.stderr
+
+    result = cli('runs', env={'STEPCORE_STORE': ''})
+    assert result.exit_code == 1
+    assert 'pass --store URL or set STEPCORE_STORE' in result.stderr
+    assert 'Traceback' not in result.stderr
