@@ -1,0 +1,31 @@
+"""The stepcore conformance suite against the MongoDB server at STEP_MONGO_URL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from step_mongo import MongoMediaStore, MongoStepStore
+from stepcore_conformance import MediaStoreConformance, StepStoreConformance
+
+
+class TestMongoStepStore(StepStoreConformance):
+    @pytest.fixture
+    async def store(self, mongo_url: str, db_name: str, store_options: dict[str, Any]) -> AsyncIterator[MongoStepStore]:
+        store = MongoStepStore(db_url=mongo_url, database=db_name, **store_options)
+        yield store
+        await store.aclose()
+
+    @pytest.fixture
+    def store_spec(self, mongo_url: str, db_name: str) -> dict[str, Any]:
+        return {'backend': 'mongo', 'db_url': mongo_url, 'database': db_name}
+
+
+class TestMongoMediaStore(MediaStoreConformance):
+    @pytest.fixture
+    async def media_store(self, mongo_url: str, db_name: str) -> AsyncIterator[MongoMediaStore]:
+        store = MongoMediaStore(db_url=mongo_url, database=db_name)
+        yield store
+        await store.aclose()
