@@ -1,0 +1,33 @@
+"""The stepcore conformance suite against the PostgreSQL server at STEP_POSTGRES_URL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from step_postgres import PostgresMediaStore, PostgresStepStore
+from stepcore_conformance import MediaStoreConformance, StepStoreConformance
+
+
+class TestPostgresStepStore(StepStoreConformance):
+    @pytest.fixture
+    async def store(
+        self, postgres_url: str, table_prefix: str, store_options: dict[str, Any]
+    ) -> AsyncIterator[PostgresStepStore]:
+        store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix, **store_options)
+        yield store
+        await store.aclose()
+
+    @pytest.fixture
+    def store_spec(self, postgres_url: str, table_prefix: str) -> dict[str, Any]:
+        return {'backend': 'postgres', 'dsn': postgres_url, 'table_prefix': table_prefix}
+
+
+class TestPostgresMediaStore(MediaStoreConformance):
+    @pytest.fixture
+    async def media_store(self, postgres_url: str, table_prefix: str) -> AsyncIterator[PostgresMediaStore]:
+        store = PostgresMediaStore(dsn=postgres_url, table_prefix=table_prefix)
+        yield store
+        await store.aclose()
