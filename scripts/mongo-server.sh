@@ -86,6 +86,10 @@ install_server() {
             "install one with pyenv, or point STEP_MONGO_URL at a real MongoDB instead"
         exit 1
     fi
+    if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 13))' 2>/dev/null; then
+        log "$python is not a runnable Python >= 3.13, which mongoeco needs: set MONGOECO_PYTHON to one"
+        exit 1
+    fi
     uv="$("$repo_root/scripts/ensure-uv.sh")"
     log "installing mongoeco $MONGOECO_VERSION into $venv_dir (Python: $python)"
     rm -rf "$venv_dir"
