@@ -1,0 +1,127 @@
+"""`DictStepStore`: the whole `StepStore` protocol over a few dicts.
+
+It keeps each snapshot's messages encoded with stepcore's codec, so a later change to a message
+object never reaches what was stored. It declares no optional feature: asked for snapshot
+retention or media externalization, it refuses instead of silently ignoring the option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from stepcore import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, ToolEffectStatus
+from stepcore.codec import decode_messages, encode_messages
+from stepcore.features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
+from stepcore.registration import check_registration
+
+__all__ = ('DictStepStore',)
+
+_FEATURE_OPTIONS = {
+    'max_snapshots_per_run': SNAPSHOT_RETENTION,
+    'media_store': MEDIA_EXTERNALIZATION,
+    'media_threshold_bytes': MEDIA_EXTERNALIZATION,
+}
+
+
+@dataclass
+class _Stored:
+    header: ContinuableSnapshot  # the snapshot without its messages
+    messages: list[bytes]
+
+
+@dataclass
+class _Run:
+    events: list[StepEvent] = field(default_factory=list[StepEvent])
+    event_keys: set[str] = field(default_factory=set[str])
+    snapshots: list[_Stored] = field(default_factory=list[_Stored])
+    snapshot_keys: set[str] = field(default_factory=set[str])
+    effects: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
+
+
+class DictStepStore:
+    """Every run, event, snapshot and tool effect in process memory."""
+
+    features: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, **options: Any) -> None:
+        for option in options:
+            if option in _FEATURE_OPTIONS:
+                require_feature(self, _FEATURE_OPTIONS[option], option=option)
+        if options:
+            raise TypeError(f'DictStepStore takes no options, got {sorted(options)}')
+        self._records: dict[str, RunRecord] = {}
+        self._runs: dict[str, _Run] = {}
+
+    def _run(self, run_id: str) -> _Run:
+        return self._runs.setdefault(run_id, _Run())
+
+    async def register_run(self, record: RunRecord) -> None:
+        if check_registration(self._records.get(record.run_id), record):
+            self._records[record.run_id] = record.model_copy(deep=True)
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        record = self._records.get(run_id)
+        return record.model_copy(deep=True) if record else None
+
+    async def list_runs(
+        self, *, conversation_id: str | None = None, parent_run_id: str | None = None
+    ) -> list[RunRecord]:
+        found = [
+            r.model_copy(deep=True)
+            for r in self._records.values()
+            if (conversation_id is None or r.conversation_id == conversation_id)
+            and (parent_run_id is None or r.parent_run_id == parent_run_id)
+        ]
+        return sorted(found, key=lambda r: r.started_at)
+
+    async def append_event(self, event: StepEvent) -> None:
+        run = self._run(event.run_id)
+        if event.idempotency_key is not None:
+            if event.idempotency_key in run.event_keys:
+                return
+            run.event_keys.add(event.idempotency_key)
+        run.events.append(event.model_copy(update={'seq': len(run.events) + 1}, deep=True))
+
+    async def list_events(self, run_id: str) -> list[StepEvent]:
+        return [e.model_copy(deep=True) for e in self._run(run_id).events]
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        run = self._run(snapshot.run_id)
+        if snapshot.idempotency_key is not None:
+            if snapshot.idempotency_key in run.snapshot_keys:
+                return
+            run.snapshot_keys.add(snapshot.idempotency_key)
+        seq = run.snapshots[-1].header.seq + 1 if run.snapshots and run.snapshots[-1].header.seq else 1
+        header = snapshot.model_copy(update={'messages': [], 'seq': seq}, deep=True)
+        run.snapshots.append(_Stored(header, encode_messages(snapshot.messages)))
+
+    @staticmethod
+    def _load(stored: _Stored) -> ContinuableSnapshot:
+        return stored.header.model_copy(update={'messages': decode_messages(stored.messages)}, deep=True)
+
+    async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
+        for stored in reversed(self._run(run_id).snapshots):
+            if include_interrupted or stored.header.state is SnapshotState.COMPLETE:
+                return self._load(stored)
+        return None
+
+    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
+        return [self._load(s) for s in self._run(run_id).snapshots]
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        self._run(record.run_id).effects[record.tool_call_id] = record.model_copy(deep=True)
+
+    async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        record = self._run(run_id).effects.get(tool_call_id)
+        return record.model_copy(deep=True) if record else None
+
+    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        effects = [e.model_copy(deep=True) for e in self._run(run_id).effects.values()]
+        return sorted(effects, key=lambda e: e.started_at)
+
+    async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        return [e for e in await self.list_tool_effects(run_id) if e.status is ToolEffectStatus.STARTED]
+
+    async def aclose(self) -> None:
+        pass
