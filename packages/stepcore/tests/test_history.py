@@ -1,0 +1,221 @@
+"""HistoryIndex: what a save writes (delta), what it remembers (commit), and reading chains back."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from datetime import UTC, datetime
+
+import pytest
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+
+from stepcore.codec import encode_message
+from stepcore.history import TAIL_RECHECK, HistoryDelta, HistoryIndex, walk_chain
+from stepcore.walker import MediaWalker
+
+T = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def req(text: str) -> ModelRequest:
+    return ModelRequest(parts=[UserPromptPart(content=text, timestamp=T)])
+
+
+def res(text: str) -> ModelResponse:
+    return ModelResponse(parts=[TextPart(content=text)], timestamp=T)
+
+
+def history(n: int, tag: str = 'm') -> list[ModelMessage]:
+    return [req(f'{tag}{i}') if i % 2 == 0 else res(f'{tag}{i}') for i in range(n)]
+
+
+class NodeTable:
+    """What a store keeps: node id -> (parent, body), written the way history.py prescribes."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[Hashable, tuple[Hashable | None, bytes]] = {}
+
+    def write(self, delta: HistoryDelta) -> list[Hashable]:
+        ids: list[Hashable] = []
+        parent = delta.parent
+        for body in delta.new_messages:
+            node = len(self.nodes)
+            self.nodes[node] = (parent, body)
+            ids.append(node)
+            parent = node
+        return ids
+
+    def lookup(self, node: Hashable) -> tuple[Hashable | None, bytes]:
+        return self.nodes[node]
+
+
+async def save(
+    index: HistoryIndex, table: NodeTable, run_id: str, messages: list[ModelMessage]
+) -> tuple[HistoryDelta, Hashable | None]:
+    delta = await index.delta(run_id, messages)
+    ids = table.write(delta)
+    index.commit(delta, ids)
+    return delta, index.head(delta, ids)
+
+
+async def read(index: HistoryIndex, table: NodeTable, head: Hashable | None, length: int) -> list[ModelMessage]:
+    return await index.decode(walk_chain(head, length, table.lookup))
+
+
+@pytest.fixture
+def index() -> HistoryIndex:
+    return HistoryIndex(MediaWalker(None))
+
+
+async def test_first_save_writes_everything(index: HistoryIndex) -> None:
+    table = NodeTable()
+    messages = history(4)
+    delta, head = await save(index, table, 'r', messages)
+    assert (delta.parent, delta.shared, delta.total) == (None, 0, 4)
+    assert delta.new_messages == [encode_message(m) for m in messages]
+    assert head == 3
+    assert await read(index, table, head, 4) == messages
+
+
+async def test_growth_writes_only_new_messages(index: HistoryIndex) -> None:
+    table = NodeTable()
+    live = history(4)
+    await save(index, table, 'r', live)
+    live.extend(history(3, tag='n'))
+    delta, head = await save(index, table, 'r', live)
+    assert (delta.parent, delta.shared, delta.total, len(delta.new_messages)) == (3, 4, 7, 3)
+    assert len(table.nodes) == 7
+    assert await read(index, table, head, 7) == live
+
+
+async def test_unchanged_history_writes_nothing(index: HistoryIndex) -> None:
+    table = NodeTable()
+    live = history(5)
+    _, first = await save(index, table, 'r', live)
+    delta, head = await save(index, table, 'r', live)
+    assert delta.new_messages == []
+    assert head == first
+    assert delta.total == 5
+
+
+async def test_shortened_history_reuses_the_prefix_node(index: HistoryIndex) -> None:
+    table = NodeTable()
+    live = history(6)
+    await save(index, table, 'r', live)
+    delta, head = await save(index, table, 'r', live[:2])
+    assert delta.new_messages == []
+    assert (delta.parent, head, delta.total) == (1, 1, 2)
+    assert await read(index, table, head, 2) == live[:2]
+    # Growing again from the shortened history branches off node 1.
+    grown = [*live[:2], res('branch')]
+    delta, head = await save(index, table, 'r', grown)
+    assert (delta.parent, len(delta.new_messages)) == (1, 1)
+    assert await read(index, table, head, 3) == grown
+
+
+async def test_history_emptied(index: HistoryIndex) -> None:
+    table = NodeTable()
+    await save(index, table, 'r', history(3))
+    delta, head = await save(index, table, 'r', [])
+    assert (delta.parent, head, delta.total, delta.new_messages) == (None, None, 0, [])
+    assert await read(index, table, head, 0) == []
+
+
+async def test_same_length_rewrite_of_an_old_message_with_a_new_object(index: HistoryIndex) -> None:
+    table = NodeTable()
+    live = history(10)
+    _, old_head = await save(index, table, 'r', live)
+    rewritten = list(live)
+    rewritten[2] = req('rewritten')
+    delta, head = await save(index, table, 'r', rewritten)
+    assert (delta.parent, delta.shared, len(delta.new_messages), delta.total) == (1, 2, 8, 10)
+    assert await read(index, table, head, 10) == rewritten
+    assert await read(index, table, old_head, 10) == live  # the older snapshot is untouched
+
+
+async def test_new_objects_with_equal_content_are_reused(index: HistoryIndex) -> None:
+    table = NodeTable()
+    await save(index, table, 'r', history(6))
+    reloaded = [*history(6), res('next')]  # every object is new, the first six equal
+    delta, _ = await save(index, table, 'r', reloaded)
+    assert (delta.shared, len(delta.new_messages)) == (6, 1)
+
+
+async def test_stamped_tail_mutated_in_place_is_detected(index: HistoryIndex) -> None:
+    table = NodeTable()
+    live = history(5)
+    last = live[-1]
+    assert isinstance(last, ModelRequest)
+    _, first_head = await save(index, table, 'r', live)
+    last.timestamp = T
+    last.run_id = 'stamped'
+    last.instructions = 'now filled in'
+    delta, head = await save(index, table, 'r', live)
+    assert (delta.shared, len(delta.new_messages)) == (4, 1)
+    restored = await read(index, table, head, 5)
+    assert restored == live
+    before = await read(index, table, first_head, 5)
+    before_last = before[-1]
+    assert isinstance(before_last, ModelRequest)
+    assert before_last.run_id is None
+
+
+async def test_recheck_window_covers_the_last_saved_messages(index: HistoryIndex) -> None:
+    assert TAIL_RECHECK >= 2  # pydantic-ai stamps the newest request, which can be second to last
+    table = NodeTable()
+    live = history(6)
+    await save(index, table, 'r', live)
+    second_to_last = live[-2]
+    assert isinstance(second_to_last, ModelRequest)
+    second_to_last.run_id = 'stamped'
+    delta, head = await save(index, table, 'r', live)
+    assert (delta.shared, len(delta.new_messages)) == (4, 2)
+    assert await read(index, table, head, 6) == live
+
+
+async def test_runs_are_indexed_separately(index: HistoryIndex) -> None:
+    table = NodeTable()
+    shared = history(3)
+    await save(index, table, 'a', shared)
+    delta, _ = await save(index, table, 'b', shared)
+    assert (delta.parent, len(delta.new_messages)) == (None, 3)
+
+
+async def test_an_uncommitted_delta_is_not_remembered(index: HistoryIndex) -> None:
+    table = NodeTable()
+    await save(index, table, 'r', history(2))
+    await index.delta('r', history(4))  # the write failed: no commit
+    delta, _ = await save(index, table, 'r', history(4))
+    assert (delta.parent, len(delta.new_messages)) == (1, 2)
+
+
+async def test_commit_checks_the_node_count(index: HistoryIndex) -> None:
+    delta = await index.delta('r', history(2))
+    with pytest.raises(ValueError, match='1 node ids for 2 new messages'):
+        index.commit(delta, [0])
+
+
+async def test_forget_and_eviction_fall_back_to_a_full_write() -> None:
+    index = HistoryIndex(MediaWalker(None), max_runs=2)
+    table = NodeTable()
+    for run_id in ('a', 'b'):
+        await save(index, table, run_id, history(2))
+    index.forget('a')
+    delta, _ = await save(index, table, 'a', history(2))
+    assert len(delta.new_messages) == 2
+    await save(index, table, 'c', history(2))  # evicts the least recently saved run, 'b'
+    delta, _ = await save(index, table, 'b', history(2))
+    assert len(delta.new_messages) == 2
+    delta, _ = await save(index, table, 'c', history(2))
+    assert delta.new_messages == []
+
+
+def test_walk_chain_returns_oldest_first() -> None:
+    nodes: dict[Hashable, tuple[Hashable | None, bytes]] = {'x': (None, b'1'), 'y': ('x', b'2'), 'z': ('y', b'3')}
+    assert walk_chain('z', 3, nodes.__getitem__) == [b'1', b'2', b'3']
+    assert walk_chain('z', 2, nodes.__getitem__) == [b'2', b'3']
+    assert walk_chain(None, 0, nodes.__getitem__) == []
+
+
+def test_walk_chain_reports_a_broken_history() -> None:
+    nodes: dict[Hashable, tuple[Hashable | None, bytes]] = {'y': (None, b'2')}
+    with pytest.raises(LookupError, match='expected 3 messages, found 1'):
+        walk_chain('y', 3, nodes.__getitem__)

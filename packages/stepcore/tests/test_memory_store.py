@@ -1,0 +1,80 @@
+"""What is particular to `InMemoryStepStore` (the shared behaviour is checked by stepcore-conformance)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+
+import stepcore
+from stepcore import ContinuableSnapshot, InMemoryStepStore, RunRecord, StepStore
+from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+
+T = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def step(n: int) -> list[ModelMessage]:
+    return [
+        ModelResponse(parts=[TextPart(content=f'answer {n}')], timestamp=T),
+        ModelRequest(parts=[UserPromptPart(content=f'question {n}', timestamp=T)]),
+    ]
+
+
+def test_declares_retention_only() -> None:
+    assert InMemoryStepStore.features == frozenset({SNAPSHOT_RETENTION})
+    assert MEDIA_EXTERNALIZATION not in InMemoryStepStore.features
+    assert PERSISTENT not in InMemoryStepStore.features
+    assert isinstance(InMemoryStepStore(), StepStore)
+
+
+@pytest.mark.parametrize('options', [{'media_threshold_bytes': 1024}, {'media_store': object()}])
+def test_media_options_are_refused(options: dict[str, object]) -> None:
+    with pytest.raises(NotImplementedError, match="'media_externalization' is not declared"):
+        InMemoryStepStore(**options)  # type: ignore[arg-type]
+
+
+def test_invalid_bound_is_refused() -> None:
+    with pytest.raises(ValueError, match='max_snapshots_per_run=0'):
+        InMemoryStepStore(max_snapshots_per_run=0)
+
+
+def test_from_spec_memory() -> None:
+    store = stepcore.from_spec(backend='memory', max_snapshots_per_run=3)
+    assert isinstance(store, InMemoryStepStore)
+    assert store.max_snapshots_per_run == 3
+
+
+async def test_storage_grows_linearly_with_the_history() -> None:
+    # Each message is stored once, however many snapshots contain it.
+    store = InMemoryStepStore()
+    await store.register_run(RunRecord(run_id='r', started_at=T))
+    live: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart(content='start', timestamp=T)])]
+    for n in range(50):
+        live.extend(step(n))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=live, step_index=n))
+    data = store._data['r']
+    assert len(data.nodes) == len(live) == 101
+    assert len(data.snapshots) == 50
+    assert all(s.header.messages == [] for s in data.snapshots)
+    snapshots = await store.list_snapshots('r')
+    assert [len(s.messages) for s in snapshots] == [1 + 2 * (n + 1) for n in range(50)]
+
+
+async def test_pruning_keeps_nodes_of_pruned_snapshots() -> None:
+    store = InMemoryStepStore(max_snapshots_per_run=1)
+    live: list[ModelMessage] = []
+    for n in range(5):
+        live.extend(step(n))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=live, step_index=n))
+    assert [s.header.step_index for s in store._data['r'].snapshots] == [4]
+    assert len(store._data['r'].nodes) == 10
+    latest = await store.latest_snapshot('r')
+    assert latest is not None
+    assert latest.messages == live
+
+
+async def test_aclose_is_harmless() -> None:
+    store = InMemoryStepStore()
+    await store.aclose()
+    await store.aclose()
