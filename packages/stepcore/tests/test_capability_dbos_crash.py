@@ -43,7 +43,8 @@ def respond(messages, info):
     return ModelResponse(parts=[TextPart('recovered')])
 
 
-agent = Agent(function_model(respond), name='crash_agent', capabilities=[StepPersistence(store=store), DBOSDurability()])
+capabilities = [StepPersistence(store=store), DBOSDurability()]
+agent = Agent(function_model(respond), name='crash_agent', capabilities=capabilities)
 
 
 @agent.tool
