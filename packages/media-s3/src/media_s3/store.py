@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import logging
 import math
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager
 from types import TracebackType
@@ -79,6 +80,20 @@ _ACCESS_CODES = frozenset(
 _MISSING_KEY_CODES = frozenset({'NoSuchKey', 'NotFound', '404'})
 
 AddressingStyle = Literal['path', 'virtual', 'auto']
+
+_thread_state = threading.local()
+
+
+def _shared_session() -> AioSession:
+    """One session per thread for stores with explicit keys: it caches botocore's loaded service model.
+
+    Stores relying on the credential chain get a session of their own, since a session keeps the
+    credentials it resolved first.
+    """
+    session: AioSession | None = getattr(_thread_state, 'session', None)
+    if session is None:
+        session = _thread_state.session = AioSession()
+    return session
 
 
 def _error_code(exc: ClientError) -> tuple[str, int | None, str]:
@@ -213,7 +228,12 @@ class S3MediaStore:
     async def _open(self, loop: asyncio.AbstractEventLoop) -> S3Client:
         stack = AsyncExitStack()
         with self._translate('open a client for'):
-            session = AioSession(profile=self._profile) if self._profile is not None else AioSession()
+            if self._profile is not None:
+                session = AioSession(profile=self._profile)
+            elif self._access_key_id is not None:
+                session = _shared_session()
+            else:
+                session = AioSession()
             raw_client: object = await stack.enter_async_context(
                 session.create_client(  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
                     's3',
