@@ -8,6 +8,7 @@ from typing import Any
 
 import bson
 import pytest
+from bson.raw_bson import RawBSONDocument
 from pydantic_ai.messages import BinaryContent, ModelRequest, ModelResponse, TextPart, UserPromptPart
 from pymongo import AsyncMongoClient
 from pymongo.errors import InvalidOperation, OperationFailure
@@ -293,5 +294,24 @@ async def test_client_and_db_url_are_exclusive(mongo_url: str):
     try:
         with pytest.raises(ValueError, match='not both'):
             MongoStepStore(client=client, db_url=mongo_url)
+    finally:
+        await client.close()
+
+
+async def test_a_shared_client_with_other_codec_options_works(mongo_url: str, db_name: str):
+    client = AsyncMongoClient[RawBSONDocument](mongo_url, document_class=RawBSONDocument)
+    try:
+        store = MongoStepStore(client=client, database=db_name)
+        started = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+        await store.register_run(RunRecord(run_id='r1', started_at=started, metadata={'k': 'v'}))
+        messages = [ModelRequest(parts=[UserPromptPart('hi')])]
+        await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages))
+        run = await store.get_run('r1')
+        assert run is not None
+        assert run.started_at == started
+        assert run.metadata == {'k': 'v'}
+        snap = await store.latest_snapshot('r1')
+        assert snap is not None
+        assert snap.messages == messages
     finally:
         await client.close()

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any, cast
 
+from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-__all__ = ('DEFAULT_DATABASE', 'Document', 'MongoClient', 'open_client', 'resolve_database')
+__all__ = ('CODEC_OPTIONS', 'DEFAULT_DATABASE', 'Document', 'MongoClient', 'open_client', 'resolve_database')
 
 Document = dict[str, Any]
-MongoClient = AsyncMongoClient[Document]
+MongoClient = AsyncMongoClient[Any]
+"""Any async client: the stores read through their own codec options, whatever the client's are."""
 
 DEFAULT_DATABASE = 'stepcore'
 """Database used when neither `database=` nor the connection string names one."""
+
+CODEC_OPTIONS: CodecOptions[Document] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
+"""How the stores decode documents, independent of a shared client's own codec options."""
 
 
 def open_client(owner: str, client: MongoClient | None, db_url: str | None) -> tuple[MongoClient, bool]:
@@ -36,7 +42,7 @@ def open_client(owner: str, client: MongoClient | None, db_url: str | None) -> t
         raise ValueError(
             f"{owner} got db_url={db_url!r}: expected a 'mongodb://' or 'mongodb+srv://' connection string"
         )
-    return AsyncMongoClient(db_url), True
+    return AsyncMongoClient[Document](db_url), True
 
 
 def resolve_database(client: MongoClient, database: str | None) -> AsyncDatabase[Document]:
@@ -47,5 +53,7 @@ def resolve_database(client: MongoClient, database: str | None) -> AsyncDatabase
                 f'database={database!r} is not a valid MongoDB database name: use a non-empty name without '
                 '/ \\ . space " $ or NUL'
             )
-        return client[database]
-    return client.get_default_database(default=DEFAULT_DATABASE)
+        return cast(AsyncDatabase[Document], client.get_database(database, codec_options=CODEC_OPTIONS))
+    return cast(
+        AsyncDatabase[Document], client.get_default_database(default=DEFAULT_DATABASE, codec_options=CODEC_OPTIONS)
+    )
