@@ -407,3 +407,26 @@ async def test_built_from_spec_through_the_plugin(s3_server: S3Server) -> None:
     async with store:
         uri = await store.put(b'built from a spec')
         assert await store.get(uri) == b'built from a spec'
+
+
+def test_store_moves_to_a_new_event_loop_after_aclose(s3_server: S3Server) -> None:
+    store = s3_server.store()
+
+    async def put_and_close(data: bytes) -> str:
+        try:
+            return await store.put(data)
+        finally:
+            await store.aclose()
+
+    async def put_only(data: bytes) -> str:
+        return await store.put(data)
+
+    first = asyncio.run(put_and_close(b'loop one'))
+    second = asyncio.run(put_and_close(b'loop two'))
+    assert first != second
+    with asyncio.Runner() as runner, asyncio.Runner() as other:
+        runner.run(put_only(b'loop three'))
+        with pytest.raises(RuntimeError, match='another event loop'):
+            other.run(put_only(b'loop four'))
+        runner.run(store.aclose())
+        assert other.run(put_and_close(b'loop four')) == media_uri(b'loop four')

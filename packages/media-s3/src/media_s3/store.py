@@ -219,9 +219,10 @@ class S3MediaStore:
                 if client is None:
                     client = await self._open(loop)
         if self._loop is not loop:
+            state = 'a closed' if self._loop is not None and self._loop.is_closed() else 'another'
             raise RuntimeError(
-                f'{self!r} was opened on another event loop: use a store from the loop that first used it, '
-                'or call aclose() on that loop before using it from a new one'
+                f'{self!r} holds a client opened on {state} event loop: call `await store.aclose()` before '
+                'that loop ends (then the store reopens on the next loop), or use one store per event loop'
             )
         return client
 
@@ -253,6 +254,7 @@ class S3MediaStore:
         """Close the client and its connections; a later call opens a new one."""
         stack, self._exit_stack, self._client, self._loop = self._exit_stack, None, None, None
         self._bucket_confirmed = False
+        self._open_lock = asyncio.Lock()  # a lock binds to the loop it first waited on
         if stack is not None:
             await stack.aclose()
 
