@@ -23,6 +23,7 @@ from pydantic_ai.messages import (
 
 import stepcore
 from step_sqlite import SqliteMediaStore, SqliteStepStore
+from step_sqlite.records import unpack_body
 from stepcore import (
     ContinuableSnapshot,
     EventKind,
@@ -94,10 +95,11 @@ async def test_each_message_is_written_once_so_storage_grows_linearly(tmp_path: 
         for i in range(60):
             messages.extend(_step(i))
             await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=i, messages=list(messages)))
-        nodes = _count(db, 'SELECT COUNT(*) FROM message_nodes')
-        body_bytes = _count(db, 'SELECT SUM(LENGTH(body)) FROM message_nodes')
-        assert nodes == len(messages)
-        assert body_bytes == sum(len(encode_message(m)) for m in messages)
+        with sqlite3.connect(db) as raw:
+            bodies = [unpack_body(r[0]) for r in raw.execute('SELECT body FROM message_nodes ORDER BY node_id')]
+            stored_bytes = int(raw.execute('SELECT SUM(LENGTH(body)) FROM message_nodes').fetchone()[0])
+        assert bodies == [encode_message(m) for m in messages]  # each message once, in order
+        assert stored_bytes < sum(len(b) for b in bodies)  # the 2 KB tool returns are compressed
         assert _count(db, 'SELECT COUNT(*) FROM snapshots') == 60
         snapshots = await store.list_snapshots('r')
         assert [len(s.messages) for s in snapshots] == [1 + 2 * (i + 1) for i in range(60)]
@@ -229,7 +231,7 @@ async def test_binary_content_goes_to_the_media_table_of_the_same_database(tmp_p
         await store.save_snapshot(ContinuableSnapshot(run_id='other', messages=messages))
         with sqlite3.connect(db) as raw:
             rows = raw.execute('SELECT data, media_type FROM media').fetchall()
-            bodies = [bytes(r[0]) for r in raw.execute('SELECT body FROM message_nodes')]
+            bodies = [unpack_body(r[0]) for r in raw.execute('SELECT body FROM message_nodes')]
         assert rows == [(image, 'image/png')]  # stored once for both runs
         assert all(b'media+sha256://' in body for body in bodies)
         latest = await store.latest_snapshot('other')
@@ -274,7 +276,7 @@ async def test_media_store_none_keeps_payloads_inline(tmp_path: Path) -> None:
         await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages))
         with sqlite3.connect(db) as raw:
             tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            body = bytes(raw.execute('SELECT body FROM message_nodes').fetchone()[0])
+            body = unpack_body(raw.execute('SELECT body FROM message_nodes').fetchone()[0])
         assert 'media' not in tables
         assert b'media+sha256://' not in body
         assert len(body) > len(image)
@@ -319,10 +321,9 @@ async def test_unknown_marker_version_fails_latest_and_is_skipped_by_list(
         await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=0, messages=first))
         await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=1, messages=second))
         with sqlite3.connect(db) as raw:
-            raw.execute(
-                'UPDATE message_nodes SET body = CAST(REPLACE(CAST(body AS TEXT), '
-                '\'"__stepcore_marker_format__":1\', \'"__stepcore_marker_format__":99\') AS BLOB)'
-            )
+            for node_id, body in raw.execute('SELECT node_id, body FROM message_nodes').fetchall():
+                newer = unpack_body(body).replace(b'"__stepcore_marker_format__":1', b'"__stepcore_marker_format__":99')
+                raw.execute('UPDATE message_nodes SET body = ? WHERE node_id = ?', (newer, node_id))
         with pytest.raises(ValueError, match='format 99'):
             await store.latest_snapshot('r')
         with caplog.at_level(logging.WARNING, logger='step_sqlite.store'):

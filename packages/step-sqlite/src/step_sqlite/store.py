@@ -12,7 +12,6 @@ from typing import Any, ClassVar, Final, cast
 
 from pydantic_ai.messages import ModelMessage
 
-from stepcore.codec import dump_record_json, load_record
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.history import HistoryDelta, HistoryIndex, walk_chain
 from stepcore.media import MediaStore
@@ -24,6 +23,7 @@ from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 
 from .connection import Database, Synchronous, write_transaction
 from .media import SqliteMediaStore
+from .records import dump_compact, load_compact, pack_body, unpack_body
 from .schema import STEPS, ensure_schema
 
 __all__ = ('DEFAULT_MEDIA_STORE', 'SqliteStepStore')
@@ -72,7 +72,7 @@ def _chain(connection: sqlite3.Connection, head: int | None, length: int) -> lis
     ).fetchall()
     if len(rows) != length:
         raise LookupError(f'stored history is broken: expected {length} messages, found {len(rows)}')
-    return [bytes(r[0]) for r in reversed(rows)]
+    return [unpack_body(r[0]) for r in reversed(rows)]
 
 
 class SqliteStepStore(StepStore):
@@ -118,13 +118,13 @@ class SqliteStepStore(StepStore):
             record.conversation_id,
             record.parent_run_id,
             _micros(record.started_at),
-            dump_record_json(record),
+            dump_compact(record, exclude={'run_id'}),
         )
 
         def work(connection: sqlite3.Connection) -> None:
             with write_transaction(connection):
                 found = connection.execute('SELECT record FROM runs WHERE run_id = ?', (record.run_id,)).fetchone()
-                existing = load_record(RunRecord, found[0]) if found is not None else None
+                existing = load_compact(RunRecord, found[0], run_id=record.run_id) if found is not None else None
                 if check_registration(existing, record):
                     connection.execute(
                         'INSERT INTO runs (run_id, conversation_id, parent_run_id, started_us, record) '
@@ -138,7 +138,7 @@ class SqliteStepStore(StepStore):
         row = await self._db.run(
             lambda conn: conn.execute('SELECT record FROM runs WHERE run_id = ?', (run_id,)).fetchone()
         )
-        return load_record(RunRecord, row[0]) if row is not None else None
+        return load_compact(RunRecord, row[0], run_id=run_id) if row is not None else None
 
     async def list_runs(
         self, *, conversation_id: str | None = None, parent_run_id: str | None = None
@@ -152,14 +152,14 @@ class SqliteStepStore(StepStore):
             clauses.append('parent_run_id = ?')
             params.append(parent_run_id)
         where = f'WHERE {" AND ".join(clauses)} ' if clauses else ''
-        sql = f'SELECT record FROM runs {where}ORDER BY started_us, rowid'
+        sql = f'SELECT run_id, record FROM runs {where}ORDER BY started_us, rowid'
         rows = await self._db.run(lambda conn: conn.execute(sql, params).fetchall())
-        return [load_record(RunRecord, r[0]) for r in rows]
+        return [load_compact(RunRecord, r[1], run_id=r[0]) for r in rows]
 
     # -- events --------------------------------------------------------------------------------
 
     async def append_event(self, event: StepEvent) -> None:
-        record = dump_record_json(event, exclude={'seq'})
+        record = dump_compact(event, exclude={'run_id', 'seq'})
         params = (event.run_id, event.idempotency_key, record, event.run_id)
 
         def work(connection: sqlite3.Connection) -> None:
@@ -179,29 +179,17 @@ class SqliteStepStore(StepStore):
                 'SELECT seq, record FROM events WHERE run_id = ? ORDER BY seq', (run_id,)
             ).fetchall()
         )
-        return [load_record(StepEvent, r[1], seq=r[0]) for r in rows]
+        return [load_compact(StepEvent, r[1], run_id=run_id, seq=r[0]) for r in rows]
 
     # -- snapshots -----------------------------------------------------------------------------
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
         run_id = snapshot.run_id
-        key = snapshot.idempotency_key
-        if key is not None and await self._db.run(lambda conn: self._key_applied(conn, run_id, key)):
-            return
         delta = await self._history.delta(run_id, snapshot.messages)
-        record = dump_record_json(snapshot, exclude={'messages', 'seq'})
+        record = dump_compact(snapshot, exclude={'run_id', 'messages', 'seq', 'state'})
         nodes = await self._db.run(lambda conn: self._write_snapshot(conn, snapshot, delta, record))
         if nodes is not None:
             self._history.commit(delta, nodes)
-
-    @staticmethod
-    def _key_applied(connection: sqlite3.Connection, run_id: str, key: str) -> bool:
-        return (
-            connection.execute(
-                'SELECT 1 FROM snapshot_idempotency_keys WHERE run_id = ? AND idempotency_key = ?', (run_id, key)
-            ).fetchone()
-            is not None
-        )
 
     def _write_snapshot(
         self, connection: sqlite3.Connection, snapshot: ContinuableSnapshot, delta: HistoryDelta, record: str
@@ -227,7 +215,7 @@ class SqliteStepStore(StepStore):
                 parents = [parent, *nodes[:-1]]
                 connection.executemany(
                     'INSERT INTO message_nodes (node_id, run_id, parent_id, body) VALUES (?, ?, ?, ?)',
-                    [(n, run_id, p, b) for n, p, b in zip(nodes, parents, delta.new_messages, strict=True)],
+                    [(n, run_id, p, pack_body(b)) for n, p, b in zip(nodes, parents, delta.new_messages, strict=True)],
                 )
             head = self._history.head(delta, nodes)
             connection.execute(
@@ -241,9 +229,9 @@ class SqliteStepStore(StepStore):
                     connection.executemany('DELETE FROM snapshots WHERE seq = ?', [(s,) for s in prune])
         return nodes
 
-    async def _materialize(self, row: _SnapshotRow, bodies: Sequence[bytes]) -> ContinuableSnapshot:
+    async def _materialize(self, run_id: str, row: _SnapshotRow, bodies: Sequence[bytes]) -> ContinuableSnapshot:
         seq, state, _, _, record = row
-        header = load_record(ContinuableSnapshot, record, seq=seq, state=state)
+        header = load_compact(ContinuableSnapshot, record, run_id=run_id, seq=seq, state=state)
         messages: list[ModelMessage] = await self._history.decode(bodies)
         return header.model_copy(update={'messages': messages})
 
@@ -264,7 +252,7 @@ class SqliteStepStore(StepStore):
         found = await self._db.run(work)
         if found is None:
             return None
-        return await self._materialize(*found)
+        return await self._materialize(run_id, *found)
 
     async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
         def work(connection: sqlite3.Connection) -> tuple[list[_SnapshotRow], dict[int, tuple[int | None, bytes]]]:
@@ -274,7 +262,7 @@ class SqliteStepStore(StepStore):
             if not rows:
                 return rows, {}
             nodes = {
-                int(n): (p, bytes(b))
+                int(n): (p, unpack_body(b))
                 for n, p, b in connection.execute(
                     'SELECT node_id, parent_id, body FROM message_nodes WHERE run_id = ?', (run_id,)
                 )
@@ -286,7 +274,7 @@ class SqliteStepStore(StepStore):
         for row in rows:
             try:
                 bodies = walk_chain(row[2], row[3], lambda node: nodes[cast(int, node)])
-                snapshots.append(await self._materialize(row, bodies))
+                snapshots.append(await self._materialize(run_id, row, bodies))
             except (ValueError, LookupError) as exc:
                 logger.warning('skipping snapshot seq=%d of run %r that cannot be read: %s', row[0], run_id, exc)
         return snapshots
@@ -299,7 +287,7 @@ class SqliteStepStore(StepStore):
             record.tool_call_id,
             record.status.value,
             _micros(record.started_at),
-            dump_record_json(record),
+            dump_compact(record, exclude={'run_id', 'tool_call_id', 'status'}),
         )
 
         def work(connection: sqlite3.Connection) -> None:
@@ -316,27 +304,35 @@ class SqliteStepStore(StepStore):
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         row = await self._db.run(
             lambda conn: conn.execute(
-                'SELECT record FROM tool_effects WHERE run_id = ? AND tool_call_id = ?', (run_id, tool_call_id)
+                'SELECT status, record FROM tool_effects WHERE run_id = ? AND tool_call_id = ?', (run_id, tool_call_id)
             ).fetchone()
         )
-        return load_record(ToolEffectRecord, row[0]) if row is not None else None
+        if row is None:
+            return None
+        return load_compact(ToolEffectRecord, row[1], run_id=run_id, tool_call_id=tool_call_id, status=row[0])
 
     async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         rows = await self._db.run(
             lambda conn: conn.execute(
-                'SELECT record FROM tool_effects WHERE run_id = ? ORDER BY started_us, rowid', (run_id,)
+                'SELECT tool_call_id, status, record FROM tool_effects WHERE run_id = ? ORDER BY started_us, rowid',
+                (run_id,),
             ).fetchall()
         )
-        return [load_record(ToolEffectRecord, r[0]) for r in rows]
+        return self._effects(run_id, rows)
 
     async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         rows = await self._db.run(
             lambda conn: conn.execute(
-                "SELECT record FROM tool_effects WHERE run_id = ? AND status = 'started' ORDER BY started_us, rowid",
+                'SELECT tool_call_id, status, record FROM tool_effects '
+                "WHERE run_id = ? AND status = 'started' ORDER BY started_us, rowid",
                 (run_id,),
             ).fetchall()
         )
-        return [load_record(ToolEffectRecord, r[0]) for r in rows]
+        return self._effects(run_id, rows)
+
+    @staticmethod
+    def _effects(run_id: str, rows: list[tuple[str, str, str]]) -> list[ToolEffectRecord]:
+        return [load_compact(ToolEffectRecord, r[2], run_id=run_id, tool_call_id=r[0], status=r[1]) for r in rows]
 
     # -- lifecycle -----------------------------------------------------------------------------
 
