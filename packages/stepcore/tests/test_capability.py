@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, cast
 
 import pytest
@@ -223,3 +224,11 @@ async def test_retried_registration_is_idempotent_and_distinct_reuse_fails() -> 
     assert other.registration_id != identity.registration_id
     with pytest.raises(ValueError, match='ctx-run'):
         await capability._op_register_run(ctx, record.model_copy(update={'registration_id': other.registration_id}))  # pyright: ignore[reportPrivateUsage]
+
+
+def test_spec_schema_lists_the_from_spec_options() -> None:
+    from pydantic_ai.agent.spec import AgentSpec
+
+    schema = json.dumps(AgentSpec.model_json_schema_with_capabilities(custom_capability_types=[StepPersistence]))
+    for option in ('backend', 'max_snapshots_per_run', 'database', 'directory', 'db_url', 'capture_frontier'):
+        assert f'"{option}"' in schema
