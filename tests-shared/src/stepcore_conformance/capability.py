@@ -311,6 +311,47 @@ class CapabilityConformance:
         kinds = _kinds(await store.list_events('model-fails'))
         assert kinds[-2:] == [EventKind.MODEL_REQUEST_FAILED, EventKind.RUN_FAILED]
 
+    async def test_model_error_mid_tool_cycle_saves_interrupted_snapshot(self, store: StepStore) -> None:
+        delegate = Agent(
+            function_model(_script(ConnectionError('delegate provider down'))),
+            capabilities=[StepPersistence(store=store, run_id='mid-cycle-delegate')],
+        )
+        agent = Agent(
+            function_model(
+                _script(
+                    ModelResponse(parts=[_call('ok', 'c1')]),
+                    ModelResponse(parts=[_call('ok', 'c2'), _call('ask', 'c3', question='why?')]),
+                    ModelResponse(parts=[TextPart('never')]),
+                )
+            ),
+            capabilities=[StepPersistence(store=store, run_id='mid-cycle')],
+        )
+
+        @agent.tool_plain
+        def ok() -> str:  # pyright: ignore[reportUnusedFunction]
+            return 'fine'
+
+        @agent.tool_plain
+        async def ask(question: str) -> str:  # pyright: ignore[reportUnusedFunction]
+            return (await delegate.run(question)).output
+
+        with pytest.raises(ConnectionError, match='delegate provider down'):
+            await agent.run('go')
+        newest = await store.latest_snapshot('mid-cycle', include_interrupted=True)
+        assert newest is not None
+        assert newest.state is SnapshotState.INTERRUPTED
+        settled = await store.latest_snapshot('mid-cycle')
+        assert settled is not None
+        assert [p.tool_call_id for p in settled.messages[-1].parts if isinstance(p, ToolReturnPart)] == ['c1']
+        effects = {e.tool_call_id: e.status for e in await store.list_tool_effects('mid-cycle')}
+        assert effects['c3'] is ToolEffectStatus.FAILED
+        delegate_run = await store.get_run('mid-cycle-delegate')
+        assert delegate_run is not None
+        assert delegate_run.parent_run_id == 'mid-cycle'
+        delegate_kinds = _kinds(await store.list_events('mid-cycle-delegate'))
+        assert delegate_kinds[-2:] == [EventKind.MODEL_REQUEST_FAILED, EventKind.RUN_FAILED]
+        assert _kinds(await store.list_events('mid-cycle'))[-1] is EventKind.RUN_FAILED
+
     async def test_model_error_on_first_request_saves_nothing_without_frontier(self, store: StepStore) -> None:
         agent = Agent(
             function_model(_script(ConnectionError('provider down'))),

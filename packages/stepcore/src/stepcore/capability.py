@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from pydantic import BaseModel
-from pydantic_ai._agent_graph import CallToolsNode, ModelRequestNode
+from pydantic_ai import CallToolsNode, ModelRequestNode
 from pydantic_ai.capabilities import durable_operation
 from pydantic_ai.capabilities.abstract import (
     AbstractCapability,
