@@ -49,6 +49,7 @@ from .files import (
     write_atomic,
     write_temp,
 )
+from .nodes import Nodes, NodeWriter, node_id_of, parse_nodes
 
 __all__ = (
     'EFFECTS_FILE',
@@ -75,7 +76,6 @@ LOCK_FILE = '.lock'
 MEDIA_DIR = 'media'
 
 _SNAPSHOT_NAME = re.compile(r'(\d+)\.json')
-_NODE_HEADER = re.compile(rb'\{"id":(\d+),"parent":(null|\d+),"body":')
 _MAX_CACHED_RUNS = 1024
 
 NodeId = Hashable
@@ -140,6 +140,7 @@ class _RunState:
     live_snapshots: dict[int, SnapshotState] = field(default_factory=dict[int, SnapshotState])
     nodes: JsonlCursor = field(default_factory=JsonlCursor)
     next_node: int = 0
+    node_writer: NodeWriter = field(default_factory=NodeWriter)
 
 
 @dataclass(slots=True)
@@ -461,29 +462,20 @@ class FileStepStore(StepStore):
             lines, reset = catch_up(fd, path, state.nodes, repair=True)
             if reset:
                 state.next_node = 0
+                state.node_writer.forget()
             for line in lines:
-                match = _NODE_HEADER.match(line)
-                if match is None:
+                node_id = node_id_of(line)
+                if node_id is None:
                     logger.warning('step_file: skipping a damaged line in %s: %r', path, line[:200])
                     continue
-                state.next_node = max(state.next_node, int(match.group(1)) + 1)
+                state.next_node = max(state.next_node, node_id + 1)
             if not bodies:
                 return []
-            chunks: list[bytes] = []
-            ids: list[NodeId] = []
-            node_id = state.next_node
-            previous = parent
-            for body in bodies:
-                if b'\n' in body:  # cannot happen with compact JSON, but a line must stay one line
-                    body = json.dumps(json.loads(body), separators=(',', ':'), ensure_ascii=False).encode()
-                parent_text = b'null' if previous is None else str(previous).encode()
-                chunks.append(b'{"id":%d,"parent":%s,"body":%s}\n' % (node_id, parent_text, body))
-                ids.append(node_id)
-                previous = node_id
-                node_id += 1
-            append_lines(fd, state.nodes, b''.join(chunks), sync=True)  # before any snapshot names them
-            state.next_node = node_id
-            return ids
+            data, ids, written = state.node_writer.encode(state.next_node, cast(int | None, parent), bodies)
+            append_lines(fd, state.nodes, data, sync=True)  # before any snapshot names them
+            state.node_writer.commit(written)
+            state.next_node = ids[-1] + 1
+            return list(ids)
         finally:
             os.close(fd)
 
@@ -501,9 +493,7 @@ class FileStepStore(StepStore):
         stored, nodes = found
         return await self._materialize(stored, nodes)
 
-    def _latest_sync(
-        self, run_id: str, include_interrupted: bool
-    ) -> tuple[_StoredSnapshot, dict[int, tuple[int | None, bytes]]] | None:
+    def _latest_sync(self, run_id: str, include_interrupted: bool) -> tuple[_StoredSnapshot, Nodes] | None:
         run_dir = self._run_dir(run_id)
         with run_lock(run_dir / LOCK_FILE, exclusive=False):
             for seq in reversed(self._snapshot_seqs(run_dir)):
@@ -528,7 +518,7 @@ class FileStepStore(StepStore):
                 logger.warning('step_file: skipping snapshot %d of run %r: %s', item.seq, run_id, exc)
         return snapshots
 
-    def _list_snapshots_sync(self, run_id: str) -> tuple[list[_StoredSnapshot], dict[int, tuple[int | None, bytes]]]:
+    def _list_snapshots_sync(self, run_id: str) -> tuple[list[_StoredSnapshot], Nodes]:
         run_dir = self._run_dir(run_id)
         stored: list[_StoredSnapshot] = []
         with run_lock(run_dir / LOCK_FILE, exclusive=False):
@@ -587,22 +577,11 @@ class FileStepStore(StepStore):
         return _StoredSnapshot(seq=seq, header=record, head=head, length=length)
 
     @staticmethod
-    def _read_nodes(run_dir: Path) -> dict[int, tuple[int | None, bytes]]:
+    def _read_nodes(run_dir: Path) -> Nodes:
         path = run_dir / MESSAGES_FILE
-        nodes: dict[int, tuple[int | None, bytes]] = {}
-        for line in read_complete_lines(path):
-            match = _NODE_HEADER.match(line)
-            if match is None or not line.endswith(b'}'):
-                if line.strip():
-                    logger.warning('step_file: skipping a damaged line in %s: %r', path, line[:200])
-                continue
-            parent = match.group(2)
-            nodes[int(match.group(1))] = (None if parent == b'null' else int(parent), line[match.end() : -1])
-        return nodes
+        return parse_nodes(read_complete_lines(path), path)
 
-    async def _materialize(
-        self, stored: _StoredSnapshot, nodes: dict[int, tuple[int | None, bytes]]
-    ) -> ContinuableSnapshot:
+    async def _materialize(self, stored: _StoredSnapshot, nodes: Nodes) -> ContinuableSnapshot:
         def lookup(node: NodeId) -> tuple[NodeId | None, bytes]:
             found = nodes.get(cast(int, node))
             if found is None:
