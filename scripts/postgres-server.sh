@@ -77,7 +77,11 @@ start() {
         echo "$URL"
         return
     fi
-    rm -f "$STATE_FILE"
+    if [[ -f "$STATE_FILE" ]]; then
+        log "removing a stale cluster left by an earlier run ($CLUSTER)"
+        rm -rf "$CLUSTER"
+        rm -f "$STATE_FILE"
+    fi
     local bin
     bin="$(find_bin || true)"
     if [[ -z "$bin" ]]; then

@@ -72,13 +72,14 @@ async def test_first_use_creates_the_latest_schema(postgres_url: str, table_pref
         'runs',
         'counters',
         'events',
+        'event_keys',
         'nodes',
         'snapshots',
         'snapshot_keys',
         'tool_effects',
         'media',
     }
-    assert {'runs_conversation', 'runs_parent', 'snapshots_state', 'tool_effects_status', 'events_key'} <= _indexes(
+    assert {'runs_conversation', 'runs_parent', 'snapshots_state', 'tool_effects_status'} <= _indexes(
         postgres_url, table_prefix
     )
     with psycopg.connect(postgres_url) as conn:

@@ -68,7 +68,14 @@ class PoolHandle:
             if self._pool is None or not self._opened:
                 assert self.dsn is not None
                 pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                    self.dsn, min_size=1, max_size=DEFAULT_MAX_POOL_SIZE, open=False, name='step-postgres'
+                    self.dsn,
+                    # Autocommit: a read or a one-statement write is one round trip; writes of
+                    # several statements open their own transaction.
+                    kwargs={'autocommit': True},
+                    min_size=1,
+                    max_size=DEFAULT_MAX_POOL_SIZE,
+                    open=False,
+                    name='step-postgres',
                 )
                 try:
                     await pool.open(wait=True, timeout=self.connect_timeout)

@@ -60,7 +60,7 @@ _TABLE_NAMES: tuple[LiteralString, ...] = (
     'runs',
     'counters',
     'events',
-    'events_key',
+    'event_keys',
     'node_ids',
     'nodes',
     'snapshots',
@@ -137,8 +137,11 @@ STEPS = Component(
                 record jsonb NOT NULL,
                 PRIMARY KEY (run_id, seq)
             )""",
-            """CREATE UNIQUE INDEX {events_key} ON {events} (run_id, idempotency_key)
-                WHERE idempotency_key IS NOT NULL""",
+            """CREATE TABLE {event_keys} (
+                run_id text NOT NULL,
+                idempotency_key text NOT NULL,
+                PRIMARY KEY (run_id, idempotency_key)
+            )""",
             'CREATE SEQUENCE {node_ids} AS bigint',
             """CREATE TABLE {nodes} (
                 node_id bigint PRIMARY KEY,

@@ -7,13 +7,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar, Final, cast
 
-from psycopg import AsyncConnection, Rollback, sql
+from psycopg import AsyncConnection, sql
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from stepcore.codec import dump_record_json, load_record
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.history import HistoryDelta, HistoryIndex, walk_chain
+from stepcore.history import HistoryIndex, walk_chain
 from stepcore.media import MediaStore
 from stepcore.models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, ToolEffectStatus
 from stepcore.protocols import StepStore
@@ -39,10 +39,6 @@ DEFAULT_MEDIA: Final = _DefaultMedia()
 
 _SNAPSHOT_HEADER_EXCLUDE = {'messages', 'seq'}
 _SEQ_EXCLUDE = {'seq'}
-
-
-class _AlreadyApplied(Exception):
-    """A snapshot's idempotency key was claimed before (raised to roll its transaction back)."""
 
 
 class PostgresStepStore(StepStore):
@@ -154,18 +150,16 @@ class PostgresStepStore(StepStore):
     # -- events -------------------------------------------------------------------------------
 
     async def append_event(self, event: StepEvent) -> None:
-        await self._ensure()
+        # One statement: claim the key, take the run's next seq, insert. A key applied before
+        # claims nothing, so no seq is taken and nothing is written.
         params = {
             'run': event.run_id,
             'key': event.idempotency_key,
             'record': dump_record_json(event, exclude=_SEQ_EXCLUDE),
         }
-        async with self._handle.connection() as conn, conn.transaction():
-            cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute(self._q.event_insert, params)
-            if await cur.fetchone() is None:
-                # The key was applied before: undo the sequence step so seqs stay gapless.
-                raise Rollback()
+        await self._ensure()
+        async with self._handle.connection() as conn:
+            await conn.execute(self._q.event_insert, params)
 
     async def list_events(self, run_id: str) -> list[StepEvent]:
         rows = await self._fetchall(self._q.events_list, (run_id,))
@@ -176,54 +170,34 @@ class PostgresStepStore(StepStore):
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
         await self._ensure()
         delta = await self._history.delta(snapshot.run_id, snapshot.messages)
-        try:
-            async with self._handle.connection() as conn, conn.transaction():
-                node_ids = await self._write_snapshot(conn, snapshot, delta)
-        except _AlreadyApplied:
-            return  # the key was applied before: the transaction rolled back, nothing was written
-        self._history.commit(delta, node_ids)
-
-    async def _write_snapshot(
-        self, conn: AsyncConnection[Any], snapshot: ContinuableSnapshot, delta: HistoryDelta
-    ) -> list[int]:
-        """Claim the key, write the new nodes and the snapshot row, prune; returns the new node ids."""
-        run_id = snapshot.run_id
-        key = snapshot.idempotency_key
-        header = dump_record_json(snapshot, exclude=_SNAPSHOT_HEADER_EXCLUDE)
-        cur = conn.cursor(row_factory=tuple_row)
-        if key is not None:
-            await cur.execute(self._q.snapshot_key_claim, (run_id, key))
-            if await cur.fetchone() is None:
-                raise _AlreadyApplied
-        await cur.execute(
-            self._q.snapshot_alloc,
-            {'run': run_id, 'seq_name': self.tables.name('node_ids'), 'n': len(delta.new_messages)},
-        )
-        alloc = await cur.fetchone()
-        assert alloc is not None
-        seq = int(alloc[0])
-        node_ids = [int(i) for i in cast(list[int], alloc[1])]
         parent = delta.parent
-        parents: list[int | None] = [parent if isinstance(parent, int) else None, *node_ids[:-1]]
-        head = self._history.head(delta, node_ids)
-        await cur.execute(
-            self._q.snapshot_insert,
-            {
-                'run': run_id,
-                'ids': node_ids,
-                'parents': parents[: len(node_ids)],
-                'bodies': delta.new_messages,
-                'seq': seq,
-                'state': snapshot.state.value,
-                'step_index': snapshot.step_index,
-                'head': head if isinstance(head, int) else None,
-                'length': delta.total,
-                'record': header,
-            },
-        )
-        if self.max_snapshots_per_run is not None:
-            await self._prune(conn, run_id, self.max_snapshots_per_run)
-        return node_ids
+        params = {
+            'run': snapshot.run_id,
+            'key': snapshot.idempotency_key,
+            'seq_name': self.tables.name('node_ids'),
+            'bodies': delta.new_messages,
+            'parent': parent if isinstance(parent, int) else None,
+            'state': snapshot.state.value,
+            'step_index': snapshot.step_index,
+            'length': delta.total,
+            'record': dump_record_json(snapshot, exclude=_SNAPSHOT_HEADER_EXCLUDE),
+        }
+        async with self._handle.connection() as conn:
+            if self.max_snapshots_per_run is None:
+                row = await self._insert_snapshot(conn, params)
+            else:
+                async with conn.transaction():
+                    row = await self._insert_snapshot(conn, params)
+                    if row is not None:
+                        await self._prune(conn, snapshot.run_id, self.max_snapshots_per_run)
+        if row is not None:
+            self._history.commit(delta, [int(node) for node in cast(list[int], row[1])])
+
+    async def _insert_snapshot(self, conn: AsyncConnection[Any], params: dict[str, Any]) -> tuple[Any, ...] | None:
+        """Run the one-statement snapshot write; `None` when its idempotency key was applied before."""
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(self._q.snapshot_insert, params)
+        return await cur.fetchone()
 
     async def _prune(self, conn: AsyncConnection[Any], run_id: str, limit: int) -> None:
         cur = conn.cursor(row_factory=tuple_row)
@@ -313,41 +287,57 @@ class _Queries:
             """SELECT record FROM {runs} WHERE conversation_id = %s AND parent_run_id = %s
             ORDER BY started_at, ord"""
         )
-        # The per-run counter row is the only serialization point: its row lock orders writers of
-        # one run and nothing else. A suppressed insert rolls the counter back with it.
+        # Writes that take a per-run seq are one statement each: claim the idempotency key (a key
+        # applied before claims nothing and the rest of the statement does nothing), then bump the
+        # run's counter row, whose row lock orders the writers of one run and nothing else.
         self.event_insert = q(
-            """WITH c AS (
-                INSERT INTO {counters} (run_id, kind, value) VALUES (%(run)s, 'event', 1)
+            """WITH claim AS (
+                INSERT INTO {event_keys} (run_id, idempotency_key)
+                SELECT %(run)s, %(key)s::text WHERE %(key)s::text IS NOT NULL
+                ON CONFLICT DO NOTHING RETURNING 1
+            ),
+            c AS (
+                INSERT INTO {counters} (run_id, kind, value)
+                SELECT %(run)s, 'event', 1 WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM claim)
                 ON CONFLICT (run_id, kind) DO UPDATE SET value = {counters}.value + 1
                 RETURNING value
             )
             INSERT INTO {events} (run_id, seq, idempotency_key, record)
-            SELECT %(run)s, c.value, %(key)s, %(record)s::jsonb FROM c
-            ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            RETURNING seq"""
+            SELECT %(run)s, c.value, %(key)s::text, %(record)s::jsonb FROM c"""
         )
         self.events_list = q('SELECT seq, record FROM {events} WHERE run_id = %s ORDER BY seq')
-        self.snapshot_key_claim = q(
-            """INSERT INTO {snapshot_keys} (run_id, idempotency_key) VALUES (%s, %s)
-            ON CONFLICT DO NOTHING RETURNING 1"""
-        )
-        self.snapshot_alloc = q(
-            """WITH c AS (
-                INSERT INTO {counters} (run_id, kind, value) VALUES (%(run)s, 'snapshot', 1)
+        # The new messages become nodes chained in order, the first hanging off %(parent)s; the
+        # snapshot row names the newest node (or the parent when nothing is new) and the length.
+        self.snapshot_insert = q(
+            """WITH claim AS (
+                INSERT INTO {snapshot_keys} (run_id, idempotency_key)
+                SELECT %(run)s, %(key)s::text WHERE %(key)s::text IS NOT NULL
+                ON CONFLICT DO NOTHING RETURNING 1
+            ),
+            c AS (
+                INSERT INTO {counters} (run_id, kind, value)
+                SELECT %(run)s, 'snapshot', 1 WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM claim)
                 ON CONFLICT (run_id, kind) DO UPDATE SET value = {counters}.value + 1
                 RETURNING value
-            )
-            SELECT c.value, ARRAY(SELECT nextval(%(seq_name)s::regclass) FROM generate_series(1, %(n)s))
-            FROM c"""
-        )
-        self.snapshot_insert = q(
-            """WITH new_nodes AS (
+            ),
+            new AS MATERIALIZED (
+                SELECT t.ord, t.body, nextval(%(seq_name)s::regclass) AS node_id
+                FROM unnest(%(bodies)s::bytea[]) WITH ORDINALITY AS t(body, ord)
+                WHERE EXISTS (SELECT 1 FROM c)
+            ),
+            inserted AS (
                 INSERT INTO {nodes} (node_id, run_id, parent, body)
-                SELECT t.node_id, %(run)s, t.parent, t.body
-                FROM unnest(%(ids)s::bigint[], %(parents)s::bigint[], %(bodies)s::bytea[]) AS t(node_id, parent, body)
+                SELECT node_id, %(run)s, COALESCE(lag(node_id) OVER (ORDER BY ord), %(parent)s::bigint), body
+                FROM new
+            ),
+            snap AS (
+                INSERT INTO {snapshots} (run_id, seq, state, step_index, head, length, record)
+                SELECT %(run)s, c.value, %(state)s, %(step_index)s,
+                    COALESCE((SELECT node_id FROM new ORDER BY ord DESC LIMIT 1), %(parent)s::bigint),
+                    %(length)s, %(record)s::jsonb
+                FROM c
             )
-            INSERT INTO {snapshots} (run_id, seq, state, step_index, head, length, record)
-            VALUES (%(run)s, %(seq)s, %(state)s, %(step_index)s, %(head)s, %(length)s, %(record)s::jsonb)"""
+            SELECT c.value, ARRAY(SELECT node_id FROM new ORDER BY ord) FROM c"""
         )
         self.snapshot_states = q('SELECT seq, state FROM {snapshots} WHERE run_id = %s ORDER BY seq')
         self.snapshot_delete = q('DELETE FROM {snapshots} WHERE run_id = %s AND seq = ANY(%s::bigint[])')
