@@ -143,6 +143,28 @@ def _progress(description: str, total: int | None):
         yield advance
 
 
+# --- demo ----------------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    database: Annotated[Path, typer.Option('--database', help='SQLite file to write (replaced if it exists).')] = Path(
+        'stepcore-demo.db'
+    ),
+) -> None:
+    """Run an agent, kill its process mid tool call, inspect what was saved, and resume it."""
+    from .demo import DemoError, run_demo
+
+    try:
+        run_demo(database, console=_out())
+    except DemoError as exc:
+        _fail(str(exc))
+    except Exception as exc:
+        if os.environ.get(DEBUG_VAR):
+            raise
+        _fail(_error_text(exc))
+
+
 # --- plugins -------------------------------------------------------------------------------------
 
 
@@ -420,28 +442,6 @@ def import_command(
     _with_store(store, body, must_exist=False)
     names = ', '.join(r.run.run_id for r in runs_in)
     _err().print(f'imported {len(runs_in)} run(s): {escape(names)}', highlight=False)
-
-
-# --- demo ----------------------------------------------------------------------------------------
-
-
-@app.command()
-def demo(
-    database: Annotated[Path, typer.Option('--database', help='SQLite file to write (replaced if it exists).')] = Path(
-        'stepcore-demo.db'
-    ),
-) -> None:
-    """Run an agent, kill its process mid tool call, inspect what was saved, and resume it."""
-    from .demo import DemoError, run_demo
-
-    try:
-        run_demo(database, console=_out())
-    except DemoError as exc:
-        _fail(str(exc))
-    except Exception as exc:
-        if os.environ.get(DEBUG_VAR):
-            raise
-        _fail(_error_text(exc))
 
 
 def main() -> None:
