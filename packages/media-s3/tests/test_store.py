@@ -172,18 +172,19 @@ async def test_failed_part_aborts_the_multipart_upload(s3_server: S3Server) -> N
 
 async def test_missing_bucket_is_named(s3_server: S3Server) -> None:
     async with s3_server.store(bucket='stepcore-absent-bucket') as store:
-        for attempt in (store.put(b'x'), store.get(media_uri(b'x')), store.exists(media_uri(b'x'))):
+        attempts = (lambda: store.put(b'x'), lambda: store.get(media_uri(b'x')), lambda: store.exists(media_uri(b'x')))
+        for attempt in attempts:
             with pytest.raises(S3BucketNotFoundError, match="bucket 'stepcore-absent-bucket' does not exist") as raised:
-                await attempt
+                await attempt()
             assert s3_server.endpoint in str(raised.value)
             assert raised.value.bucket == 'stepcore-absent-bucket'
 
 
 async def test_unknown_access_key_is_refused(s3_server: S3Server) -> None:
     async with s3_server.store(access_key_id='NOT-A-KEY', secret_access_key='top-secret-value') as store:
-        for attempt in (store.put(b'x'), store.get(media_uri(b'x'))):
+        for attempt in (lambda: store.put(b'x'), lambda: store.get(media_uri(b'x'))):
             with pytest.raises(S3AccessDeniedError, match=r'refused .*stepcore-test') as raised:
-                await attempt
+                await attempt()
             assert s3_server.endpoint in str(raised.value)
             assert 'top-secret-value' not in str(raised.value)
 
