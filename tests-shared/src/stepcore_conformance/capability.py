@@ -208,8 +208,10 @@ class CapabilityConformance:
             capabilities=[StepPersistence(store=store)],
         )
 
-        @agent.tool_plain
-        async def lookup(key: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        @agent.tool
+        async def lookup(ctx: RunContext[Any], key: str) -> str:  # pyright: ignore[reportUnusedFunction]
+            await asyncio.sleep(0)
+            await annotate_tool_effect(store, ctx, idempotency_key=f'lookup-{key}')
             await asyncio.sleep(0)
             return key.upper()
 
@@ -218,6 +220,11 @@ class CapabilityConformance:
         assert set(effects) == {'p1', 'p2', 'p3'}
         assert all(e.status is ToolEffectStatus.COMPLETED for e in effects.values())
         assert effects['p2'].args == {'key': 'b'}
+        assert {i: e.idempotency_key for i, e in effects.items()} == {
+            'p1': 'lookup-a',
+            'p2': 'lookup-b',
+            'p3': 'lookup-c',
+        }
         events = await store.list_events(result.run_id)
         for call_id in ('p1', 'p2', 'p3'):
             kinds = [e.kind for e in events if e.tool_call_id == call_id]
