@@ -287,6 +287,13 @@ def test_store_url_errors(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert 'is not a SQLite database' in result.stderr
 
+    result = cli('runs', '-s', f'sqlite:///{tmp_path}')
+    assert result.exit_code == 1
+    assert 'is a folder, not a SQLite database file' in result.stderr
+    result = cli('runs', '-s', f'file://{garbage}')
+    assert result.exit_code == 1
+    assert 'is a file, not a folder of runs' in result.stderr
+
     result = cli('runs', env={'STEPCORE_STORE': ''})
     assert result.exit_code == 1
     assert 'pass --store URL or set STEPCORE_STORE' in result.stderr

@@ -138,8 +138,14 @@ def open_store(url: str, *, must_exist: bool = True) -> StepStore:
         raise StoreError(
             f'no {target.describe()}: {url!r} does not exist. Check the path, or run `stepcore demo` first'
         )
-    if target.backend == 'sqlite' and target.local_path is not None and target.local_path.is_file():
-        _check_sqlite_file(target.local_path)
+    path = target.local_path
+    if target.backend == 'sqlite' and path is not None:
+        if path.is_dir():
+            raise StoreError(f'{str(path)!r} is a folder, not a SQLite database file: for a folder of runs use file://')
+        if path.is_file():
+            _check_sqlite_file(path)
+    if target.backend == 'file' and path is not None and path.exists() and not path.is_dir():
+        raise StoreError(f'{str(path)!r} is a file, not a folder of runs: for a SQLite database use sqlite://')
     registry = get_registry()
     try:
         backend = registry.get('step', target.backend)
