@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -32,6 +33,7 @@ from stepcore import (
     is_provider_valid,
 )
 from stepcore.ids import derive_run_id
+from stepcore.registry import get_registry
 from stepcore_conformance.capability import function_model
 
 
@@ -232,3 +234,18 @@ def test_spec_schema_lists_the_from_spec_options() -> None:
     schema = json.dumps(AgentSpec.model_json_schema_with_capabilities(custom_capability_types=[StepPersistence]))
     for option in ('backend', 'max_snapshots_per_run', 'database', 'directory', 'db_url', 'capture_frontier'):
         assert f'"{option}"' in schema
+
+
+async def test_from_spec_builds_a_persistent_backend(tmp_path: Path) -> None:
+    if 'sqlite' not in get_registry().keys('step'):
+        pytest.skip('the sqlite backend (step-sqlite) is not installed')
+    database = tmp_path / 'runs.db'
+    capability = StepPersistence.from_spec('sqlite', database=str(database), max_snapshots_per_run=2)
+    agent = Agent(TestModel(), capabilities=[capability])
+    try:
+        result = await agent.run('hi')
+        assert type(capability.store).__name__ == 'SqliteStepStore'
+        assert database.exists()
+        assert len(await continue_run(capability.store, run_id=result.run_id)) == 2
+    finally:
+        await capability.store.aclose()

@@ -209,7 +209,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         database: str | None = None,
         directory: str | None = None,
         db_url: str | None = None,
-        database_name: str | None = None,
+        media_threshold_bytes: int | None = None,
         agent_name: str | None = None,
         run_id: str | None = None,
         parent_run_id: str | None = None,
@@ -219,8 +219,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     ) -> StepPersistence[Any]:
         """Build the capability and its store from plain values (as in an agent spec).
 
-        `backend` is a plugin key (`memory`, `file`, `sqlite`, `mongo`, ...); the store options are
-        passed to that backend. An unknown key raises `ValueError`: there is no fallback to memory.
+        `backend` is a plugin key (`memory`, `file`, `sqlite`, `mongo`, ...). The store options given
+        (`max_snapshots_per_run`, `database` for a SQLite file or a MongoDB database name,
+        `directory`, `db_url`, `media_threshold_bytes`, and any other keyword) are passed to that
+        backend's constructor; options left at `None` are not passed. An unknown key raises
+        `ValueError`: there is no fallback to memory.
         """
         from .registry import store_from_spec
 
@@ -231,7 +234,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 ('database', database),
                 ('directory', directory),
                 ('db_url', db_url),
-                ('database_name', database_name),
+                ('media_threshold_bytes', media_threshold_bytes),
             )
             if value is not None
         }
