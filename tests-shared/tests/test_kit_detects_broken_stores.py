@@ -59,7 +59,7 @@ class TestForgotTheFixture(StepStoreConformance):
 """
 
 SELECTED = [
-    'test_applied_idempotency_key_is_suppressed',
+    'test_applied_event_key_is_suppressed',
     'test_list_runs_orders_by_started_at_ascending',
     'test_undeclared_snapshot_retention_is_refused',
     'test_keeps_the_newest_n',
@@ -73,7 +73,7 @@ def test_broken_stores_fail_and_the_report_says_so(pytester: pytest.Pytester) ->
     outcome = pytester.runpytest_inprocess('-rfEs', '-k', ' or '.join(SELECTED), '-p', 'no:cacheprovider')
     lines = outcome.stdout.fnmatch_lines
     # A store ignoring event idempotency keys, and one listing runs out of order, fail.
-    lines(['FAILED*TestIgnoresEventKeys::test_applied_idempotency_key_is_suppressed*'])
+    lines(['FAILED*TestIgnoresEventKeys::test_applied_event_key_is_suppressed*'])
     lines(['FAILED*TestRunsInInsertionOrder::test_list_runs_orders_by_started_at_ascending*'])
     # A store accepting an option of an undeclared feature fails; its retention tests are skipped
     # with a reason instead of passing.

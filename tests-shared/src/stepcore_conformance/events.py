@@ -51,10 +51,17 @@ class EventsConformance(StoreFixtures):
         assert len(set(ints)) == 12
         assert [e.step_index for e in await store.list_events(run_id)] == list(range(12))
 
+    async def test_event_seq_given_by_the_caller_is_replaced(self, store: StepStore) -> None:
+        run_id = await register(store)
+        for n in range(3):
+            await store.append_event(event(run_id, n, seq=7))
+        seqs = [e.seq for e in await store.list_events(run_id)]
+        assert len(set(seqs)) == 3, f'the store kept the seq the caller set: {seqs}'
+
     async def test_list_events_of_unknown_run_is_empty(self, store: StepStore) -> None:
         assert await store.list_events(new_id('missing')) == []
 
-    async def test_applied_idempotency_key_is_suppressed(self, store: StepStore) -> None:
+    async def test_applied_event_key_is_suppressed(self, store: StepStore) -> None:
         run_id = await register(store)
         first = event(run_id, 1, idempotency_key='k', metadata={'v': 'first'})
         await store.append_event(first)

@@ -116,6 +116,16 @@ class SnapshotsConformance(StoreFixtures):
         assert [s.step_index for s in listed] == list(range(6))
         assert [s.messages for s in listed] == [conversation(step) for step in range(6)]
 
+    async def test_snapshot_seq_given_by_the_caller_is_replaced(self, store: StepStore) -> None:
+        run_id = await register(store)
+        for step in range(3):
+            await store.save_snapshot(snapshot(run_id, conversation(step), step_index=step, seq=1))
+        seqs = [s.seq for s in await store.list_snapshots(run_id)]
+        assert len(set(seqs)) == 3, f'the store kept the seq the caller set: {seqs}'
+        latest = await store.latest_snapshot(run_id)
+        assert latest is not None
+        assert latest.step_index == 2
+
     async def test_same_step_index_saved_twice_keeps_both_in_write_order(self, store: StepStore) -> None:
         # One run id reused by two Agent.run calls: step numbering restarts, seq does not.
         run_id = await register(store)
@@ -167,7 +177,7 @@ class SnapshotsConformance(StoreFixtures):
         assert [s.state for s in listed] == states
         assert [s.step_index for s in listed] == list(range(5))
 
-    async def test_applied_idempotency_key_is_suppressed(self, store: StepStore) -> None:
+    async def test_applied_snapshot_key_is_suppressed(self, store: StepStore) -> None:
         run_id = await register(store)
         await store.save_snapshot(snapshot(run_id, conversation(1), step_index=1, idempotency_key='k1'))
         # A replay of the same save carrying different (newer) content is still suppressed.
