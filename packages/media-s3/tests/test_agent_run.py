@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import operator
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from pydantic_ai import Agent
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
@@ -16,6 +19,11 @@ from stepcore.media import media_uri
 from .conftest import S3Server
 
 MiB = 1024 * 1024
+
+# pyright reads BinaryContent as a bare pydantic dataclass: build and read it through typed helpers.
+make_binary = cast(Callable[..., BinaryContent], BinaryContent)
+data_of = cast(Callable[[BinaryContent], bytes], operator.attrgetter('data'))
+media_type_of = cast(Callable[[BinaryContent], str], operator.attrgetter('media_type'))
 
 
 def image_bytes(size: int) -> bytes:
@@ -31,7 +39,7 @@ def describe(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     part = prompt.parts[-1]
     assert isinstance(part, UserPromptPart)
     images = [item for item in part.content if isinstance(item, BinaryContent)]
-    return ModelResponse(parts=[TextPart(f'{len(images)} image of {len(images[0].data)} bytes')])
+    return ModelResponse(parts=[TextPart(f'{len(images)} image of {len(data_of(images[0]))} bytes')])
 
 
 async def test_agent_run_with_large_image_round_trips_through_s3(tmp_path: Path, s3_server: S3Server) -> None:
@@ -41,9 +49,11 @@ async def test_agent_run_with_large_image_round_trips_through_s3(tmp_path: Path,
     media = s3_server.store(key_prefix=prefix, multipart_threshold_bytes=5 * MiB, multipart_part_bytes=5 * MiB)
     store = FileStepStore(directory, media_store=media)
     run_id = 'vision-run-1'
-    agent = Agent(FunctionModel(describe), capabilities=[StepPersistence[None](store=store, run_id=run_id)])
+    agent = Agent(
+        FunctionModel(describe), deps_type=type(None), capabilities=[StepPersistence[None](store=store, run_id=run_id)]
+    )
     try:
-        result = await agent.run(['What is in this picture?', BinaryContent(data=image, media_type='image/png')])
+        result = await agent.run(['What is in this picture?', make_binary(data=image, media_type='image/png')])
         assert result.output == f'1 image of {len(image)} bytes'
     finally:
         await store.aclose()
@@ -70,8 +80,8 @@ async def test_agent_run_with_large_image_round_trips_through_s3(tmp_path: Path,
         assert not isinstance(user.content, str)
         restored = [item for item in user.content if isinstance(item, BinaryContent)]
         assert len(restored) == 1
-        assert restored[0].media_type == 'image/png'
-        assert restored[0].data == image
+        assert media_type_of(restored[0]) == 'image/png'
+        assert data_of(restored[0]) == image
         response = snapshot.messages[1]
         assert isinstance(response, ModelResponse)
         assert response.parts == [TextPart(f'1 image of {len(image)} bytes')]
