@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -404,3 +405,29 @@ async def test_list_runs_skips_folders_without_a_run_record(store: FileStepStore
     (root / 'stray' / 'run.json').write_text('{not json')
     assert [r.run_id for r in await store.list_runs()] == ['b-run', 'a-run']
     assert [r.run_id for r in await store.list_runs(parent_run_id='b-run', conversation_id='c')] == ['a-run']
+
+
+async def test_saving_after_the_run_folder_was_deleted(store: FileStepStore, root: Path) -> None:
+    messages = history(3)
+    await store.save_snapshot(snap('gone', messages[:5], 2))
+    shutil.rmtree(root / 'gone')
+    await store.save_snapshot(snap('gone', messages, 3))
+    latest = await FileStepStore(root).latest_snapshot('gone')
+    assert latest is not None
+    assert latest.messages == messages
+    assert len(lines(root / 'gone' / 'messages.jsonl')) == len(messages)
+
+
+async def test_full_durability_writes_the_same_layout(root: Path) -> None:
+    store = FileStepStore(root, durability='full')
+    await store.register_run(RunRecord(run_id='full'))
+    await store.append_event(StepEvent(run_id='full', kind=EventKind.RUN_STARTED))
+    await store.record_tool_effect(ToolEffectRecord(run_id='full', tool_call_id='c', tool_name='t'))
+    messages = history(2)
+    await store.save_snapshot(snap('full', messages, 2, idempotency_key='k'))
+    reader = FileStepStore(root)
+    latest = await reader.latest_snapshot('full')
+    assert latest is not None
+    assert latest.messages == messages
+    assert [e.kind for e in await reader.list_events('full')] == [EventKind.RUN_STARTED]
+    assert [r.tool_call_id for r in await reader.list_unresolved_tool_effects('full')] == ['c']

@@ -123,6 +123,10 @@ def _sort_time(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+class _StaleHistory(Exception):
+    """The history index names a node the run's message log does not hold."""
+
+
 @dataclass(slots=True)
 class _RunState:
     """What this process knows of one run's logs, kept current by reading only what was appended."""
@@ -378,13 +382,23 @@ class FileStepStore(StepStore):
         key = snapshot.idempotency_key
         if key is not None and key in state.snapshot_keys:
             return  # applied before (keys are never forgotten); re-checked under the lock otherwise
-        delta = await self._history.delta(run_id, snapshot.messages)
         header = dump_record(snapshot, exclude={'messages'})
-        new_nodes = await anyio.to_thread.run_sync(
-            self._save_snapshot_sync, run_id, state, key, snapshot.state, header, delta
-        )
-        if new_nodes is not None:
-            self._history.commit(delta, new_nodes)
+        for attempt in range(2):
+            delta = await self._history.delta(run_id, snapshot.messages)
+            try:
+                new_nodes = await anyio.to_thread.run_sync(
+                    self._save_snapshot_sync, run_id, state, key, snapshot.state, header, delta
+                )
+            except _StaleHistory:
+                # The run's message log lost nodes this process remembers (its folder was deleted or
+                # replaced): forget them and store the whole history afresh.
+                self._history.forget(run_id)
+                if attempt:
+                    raise
+                continue
+            if new_nodes is not None:
+                self._history.commit(delta, new_nodes)
+            return
 
     def _save_snapshot_sync(
         self,
@@ -469,6 +483,8 @@ class FileStepStore(StepStore):
                     logger.warning('step_file: skipping a damaged line in %s: %r', path, line[:200])
                     continue
                 state.next_node = max(state.next_node, node_id + 1)
+            if parent is not None and cast(int, parent) >= state.next_node:
+                raise _StaleHistory(parent)
             if not bodies:
                 return []
             data, ids, written = state.node_writer.encode(state.next_node, cast(int | None, parent), bodies)
