@@ -5,15 +5,15 @@ from __future__ import annotations
 import base64
 import re
 
-__all__ = ("MAX_RUN_ID_LENGTH", "derive_run_id", "validate_path_safe_run_id")
+__all__ = ('MAX_RUN_ID_LENGTH', 'derive_run_id', 'validate_path_safe_run_id')
 
 MAX_RUN_ID_LENGTH = 200
-_PATH_SAFE = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+_PATH_SAFE = re.compile(r'[A-Za-z0-9_.\-]{1,200}')
 
 
 def validate_path_safe_run_id(run_id: object) -> str:
     """Return `run_id` if it can name a folder safely; `ValueError` otherwise."""
-    if not isinstance(run_id, str) or not _PATH_SAFE.fullmatch(run_id) or ".." in run_id or run_id == ".":
+    if not isinstance(run_id, str) or not _PATH_SAFE.fullmatch(run_id) or '..' in run_id or run_id == '.':
         raise ValueError(
             f'run_id {run_id!r} is not path-safe: use 1-{MAX_RUN_ID_LENGTH} of A-Z a-z 0-9 _ . -, not "." and no ".."'
         )
@@ -21,7 +21,7 @@ def validate_path_safe_run_id(run_id: object) -> str:
 
 
 def _b64(value: str) -> str:
-    return base64.urlsafe_b64encode(value.encode()).decode("ascii").rstrip("=")
+    return base64.urlsafe_b64encode(value.encode()).decode('ascii').rstrip('=')
 
 
 def derive_run_id(agent_name: str, context_run_id: str) -> str:
@@ -31,10 +31,10 @@ def derive_run_id(agent_name: str, context_run_id: str) -> str:
     in base64url, so the split is unambiguous and the encoding injective. Longer than 200
     characters raises `ValueError`.
     """
-    run_id = f"{_b64(agent_name)}.{_b64(context_run_id)}"
+    run_id = f'{_b64(agent_name)}.{_b64(context_run_id)}'
     if len(run_id) > MAX_RUN_ID_LENGTH:
         raise ValueError(
-            f"the run id derived from agent_name={agent_name!r} and run id {context_run_id!r} is {len(run_id)} "
-            f"characters, over the {MAX_RUN_ID_LENGTH}-character limit: use a shorter agent_name or pass run_id="
+            f'the run id derived from agent_name={agent_name!r} and run id {context_run_id!r} is {len(run_id)} '
+            f'characters, over the {MAX_RUN_ID_LENGTH}-character limit: use a shorter agent_name or pass run_id='
         )
     return run_id

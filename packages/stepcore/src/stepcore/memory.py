@@ -14,7 +14,7 @@ from .registration import check_registration
 from .retention import check_max_snapshots, snapshots_to_prune
 from .walker import MediaWalker
 
-__all__ = ("InMemoryStepStore",)
+__all__ = ('InMemoryStepStore',)
 
 
 @dataclass(slots=True)
@@ -55,7 +55,7 @@ class InMemoryStepStore(StepStore):
     ) -> None:
         if media_store is not None or media_threshold_bytes is not None:
             # Messages stay in process memory as they are: there is nothing to externalize to.
-            require_feature(self, MEDIA_EXTERNALIZATION, option="media_store / media_threshold_bytes")
+            require_feature(self, MEDIA_EXTERNALIZATION, option='media_store / media_threshold_bytes')
         self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
         self._runs_by_id: dict[str, RunRecord] = {}
         self._data: dict[str, _Run] = {}
@@ -95,7 +95,7 @@ class InMemoryStepStore(StepStore):
             if key in data.event_keys:
                 return
             data.event_keys.add(key)
-        data.events.append(event.model_copy(deep=True, update={"seq": len(data.events) + 1}))
+        data.events.append(event.model_copy(deep=True, update={'seq': len(data.events) + 1}))
 
     async def list_events(self, run_id: str) -> list[StepEvent]:
         data = self._data.get(run_id)
@@ -121,7 +121,7 @@ class InMemoryStepStore(StepStore):
             data.snapshot_keys.add(key)
         seq = data.next_seq
         data.next_seq += 1
-        header = snapshot.model_copy(deep=True, update={"messages": [], "seq": seq})
+        header = snapshot.model_copy(deep=True, update={'messages': [], 'seq': seq})
         data.snapshots.append(
             _StoredSnapshot(seq=seq, header=header, head=head if isinstance(head, int) else None, length=delta.total)
         )
@@ -132,7 +132,7 @@ class InMemoryStepStore(StepStore):
     async def _materialize(self, data: _Run, stored: _StoredSnapshot) -> ContinuableSnapshot:
         bodies = walk_chain(stored.head, stored.length, lambda node: data.nodes[node])  # type: ignore[index]
         messages = await self._history.decode(bodies)
-        return stored.header.model_copy(deep=True, update={"messages": messages})
+        return stored.header.model_copy(deep=True, update={'messages': messages})
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         data = self._data.get(run_id)

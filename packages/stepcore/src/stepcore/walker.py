@@ -15,35 +15,35 @@ from typing import Any, cast
 from .media import MediaContext, MediaStore
 
 __all__ = (
-    "DEFAULT_MEDIA_THRESHOLD_BYTES",
-    "ESCAPED_KEY",
-    "MARKER_FORMAT",
-    "MARKER_FORMAT_KEY",
-    "MARKER_KEY",
-    "MediaWalker",
+    'DEFAULT_MEDIA_THRESHOLD_BYTES',
+    'ESCAPED_KEY',
+    'MARKER_FORMAT',
+    'MARKER_FORMAT_KEY',
+    'MARKER_KEY',
+    'MediaWalker',
 )
 
 DEFAULT_MEDIA_THRESHOLD_BYTES = 64 * 1024
 
-MARKER_KEY = "__stepcore_media__"
+MARKER_KEY = '__stepcore_media__'
 """Marker dict key holding the `media+sha256://` URI."""
-MARKER_FORMAT_KEY = "__stepcore_marker_format__"
+MARKER_FORMAT_KEY = '__stepcore_marker_format__'
 """Version stamp on markers and on escaped payloads."""
-ESCAPED_KEY = "__stepcore_escaped__"
+ESCAPED_KEY = '__stepcore_escaped__'
 """Holds a payload's own values for reserved keys, moved out of the way."""
-ENCODING_KEY = "encoding"
+ENCODING_KEY = 'encoding'
 MARKER_FORMAT = 1
 RESERVED_KEYS = frozenset({MARKER_KEY, MARKER_FORMAT_KEY, ESCAPED_KEY})
-_RESERVED_PREFIX = b"__stepcore_"
-_TEXT_MEDIA_TYPE = "text/plain; charset=utf-8"
+_RESERVED_PREFIX = b'__stepcore_'
+_TEXT_MEDIA_TYPE = 'text/plain; charset=utf-8'
 
 
 def _check_marker_format(value: dict[str, Any]) -> None:
     version = value.get(MARKER_FORMAT_KEY)
     if type(version) is not int or version != MARKER_FORMAT:
         raise ValueError(
-            f"stored media marker has format {version!r}, which this stepcore does not read "
-            f"(it reads format {MARKER_FORMAT}): upgrade stepcore to restore this snapshot"
+            f'stored media marker has format {version!r}, which this stepcore does not read '
+            f'(it reads format {MARKER_FORMAT}): upgrade stepcore to restore this snapshot'
         )
 
 
@@ -56,16 +56,16 @@ def _decode_base64(text: str) -> tuple[bytes, str] | None:
     """
     if not text.isascii():
         return None
-    raw = text.encode("ascii")
+    raw = text.encode('ascii')
     try:
         data = base64.urlsafe_b64decode(raw)
         if base64.urlsafe_b64encode(data) == raw:
-            return data, "base64url"
+            return data, 'base64url'
         data = base64.b64decode(raw, validate=True)
     except ValueError:  # binascii.Error
         return None
     if base64.b64encode(data) == raw:
-        return data, "base64"
+        return data, 'base64'
     return None
 
 
@@ -78,7 +78,7 @@ class MediaWalker:
 
     def __init__(self, media_store: MediaStore | None, threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES) -> None:
         if isinstance(threshold_bytes, bool) or not isinstance(threshold_bytes, int) or threshold_bytes < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(f"media_threshold_bytes={threshold_bytes!r} must be a positive integer number of bytes")
+            raise ValueError(f'media_threshold_bytes={threshold_bytes!r} must be a positive integer number of bytes')
         self.media_store = media_store
         self.threshold_bytes = threshold_bytes
 
@@ -96,14 +96,14 @@ class MediaWalker:
         if not self._needs_walk(encoded):
             return encoded
         value = await self.externalize_value(json.loads(encoded))
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(value, separators=(',', ':'), ensure_ascii=False).encode()
 
     async def restore(self, stored: bytes) -> bytes:
         """The encoded message back from its stored form."""
         if _RESERVED_PREFIX not in stored:
             return stored
         value = await self.restore_value(json.loads(stored))
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(value, separators=(',', ':'), ensure_ascii=False).encode()
 
     # -- JSON values ------------------------------------------------------------------------
 
@@ -125,15 +125,15 @@ class MediaWalker:
         if len(data) < self.threshold_bytes:
             return text
         uri = await store.put(data, context=MediaContext(media_type=_TEXT_MEDIA_TYPE))
-        return {MARKER_KEY: uri, MARKER_FORMAT_KEY: MARKER_FORMAT, ENCODING_KEY: "text"}
+        return {MARKER_KEY: uri, MARKER_FORMAT_KEY: MARKER_FORMAT, ENCODING_KEY: 'text'}
 
     async def _externalize_dict(self, value: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         escaped: dict[str, Any] = {}
-        binary = self.media_store is not None and value.get("kind") == "binary" and isinstance(value.get("data"), str)
+        binary = self.media_store is not None and value.get('kind') == 'binary' and isinstance(value.get('data'), str)
         for key, item in value.items():
-            if binary and key == "data" and (decoded := _decode_base64(item)) is not None:
-                out[key] = await self._externalize_binary(*decoded, value.get("media_type"))
+            if binary and key == 'data' and (decoded := _decode_base64(item)) is not None:
+                out[key] = await self._externalize_binary(*decoded, value.get('media_type'))
             elif key in RESERVED_KEYS:
                 escaped[key] = await self.externalize_value(item)
             else:
@@ -166,7 +166,7 @@ class MediaWalker:
             _check_marker_format(mapping)
             escaped = mapping.get(ESCAPED_KEY)
             if not isinstance(escaped, dict):
-                raise ValueError(f"stored payload has a malformed {ESCAPED_KEY!r} entry: {escaped!r}")
+                raise ValueError(f'stored payload has a malformed {ESCAPED_KEY!r} entry: {escaped!r}')
             for key, item in cast(dict[str, Any], escaped).items():
                 out[key] = await self.restore_value(item)
         return out
@@ -176,12 +176,12 @@ class MediaWalker:
         uri = marker[MARKER_KEY]
         encoding = marker.get(ENCODING_KEY)
         if self.media_store is None:
-            raise ValueError(f"stored snapshot references externalized media {uri!r} but the store has no media_store")
+            raise ValueError(f'stored snapshot references externalized media {uri!r} but the store has no media_store')
         data = await self.media_store.get(uri)
-        if encoding == "base64url":
-            return base64.urlsafe_b64encode(data).decode("ascii")
-        if encoding == "base64":
-            return base64.b64encode(data).decode("ascii")
-        if encoding == "text":
+        if encoding == 'base64url':
+            return base64.urlsafe_b64encode(data).decode('ascii')
+        if encoding == 'base64':
+            return base64.b64encode(data).decode('ascii')
+        if encoding == 'text':
             return data.decode()
-        raise ValueError(f"stored media marker for {uri!r} has unknown encoding {encoding!r}")
+        raise ValueError(f'stored media marker for {uri!r} has unknown encoding {encoding!r}')
