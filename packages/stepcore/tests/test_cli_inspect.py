@@ -6,7 +6,6 @@ the resumed run; plus a run whose tool raised, added here.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 from pathlib import Path
@@ -22,6 +21,7 @@ from typer.testing import CliRunner
 from step_sqlite import SqliteStepStore
 from stepcore import StepPersistence
 from stepcore.cli import app
+from stepcore.cli._loop import run_coroutine
 from stepcore.cli.demo import run_demo
 
 runner = CliRunner()
@@ -53,7 +53,7 @@ async def _add_failing_run(database: Path) -> None:
 def db(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp('cli') / 'runs.db'
     run_demo(path, console=Console(file=io.StringIO()))
-    asyncio.run(_add_failing_run(path))
+    run_coroutine(_add_failing_run(path))
     return f'sqlite:///{path}'
 
 

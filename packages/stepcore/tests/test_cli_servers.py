@@ -6,7 +6,6 @@ Needs the servers `scripts/test.sh` starts: `STEP_MONGO_URL` and `STEP_POSTGRES_
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import uuid
@@ -21,6 +20,7 @@ from typer.testing import CliRunner
 from step_sqlite import SqliteStepStore
 from stepcore import StepPersistence
 from stepcore.cli import app
+from stepcore.cli._loop import run_coroutine
 
 runner = CliRunner()
 
@@ -64,7 +64,7 @@ def _without_seq(doc: dict[str, Any]) -> dict[str, Any]:
 def _round_trip(target: str, tmp_path: Path) -> None:
     tag = f'cli-{uuid.uuid4().hex[:10]}'
     database = tmp_path / 'source.db'
-    asyncio.run(_orchestrate(database, tag))
+    run_coroutine(_orchestrate(database, tag))
     source = f'sqlite:///{database}'
     exported = tmp_path / 'export.json'
     _ok('export', f'{tag}-root', '--with-delegates', '-s', source, '-o', str(exported))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -23,6 +22,7 @@ from ..codec import dump_record
 from ..protocols import StepStore
 from ..registry import get_registry
 from . import render
+from ._loop import run_coroutine
 from .stores import ENV_VAR, StoreError, open_store, resolve_store_url
 from .transfer import (
     RunExport,
@@ -93,7 +93,7 @@ def _error_text(exc: BaseException) -> str:
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's async body, turning a user error into one line on stderr and exit code 1."""
     try:
-        return asyncio.run(coro)
+        return run_coroutine(coro)
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
     except Exception as exc:

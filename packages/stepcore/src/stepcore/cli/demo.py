@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from ..protocols import StepStore
 from ..recovery import inspect_recovery
 from ..registry import get_registry, store_from_spec
 from . import render
+from ._loop import run_coroutine
 from .demo_agents import CONVERSATION_ID, FIRST_RUN_ID, OUTBOX_FILE, REPORT_FILE, RESUMED_RUN_ID, build_agents
 from .recovery_view import describe_recovery
 
@@ -225,7 +225,7 @@ def run_demo(database: Path, *, console: Console) -> None:
         'the child signals the parent, which kills it with SIGKILL.',
     )
     _run_worker(database, workdir, console)
-    asyncio.run(_inspect_and_resume(database, workdir, console))
+    run_coroutine(_inspect_and_resume(database, workdir, console))
 
     store_url = f'sqlite:///{database}'
     console.print()
