@@ -193,10 +193,16 @@ async def test_wrong_secret_is_refused(s3_server: S3Server) -> None:
     # s3rver checks the secret for SigV2 signatures, so this store signs that way to expose a bad secret.
     config = Config(signature_version='s3')
     async with s3_server.store(secret_access_key='wrong-secret-value', client_config=config) as store:
-        with pytest.raises(S3AccessDeniedError, match=r'refused to look up .*\(403') as raised:
-            await store.put(b'signed badly')  # the HEAD before the upload is refused, without an error body
+        calls = await count_calls(store)
+        with pytest.raises(S3AccessDeniedError, match=r'refused to upload .*SignatureDoesNotMatch') as raised:
+            await store.put(b'signed badly')
         assert 'wrong-secret-value' not in str(raised.value)
         assert s3_server.endpoint in str(raised.value)
+        # The HEAD before the upload was refused too (a bare 403), then the upload named the cause.
+        assert calls.counts['HeadObject'] == 1
+        assert calls.counts['PutObject'] == 1
+        with pytest.raises(S3AccessDeniedError, match=r'refused to look up .*\(403.*s3:ListBucket'):
+            await store.exists(media_uri(b'signed badly'))
         with pytest.raises(S3AccessDeniedError, match=r'refused to download .*SignatureDoesNotMatch') as raised:
             await store.get(media_uri(b'signed badly'))
         assert 'wrong-secret-value' not in str(raised.value)

@@ -286,8 +286,14 @@ class S3MediaStore:
         uri = media_uri(data)
         key = self.key_for(uri, context)
         metadata = encode_metadata(context.metadata)
-        if await self._head(key) is not None:
-            return uri
+        try:
+            if await self._head(key) is not None:
+                return uri
+        except S3AccessDeniedError:
+            # AWS answers 403 rather than 404 for a missing object when the credentials lack
+            # s3:ListBucket. Upload anyway: credentials that are really wrong fail the upload too,
+            # with the service's own error code.
+            pass
         extra: dict[str, Any] = {}
         if context.media_type:
             extra['ContentType'] = context.media_type
@@ -457,10 +463,15 @@ class S3MediaStore:
                 self._raise_no_bucket(exc)
             detail = f'{code or status}: {message}' if message else f'{code or status}'
             if code in _ACCESS_CODES or status in (401, 403):
+                hint = (
+                    '; a missing object also reads as 403 when the credentials lack s3:ListBucket on the bucket'
+                    if action in ('look up', 'download') and code in ('AccessDenied', '403')
+                    else ''
+                )
                 raise S3AccessDeniedError(
                     f'{self._where} refused to {action} {target} ({detail}): check access_key_id and '
                     'secret_access_key (or the credentials in the environment/profile), the region, and that '
-                    'they grant access to the bucket',
+                    f'they grant access to the bucket{hint}',
                     bucket=self.bucket,
                     endpoint=self._where,
                 ) from exc
