@@ -19,6 +19,7 @@ __all__ = ('ConcurrencyConformance',)
 
 WRITERS = 20
 PER_WRITER = 10
+HANG_GUARD_SECONDS = 600
 
 
 def _check_trail(events: list[Any], writers: list[str], per_writer: int) -> None:
@@ -161,10 +162,13 @@ class ConcurrencyConformance(StoreFixtures):
             for n in range(30):
                 await store.append_event(event(run_id, n, metadata={'writer': 'parent', 'i': str(n)}))
 
-        async with anyio.create_task_group() as tg:
-            for tag in children:
-                tg.start_soon(child, tag)
-            tg.start_soon(parent)
+        # A guard against a writer stuck on a lock, not a performance bound.
+        with anyio.fail_after(HANG_GUARD_SECONDS):
+            async with anyio.create_task_group() as tg:
+                for tag in children:
+                    tg.start_soon(child, tag)
+                tg.start_soon(parent)
+        assert sorted(results) == children
         for tag, (code, stderr) in results.items():
             assert code == 0, f'writer process {tag} failed:\n{stderr}'
         writers = ['parent', *children]
