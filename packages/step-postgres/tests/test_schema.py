@@ -98,7 +98,7 @@ async def test_older_schema_is_migrated_in_place(postgres_url: str, table_prefix
         record = RunRecord(run_id='old', conversation_id='c')
         await conn.execute(
             tables.query(
-                'INSERT INTO {runs} (run_id, started_at, conversation_id, record) VALUES (%s, %s, %s, %s::jsonb)'
+                'INSERT INTO {runs} (run_id, started_at, conversation_id, record) VALUES (%s, %s, %s, %s::json)'
             ),
             ('old', record.started_at, 'c', record.model_dump_json()),
         )

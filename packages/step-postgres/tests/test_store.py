@@ -245,7 +245,11 @@ async def test_unknown_marker_version_raises_on_latest_and_is_skipped_by_list(
 
 async def test_newer_record_format_is_refused(store: PostgresStepStore, postgres_url: str, table_prefix: str) -> None:
     await store.save_snapshot(ContinuableSnapshot(run_id='f', messages=[]))
-    _execute(postgres_url, table_prefix, """UPDATE {snapshots} SET record = record || '{{"format": 7}}'::jsonb""")
+    _execute(
+        postgres_url,
+        table_prefix,
+        """UPDATE {snapshots} SET record = (record::jsonb || '{{"format": 7}}'::jsonb)::json""",
+    )
     with pytest.raises(ValueError, match='format version 7'):
         await store.latest_snapshot('f')
     assert await store.list_snapshots('f') == []
@@ -346,3 +350,18 @@ async def test_every_protocol_query_can_use_an_index(
             cur = await conn.execute(psycopg.sql.SQL('EXPLAIN ') + query, params)
             plan = '\n'.join(str(row[0]) for row in await cur.fetchall())
             assert 'Seq Scan' not in plan, f'{query.as_string(conn)}\n{plan}'
+
+
+async def test_nul_characters_in_record_fields_round_trip(store: PostgresStepStore) -> None:
+    record = RunRecord(run_id='nul', metadata={'note': 'a\x00b'})
+    await store.register_run(record)
+    assert await store.get_run('nul') == record
+    effect = ToolEffectRecord(run_id='nul', tool_call_id='c', tool_name='t', args={'text': 'x\x00y'}, error='e\x00')
+    await store.record_tool_effect(effect)
+    assert await store.get_tool_effect('nul', 'c') == effect
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('before\x00after')])]
+    await store.save_snapshot(ContinuableSnapshot(run_id='nul', messages=messages, metadata={'k': '\x00'}))
+    latest = await store.latest_snapshot('nul')
+    assert latest is not None
+    assert latest.messages == messages
+    assert latest.metadata == {'k': '\x00'}

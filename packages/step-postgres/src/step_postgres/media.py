@@ -50,7 +50,7 @@ class PostgresMediaStore:
         self._ready_lock: asyncio.Lock | None = None
         q = self.tables.query
         self._q_put = q(
-            """INSERT INTO {media} (digest, data, media_type, metadata) VALUES (%s, %s, %s, %s::jsonb)
+            """INSERT INTO {media} (digest, data, media_type, metadata) VALUES (%s, %s, %s, %s::json)
             ON CONFLICT (digest) DO NOTHING"""
         )
         self._q_get = q('SELECT data FROM {media} WHERE digest = %s')

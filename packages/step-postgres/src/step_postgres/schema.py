@@ -122,7 +122,7 @@ STEPS = Component(
                 conversation_id text,
                 parent_run_id text,
                 registration_id text,
-                record jsonb NOT NULL
+                record json NOT NULL
             )""",
             """CREATE TABLE {counters} (
                 run_id text NOT NULL,
@@ -134,7 +134,7 @@ STEPS = Component(
                 run_id text NOT NULL,
                 seq bigint NOT NULL,
                 idempotency_key text,
-                record jsonb NOT NULL,
+                record json NOT NULL,
                 PRIMARY KEY (run_id, seq)
             )""",
             """CREATE TABLE {event_keys} (
@@ -156,7 +156,7 @@ STEPS = Component(
                 step_index bigint NOT NULL,
                 head bigint,
                 length integer NOT NULL,
-                record jsonb NOT NULL,
+                record json NOT NULL,
                 PRIMARY KEY (run_id, seq)
             )""",
             """CREATE TABLE {snapshot_keys} (
@@ -170,7 +170,7 @@ STEPS = Component(
                 ord bigint GENERATED ALWAYS AS IDENTITY,
                 status text NOT NULL,
                 started_at timestamptz NOT NULL,
-                record jsonb NOT NULL,
+                record json NOT NULL,
                 PRIMARY KEY (run_id, tool_call_id)
             )""",
         ),
@@ -195,7 +195,7 @@ MEDIA = Component(
                 digest text PRIMARY KEY,
                 data bytea NOT NULL,
                 media_type text,
-                metadata jsonb,
+                metadata json,
                 created_at timestamptz NOT NULL DEFAULT now()
             )""",
             # Media is mostly compressed already (images, audio): store it out of line uncompressed.

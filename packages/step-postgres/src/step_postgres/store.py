@@ -277,7 +277,7 @@ class _Queries:
         q = tables.query
         self.run_insert = q(
             """INSERT INTO {runs} (run_id, started_at, conversation_id, parent_run_id, registration_id, record)
-            VALUES (%s, %s, %s, %s, %s, %s::jsonb) ON CONFLICT (run_id) DO NOTHING RETURNING run_id"""
+            VALUES (%s, %s, %s, %s, %s, %s::json) ON CONFLICT (run_id) DO NOTHING RETURNING run_id"""
         )
         self.run_get = q('SELECT record FROM {runs} WHERE run_id = %s')
         self.runs_all = q('SELECT record FROM {runs} ORDER BY started_at, ord')
@@ -303,7 +303,7 @@ class _Queries:
                 RETURNING value
             )
             INSERT INTO {events} (run_id, seq, idempotency_key, record)
-            SELECT %(run)s, c.value, %(key)s::text, %(record)s::jsonb FROM c"""
+            SELECT %(run)s, c.value, %(key)s::text, %(record)s::json FROM c"""
         )
         self.events_list = q('SELECT seq, record FROM {events} WHERE run_id = %s ORDER BY seq')
         # The new messages become nodes chained in order, the first hanging off %(parent)s; the
@@ -334,7 +334,7 @@ class _Queries:
                 INSERT INTO {snapshots} (run_id, seq, state, step_index, head, length, record)
                 SELECT %(run)s, c.value, %(state)s, %(step_index)s,
                     COALESCE((SELECT node_id FROM new ORDER BY ord DESC LIMIT 1), %(parent)s::bigint),
-                    %(length)s, %(record)s::jsonb
+                    %(length)s, %(record)s::json
                 FROM c
             )
             SELECT c.value, ARRAY(SELECT node_id FROM new ORDER BY ord) FROM c"""
@@ -370,7 +370,7 @@ class _Queries:
         )
         self.effect_upsert = q(
             """INSERT INTO {tool_effects} (run_id, tool_call_id, status, started_at, record)
-            VALUES (%s, %s, %s, %s, %s::jsonb)
+            VALUES (%s, %s, %s, %s, %s::json)
             ON CONFLICT (run_id, tool_call_id) DO UPDATE
             SET status = EXCLUDED.status, started_at = EXCLUDED.started_at, record = EXCLUDED.record"""
         )
