@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
+import subprocess
+import sys
 import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -442,3 +444,14 @@ def test_store_moves_to_a_new_event_loop_after_aclose(s3_server: S3Server) -> No
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         pool.submit(scenario).result()
+
+
+def test_loading_the_plugin_does_not_import_the_driver() -> None:
+    code = (
+        'import sys, media_s3.plugin, media_s3; '
+        "assert 'aiobotocore' not in sys.modules and 'botocore' not in sys.modules, 'driver imported'; "
+        'media_s3.S3MediaStore; '
+        "assert 'aiobotocore' in sys.modules"
+    )
+    completed = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=False)
+    assert completed.returncode == 0, completed.stderr
