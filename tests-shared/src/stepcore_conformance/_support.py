@@ -95,12 +95,14 @@ class StoreFixtures:
     @pytest.fixture
     def stepcore_feature_gate(self, request: pytest.FixtureRequest) -> None:
         """Skip a `needs_feature` test, with its reason, unless the store declares the feature."""
-        feature = cast(str, getattr(request.function, FEATURE_ATTRIBUTE))
+        features = cast(tuple[str, ...], getattr(request.function, FEATURE_ATTRIBUTE))
+        feature = ' and '.join(repr(f) for f in features)
         try:
             store = request.getfixturevalue('store')
         except NotImplementedError as error:
-            pytest.skip(f'feature {feature!r} is not available: the store refused its options ({error})')
-        require_feature_declared(store, feature)
+            pytest.skip(f'needs feature {feature}: the store refused its options ({error})')
+        for needed in features:
+            require_feature_declared(store, needed)
 
     @pytest.fixture
     def store_spec(self) -> dict[str, Any] | None:
@@ -116,8 +118,8 @@ FEATURE_ATTRIBUTE = '__stepcore_feature__'
 F = TypeVar('F', bound=Callable[..., Any])
 
 
-def needs_feature(feature: str) -> Callable[[F], F]:
-    """Run the decorated test only for a store that declares `feature`; skip it otherwise.
+def needs_feature(*features: str) -> Callable[[F], F]:
+    """Run the decorated test only for a store that declares every one of `features`; skip it otherwise.
 
     The check happens in the `stepcore_feature_gate` fixture, before the test body, so a store
     that refuses the test's `store_options` (an undeclared feature's option) is skipped too
@@ -125,7 +127,7 @@ def needs_feature(feature: str) -> Callable[[F], F]:
     """
 
     def decorate(test: F) -> F:
-        setattr(test, FEATURE_ATTRIBUTE, feature)
+        setattr(test, FEATURE_ATTRIBUTE, features)
         return pytest.mark.usefixtures('stepcore_feature_gate')(test)
 
     return decorate

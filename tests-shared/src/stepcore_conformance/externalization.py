@@ -23,7 +23,7 @@ from pydantic_ai.messages import (
 )
 
 from stepcore import StepStore
-from stepcore.features import MEDIA_EXTERNALIZATION
+from stepcore.features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
 from stepcore.media import media_uri
 
 from ._support import StoreFixtures, at, canonical, needs_feature, options, register, snapshot, tool_exchange
@@ -50,6 +50,11 @@ def default_media() -> dict[str, Any]:
 def kit_media() -> dict[str, Any]:
     """The kit's `InMemoryMediaStore` (fresh per test), with a low threshold."""
     return {'media_store': InMemoryMediaStore(), 'media_threshold_bytes': THRESHOLD}
+
+
+def kit_media_with_retention() -> dict[str, Any]:
+    """`kit_media` with `max_snapshots_per_run=1`."""
+    return {**kit_media(), 'max_snapshots_per_run': 1}
 
 
 def _kit_media_store(store_options: dict[str, Any]) -> InMemoryMediaStore:
@@ -182,3 +187,23 @@ class MediaExternalizationConformance(StoreFixtures):
         assert [s.messages for s in await store.list_snapshots(run_id)] == expected
         # Later saves add no media, and the messages holding media are not written again.
         assert media.puts == puts_after_first_save, 'unchanged messages were externalized again on a later save'
+
+    @options(kit_media_with_retention)
+    @needs_feature(MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION)
+    async def test_pruning_keeps_media(self, store: StepStore, store_options: dict[str, Any]) -> None:
+        # Blobs are content-addressed and may be shared: pruning a snapshot never deletes them.
+        media = _kit_media_store(store_options)
+        run_id = await register(store)
+        messages = _media_messages()
+        await store.save_snapshot(snapshot(run_id, messages, step_index=0))
+        stored = dict(media.blobs)
+        for step in range(1, 4):
+            await store.save_snapshot(snapshot(run_id, [*messages, *tool_exchange(step)], step_index=step))
+        assert [s.step_index for s in await store.list_snapshots(run_id)] == [3]
+        for uri, data in stored.items():
+            assert await media.get(uri) == data
+        other = await register(store)
+        await store.save_snapshot(snapshot(other, messages))
+        latest = await store.latest_snapshot(other)
+        assert latest is not None
+        assert latest.messages == canonical(messages)
