@@ -170,6 +170,15 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     After each snapshot write it emits `SnapshotSaved`.
 
+    Tool calls are seen through `wrap_tool_execute`, so a call that ends with `ModelRetry`, a
+    deferral (`CallDeferred`, `ApprovalRequired`) or any other exception is recorded `failed` with
+    the exception named in `error`; a call cut short by cancellation or a crash stays `started`.
+
+    Durable execution: every store write, and every clock or uuid read that ends up stored, happens
+    inside one of six durable operations (`OPERATION_NAMES`, scoped by the stable capability id
+    `step_persistence`), so a replayed workflow reuses the journaled values and a retried run
+    registration is recognised by its journaled `registration_id`.
+
     Run id: an explicit `run_id` is used as is (single use: a second run of the same instance
     fails with `ValueError`); with `agent_name` the id is `stepcore.ids.derive_run_id(agent_name,
     ctx.run_id)`; otherwise `ctx.run_id`. `parent_run_id` defaults to the run id of the enclosing
