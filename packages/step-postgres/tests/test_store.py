@@ -92,6 +92,15 @@ async def test_a_given_pool_is_used_and_left_open(postgres_url: str, table_prefi
             assert await cur.fetchone() == (1,)
 
 
+async def test_a_given_pool_that_is_not_open_is_reported(postgres_url: str, table_prefix: str) -> None:
+    pool = AsyncConnectionPool(postgres_url, min_size=1, open=False, name='app-pool')
+    store = PostgresStepStore(pool=pool, table_prefix=table_prefix)
+    with pytest.raises(RuntimeError, match=r"pool 'app-pool' given as pool= is not open: open it first"):
+        await store.get_run('r')
+    await store.aclose()
+    assert pool.closed
+
+
 async def test_an_owned_pool_is_closed(postgres_url: str, table_prefix: str) -> None:
     store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
     assert store.pool is None  # nothing is opened before first use

@@ -61,6 +61,12 @@ class PoolHandle:
 
     async def get(self) -> AsyncConnectionPool[Any]:
         if self._pool is not None and (not self.owned or self._opened):
+            if self._pool.closed:
+                raise RuntimeError(
+                    f'the connection pool {self._pool.name!r} given as pool= is not open: open it first '
+                    '(`await pool.open()` or `async with AsyncConnectionPool(...) as pool:`), and close it '
+                    'only after the store is done'
+                )
             return self._pool
         if self._lock is None:
             self._lock = asyncio.Lock()
