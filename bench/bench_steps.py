@@ -1,0 +1,341 @@
+"""What step persistence costs an agent run, per backend.
+
+Not a test: run `uv run python bench/bench_steps.py [--steps 50 200 1000] [--backends none memory sqlite]`.
+
+A real `pydantic_ai.Agent` on a `FunctionModel` calls one tool per step for N steps; each tool
+returns 2 KB of text. The same run is timed with no persistence and with `StepPersistence` on each
+backend. Each run is a fresh interpreter. Reported per backend and N: the median wall time of the
+run and time per step, the process CPU time (all threads; a busy machine inflates wall time but
+hardly CPU time), bytes the store holds on disk right after the run with the store still open
+(SQLite's `-wal` and `-shm` files included) and once it is closed, and the peak resident memory
+of the process. Results are printed as a Markdown table and written to
+`bench/results.md`.
+
+Backends are a dict of small factories; a backend whose package or server is absent is skipped
+with a printed note. MongoDB and PostgreSQL are used when `STEP_MONGO_URL` / `STEP_POSTGRES_URL`
+point at a server (see `scripts/`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import UsageLimits
+
+from stepcore import InMemoryStepStore, StepStore
+from stepcore.capability import StepPersistence
+
+TOOL_RETURN_BYTES = 2048
+RESULTS = Path(__file__).with_name('results.md')
+
+
+# -- the workload ----------------------------------------------------------------------------
+
+
+def tool_text(i: int) -> str:
+    """2 KB of distinct text for step `i`: random hex, which compresses to about half (real text compresses more)."""
+    return random.Random(i).randbytes(TOOL_RETURN_BYTES // 2).hex()
+
+
+def build_agent(steps: int, capabilities: list[Any]) -> Agent[None, str]:
+    calls = 0
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        nonlocal calls
+        calls += 1
+        if calls <= steps:
+            return ModelResponse(parts=[ToolCallPart('fetch', {'i': calls}, tool_call_id=f'call-{calls}')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model), capabilities=capabilities)
+
+    @agent.tool_plain
+    def fetch(i: int) -> str:  # pyright: ignore[reportUnusedFunction]
+        return tool_text(i)
+
+    return agent
+
+
+# -- backends --------------------------------------------------------------------------------
+
+
+@dataclass
+class Backend:
+    store: StepStore | None
+    size: Callable[[], Awaitable[int | None]]
+    close: Callable[[], Coroutine[Any, Any, None]]
+
+
+async def _none_size() -> int | None:
+    return None
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob('*') if p.is_file())
+
+
+def make_none(tmp: Path) -> Backend:
+    return Backend(None, _none_size, _nothing)
+
+
+def make_memory(tmp: Path) -> Backend:
+    return Backend(InMemoryStepStore(), _none_size, _nothing)
+
+
+def make_sqlite(tmp: Path) -> Backend:
+    from step_sqlite import SqliteStepStore
+
+    store = SqliteStepStore(database=tmp / 'runs.db')
+
+    async def size() -> int:
+        return _dir_size(tmp)
+
+    return Backend(store, size, store.aclose)
+
+
+def make_file(tmp: Path) -> Backend:
+    from step_file import FileStepStore  # pyright: ignore[reportMissingImports, reportUnknownVariableType]
+
+    store: StepStore = FileStepStore(tmp / 'runs')  # pyright: ignore[reportUnknownVariableType]
+
+    async def size() -> int:
+        return _dir_size(tmp)
+
+    return Backend(store, size, store.aclose)
+
+
+def make_mongo(tmp: Path) -> Backend:
+    url = os.environ.get('STEP_MONGO_URL')
+    if not url:
+        raise LookupError('STEP_MONGO_URL is not set (start a server with scripts/mongo-server.sh)')
+    from step_mongo import MongoStepStore  # pyright: ignore[reportMissingImports, reportUnknownVariableType]
+
+    name = f'bench_{uuid.uuid4().hex[:12]}'
+    store: Any = MongoStepStore(db_url=url, database=name)
+
+    async def size() -> int | None:
+        try:
+            stats = await store._db.command('dbStats')
+            return int(stats.get('storageSize', 0)) + int(stats.get('indexSize', 0))
+        except Exception:
+            return None
+
+    async def close() -> None:
+        try:
+            await store._client.drop_database(name)
+        finally:
+            await store.aclose()
+
+    return Backend(store, size, close)
+
+
+def make_postgres(tmp: Path) -> Backend:
+    dsn = os.environ.get('STEP_POSTGRES_URL')
+    if not dsn:
+        raise LookupError('STEP_POSTGRES_URL is not set (start a server with scripts/postgres-server.sh)')
+    from step_postgres import PostgresStepStore  # pyright: ignore[reportMissingImports, reportUnknownVariableType]
+
+    prefix = f'bench_{uuid.uuid4().hex[:10]}'
+    store: Any = PostgresStepStore(dsn=dsn, table_prefix=prefix)
+
+    async def size() -> int | None:
+        try:
+            import psycopg  # pyright: ignore[reportMissingImports]
+
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:  # pyright: ignore
+                cur = await conn.execute(  # pyright: ignore
+                    'SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c '
+                    "WHERE c.relkind = 'r' AND c.relname LIKE %s",
+                    (prefix + '%',),
+                )
+                row = await cur.fetchone()  # pyright: ignore
+                return int(row[0])  # pyright: ignore
+        except Exception:
+            return None
+
+    return Backend(store, size, store.aclose)
+
+
+BACKENDS: dict[str, Callable[[Path], Backend]] = {
+    'none': make_none,
+    'memory': make_memory,
+    'sqlite': make_sqlite,
+    'file': make_file,
+    'mongo': make_mongo,
+    'postgres': make_postgres,
+}
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    seconds: float
+    cpu: float
+    """Process CPU time of the run, all threads (less sensitive to a busy machine than wall time)."""
+    size: int | None
+    """Bytes on disk right after the run, store still open (SQLite: db + -wal + -shm)."""
+    closed_size: int | None
+    """Bytes on disk once the store is closed."""
+    peak_rss: int
+    """Peak resident memory of the benchmark process (bytes), interpreter and imports included."""
+
+
+def _max_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+async def run_once(backend_name: str, steps: int) -> Sample:
+    tmp = Path(tempfile.mkdtemp(prefix=f'bench-{backend_name}-'))
+    try:
+        backend = BACKENDS[backend_name](tmp)
+        capabilities: list[Any] = [StepPersistence(store=backend.store)] if backend.store is not None else []
+        agent = build_agent(steps, capabilities)
+        gc.collect()
+        start = time.perf_counter()
+        cpu_start = time.process_time()
+        result = await agent.run('go', usage_limits=UsageLimits(request_limit=None))
+        seconds = time.perf_counter() - start
+        cpu = time.process_time() - cpu_start
+        peak_rss = _max_rss()
+        if result.output != 'done':
+            raise RuntimeError(f'unexpected output {result.output!r}')
+        size = await backend.size()
+        if backend.store is not None:
+            (run,) = await backend.store.list_runs()
+            latest = await backend.store.latest_snapshot(run.run_id)
+            if latest is None or len(latest.messages) < 2 * steps:
+                raise RuntimeError(f'{backend_name}: the store lost the history')
+        await backend.close()
+        closed_size = await backend.size() if size is not None and backend_name in ('sqlite', 'file') else None
+        return Sample(seconds, cpu, size, closed_size, peak_rss)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_cell(backend_name: str, steps: int) -> Sample:
+    """One run in a fresh interpreter, so memory and caches start from the same state every time."""
+    out = subprocess.run(
+        [sys.executable, __file__, '--cell', backend_name, str(steps)], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f'{backend_name} at {steps} steps failed:\n{out.stderr}')
+    return Sample(**json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def available(names: list[str]) -> list[str]:
+    usable: list[str] = []
+    for name in names:
+        if name not in BACKENDS:
+            print(f'note: unknown backend {name!r} (known: {", ".join(BACKENDS)}); skipped')
+            continue
+        tmp = Path(tempfile.mkdtemp(prefix='bench-probe-'))
+        try:
+            backend = BACKENDS[name](tmp)
+            asyncio.run(backend.close())
+        except (ImportError, LookupError, OSError) as exc:
+            print(f'note: backend {name!r} skipped: {exc}')
+            continue
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        usable.append(name)
+    return usable
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return '-'
+    if n >= 1024 * 1024:
+        return f'{n / 1024 / 1024:.2f} MB'
+    return f'{n / 1024:.0f} KB'
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument('--steps', type=int, nargs='+', default=[50, 200, 1000])
+    parser.add_argument('--backends', nargs='+', default=list(BACKENDS))
+    parser.add_argument('--repeat', type=int, default=3, help='timed runs per cell (median reported)')
+    parser.add_argument('--no-write', action='store_true', help=f'do not write {RESULTS.name}')
+    parser.add_argument('--cell', nargs=2, metavar=('BACKEND', 'STEPS'), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.cell:
+        print(json.dumps(asdict(asyncio.run(run_once(args.cell[0], int(args.cell[1]))))))
+        return
+    backends = available(args.backends)
+    rows: list[str] = []
+    baseline: dict[int, float] = {}
+    cpu_baseline: dict[int, float] = {}
+    print(
+        f'python {platform.python_version()}, {platform.system()} {platform.machine()}, {os.cpu_count()} cpus',
+        flush=True,
+    )
+    for steps in args.steps:
+        repeat = max(1, args.repeat if steps <= 200 else 1)
+        samples: dict[str, list[Sample]] = {b: [] for b in backends}
+        for _ in range(repeat):  # interleave backends so drift hits all of them alike
+            for name in backends:
+                samples[name].append(run_cell(name, steps))
+        for name in backends:
+            peak = max(s.peak_rss for s in samples[name])
+            seconds = statistics.median(s.seconds for s in samples[name])
+            cpu = statistics.median(s.cpu for s in samples[name])
+            size = samples[name][-1].size
+            closed = samples[name][-1].closed_size
+            if name == 'none':
+                baseline[steps] = seconds
+                cpu_baseline[steps] = cpu
+            ratio = f'{seconds / baseline[steps]:.2f}x' if steps in baseline else '-'
+            cpu_ratio = f'{cpu / cpu_baseline[steps]:.2f}x' if steps in cpu_baseline else '-'
+            row = (
+                f'| {name} | {steps} | {seconds:.3f} s | {seconds / steps * 1000:.2f} ms | {ratio} | '
+                f'{cpu:.3f} s | {cpu_ratio} | '
+                f'{fmt_bytes(size)} | {fmt_bytes(closed)} | {fmt_bytes(peak)} |'
+            )
+            rows.append(row)
+            print(row, flush=True)
+    header = [
+        '| backend | steps | wall time | per step | vs none | CPU time | CPU vs none | on disk, open | on disk, closed '
+        '| peak RSS |',
+        '|---|---|---|---|---|---|---|---|---|---|',
+    ]
+    table = '\n'.join(header + rows)
+    print()
+    print(table)
+    if not args.no_write:
+        RESULTS.write_text(
+            f'# bench_steps results\n\n`uv run python bench/bench_steps.py {" ".join(sys.argv[1:])}`'.rstrip()
+            + f'\n\nPython {platform.python_version()}, {platform.system()} {platform.machine()}, '
+            f'{os.cpu_count()} CPUs. Median of {args.repeat} timed runs for N <= 200, one run for larger N.\n\n'
+            + table
+            + '\n'
+        )
+
+
+if __name__ == '__main__':
+    main()
