@@ -129,7 +129,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'The assistant delegated to a researcher; the delegate run points at it through parent_run_id. '
         'The assistant never finished: its process died.',
     )
-    console.print(Padding(render.run_tree(await _tree(store, FIRST_RUN_ID)), (0, 2)))
+    console.print(Padding(render.run_tree(await _tree(store, FIRST_RUN_ID)), (0, 2), expand=False))
 
     _stage(
         console,
@@ -166,7 +166,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
 
     _stage(console, 6, 'What inspect_recovery says', 'The same report `stepcore recover` prints:')
     report = await inspect_recovery(store=store, run_id=FIRST_RUN_ID)
-    console.print(Padding(describe_recovery(FIRST_RUN_ID, report), (0, 2)))
+    console.print(Padding(describe_recovery(FIRST_RUN_ID, report), (0, 2), expand=False))
 
 
 async def _resume(store: StepStore, workdir: Path, console: Console) -> None:
@@ -185,7 +185,7 @@ async def _resume(store: StepStore, workdir: Path, console: Console) -> None:
     def say(line: str) -> None:
         console.print(f'  [dim]resumed |[/] {escape(line)}', highlight=False, soft_wrap=True)
 
-    console.print(Padding(render.render_messages(history), (0, 2)))
+    console.print(Padding(render.render_messages(history), (0, 2), expand=False))
     agents = build_agents(store, workdir, say=say)
     result = await agents.assistant.run(message_history=history, run_id=RESUMED_RUN_ID, conversation_id=CONVERSATION_ID)
     console.print(f'  [bold]assistant:[/] {escape(result.output)}', highlight=False)

@@ -80,7 +80,7 @@ def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
                 detail += f': {effect.effect_summary}'
             if effect.idempotency_key:
                 detail += f' [idempotency key {effect.idempotency_key}]'
-            lines.append(Padding(Text(detail, style='yellow'), (0, 0, 0, 2)))
+            lines.append(Padding(Text(detail, style='yellow'), (0, 0, 0, 2), expand=False))
         say(
             'Check those effects outside the agent (or let the tools deduplicate by their idempotency key) '
             'before running them again.'

@@ -131,8 +131,11 @@ def snapshots_table(
     snapshots: Sequence[ContinuableSnapshot], *, title: str | None = None, timestamps: bool = True
 ) -> Table:
     table = Table(title=title)
-    for column in ('seq', 'step', 'state', 'messages', 'last message'):
-        table.add_column(column, overflow='fold')
+    table.add_column('seq', justify='right')
+    table.add_column('step', justify='right')
+    table.add_column('state', no_wrap=True)
+    table.add_column('messages', justify='right')
+    table.add_column('last message', overflow='fold')
     if timestamps:
         table.add_column('created_at (UTC)', no_wrap=True)
     for snap in snapshots:
