@@ -65,3 +65,19 @@ async def test_open_store_does_not_create_what_it_reads(tmp_path: Path) -> None:
         assert await store.list_runs() == []
     finally:
         await store.aclose()
+
+
+def test_every_command_documents_itself() -> None:
+    import typer.main
+    from typer.testing import CliRunner
+
+    from stepcore.cli import app
+
+    group = typer.main.get_group(app)
+    names = group.list_commands(None)  # pyright: ignore[reportArgumentType]
+    assert names[0] == 'demo'
+    for name in names:
+        result = CliRunner().invoke(app, [name, '--help'], env={'COLUMNS': '200'})
+        assert result.exit_code == 0, result.stderr
+        assert 'Usage: ' in result.stdout
+    assert '--store' in CliRunner().invoke(app, ['runs', '--help'], env={'COLUMNS': '200'}).stdout
