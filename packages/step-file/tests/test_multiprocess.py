@@ -53,7 +53,7 @@ async def test_processes_sharing_a_directory(tmp_path: Path) -> None:
         assert mine == [f'{tag}-{n}' for n in range(STEPS)], f'{tag} lost or reordered events'
 
     # Each process's own run is complete.
-    assert [r.run_id for r in await store.list_runs(conversation_id='shared')] == ['run-left', 'run-right']
+    assert sorted(r.run_id for r in await store.list_runs(conversation_id='shared')) == ['run-left', 'run-right']
     for tag in TAGS:
         run_id = f'run-{tag}'
         assert [e.seq for e in await store.list_events(run_id)] == list(range(1, STEPS + 1))
