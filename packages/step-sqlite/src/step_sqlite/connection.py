@@ -9,11 +9,13 @@ on a lock upgrade.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
 import weakref
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, TypeVar, cast
@@ -38,15 +40,29 @@ _SYNCHRONOUS = ('OFF', 'NORMAL', 'FULL', 'EXTRA')
 
 
 class _Guard:
-    """The lock of one connection; shared by every store object using that connection."""
+    """The lock and worker thread of one connection; shared by every store object using it."""
 
-    __slots__ = ('__weakref__', 'closed', 'connection', 'lock')
+    __slots__ = ('__weakref__', '_executor', 'closed', 'connection', 'lock')
 
     def __init__(self, connection: sqlite3.Connection | None) -> None:
         self.connection = connection
         self.lock = threading.Lock()
         self.closed = False
         """Set when the store that opened the connection closed it."""
+        self._executor: ThreadPoolExecutor | None = None
+
+    def executor(self) -> ThreadPoolExecutor:
+        """The connection's own worker thread (calls on one connection run one at a time anyway)."""
+        with _GUARDS_LOCK:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix='step-sqlite')
+            return self._executor
+
+    def shutdown(self) -> None:
+        with _GUARDS_LOCK:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)
 
 
 # sqlite3.Connection cannot be weakly referenced, so guards are found by id(); a guard holds its
@@ -178,8 +194,17 @@ class Database:
         self._setups.setdefault(name, setup)
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `work(connection)` on a worker thread, holding the connection lock."""
-        return await anyio.to_thread.run_sync(self._call, work)
+        """Run `work(connection)` on a worker thread, holding the connection lock.
+
+        Under asyncio the call goes to the connection's own worker thread (a cheaper hand-off than
+        a pool thread, which matters at several store calls per agent step); under any other
+        event loop to `anyio.to_thread`.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return await anyio.to_thread.run_sync(self._call, work)
+        return await loop.run_in_executor(self._guard.executor(), self._call, work)
 
     def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
         with self._guard.lock:
@@ -219,6 +244,8 @@ class Database:
     async def aclose(self) -> None:
         """Mark closed; close the connection when this object opened it."""
         await anyio.to_thread.run_sync(self._close)
+        if self.owned:
+            self._guard.shutdown()
 
     def _close(self) -> None:
         with self._guard.lock:
