@@ -229,3 +229,25 @@ async def test_prefixes_are_isolated(postgres_url: str, new_prefix: Callable[[],
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_the_longest_prefix_names_every_object_in_full(postgres_url: str, new_prefix: Callable[[], str]) -> None:
+    prefix = (new_prefix() + '_' + 'x' * 41)[:41]  # '<fixture prefix>_...': dropped with the fixture's tables
+    assert len(prefix) == 41
+    store = PostgresStepStore(dsn=postgres_url, table_prefix=prefix)
+    try:
+        await store.register_run(RunRecord(run_id='r'))
+        await store.media_store.put(b'blob')  # type: ignore[union-attr]
+    finally:
+        await store.aclose()
+    with psycopg.connect(postgres_url) as conn:
+        names = {
+            row[0]
+            for row in conn.execute(
+                'SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace '
+                "AND starts_with(relname, %s) AND relkind IN ('r', 'i', 'S')",
+                (prefix + '_',),
+            ).fetchall()
+        }
+    expected = set(Tables(prefix).identifiers())
+    assert {name.removeprefix(prefix + '_') for name in names} >= expected
