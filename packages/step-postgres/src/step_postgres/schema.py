@@ -149,6 +149,8 @@ STEPS = Component(
                 parent bigint,
                 body bytea NOT NULL
             )""",
+            # Dropping the node table drops its id sequence with it.
+            'ALTER SEQUENCE {node_ids} OWNED BY {nodes}.node_id',
             """CREATE TABLE {snapshots} (
                 run_id text NOT NULL,
                 seq bigint NOT NULL,
