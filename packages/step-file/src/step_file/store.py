@@ -127,10 +127,39 @@ class _StaleHistory(Exception):
     """The history index names a node the run's message log does not hold."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Paths:
+    """The files of one run folder."""
+
+    run_dir: Path
+    lock: Path
+    events: Path
+    effects: Path
+    snapshot_keys: Path
+    messages: Path
+    snapshots: Path
+
+    @classmethod
+    def of(cls, run_dir: Path) -> _Paths:
+        return cls(
+            run_dir=run_dir,
+            lock=run_dir / LOCK_FILE,
+            events=run_dir / EVENTS_FILE,
+            effects=run_dir / EFFECTS_FILE,
+            snapshot_keys=run_dir / SNAPSHOT_KEYS_FILE,
+            messages=run_dir / MESSAGES_FILE,
+            snapshots=run_dir / SNAPSHOTS_DIR,
+        )
+
+    def snapshot(self, seq: int) -> Path:
+        return self.snapshots / f'{seq}.json'
+
+
 @dataclass(slots=True)
 class _RunState:
     """What this process knows of one run's logs, kept current by reading only what was appended."""
 
+    paths: _Paths
     lock: threading.Lock = field(default_factory=threading.Lock)
     ready: bool = False
     events: JsonlCursor = field(default_factory=JsonlCursor)
@@ -213,7 +242,7 @@ class FileStepStore(StepStore):
         with self._states_lock:
             state = self._states.get(run_id)
             if state is None:
-                state = self._states[run_id] = _RunState()
+                state = self._states[run_id] = _RunState(_Paths.of(self._run_dir(run_id)))
                 while len(self._states) > _MAX_CACHED_RUNS:
                     self._states.popitem(last=False)
             else:
@@ -223,29 +252,28 @@ class FileStepStore(StepStore):
     def _run_dir(self, run_id: str) -> Path:
         return self.directory / run_id
 
-    def _prepare(self, run_id: str, state: _RunState) -> Path:
-        run_dir = self._run_dir(run_id)
-        if not state.ready or not run_dir.is_dir():
+    def _prepare(self, state: _RunState) -> _Paths:
+        paths = state.paths
+        if not state.ready or not os.path.isdir(paths.run_dir):
             make_dir(self.directory)
-            make_dir(run_dir)
-            make_dir(run_dir / SNAPSHOTS_DIR)
+            make_dir(paths.run_dir)
+            make_dir(paths.snapshots)
             state.ready = True
-        return run_dir
+        return paths
 
     @contextlib.contextmanager
-    def _writing(self, run_id: str, state: _RunState) -> Iterator[Path]:
-        """The run's folder, with this process's state lock and the run's exclusive file lock held."""
+    def _writing(self, state: _RunState) -> Iterator[_Paths]:
+        """The run's files, with this process's state lock and the run's exclusive file lock held."""
         with state.lock:
-            run_dir = self._prepare(run_id, state)
-            with run_lock(run_dir / LOCK_FILE, exclusive=True):
-                yield run_dir
+            paths = self._prepare(state)
+            with run_lock(paths.lock, exclusive=True):
+                yield paths
 
     @contextlib.contextmanager
-    def _reading(self, run_id: str, state: _RunState) -> Iterator[Path]:
-        """The run's folder, with the state lock and a shared file lock (if the run has one) held."""
-        run_dir = self._run_dir(run_id)
-        with state.lock, run_lock(run_dir / LOCK_FILE, exclusive=False):
-            yield run_dir
+    def _reading(self, state: _RunState) -> Iterator[_Paths]:
+        """The run's files, with the state lock and a shared file lock (if the run has one) held."""
+        with state.lock, run_lock(state.paths.lock, exclusive=False):
+            yield state.paths
 
     # -- runs -------------------------------------------------------------------------------
 
@@ -256,7 +284,7 @@ class FileStepStore(StepStore):
     def _register_sync(self, run_id: str, record: RunRecord) -> None:
         state = self._state(run_id)
         with state.lock:
-            run_dir = self._prepare(run_id, state)
+            run_dir = self._prepare(state).run_dir
         path = run_dir / RUN_FILE
         if not check_registration(self._read_run(path), record):
             return
@@ -326,8 +354,8 @@ class FileStepStore(StepStore):
 
     def _append_event_sync(self, run_id: str, event: StepEvent) -> None:
         state = self._state(run_id)
-        with self._writing(run_id, state) as run_dir:
-            path = run_dir / EVENTS_FILE
+        with self._writing(state) as paths:
+            path = paths.events
             fd = open_log(path)
             try:
                 self._catch_up_events(fd, path, state)
@@ -409,20 +437,19 @@ class FileStepStore(StepStore):
         header: dict[str, Any],
         delta: HistoryDelta,
     ) -> list[NodeId] | None:
-        with self._writing(run_id, state) as run_dir:
-            log_path = run_dir / SNAPSHOT_KEYS_FILE
+        with self._writing(state) as paths:
+            log_path = paths.snapshot_keys
             log_fd = open_log(log_path)
             try:
                 self._catch_up_snapshot_log(log_fd, log_path, state)
                 if key is not None and key in state.snapshot_keys:
                     return None
                 # 1. the new messages, as nodes chained onto the reused prefix
-                new_nodes = self._append_nodes(run_dir, state, delta.parent, delta.new_messages)
+                new_nodes = self._append_nodes(paths.messages, state, delta.parent, delta.new_messages)
                 head = self._history.head(delta, new_nodes)
                 # 2. the snapshot file, atomically, under a seq no file uses yet
-                snapshots_dir = run_dir / SNAPSHOTS_DIR
                 seq = state.next_snapshot_seq
-                while (snapshots_dir / f'{seq}.json').exists():  # left by a save that crashed before step 3
+                while os.path.exists(paths.snapshot(seq)):  # left by a save that crashed before step 3
                     seq += 1
                 document = {
                     FORMAT_KEY: RECORD_FORMAT_VERSION,
@@ -430,7 +457,7 @@ class FileStepStore(StepStore):
                     'length': delta.total,
                     'snapshot': _compact(header | {'seq': seq}),
                 }
-                path = snapshots_dir / f'{seq}.json'
+                path = paths.snapshot(seq)
                 write_atomic(
                     path, json.dumps(document, separators=(',', ':'), ensure_ascii=False).encode(), sync_dir=self._full
                 )
@@ -442,7 +469,7 @@ class FileStepStore(StepStore):
                 if key is not None:
                     state.snapshot_keys.add(key)
                 # 4. retention: snapshot files only, never nodes or media
-                self._prune(snapshots_dir, state)
+                self._prune(paths, state)
                 return new_nodes
             finally:
                 os.close(log_fd)
@@ -468,9 +495,8 @@ class FileStepStore(StepStore):
                 state.snapshot_keys.add(key)
 
     def _append_nodes(
-        self, run_dir: Path, state: _RunState, parent: NodeId | None, bodies: Sequence[bytes]
+        self, path: Path, state: _RunState, parent: NodeId | None, bodies: Sequence[bytes]
     ) -> list[NodeId]:
-        path = run_dir / MESSAGES_FILE
         fd = open_log(path)
         try:
             lines, reset = catch_up(fd, path, state.nodes, repair=True)
@@ -495,10 +521,10 @@ class FileStepStore(StepStore):
         finally:
             os.close(fd)
 
-    def _prune(self, snapshots_dir: Path, state: _RunState) -> None:
+    def _prune(self, paths: _Paths, state: _RunState) -> None:
         for seq in snapshots_to_prune(state.live_snapshots.items(), self.max_snapshots_per_run):
             with contextlib.suppress(FileNotFoundError):
-                (snapshots_dir / f'{seq}.json').unlink()
+                paths.snapshot(seq).unlink()
             del state.live_snapshots[seq]
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
@@ -622,8 +648,8 @@ class FileStepStore(StepStore):
 
     def _record_effect_sync(self, run_id: str, record: ToolEffectRecord) -> None:
         state = self._state(run_id)
-        with self._writing(run_id, state) as run_dir:
-            path = run_dir / EFFECTS_FILE
+        with self._writing(state) as paths:
+            path = paths.effects
             fd = open_log(path)
             try:
                 self._catch_up_effects(fd, path, state, repair=True)
@@ -649,8 +675,8 @@ class FileStepStore(StepStore):
     def _effect_lines_sync(self, run_id: str, tool_call_id: str | None) -> list[bytes]:
         """The latest ledger line of one tool call (or of every call when `tool_call_id` is None)."""
         state = self._state(run_id)
-        with self._reading(run_id, state) as run_dir:
-            path = run_dir / EFFECTS_FILE
+        with self._reading(state) as paths:
+            path = paths.effects
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
