@@ -26,6 +26,7 @@ and an index entry can never point at a node that is gone.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from pydantic_ai.messages import ModelMessage
 from .codec import decode_messages, encode_message
 from .walker import MediaWalker
 
-__all__ = ("TAIL_RECHECK", "HistoryDelta", "HistoryIndex", "walk_chain")
+__all__ = ('TAIL_RECHECK', 'HistoryDelta', 'HistoryIndex', 'walk_chain')
 
 TAIL_RECHECK = 2
 """How many of the newest saved messages are always re-encoded when compared."""
@@ -89,14 +90,14 @@ class HistoryIndex:
         pending: list[bytes] = []
         if saved is not None:
             limit = min(len(messages), len(saved.messages))
-            trusted = len(saved.messages) - TAIL_RECHECK
+            # The identical-object prefix, found at C speed: positions below `trusted` holding the
+            # very object that was saved are taken as unchanged without re-encoding.
+            trusted = max(0, min(limit, len(saved.messages) - TAIL_RECHECK))
+            same = list(map(operator.is_, messages[:trusted], saved.messages[:trusted]))
+            shared = same.index(False) if False in same else trusted
+            digests = saved.digests[:shared]
             while shared < limit:
-                message = messages[shared]
-                if message is saved.messages[shared] and shared < trusted:
-                    digests.append(saved.digests[shared])
-                    shared += 1
-                    continue
-                encoded = encode_message(message)
+                encoded = encode_message(messages[shared])
                 digest = _digest(encoded)
                 if digest != saved.digests[shared]:
                     pending.append(encoded)
@@ -125,7 +126,7 @@ class HistoryIndex:
     def commit(self, delta: HistoryDelta, new_nodes: Sequence[NodeId]) -> None:
         """Remember a written delta; `new_nodes` are the ids given to `delta.new_messages`."""
         if len(new_nodes) != len(delta.new_messages):
-            raise ValueError(f"commit got {len(new_nodes)} node ids for {len(delta.new_messages)} new messages")
+            raise ValueError(f'commit got {len(new_nodes)} node ids for {len(delta.new_messages)} new messages')
         base_nodes = delta._base.nodes[: delta.shared] if delta._base is not None else []
         self._runs[delta.run_id] = _SavedHistory(
             messages=delta._messages, digests=delta._digests, nodes=[*base_nodes, *new_nodes]
@@ -164,6 +165,6 @@ def walk_chain(
         bodies.append(body)
         node = parent
     if len(bodies) != length:
-        raise LookupError(f"stored history is broken: expected {length} messages, found {len(bodies)}")
+        raise LookupError(f'stored history is broken: expected {length} messages, found {len(bodies)}')
     bodies.reverse()
     return bodies
