@@ -280,11 +280,27 @@ async def test_unknown_media_marker_version(store: FileStepStore, root: Path, ca
     assert 'format 42' in caplog.text
 
 
-async def test_missing_message_nodes_are_reported(store: FileStepStore, root: Path) -> None:
-    await store.save_snapshot(snap('lost', history(2)))
-    (root / 'lost' / 'messages.jsonl').write_text('')
-    with pytest.raises(ValueError, match='missing'):
-        await store.latest_snapshot('lost')
+async def test_snapshots_whose_writes_never_landed_are_passed_over(
+    store: FileStepStore, root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    messages = history(3)
+    await store.save_snapshot(snap('lost', messages[:3], 1))
+    kept = (root / 'lost' / 'messages.jsonl').read_bytes()
+    await store.save_snapshot(snap('lost', messages[:5], 2))
+    await store.save_snapshot(snap('lost', messages, 3))
+    # After an operating-system crash: the tail of the message log never reached the disk, and
+    # neither did the content of the newest snapshot file.
+    (root / 'lost' / 'messages.jsonl').write_bytes(kept)
+    (root / 'lost' / 'snapshots' / '3.json').write_bytes(b'\x00' * 64)
+
+    with caplog.at_level(logging.WARNING, logger='step_file'):
+        latest = await FileStepStore(root).latest_snapshot('lost')
+        listed = await FileStepStore(root).list_snapshots('lost')
+    assert latest is not None
+    assert (latest.seq, latest.messages) == (1, messages[:3])
+    assert [s.seq for s in listed] == [1]
+    assert '3.json' in caplog.text
+    assert 'missing from messages.jsonl' in caplog.text
 
 
 async def test_seq_is_never_reused_after_a_crash_between_snapshot_and_key(store: FileStepStore, root: Path) -> None:

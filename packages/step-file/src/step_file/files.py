@@ -64,13 +64,14 @@ def _temp_path(path: Path) -> Path:
     return path.with_name(f'.{path.name}.{uuid.uuid4().hex}.tmp')
 
 
-def write_temp(path: Path, data: bytes) -> Path:
-    """Write `data` to a fresh fsynced temporary file next to `path` and return its path."""
+def write_temp(path: Path, data: bytes, *, sync: bool = True) -> Path:
+    """Write `data` to a fresh temporary file next to `path` (fsynced when `sync`) and return its path."""
     tmp = _temp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         _write_all(fd, data)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
@@ -79,19 +80,19 @@ def write_temp(path: Path, data: bytes) -> Path:
     return tmp
 
 
-def write_atomic(path: Path, data: bytes, *, sync_dir: bool) -> None:
-    """Replace `path` with `data` atomically: temp file in the same directory, fsync, rename.
+def write_atomic(path: Path, data: bytes, *, sync: bool) -> None:
+    """Replace `path` with `data` atomically: temp file in the same directory, rename.
 
-    The file's content is always fsynced before the rename, so the new name never points at
-    unwritten data; `sync_dir` also fsyncs the directory, making the rename itself durable.
+    Other processes only ever see the old or the new content. With `sync`, the content is fsynced
+    before the rename and the directory after it, so the new file also survives a power loss.
     """
-    tmp = write_temp(path, data)
+    tmp = write_temp(path, data, sync=sync)
     try:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if sync_dir:
+    if sync:
         fsync_dir(path.parent)
 
 

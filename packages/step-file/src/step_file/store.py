@@ -123,6 +123,10 @@ def _sort_time(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+class _Uncommitted(ValueError):
+    """A snapshot whose file or messages never fully reached the disk (an interrupted write)."""
+
+
 class _StaleHistory(Exception):
     """The history index names a node the run's message log does not hold."""
 
@@ -459,7 +463,7 @@ class FileStepStore(StepStore):
                 }
                 path = paths.snapshot(seq)
                 write_atomic(
-                    path, json.dumps(document, separators=(',', ':'), ensure_ascii=False).encode(), sync_dir=self._full
+                    path, json.dumps(document, separators=(',', ':'), ensure_ascii=False).encode(), sync=self._full
                 )
                 # 3. the save's log line: allocates the seq and records the idempotency key
                 entry: dict[str, Any] = {'seq': seq, 'state': snapshot_state.value, 'key': key}
@@ -514,7 +518,7 @@ class FileStepStore(StepStore):
             if not bodies:
                 return []
             data, ids, written = state.node_writer.encode(state.next_node, cast(int | None, parent), bodies)
-            append_lines(fd, state.nodes, data, sync=True)  # before any snapshot names them
+            append_lines(fd, state.nodes, data, sync=self._full)
             state.node_writer.commit(written)
             state.next_node = ids[-1] + 1
             return list(ids)
@@ -532,21 +536,26 @@ class FileStepStore(StepStore):
         found = await anyio.to_thread.run_sync(self._latest_sync, run_id, include_interrupted)
         if found is None:
             return None
-        stored, nodes = found
-        return await self._materialize(stored, nodes)
+        stored, bodies = found
+        return await self._decode(stored, bodies)
 
-    def _latest_sync(self, run_id: str, include_interrupted: bool) -> tuple[_StoredSnapshot, Nodes] | None:
+    def _latest_sync(self, run_id: str, include_interrupted: bool) -> tuple[_StoredSnapshot, list[bytes]] | None:
         run_dir = self._run_dir(run_id)
+        nodes: Nodes | None = None
         with run_lock(run_dir / LOCK_FILE, exclusive=False):
             for seq in reversed(self._snapshot_seqs(run_dir)):
                 path = run_dir / SNAPSHOTS_DIR / f'{seq}.json'
                 try:
-                    raw = path.read_bytes()
+                    stored = self._parse_snapshot(path, path.read_bytes(), run_id)
+                    if not (include_interrupted or stored.header.state is SnapshotState.COMPLETE):
+                        continue
+                    if nodes is None:
+                        nodes = self._read_nodes(run_dir)
+                    return stored, self._chain(stored, nodes)
                 except FileNotFoundError:
                     continue  # pruned meanwhile by another process
-                stored = self._parse_snapshot(path, raw, run_id)
-                if include_interrupted or stored.header.state is SnapshotState.COMPLETE:
-                    return stored, self._read_nodes(run_dir)
+                except _Uncommitted as exc:
+                    logger.warning('step_file: passing over snapshot %s: %s', path, exc)
         return None
 
     async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
@@ -555,7 +564,7 @@ class FileStepStore(StepStore):
         snapshots: list[ContinuableSnapshot] = []
         for item in stored:
             try:
-                snapshots.append(await self._materialize(item, nodes))
+                snapshots.append(await self._decode(item, self._chain(item, nodes)))
             except ValueError as exc:
                 logger.warning('step_file: skipping snapshot %d of run %r: %s', item.seq, run_id, exc)
         return snapshots
@@ -591,6 +600,8 @@ class FileStepStore(StepStore):
 
     @staticmethod
     def _parse_snapshot(path: Path, raw: bytes, run_id: str) -> _StoredSnapshot:
+        if not raw.strip(b'\x00'):
+            raise _Uncommitted(f'snapshot file {str(path)!r} is empty: its write never reached the disk')
         try:
             document: Any = json.loads(raw)
         except ValueError as exc:
@@ -623,7 +634,10 @@ class FileStepStore(StepStore):
         path = run_dir / MESSAGES_FILE
         return parse_nodes(read_complete_lines(path), path)
 
-    async def _materialize(self, stored: _StoredSnapshot, nodes: Nodes) -> ContinuableSnapshot:
+    @staticmethod
+    def _chain(stored: _StoredSnapshot, nodes: Nodes) -> list[bytes]:
+        """The stored bodies of a snapshot's messages; `_Uncommitted` when some never reached the log."""
+
         def lookup(node: NodeId) -> tuple[NodeId | None, bytes]:
             found = nodes.get(cast(int, node))
             if found is None:
@@ -631,12 +645,15 @@ class FileStepStore(StepStore):
             return found
 
         try:
-            bodies = walk_chain(stored.head, stored.length, lookup)
+            return walk_chain(stored.head, stored.length, lookup)
         except LookupError as exc:
-            raise ValueError(
+            raise _Uncommitted(
                 f'snapshot {stored.seq} of run {stored.header.run_id!r} references message nodes missing from '
-                f'{MESSAGES_FILE} ({exc}): the run folder is damaged'
+                f'{MESSAGES_FILE} ({exc}): its messages were lost (an operating-system crash before they '
+                'reached the disk) or the file was damaged'
             ) from None
+
+    async def _decode(self, stored: _StoredSnapshot, bodies: list[bytes]) -> ContinuableSnapshot:
         messages = await self._history.decode(bodies)
         return stored.header.model_copy(update={'messages': messages, 'seq': stored.seq})
 
