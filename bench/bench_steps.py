@@ -6,11 +6,11 @@ A real `pydantic_ai.Agent` on a `FunctionModel` calls one tool per step for N st
 returns 2 KB of text. The same run is timed with no persistence and with `StepPersistence` on each
 backend. Each run is a fresh interpreter; the store is opened (connection, schema) before the
 timed run starts, so the figures are the cost of persisting steps, not of opening a database.
-Reported per backend and N: the median wall time of the run and time per step, the process CPU
+Reported per backend and N: the best wall time of the repeated runs and time per step, the process CPU
 time (all threads; a busy machine inflates wall time but hardly CPU time), bytes the store holds
 on disk right after the run with the store still open (SQLite's `-wal` and `-shm` files included)
-and once it is closed, and the peak resident memory of the process. Results are printed as a
-Markdown table and written to `bench/results.md`.
+and once it is closed, and how much the process's resident memory grew at its peak during the
+run. Results are printed as a Markdown table and written to `bench/results.md`.
 
 Backends are a dict of small factories; a backend whose package or server is absent is skipped
 with a printed note. MongoDB and PostgreSQL are used when `STEP_MONGO_URL` / `STEP_POSTGRES_URL`
@@ -28,10 +28,10 @@ import platform
 import random
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
@@ -218,11 +218,35 @@ class Sample:
     closed_size: int | None
     """Bytes on disk once the store is closed."""
     peak_rss: int
-    """Peak resident memory of the benchmark process (bytes), interpreter and imports included."""
+    """Peak resident memory during the run minus resident memory just before it (bytes)."""
 
 
-def _max_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+def _rss() -> int:
+    """Current resident memory (Linux `/proc`; elsewhere the process high-water mark)."""
+    try:
+        with open('/proc/self/statm') as statm:
+            return int(statm.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class _RssSampler(threading.Thread):
+    """Samples resident memory every 20 ms while a run is going."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.base = _rss()
+        self.peak = self.base
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.02):
+            self.peak = max(self.peak, _rss())
+
+    def stop(self) -> int:
+        self.done.set()
+        self.join()
+        return max(self.peak, _rss()) - self.base
 
 
 async def run_once(backend_name: str, steps: int) -> Sample:
@@ -234,12 +258,14 @@ async def run_once(backend_name: str, steps: int) -> Sample:
         if backend.store is not None:
             await backend.store.list_runs()  # open the connection and create the schema before timing
         gc.collect()
+        sampler = _RssSampler()
+        sampler.start()
         start = time.perf_counter()
         cpu_start = time.process_time()
         result = await agent.run('go', usage_limits=UsageLimits(request_limit=None))
         seconds = time.perf_counter() - start
         cpu = time.process_time() - cpu_start
-        peak_rss = _max_rss()
+        peak_rss = sampler.stop()
         if result.output != 'done':
             raise RuntimeError(f'unexpected output {result.output!r}')
         size = await backend.size()
@@ -296,7 +322,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument('--steps', type=int, nargs='+', default=[50, 200, 1000])
     parser.add_argument('--backends', nargs='+', default=list(BACKENDS))
-    parser.add_argument('--repeat', type=int, default=3, help='timed runs per cell (median reported)')
+    parser.add_argument('--repeat', type=int, default=3, help='timed runs per cell for N <= 200 (the best is reported)')
     parser.add_argument('--no-write', action='store_true', help=f'do not write {RESULTS.name}')
     parser.add_argument('--cell', nargs=2, metavar=('BACKEND', 'STEPS'), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -323,8 +349,8 @@ def main() -> None:
                     backends.remove(name)
         for name in backends:
             peak = max(s.peak_rss for s in samples[name])
-            seconds = statistics.median(s.seconds for s in samples[name])
-            cpu = statistics.median(s.cpu for s in samples[name])
+            seconds = min(s.seconds for s in samples[name])
+            cpu = min(s.cpu for s in samples[name])
             size = samples[name][-1].size
             closed = samples[name][-1].closed_size
             if name == 'none':
@@ -341,7 +367,7 @@ def main() -> None:
             print(row, flush=True)
     header = [
         '| backend | steps | wall time | per step | vs none | CPU time | CPU vs none | on disk, open | on disk, closed '
-        '| peak RSS |',
+        '| peak RSS growth |',
         '|---|---|---|---|---|---|---|---|---|---|',
     ]
     table = '\n'.join(header + rows)
@@ -351,9 +377,7 @@ def main() -> None:
         RESULTS.write_text(
             f'# bench_steps results\n\n`uv run python bench/bench_steps.py {" ".join(sys.argv[1:])}`'.rstrip()
             + f'\n\nPython {platform.python_version()}, {platform.system()} {platform.machine()}, '
-            f'{os.cpu_count()} CPUs. Median of {args.repeat} timed runs for N <= 200, one run for larger N.\n\n'
-            + table
-            + '\n'
+            f'{os.cpu_count()} CPUs. Best of {args.repeat} runs for N <= 200, one run for larger N.\n\n' + table + '\n'
         )
 
 
