@@ -217,10 +217,10 @@ class FileStepStore(StepStore):
     def __init__(
         self,
         directory: str | os.PathLike[str],
-        *,
         media_store: MediaStore | None | _DefaultMedia = _DEFAULT_MEDIA,
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         max_snapshots_per_run: int | None = None,
+        *,
         durability: Durability = 'normal',
     ) -> None:
         if durability not in _DURABILITY:
