@@ -200,16 +200,20 @@ class Database:
         a pool thread, which matters at several store calls per agent step); under any other
         event loop to `anyio.to_thread`.
         """
+        self._check_open()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return await anyio.to_thread.run_sync(self._call, work)
         return await loop.run_in_executor(self._guard.executor(), self._call, work)
 
+    def _check_open(self) -> None:
+        if self.closed or self._guard.closed:
+            raise RuntimeError(f'{self.owner} on {self.describe} is closed: create a new store to use it again')
+
     def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
         with self._guard.lock:
-            if self.closed or self._guard.closed:
-                raise RuntimeError(f'{self.owner} on {self.describe} is closed: create a new store to use it again')
+            self._check_open()
             connection = self._connection()
             for name, setup in self._setups.items():
                 if name not in self._ready:
