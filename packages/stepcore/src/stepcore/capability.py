@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -102,11 +103,12 @@ class _ContentTracker:
         self.saved = False
 
     def _encode(self, messages: Sequence[ModelMessage]) -> list[bytes]:
-        stable = len(self.messages) - TAIL_RECHECK
-        return [
-            self.encoded[i] if i < stable and message is self.messages[i] else encode_message(message)
-            for i, message in enumerate(messages)
-        ]
+        # The identical-object prefix (below the re-checked tail) keeps its encodings; it is found
+        # at C speed so a long history costs no Python-level loop per save.
+        stable = max(0, min(len(messages), len(self.messages) - TAIL_RECHECK))
+        same = list(map(operator.is_, messages[:stable], self.messages[:stable]))
+        keep = same.index(False) if False in same else stable
+        return [*self.encoded[:keep], *(encode_message(m) for m in messages[keep:])]
 
     def differs(self, messages: Sequence[ModelMessage]) -> bool:
         if not self.saved or len(messages) != len(self.messages):
