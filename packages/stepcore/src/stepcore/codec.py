@@ -17,52 +17,52 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRe
 from .models import RECORD_FORMAT_VERSION
 
 __all__ = (
-    "FORMAT_KEY",
-    "check_format_version",
-    "decode_messages",
-    "dump_record",
-    "dump_record_json",
-    "encode_message",
-    "encode_messages",
-    "load_record",
+    'FORMAT_KEY',
+    'check_format_version',
+    'decode_messages',
+    'dump_record',
+    'dump_record_json',
+    'encode_message',
+    'encode_messages',
+    'load_record',
 )
 
-FORMAT_KEY = "format"
-R = TypeVar("R", bound=BaseModel)
+FORMAT_KEY = 'format'
+R = TypeVar('R', bound=BaseModel)
 
 _MESSAGE_ADAPTER: pydantic.TypeAdapter[ModelRequest | ModelResponse] = pydantic.TypeAdapter(  # pyright: ignore[reportUnknownVariableType]
     ModelMessage,  # pyright: ignore[reportArgumentType]  # an Annotated union is a valid TypeAdapter target
-    config=pydantic.ConfigDict(ser_json_bytes="base64", val_json_bytes="base64"),
+    config=pydantic.ConfigDict(ser_json_bytes='base64', val_json_bytes='base64'),
 )
 
 
-def check_format_version(version: object, *, what: str = "record") -> None:
+def check_format_version(version: object, *, what: str = 'record') -> None:
     """Raise `ValueError` when `version` is not a format this release can read."""
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ValueError(f"{what} has an invalid format version {version!r}: expected an integer >= 1")
+        raise ValueError(f'{what} has an invalid format version {version!r}: expected an integer >= 1')
     if version > RECORD_FORMAT_VERSION:
         raise ValueError(
-            f"{what} was written with format version {version}, newer than this stepcore reads "
-            f"(up to {RECORD_FORMAT_VERSION}): upgrade stepcore to read it"
+            f'{what} was written with format version {version}, newer than this stepcore reads '
+            f'(up to {RECORD_FORMAT_VERSION}): upgrade stepcore to read it'
         )
 
 
 def dump_record(record: BaseModel, *, exclude: set[str] | None = None) -> dict[str, Any]:
     """A JSON-compatible dict of `record`, stamped with the record format version."""
-    data = record.model_dump(mode="json", exclude=exclude)
+    data = record.model_dump(mode='json', exclude=exclude)
     data[FORMAT_KEY] = RECORD_FORMAT_VERSION
     return data
 
 
 def dump_record_json(record: BaseModel, *, exclude: set[str] | None = None) -> str:
     """`dump_record` as a compact JSON string."""
-    return json.dumps(dump_record(record, exclude=exclude), separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(dump_record(record, exclude=exclude), separators=(',', ':'), ensure_ascii=False)
 
 
 def load_record(cls: type[R], data: Mapping[str, Any] | str | bytes, **extra: Any) -> R:
     """Parse a stored record, refusing an unknown newer format version."""
     raw: dict[str, Any] = json.loads(data) if isinstance(data, str | bytes) else dict(data)
-    check_format_version(raw.pop(FORMAT_KEY, 1), what=f"stored {cls.__name__}")
+    check_format_version(raw.pop(FORMAT_KEY, 1), what=f'stored {cls.__name__}')
     raw.update(extra)
     return cls.model_validate(raw)
 
@@ -80,4 +80,4 @@ def encode_messages(messages: Iterable[ModelMessage]) -> list[bytes]:
 def decode_messages(encoded: Iterable[bytes | str]) -> list[ModelMessage]:
     """Messages back from `encode_message` output, validated in one pass by pydantic-ai's adapter."""
     parts = [e.encode() if isinstance(e, str) else e for e in encoded]
-    return ModelMessagesTypeAdapter.validate_json(b"[" + b",".join(parts) + b"]")
+    return ModelMessagesTypeAdapter.validate_json(b'[' + b','.join(parts) + b']')

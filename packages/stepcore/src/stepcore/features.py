@@ -6,13 +6,13 @@ refused with `NotImplementedError` rather than silently ignored.
 
 from __future__ import annotations
 
-__all__ = ("ALL_FEATURES", "MEDIA_EXTERNALIZATION", "PERSISTENT", "SNAPSHOT_RETENTION", "require_feature")
+__all__ = ('ALL_FEATURES', 'MEDIA_EXTERNALIZATION', 'PERSISTENT', 'SNAPSHOT_RETENTION', 'require_feature')
 
-SNAPSHOT_RETENTION = "snapshot_retention"
+SNAPSHOT_RETENTION = 'snapshot_retention'
 """Accepts `max_snapshots_per_run` and prunes to the documented retain set."""
-MEDIA_EXTERNALIZATION = "media_externalization"
+MEDIA_EXTERNALIZATION = 'media_externalization'
 """Accepts `media_store` / `media_threshold_bytes` and stores large payloads as media references."""
-PERSISTENT = "persistent"
+PERSISTENT = 'persistent'
 """Data outlives the process (files, databases)."""
 
 ALL_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
@@ -20,8 +20,8 @@ ALL_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT}
 
 def require_feature(store: object, feature: str, *, option: str) -> None:
     """Raise `NotImplementedError` when `store` is asked for an option of a feature it lacks."""
-    features: frozenset[str] = getattr(type(store), "features", frozenset())
+    features: frozenset[str] = getattr(type(store), 'features', frozenset())
     if feature not in features:
         raise NotImplementedError(
-            f"{type(store).__name__} does not support {option} (feature {feature!r} is not declared by this backend)"
+            f'{type(store).__name__} does not support {option} (feature {feature!r} is not declared by this backend)'
         )

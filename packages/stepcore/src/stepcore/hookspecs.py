@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pluggy
 
-__all__ = ("PROJECT_NAME", "BackendInfo", "hookimpl", "hookspec", "register_media_stores", "register_step_stores")
+__all__ = ('PROJECT_NAME', 'BackendInfo', 'hookimpl', 'hookspec', 'register_media_stores', 'register_step_stores')
 
-PROJECT_NAME = "stepcore"
+PROJECT_NAME = 'stepcore'
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
@@ -24,7 +24,7 @@ class BackendInfo:
     """`"module:Class"` to import and call with the spec's options."""
     features: frozenset[str] = field(default_factory=frozenset[str])
     """Optional behaviours the backend declares (see `stepcore.features`)."""
-    summary: str = ""
+    summary: str = ''
     """One line shown by `stepcore plugins`."""
 
 

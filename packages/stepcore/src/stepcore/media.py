@@ -8,19 +8,19 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 __all__ = (
-    "EMPTY_CONTEXT",
-    "MEDIA_URI_PREFIX",
-    "KeyStrategy",
-    "MediaContext",
-    "MediaStore",
-    "PublicUrlResolver",
-    "default_key",
-    "digest_of_uri",
-    "media_uri",
-    "resolve_public_url",
+    'EMPTY_CONTEXT',
+    'MEDIA_URI_PREFIX',
+    'KeyStrategy',
+    'MediaContext',
+    'MediaStore',
+    'PublicUrlResolver',
+    'default_key',
+    'digest_of_uri',
+    'media_uri',
+    'resolve_public_url',
 )
 
-MEDIA_URI_PREFIX = "media+sha256://"
+MEDIA_URI_PREFIX = 'media+sha256://'
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,17 +52,17 @@ def media_uri(data: bytes) -> str:
 def digest_of_uri(uri: str) -> str:
     """The hex sha256 digest in a `media+sha256://` URI; `ValueError` for anything else."""
     if not uri.startswith(MEDIA_URI_PREFIX):
-        raise ValueError(f"media URI {uri!r} is not a {MEDIA_URI_PREFIX}<sha256> address")
+        raise ValueError(f'media URI {uri!r} is not a {MEDIA_URI_PREFIX}<sha256> address')
     digest = uri[len(MEDIA_URI_PREFIX) :]
-    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-        raise ValueError(f"media URI {uri!r} does not carry a 64-character lowercase hex sha256 digest")
+    if len(digest) != 64 or any(c not in '0123456789abcdef' for c in digest):
+        raise ValueError(f'media URI {uri!r} does not carry a 64-character lowercase hex sha256 digest')
     return digest
 
 
 def default_key(uri: str, context: MediaContext = EMPTY_CONTEXT) -> str:
     """The default storage key of a blob: `<sha256>.bin`."""
     del context
-    return f"{digest_of_uri(uri)}.bin"
+    return f'{digest_of_uri(uri)}.bin'
 
 
 async def resolve_public_url(resolver: PublicUrlResolver | None, uri: str, context: MediaContext) -> str | None:

@@ -10,15 +10,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_ai.messages import ModelMessage
 
 __all__ = (
-    "RECORD_FORMAT_VERSION",
-    "ContinuableSnapshot",
-    "EventKind",
-    "RunRecord",
-    "SnapshotState",
-    "StepEvent",
-    "ToolEffectRecord",
-    "ToolEffectStatus",
-    "utcnow",
+    'RECORD_FORMAT_VERSION',
+    'ContinuableSnapshot',
+    'EventKind',
+    'RunRecord',
+    'SnapshotState',
+    'StepEvent',
+    'ToolEffectRecord',
+    'ToolEffectStatus',
+    'utcnow',
 )
 
 RECORD_FORMAT_VERSION = 1
@@ -33,36 +33,36 @@ def utcnow() -> datetime:
 class EventKind(StrEnum):
     """What happened at a step boundary."""
 
-    RUN_STARTED = "run_started"
-    RUN_COMPLETED = "run_completed"
-    RUN_FAILED = "run_failed"
-    MODEL_REQUEST_STARTED = "model_request_started"
-    MODEL_REQUEST_COMPLETED = "model_request_completed"
-    MODEL_REQUEST_FAILED = "model_request_failed"
-    TOOL_CALL_STARTED = "tool_call_started"
-    TOOL_CALL_COMPLETED = "tool_call_completed"
-    TOOL_CALL_FAILED = "tool_call_failed"
+    RUN_STARTED = 'run_started'
+    RUN_COMPLETED = 'run_completed'
+    RUN_FAILED = 'run_failed'
+    MODEL_REQUEST_STARTED = 'model_request_started'
+    MODEL_REQUEST_COMPLETED = 'model_request_completed'
+    MODEL_REQUEST_FAILED = 'model_request_failed'
+    TOOL_CALL_STARTED = 'tool_call_started'
+    TOOL_CALL_COMPLETED = 'tool_call_completed'
+    TOOL_CALL_FAILED = 'tool_call_failed'
 
 
 class SnapshotState(StrEnum):
     """Whether a snapshot's tool work was settled when it was captured."""
 
-    COMPLETE = "complete"
+    COMPLETE = 'complete'
     """Every tool call has a matching result: safe to continue from."""
-    INTERRUPTED = "interrupted"
+    INTERRUPTED = 'interrupted'
     """Tool work was unsettled (a crash or failure mid tool cycle): check the ledger first."""
 
 
 class ToolEffectStatus(StrEnum):
     """Lifecycle of one tool call in the tool-effect ledger."""
 
-    STARTED = "started"
-    COMPLETED = "completed"
-    FAILED = "failed"
+    STARTED = 'started'
+    COMPLETED = 'completed'
+    FAILED = 'failed'
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="ignore", validate_assignment=False, use_enum_values=False)
+    model_config = ConfigDict(extra='ignore', validate_assignment=False, use_enum_values=False)
 
 
 class RunRecord(_Record):
@@ -106,7 +106,7 @@ class StepEvent(_Record):
 class ContinuableSnapshot(_Record):
     """The message history of a run at one boundary, loadable as `message_history=`."""
 
-    model_config = ConfigDict(extra="ignore", arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra='ignore', arbitrary_types_allowed=True)
 
     run_id: str
     step_index: int = 0

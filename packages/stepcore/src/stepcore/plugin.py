@@ -10,9 +10,9 @@ from .hookspecs import BackendInfo, hookimpl
 def register_step_stores() -> list[BackendInfo]:
     return [
         BackendInfo(
-            key="memory",
-            factory="stepcore.memory:InMemoryStepStore",
+            key='memory',
+            factory='stepcore.memory:InMemoryStepStore',
             features=frozenset({SNAPSHOT_RETENTION}),
-            summary="Process-local store, for tests and short-lived agents.",
+            summary='Process-local store, for tests and short-lived agents.',
         )
     ]

@@ -6,7 +6,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from .models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 
-__all__ = ("StepStore",)
+__all__ = ('StepStore',)
 
 
 @runtime_checkable

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from .models import RunRecord
 
-__all__ = ("check_registration", "duplicate_run_error")
+__all__ = ('check_registration', 'duplicate_run_error')
 
 
 def duplicate_run_error(run_id: str) -> ValueError:
     """The error for a run id that is already registered by another registration."""
     return ValueError(
-        f"run_id {run_id!r} is already registered: each Agent.run needs its own run_id "
-        "(use conversation_id= to group several runs)"
+        f'run_id {run_id!r} is already registered: each Agent.run needs its own run_id '
+        '(use conversation_id= to group several runs)'
     )
 
 

@@ -13,29 +13,29 @@ from . import hookspecs
 from .hookspecs import PROJECT_NAME, BackendInfo
 
 __all__ = (
-    "KNOWN_PACKAGES",
-    "PluginInfo",
-    "RegisteredBackend",
-    "Registry",
-    "get_registry",
-    "load_factory",
-    "media_from_spec",
-    "store_from_spec",
+    'KNOWN_PACKAGES',
+    'PluginInfo',
+    'RegisteredBackend',
+    'Registry',
+    'get_registry',
+    'load_factory',
+    'media_from_spec',
+    'store_from_spec',
 )
 
-Kind = Literal["step", "media"]
+Kind = Literal['step', 'media']
 
 KNOWN_PACKAGES: dict[tuple[Kind, str], str] = {
-    ("step", "memory"): "stepcore",
-    ("step", "file"): "step-file",
-    ("step", "sqlite"): "step-sqlite",
-    ("step", "mongo"): "step-mongo",
-    ("step", "postgres"): "step-postgres",
-    ("media", "disk"): "media-disk",
-    ("media", "sqlite"): "step-sqlite",
-    ("media", "mongo"): "step-mongo",
-    ("media", "s3"): "media-s3",
-    ("media", "postgres"): "step-postgres",
+    ('step', 'memory'): 'stepcore',
+    ('step', 'file'): 'step-file',
+    ('step', 'sqlite'): 'step-sqlite',
+    ('step', 'mongo'): 'step-mongo',
+    ('step', 'postgres'): 'step-postgres',
+    ('media', 'disk'): 'media-disk',
+    ('media', 'sqlite'): 'step-sqlite',
+    ('media', 'mongo'): 'step-mongo',
+    ('media', 's3'): 'media-s3',
+    ('media', 'postgres'): 'step-postgres',
 }
 """Our own backends and the distribution that provides each, for install hints."""
 
@@ -67,9 +67,9 @@ class Registry:
         for name, plugin in manager.list_name_plugin():
             dist = dists.get(id(plugin))
             dist_name = dist.project_name if dist is not None else name
-            version = dist.version if dist is not None else "unknown"
+            version = dist.version if dist is not None else 'unknown'
             found: list[RegisteredBackend] = []
-            hooks: tuple[tuple[Kind, str], ...] = (("step", "register_step_stores"), ("media", "register_media_stores"))
+            hooks: tuple[tuple[Kind, str], ...] = (('step', 'register_step_stores'), ('media', 'register_media_stores'))
             for kind, hook in hooks:
                 impl = getattr(plugin, hook, None)
                 if impl is None:
@@ -84,8 +84,8 @@ class Registry:
         other = self._backends.get(key)
         if other is not None and other.distribution != dist:
             raise RuntimeError(
-                f"{kind} backend {info.key!r} is registered by two distributions, {other.distribution!r} and "
-                f"{dist!r}: uninstall one of them"
+                f'{kind} backend {info.key!r} is registered by two distributions, {other.distribution!r} and '
+                f'{dist!r}: uninstall one of them'
             )
         self._backends[key] = backend
         return backend
@@ -101,12 +101,12 @@ class Registry:
         backend = self._backends.get((kind, key))
         if backend is not None:
             return backend
-        noun = "step store" if kind == "step" else "media store"
-        known = ", ".join(repr(k) for k in self.keys(kind)) or "none"
-        message = f"unknown {noun} backend {key!r}; installed backends: {known}"
+        noun = 'step store' if kind == 'step' else 'media store'
+        known = ', '.join(repr(k) for k in self.keys(kind)) or 'none'
+        message = f'unknown {noun} backend {key!r}; installed backends: {known}'
         package = KNOWN_PACKAGES.get((kind, key))
         if package is not None:
-            message += f". Install it with: pip install {package}"
+            message += f'. Install it with: pip install {package}'
         raise ValueError(message)
 
     def create(self, kind: Kind, key: str, /, **options: Any) -> Any:
@@ -115,14 +115,14 @@ class Registry:
 
 def load_factory(spec: str) -> Any:
     """Import a `"module:attribute"` factory."""
-    module_name, _, attr = spec.partition(":")
+    module_name, _, attr = spec.partition(':')
     if not module_name or not attr:
         raise ValueError(f'backend factory {spec!r} must look like "package.module:Class"')
     module = importlib.import_module(module_name)
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise ImportError(f"backend factory {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+        raise ImportError(f'backend factory {spec!r}: module {module_name!r} has no attribute {attr!r}') from None
 
 
 def build_manager(*, load_entrypoints: bool = True) -> pluggy.PluginManager:
@@ -130,15 +130,15 @@ def build_manager(*, load_entrypoints: bool = True) -> pluggy.PluginManager:
     manager.add_hookspecs(hookspecs)
     if load_entrypoints:
         manager.load_setuptools_entrypoints(PROJECT_NAME)
-    if not any(k == "memory" for _, p in manager.list_name_plugin() for k in _step_keys(p)):
+    if not any(k == 'memory' for _, p in manager.list_name_plugin() for k in _step_keys(p)):
         from . import plugin
 
-        manager.register(plugin, name="memory")
+        manager.register(plugin, name='memory')
     return manager
 
 
 def _step_keys(plugin: object) -> list[str]:
-    impl = getattr(plugin, "register_step_stores", None)
+    impl = getattr(plugin, 'register_step_stores', None)
     return [info.key for info in impl()] if impl is not None else []
 
 
@@ -148,11 +148,11 @@ def get_registry() -> Registry:
     return Registry(build_manager())
 
 
-def store_from_spec(backend: str = "memory", **options: Any) -> Any:
+def store_from_spec(backend: str = 'memory', **options: Any) -> Any:
     """Build a `StepStore` from a backend key and its constructor options."""
-    return get_registry().create("step", backend, **options)
+    return get_registry().create('step', backend, **options)
 
 
 def media_from_spec(backend: str, **options: Any) -> Any:
     """Build a `MediaStore` from a backend key and its constructor options."""
-    return get_registry().create("media", backend, **options)
+    return get_registry().create('media', backend, **options)

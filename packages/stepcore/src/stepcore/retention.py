@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from .models import SnapshotState
 
-__all__ = ("check_max_snapshots", "snapshots_to_prune")
+__all__ = ('check_max_snapshots', 'snapshots_to_prune')
 
 
 def check_max_snapshots(value: int | None) -> int | None:
@@ -14,7 +14,7 @@ def check_max_snapshots(value: int | None) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise ValueError(f"max_snapshots_per_run={value!r} must be None (keep all) or an integer >= 1")
+        raise ValueError(f'max_snapshots_per_run={value!r} must be None (keep all) or an integer >= 1')
     return value
 
 
