@@ -36,3 +36,6 @@ for svc in postgres:STEP_POSTGRES_URL mongo:STEP_MONGO_URL s3:STEP_S3_ENDPOINT; 
 done
 
 "$UV" run pytest "$@"
+
+# The worked third-party backend, in an environment of its own.
+bash scripts/test-example.sh
