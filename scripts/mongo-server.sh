@@ -36,16 +36,10 @@ log_file="$state_dir/server.log"
 serve_py="$repo_root/scripts/mongo/serve.py"
 start_timeout="${MONGO_SERVER_START_TIMEOUT:-30}"
 
-log() { echo "mongo-server: $*" >&2; }
-
-running_pid() {
-    # Prints the recorded pid when that process is still alive.
-    [[ -f "$pid_file" ]] || return 1
-    local pid
-    pid="$(cat "$pid_file")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
-    echo "$pid"
-}
+# shellcheck disable=SC2034  # read by lib/services.sh
+service_name=mongo-server
+# shellcheck source-path=SCRIPTDIR source=lib/services.sh
+source "$repo_root/scripts/lib/services.sh"
 
 answers() {
     [[ -x "$venv_python" ]] || return 1
@@ -101,11 +95,7 @@ install_server() {
 
 start() {
     mkdir -p "$state_dir"
-    if pid="$(running_pid)" && [[ -f "$url_file" ]] && answers "$(cat "$url_file")"; then
-        log "already running (pid $pid)"
-        cat "$url_file"
-        return 0
-    fi
+    already_running "$url_file" && return 0
     install_server
     rm -f "$port_file" "$url_file"
     : >"$log_file"
@@ -116,14 +106,12 @@ start() {
     local deadline=$((SECONDS + start_timeout))
     while [[ ! -s "$port_file" ]]; do
         if ! running_pid >/dev/null; then
-            log "the server exited during start-up; its log ($log_file):"
-            cat "$log_file" >&2
+            fail_with_log "$log_file" "the server exited during start-up"
             rm -f "$pid_file"
             exit 1
         fi
         if ((SECONDS >= deadline)); then
-            log "the server did not bind a port within $start_timeout s; its log ($log_file):"
-            cat "$log_file" >&2
+            fail_with_log "$log_file" "the server did not bind a port within $start_timeout s"
             stop
             exit 1
         fi
@@ -132,8 +120,7 @@ start() {
     local url
     url="mongodb://127.0.0.1:$(tr -d '[:space:]' <"$port_file")"
     if ! answers "$url" "$start_timeout"; then
-        log "the server at $url did not answer ping within $start_timeout s; its log ($log_file):"
-        cat "$log_file" >&2
+        fail_with_log "$log_file" "the server at $url did not answer ping within $start_timeout s"
         stop
         exit 1
     fi
@@ -143,31 +130,11 @@ start() {
 }
 
 stop() {
-    local pid
-    if pid="$(running_pid)"; then
-        kill "$pid" 2>/dev/null || true
-        for _ in $(seq 1 50); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            kill -9 "$pid" 2>/dev/null || true
-        fi
-        log "stopped (pid $pid)"
-    else
-        log "not running"
-    fi
+    stop_recorded_pid
     rm -f "$pid_file" "$port_file" "$url_file"
 }
 
-status() {
-    if running_pid >/dev/null && [[ -f "$url_file" ]] && answers "$(cat "$url_file")"; then
-        cat "$url_file"
-    else
-        log "not running"
-        return 1
-    fi
-}
+status() { print_url_if_running "$url_file"; }
 
 case "${1:-}" in
     start) start ;;

@@ -22,11 +22,10 @@ DB_NAME=stepcore
 DB_USER=stepcore
 DB_PASSWORD=stepcore
 
-log() { echo "postgres-server: $*" >&2; }
-die() {
-    log "error: $*"
-    exit 1
-}
+# shellcheck disable=SC2034  # read by lib/services.sh
+service_name=postgres-server
+# shellcheck source-path=SCRIPTDIR source=lib/services.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/services.sh"
 
 find_bin() {
     if [[ -n "${PG_BIN:-}" ]]; then
@@ -55,13 +54,6 @@ as_owner() {
     else
         "$@"
     fi
-}
-
-free_port() {
-    local py
-    py="$(command -v python3 || command -v python || true)"
-    [[ -n "$py" ]] || die "python3 is needed to pick a free port"
-    "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
 running() {

@@ -28,16 +28,10 @@ data_dir_file="$state_dir/data-dir"
 bucket="${STEP_S3_BUCKET:-stepcore-test}"
 s3rver_bin="$state_dir/node_modules/.bin/s3rver"
 
-log() { echo "s3-server: $*" >&2; }
-
-running_pid() {
-    # Prints the recorded pid when that process is still alive.
-    [[ -f "$pid_file" ]] || return 1
-    local pid
-    pid="$(cat "$pid_file")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
-    echo "$pid"
-}
+# shellcheck disable=SC2034  # read by lib/services.sh
+service_name=s3-server
+# shellcheck source-path=SCRIPTDIR source=lib/services.sh
+source "$repo_root/scripts/lib/services.sh"
 
 answers() {
     # Any HTTP status (even 403 for an unsigned request) means the server is up.
@@ -60,11 +54,7 @@ install_s3rver() {
 
 start() {
     mkdir -p "$state_dir"
-    if pid="$(running_pid)" && [[ -f "$endpoint_file" ]] && answers "$(cat "$endpoint_file")"; then
-        log "already running (pid $pid)"
-        cat "$endpoint_file"
-        return 0
-    fi
+    already_running "$endpoint_file" && return 0
     command -v node >/dev/null || { log "node is required (install Node.js 18+)"; exit 1; }
     install_s3rver
     local data_dir
@@ -78,8 +68,7 @@ start() {
     local endpoint="" port=""
     for _ in $(seq 1 100); do
         if ! running_pid >/dev/null; then
-            log "s3rver exited during start-up; its log ($log_file):"
-            cat "$log_file" >&2
+            fail_with_log "$log_file" "s3rver exited during start-up"
             exit 1
         fi
         port="$(sed -n 's/.*S3rver listening on 127\.0\.0\.1:\([0-9][0-9]*\).*/\1/p' "$log_file" | head -n 1)"
@@ -92,8 +81,7 @@ start() {
         sleep 0.2
     done
     if [[ -z "$endpoint" ]] || ! answers "$endpoint"; then
-        log "s3rver did not answer within 20 s; its log ($log_file):"
-        cat "$log_file" >&2
+        fail_with_log "$log_file" "s3rver did not answer within 20 s"
         stop
         exit 1
     fi
@@ -103,20 +91,7 @@ start() {
 }
 
 stop() {
-    local pid
-    if pid="$(running_pid)"; then
-        kill "$pid" 2>/dev/null || true
-        for _ in $(seq 1 50); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            kill -9 "$pid" 2>/dev/null || true
-        fi
-        log "stopped (pid $pid)"
-    else
-        log "not running"
-    fi
+    stop_recorded_pid
     if [[ -f "$data_dir_file" ]]; then
         local data_dir
         data_dir="$(cat "$data_dir_file")"
@@ -127,14 +102,7 @@ stop() {
     rm -f "$pid_file" "$endpoint_file" "$data_dir_file"
 }
 
-status() {
-    if running_pid >/dev/null && [[ -f "$endpoint_file" ]] && answers "$(cat "$endpoint_file")"; then
-        cat "$endpoint_file"
-    else
-        log "not running"
-        return 1
-    fi
-}
+status() { print_url_if_running "$endpoint_file"; }
 
 case "${1:-}" in
     start) start ;;
