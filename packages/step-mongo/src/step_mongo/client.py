@@ -9,7 +9,15 @@ from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-__all__ = ('CODEC_OPTIONS', 'DEFAULT_DATABASE', 'Document', 'MongoClient', 'open_client', 'resolve_database')
+__all__ = (
+    'CODEC_OPTIONS',
+    'DEFAULT_DATABASE',
+    'ClientUser',
+    'Document',
+    'MongoClient',
+    'open_client',
+    'resolve_database',
+)
 
 Document = dict[str, Any]
 MongoClient = AsyncMongoClient[Any]
@@ -57,3 +65,33 @@ def resolve_database(client: MongoClient, database: str | None) -> AsyncDatabase
     return cast(
         AsyncDatabase[Document], client.get_default_database(default=DEFAULT_DATABASE, codec_options=CODEC_OPTIONS)
     )
+
+
+class ClientUser:
+    """The client and database a store works on, and whether closing the store closes the client.
+
+    `MongoStepStore` and `MongoMediaStore` share this: a given `client=` is never closed by the
+    store, a client the store created from `db_url=` is closed by `aclose()`.
+    """
+
+    _client: MongoClient
+    _owns_client: bool
+    _db: AsyncDatabase[Document]
+
+    def _use_client(self, owner: str, client: MongoClient | None, db_url: str | None, database: str | None) -> None:
+        self._client, self._owns_client = open_client(owner, client, db_url)
+        self._db = resolve_database(self._client, database)
+
+    @property
+    def client(self) -> MongoClient:
+        """The `AsyncMongoClient` this store uses."""
+        return self._client
+
+    @property
+    def database_name(self) -> str:
+        return self._db.name
+
+    async def aclose(self) -> None:
+        """Close the client if this store created it from `db_url`; a given client stays open."""
+        if self._owns_client:
+            await self._client.close()

@@ -10,7 +10,6 @@ digest, which would lose deduplication.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
@@ -31,8 +30,9 @@ from stepcore.media import (
     media_uri,
     resolve_public_url,
 )
+from stepcore.setup_once import SetupOnce
 
-from .client import Document, MongoClient, open_client, resolve_database
+from .client import ClientUser, Document, MongoClient
 from .indexes import ensure_indexes
 
 __all__ = ('DEFAULT_CHUNK_SIZE_BYTES', 'MAX_CHUNK_SIZE_BYTES', 'MongoMediaStore')
@@ -44,7 +44,7 @@ MAX_CHUNK_SIZE_BYTES = 15 * 1024 * 1024
 _DUPLICATE_KEY = 11000
 
 
-class MongoMediaStore(MediaStore):
+class MongoMediaStore(ClientUser, MediaStore):
     """Blobs in a MongoDB database, deduplicated by their sha256 digest.
 
     Pass a shared `pymongo.AsyncMongoClient` as `client=` (never closed by this store) or a
@@ -70,34 +70,18 @@ class MongoMediaStore(MediaStore):
                 f'chunk_size_bytes={chunk_size_bytes!r} must be an integer from 1 to {MAX_CHUNK_SIZE_BYTES} '
                 '(15 MiB, so a chunk document stays under the 16 MiB BSON limit)'
             )
-        self._client, self._owns_client = open_client('MongoMediaStore', client, db_url)
-        self._db = resolve_database(self._client, database)
+        self._use_client('MongoMediaStore', client, db_url, database)
         self.collection_name = collection
         self.chunk_size_bytes = chunk_size_bytes
         self.public_url_resolver = public_url
         self._manifests: AsyncCollection[Document] = self._db[collection]
         self._chunks: AsyncCollection[Document] = self._db[f'{collection}_chunks']
-        self._indexes_ready = False
-        self._indexes_lock = asyncio.Lock()
+        self._ensure_indexes = SetupOnce(self._create_indexes)
 
-    @property
-    def client(self) -> MongoClient:
-        return self._client
-
-    @property
-    def database_name(self) -> str:
-        return self._db.name
-
-    async def _ensure_indexes(self) -> None:
-        if self._indexes_ready:
-            return
-        async with self._indexes_lock:
-            if self._indexes_ready:
-                return
-            await ensure_indexes(
-                self._chunks, [IndexModel([('digest', ASCENDING), ('n', ASCENDING)], unique=True, name='digest_n')]
-            )
-            self._indexes_ready = True
+    async def _create_indexes(self) -> None:
+        await ensure_indexes(
+            self._chunks, [IndexModel([('digest', ASCENDING), ('n', ASCENDING)], unique=True, name='digest_n')]
+        )
 
     async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
         uri = media_uri(data)
@@ -163,8 +147,3 @@ class MongoMediaStore(MediaStore):
         if manifest is None or manifest.get('metadata') is None:
             return None
         return cast(dict[str, str], json.loads(cast(str, manifest['metadata'])))
-
-    async def aclose(self) -> None:
-        """Close the client if this store created it from `db_url`; a given client stays open."""
-        if self._owns_client:
-            await self._client.close()

@@ -18,7 +18,6 @@ Indexes are created once per store, on its first write.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -46,9 +45,10 @@ from stepcore.models import (
 from stepcore.protocols import StepStore
 from stepcore.registration import check_registration
 from stepcore.retention import check_max_snapshots, snapshots_to_prune
+from stepcore.setup_once import SetupOnce
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 
-from .client import Document, MongoClient, open_client, resolve_database
+from .client import ClientUser, Document, MongoClient
 from .indexes import ensure_indexes
 from .media import MongoMediaStore
 
@@ -161,7 +161,7 @@ _INDEXES: Final[dict[str, list[IndexModel]]] = {
 }
 
 
-class MongoStepStore(StepStore):
+class MongoStepStore(ClientUser, StepStore):
     """Step persistence in MongoDB through pymongo's native async client.
 
     Pass a shared `pymongo.AsyncMongoClient` as `client=` (never closed by this store) or a
@@ -187,8 +187,7 @@ class MongoStepStore(StepStore):
     ) -> None:
         self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
         walker = MediaWalker(None, media_threshold_bytes)  # validates the threshold before connecting
-        self._client, self._owns_client = open_client('MongoStepStore', client, db_url)
-        self._db = resolve_database(self._client, database)
+        self._use_client('MongoStepStore', client, db_url, database)
         if isinstance(media_store, _DefaultMedia):
             media_store = MongoMediaStore(client=self._client, database=self._db.name)
         self.media_store: MediaStore | None = media_store
@@ -201,29 +200,13 @@ class MongoStepStore(StepStore):
         self._effects: AsyncCollection[Document] = self._db['tool_effects']
         self._counters: AsyncCollection[Document] = self._db['counters']
         self._nodes: AsyncCollection[Document] = self._db['message_nodes']
-        self._indexes_ready = False
-        self._indexes_lock = asyncio.Lock()
-
-    @property
-    def client(self) -> MongoClient:
-        """The `AsyncMongoClient` this store uses."""
-        return self._client
-
-    @property
-    def database_name(self) -> str:
-        return self._db.name
+        self._ensure_indexes = SetupOnce(self._create_indexes)
 
     # -- setup ------------------------------------------------------------------------------
 
-    async def _ensure_indexes(self) -> None:
-        if self._indexes_ready:
-            return
-        async with self._indexes_lock:
-            if self._indexes_ready:
-                return
-            for name, models in _INDEXES.items():
-                await ensure_indexes(self._db[name], models)
-            self._indexes_ready = True
+    async def _create_indexes(self) -> None:
+        for name, models in _INDEXES.items():
+            await ensure_indexes(self._db[name], models)
 
     async def _next_seq(self, kind: str, run_id: str, count: int = 1) -> int:
         """Advance the run's `kind` counter by `count`; returns the new (last allocated) value."""
@@ -483,8 +466,3 @@ class MongoStepStore(StepStore):
         return await self._effects_where({'run_id': run_id, 'status': ToolEffectStatus.STARTED.value})
 
     # -- lifecycle --------------------------------------------------------------------------
-
-    async def aclose(self) -> None:
-        """Close the client if this store created it from `db_url`; a given client stays open."""
-        if self._owns_client:
-            await self._client.close()

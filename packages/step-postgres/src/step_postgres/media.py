@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any, cast
@@ -11,6 +10,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from stepcore.media import EMPTY_CONTEXT, MediaContext, PublicUrlResolver, digest_of_uri, media_uri, resolve_public_url
+from stepcore.setup_once import SetupOnce
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
 from .schema import DEFAULT_TABLE_PREFIX, MEDIA, Tables, ensure_schema
@@ -46,8 +46,7 @@ class PostgresMediaStore:
             else PoolHandle(pool=pool, dsn=dsn, owner='PostgresMediaStore', connect_timeout=connect_timeout)
         )
         self._public_url = public_url
-        self._ready = False
-        self._ready_lock: asyncio.Lock | None = None
+        self._ensure = SetupOnce(self._create_schema)
         q = self.tables.query
         self._q_put = q(
             """INSERT INTO {media} (digest, data, media_type, metadata) VALUES (%s, %s, %s, %s::json)
@@ -62,16 +61,9 @@ class PostgresMediaStore:
         """The connection pool in use (`None` until a DSN-built pool is first opened)."""
         return self._handle.pool
 
-    async def _ensure(self) -> None:
-        if self._ready:
-            return
-        if self._ready_lock is None:
-            self._ready_lock = asyncio.Lock()
-        async with self._ready_lock:
-            if not self._ready:
-                async with self._handle.connection() as conn:
-                    await ensure_schema(conn, self.tables, MEDIA)
-                self._ready = True
+    async def _create_schema(self) -> None:
+        async with self._handle.connection() as conn:
+            await ensure_schema(conn, self.tables, MEDIA)
 
     async def _fetch_value(self, query: Any, digest: str) -> tuple[bool, Any]:
         await self._ensure()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar, Final, cast
@@ -19,6 +18,7 @@ from stepcore.models import ContinuableSnapshot, RunRecord, SnapshotState, StepE
 from stepcore.protocols import StepStore
 from stepcore.registration import check_registration
 from stepcore.retention import check_max_snapshots, snapshots_to_prune
+from stepcore.setup_once import SetupOnce
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
@@ -78,8 +78,7 @@ class PostgresStepStore(StepStore):
             media_store = PostgresMediaStore(table_prefix=table_prefix, _handle=self._handle)
         self.media_store: MediaStore | None = media_store
         self._history = HistoryIndex(MediaWalker(media_store, media_threshold_bytes))
-        self._ready = False
-        self._ready_lock: asyncio.Lock | None = None
+        self._ensure = SetupOnce(self._create_schema)
         self._q = _Queries(self.tables)
 
     @property
@@ -87,16 +86,9 @@ class PostgresStepStore(StepStore):
         """The connection pool in use (`None` until a DSN-built pool is first opened)."""
         return self._handle.pool
 
-    async def _ensure(self) -> None:
-        if self._ready:
-            return
-        if self._ready_lock is None:
-            self._ready_lock = asyncio.Lock()
-        async with self._ready_lock:
-            if not self._ready:
-                async with self._handle.connection() as conn:
-                    await ensure_schema(conn, self.tables, STEPS)
-                self._ready = True
+    async def _create_schema(self) -> None:
+        async with self._handle.connection() as conn:
+            await ensure_schema(conn, self.tables, STEPS)
 
     async def _fetchall(self, query: sql.Composed, params: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
         await self._ensure()
