@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import anyio.to_thread
 
+from stepcore.fileio import make_dir, write_atomic
 from stepcore.media import (
     EMPTY_CONTEXT,
     KeyStrategy,
@@ -29,49 +29,6 @@ __all__ = ('SIDECAR_SUFFIX', 'DiskMediaStore')
 SIDECAR_SUFFIX = '.meta.json'
 """Appended to a blob's path to name the JSON file holding its metadata."""
 _SIDECAR_FORMAT = 1
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file next to `path`, fsync it, and rename it into place."""
-    tmp = path.with_name(f'.{path.name}.{uuid.uuid4().hex}.tmp')
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _make_dirs(path: Path) -> None:
-    """Create `path` and missing parents, fsyncing each parent that gained an entry."""
-    if path.is_dir():
-        return
-    _make_dirs(path.parent)
-    try:
-        path.mkdir()
-    except FileExistsError:
-        return
-    _fsync_dir(path.parent)
 
 
 class DiskMediaStore(MediaStore):
@@ -154,8 +111,8 @@ class DiskMediaStore(MediaStore):
 
     def _put_sync(self, path: Path, data: bytes, sidecar: bytes | None) -> None:
         if not path.is_file():
-            _make_dirs(path.parent)
-            _write_atomic(path, data)
+            make_dir(path.parent)
+            write_atomic(path, data)
         if sidecar is not None:
             side = self.sidecar_path(path)
             try:
@@ -163,7 +120,7 @@ class DiskMediaStore(MediaStore):
             except FileNotFoundError:
                 current = None
             if current != sidecar:
-                _write_atomic(side, sidecar)
+                write_atomic(side, sidecar)
 
     async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
         """The blob's bytes; `LookupError` when absent, `ValueError` when its content does not match `uri`."""

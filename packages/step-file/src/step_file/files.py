@@ -1,4 +1,7 @@
-"""Low-level file helpers: atomic writes, fsync, per-run locks and append-only JSON-lines logs."""
+"""Low-level file helpers: per-run locks and append-only JSON-lines logs.
+
+Atomic writes and directory fsyncs come from `stepcore.fileio` (shared with `media-disk`).
+"""
 
 from __future__ import annotations
 
@@ -6,94 +9,21 @@ import contextlib
 import fcntl
 import logging
 import os
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from stepcore.fileio import fsync_dir, write_all
 
 __all__ = (
     'JsonlCursor',
     'append_lines',
     'catch_up',
-    'fsync_dir',
-    'make_dir',
     'read_complete_lines',
     'run_lock',
-    'write_atomic',
 )
 
 logger = logging.getLogger('step_file')
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the entries of directory `path` (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def make_dir(path: Path) -> bool:
-    """Create `path` (and missing parents), fsyncing each parent that gained an entry.
-
-    Returns True when `path` was created by this call.
-    """
-    try:
-        path.mkdir()
-    except FileExistsError:
-        return False
-    except FileNotFoundError:
-        make_dir(path.parent)
-        try:
-            path.mkdir()
-        except FileExistsError:
-            return False
-    fsync_dir(path.parent)
-    return True
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _temp_path(path: Path) -> Path:
-    return path.with_name(f'.{path.name}.{uuid.uuid4().hex}.tmp')
-
-
-def write_temp(path: Path, data: bytes, *, sync: bool = True) -> Path:
-    """Write `data` to a fresh temporary file next to `path` (fsynced when `sync`) and return its path."""
-    tmp = _temp_path(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        _write_all(fd, data)
-        if sync:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    return tmp
-
-
-def write_atomic(path: Path, data: bytes, *, sync: bool) -> None:
-    """Replace `path` with `data` atomically: temp file in the same directory, rename.
-
-    Other processes only ever see the old or the new content. With `sync`, the content is fsynced
-    before the rename and the directory after it, so the new file also survives a power loss.
-    """
-    tmp = write_temp(path, data, sync=sync)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if sync:
-        fsync_dir(path.parent)
 
 
 @contextlib.contextmanager
@@ -180,7 +110,7 @@ def append_lines(fd: int, cursor: JsonlCursor, data: bytes, *, sync: bool) -> No
 
     Call right after `catch_up(repair=True)`, with the run's exclusive lock held.
     """
-    _write_all(fd, data)
+    write_all(fd, data)
     if sync:
         os.fsync(fd)
     cursor.offset += len(data)

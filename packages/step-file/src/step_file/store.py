@@ -20,6 +20,7 @@ import anyio.to_thread
 from media_disk import DiskMediaStore
 from stepcore.codec import FORMAT_KEY, check_format_version, dump_record, dump_record_json, load_record
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.fileio import fsync_dir, make_dir, write_atomic, write_temp
 from stepcore.history import HistoryDelta, HistoryIndex, walk_chain
 from stepcore.ids import validate_path_safe_run_id
 from stepcore.media import MediaStore
@@ -41,13 +42,9 @@ from .files import (
     JsonlCursor,
     append_lines,
     catch_up,
-    fsync_dir,
-    make_dir,
     open_log,
     read_complete_lines,
     run_lock,
-    write_atomic,
-    write_temp,
 )
 from .nodes import Nodes, NodeWriter, node_id_of, parse_nodes
 
