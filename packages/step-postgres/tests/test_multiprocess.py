@@ -9,16 +9,15 @@ import time
 from pathlib import Path
 
 from step_postgres import PostgresStepStore
-from stepcore import EventKind, ToolEffectStatus
+from stepcore_conformance.support import check_tool_steps
 
 STEPS = 15
 
 WRITER = """
-import asyncio, sys, time
+import asyncio, sys
 from pathlib import Path
-from pydantic_ai.messages import ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart, UserPromptPart
 from step_postgres import PostgresStepStore
-from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
+from stepcore_conformance.support import write_tool_steps
 
 url, prefix, go, run_id, steps = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 
@@ -28,21 +27,7 @@ async def main():
     Path(f'{go}.{run_id}.ready').write_text('')
     while not go.exists():
         await asyncio.sleep(0.005)
-    await store.register_run(RunRecord(run_id=run_id, conversation_id='conv'))
-    messages = [ModelRequest(parts=[UserPromptPart(f'start {run_id}')])]
-    for i in range(steps):
-        call = f'{run_id}-{i}'
-        await store.append_event(StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_STARTED, step_index=i))
-        await store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id=call, tool_name='work'))
-        messages.append(ModelResponse(parts=[ToolCallPart('work', {'i': i}, tool_call_id=call)]))
-        messages.append(ModelRequest(parts=[ToolReturnPart('work', f'{run_id} result {i} ' * 40, tool_call_id=call)]))
-        await store.record_tool_effect(
-            ToolEffectRecord(run_id=run_id, tool_call_id=call, tool_name='work', status=ToolEffectStatus.COMPLETED)
-        )
-        await store.append_event(StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_COMPLETED, step_index=i))
-        await store.save_snapshot(
-            ContinuableSnapshot(run_id=run_id, step_index=i, messages=list(messages), idempotency_key=f's{i}')
-        )
+    await write_tool_steps(store, run_id, steps, conversation_id='conv', snapshot_keys=True)
     await store.aclose()
     print('done', run_id)
 
@@ -88,19 +73,7 @@ async def test_processes_writing_different_runs_concurrently_lose_nothing(
     try:
         assert sorted(r.run_id for r in await store.list_runs(conversation_id='conv')) == writers
         for run_id in writers:
-            events = await store.list_events(run_id)
-            assert [e.seq for e in events] == list(range(1, 2 * STEPS + 1))
-            assert [(e.kind, e.step_index) for e in events] == [
-                (kind, i) for i in range(STEPS) for kind in (EventKind.TOOL_CALL_STARTED, EventKind.TOOL_CALL_COMPLETED)
-            ]
-            effects = await store.list_tool_effects(run_id)
-            assert [e.tool_call_id for e in effects] == [f'{run_id}-{i}' for i in range(STEPS)]
-            assert all(e.status is ToolEffectStatus.COMPLETED for e in effects)
-            assert await store.list_unresolved_tool_effects(run_id) == []
-            snapshots = await store.list_snapshots(run_id)
-            assert [s.seq for s in snapshots] == list(range(1, STEPS + 1))
-            latest = snapshots[-1]
-            assert len(latest.messages) == 1 + 2 * STEPS
-            assert all(f'{run_id} result' in str(m) for m in latest.messages[2::2])
+            await check_tool_steps(store, run_id, STEPS)
+            assert [s.seq for s in await store.list_snapshots(run_id)] == list(range(1, STEPS + 1))
     finally:
         await store.aclose()

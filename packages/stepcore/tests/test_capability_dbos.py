@@ -32,6 +32,7 @@ from stepcore import (
 )
 from stepcore.capability import OPERATION_NAMES
 from stepcore_conformance.capability import function_model
+from stepcore_conformance.support import ONE_TOOL_CALL_RUN_EVENTS
 
 
 class RecordingStore(InMemoryStepStore):
@@ -173,16 +174,7 @@ async def test_interrupted_workflow_recovers_without_duplicates() -> None:
     assert store.writes.count('event:tool_call_started') == 0
     after = await store.list_events(record.run_id)
     assert after[: len(before)] == before
-    assert [e.kind for e in after] == [
-        EventKind.RUN_STARTED,
-        EventKind.MODEL_REQUEST_STARTED,
-        EventKind.MODEL_REQUEST_COMPLETED,
-        EventKind.TOOL_CALL_STARTED,
-        EventKind.TOOL_CALL_COMPLETED,
-        EventKind.MODEL_REQUEST_STARTED,
-        EventKind.MODEL_REQUEST_COMPLETED,
-        EventKind.RUN_COMPLETED,
-    ]
+    assert [e.kind for e in after] == list(ONE_TOOL_CALL_RUN_EVENTS)
     assert len({e.idempotency_key for e in after}) == len(after)
     snapshots = await store.list_snapshots(record.run_id)
     assert [s.state for s in snapshots] == [SnapshotState.COMPLETE, SnapshotState.COMPLETE]

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import pytest
 
 from stepcore import EventKind, SnapshotState, ToolEffectStatus, from_spec
 from stepcore.registry import get_registry
+from stepcore_conformance.support import ONE_TOOL_CALL_RUN_EVENTS, kill_when_ready
 
 CHILD = r"""
 import asyncio, json, sys
@@ -106,20 +105,13 @@ async def test_killed_workflow_is_recovered_without_duplicate_writes(tmp_path: P
     }
 
     crashing = await _child(script, {**config, 'mode': 'crash'})
-    try:
-        for _ in range(1200):
-            if Path(config['ready']).exists() or crashing.returncode is not None:
-                break
-            await asyncio.sleep(0.05)
-        if not Path(config['ready']).exists():
-            _, err = await crashing.communicate()
-            pytest.fail(f'the workflow never reached its tool call: {err.decode()[-3000:]}')
-        os.kill(crashing.pid, signal.SIGKILL)
-        assert await crashing.wait() == -signal.SIGKILL
-    finally:
-        if crashing.returncode is None:
-            crashing.kill()
-            await crashing.wait()
+    await kill_when_ready(
+        crashing,
+        Path(config['ready']),
+        polls=1200,
+        failure='the workflow never reached its tool call',
+        stderr_tail=3000,
+    )
 
     store = from_spec(**spec)
     try:
@@ -144,16 +136,7 @@ async def test_killed_workflow_is_recovered_without_duplicate_writes(tmp_path: P
         assert [r.run_id for r in await store.list_runs()] == ['wf-crash:1']
         after = await store.list_events(run.run_id)
         assert after[: len(before)] == before
-        assert [e.kind for e in after] == [
-            EventKind.RUN_STARTED,
-            EventKind.MODEL_REQUEST_STARTED,
-            EventKind.MODEL_REQUEST_COMPLETED,
-            EventKind.TOOL_CALL_STARTED,
-            EventKind.TOOL_CALL_COMPLETED,
-            EventKind.MODEL_REQUEST_STARTED,
-            EventKind.MODEL_REQUEST_COMPLETED,
-            EventKind.RUN_COMPLETED,
-        ]
+        assert [e.kind for e in after] == list(ONE_TOOL_CALL_RUN_EVENTS)
         assert len({e.idempotency_key for e in after}) == len(after)
         snapshots = await store.list_snapshots(run.run_id)
         assert [s.state for s in snapshots] == [SnapshotState.COMPLETE, SnapshotState.COMPLETE]

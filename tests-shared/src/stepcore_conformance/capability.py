@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -47,6 +45,8 @@ from stepcore import (
 )
 from stepcore.codec import encode_message
 from stepcore.features import PERSISTENT
+
+from .support import ONE_TOOL_CALL_RUN_EVENTS, kill_when_ready
 
 __all__ = ('CapabilityConformance', 'function_model', 'kill_child_main')
 
@@ -145,16 +145,7 @@ class CapabilityConformance:
         assert record.registration_id is not None
 
         events = await store.list_events(run_id)
-        assert _kinds(events) == [
-            EventKind.RUN_STARTED,
-            EventKind.MODEL_REQUEST_STARTED,
-            EventKind.MODEL_REQUEST_COMPLETED,
-            EventKind.TOOL_CALL_STARTED,
-            EventKind.TOOL_CALL_COMPLETED,
-            EventKind.MODEL_REQUEST_STARTED,
-            EventKind.MODEL_REQUEST_COMPLETED,
-            EventKind.RUN_COMPLETED,
-        ]
+        assert _kinds(events) == list(ONE_TOOL_CALL_RUN_EVENTS)
         assert all(e.conversation_id == 'conv-1' for e in events)
         assert all(e.agent_name == 'adder' for e in events)
         assert all(e.idempotency_key for e in events)
@@ -759,21 +750,7 @@ class CapabilityConformance:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
-        try:
-            for _ in range(600):
-                if ready.exists() or child.returncode is not None:
-                    break
-                await asyncio.sleep(0.05)
-            if not ready.exists():
-                assert child.stderr is not None
-                detail = (await child.stderr.read()).decode()[-2000:]
-                pytest.fail(f'the child process never reached the tool call: {detail}')
-            os.kill(child.pid, signal.SIGKILL)
-            assert await child.wait() == -signal.SIGKILL
-        finally:
-            if child.returncode is None:
-                child.kill()
-                await child.wait()
+        await kill_when_ready(child, ready, polls=600, failure='the child process never reached the tool call')
 
         from stepcore import from_spec
 

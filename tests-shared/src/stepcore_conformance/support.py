@@ -1,0 +1,128 @@
+"""Helpers for a backend's own tests, beyond the conformance classes.
+
+Import them in your test modules (`from stepcore_conformance.support import ...`); the kit's
+sections use them too, so a backend's extra tests and the kit check the same things the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart, UserPromptPart
+
+from stepcore import (
+    ContinuableSnapshot,
+    EventKind,
+    RunRecord,
+    SnapshotState,
+    StepEvent,
+    StepStore,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
+
+__all__ = (
+    'ONE_TOOL_CALL_RUN_EVENTS',
+    'check_tool_steps',
+    'kill_when_ready',
+    'write_tool_steps',
+)
+
+ONE_TOOL_CALL_RUN_EVENTS: tuple[EventKind, ...] = (
+    EventKind.RUN_STARTED,
+    EventKind.MODEL_REQUEST_STARTED,
+    EventKind.MODEL_REQUEST_COMPLETED,
+    EventKind.TOOL_CALL_STARTED,
+    EventKind.TOOL_CALL_COMPLETED,
+    EventKind.MODEL_REQUEST_STARTED,
+    EventKind.MODEL_REQUEST_COMPLETED,
+    EventKind.RUN_COMPLETED,
+)
+"""The event kinds, in order, of an agent run whose model calls one tool and then answers."""
+
+
+async def kill_when_ready(
+    process: asyncio.subprocess.Process, ready: Path, *, polls: int, failure: str, stderr_tail: int = 2000
+) -> None:
+    """SIGKILL `process` once it creates the file `ready`, and check that the signal is what ended it.
+
+    Polls every 50 ms, `polls` times at most. When `ready` never appears (or the process exits
+    first) the test fails with `failure`, followed by the last `stderr_tail` characters of the
+    process's stderr (open it with `stderr=PIPE`). The process is always reaped, killed if need be.
+    """
+    try:
+        for _ in range(polls):
+            if ready.exists() or process.returncode is not None:
+                break
+            await asyncio.sleep(0.05)
+        if not ready.exists():
+            assert process.stderr is not None
+            detail = (await process.stderr.read()).decode()[-stderr_tail:]
+            pytest.fail(f'{failure}: {detail}')
+        os.kill(process.pid, signal.SIGKILL)
+        assert await process.wait() == -signal.SIGKILL
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def _result(run_id: str, i: int) -> str:
+    return f'{run_id} result {i} ' * 40
+
+
+async def write_tool_steps(
+    store: StepStore, run_id: str, steps: int, *, conversation_id: str | None = None, snapshot_keys: bool = False
+) -> None:
+    """Register `run_id` and record `steps` settled tool calls the way a run would.
+
+    Each step appends a TOOL_CALL_STARTED event, a started effect, the call and its return, the
+    completed effect, a TOOL_CALL_COMPLETED event and a snapshot of the history so far (with the
+    idempotency key `s<i>` when `snapshot_keys`). Used by the multi-process writer tests; check the
+    result with `check_tool_steps`.
+    """
+    await store.register_run(RunRecord(run_id=run_id, conversation_id=conversation_id))
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart(f'start {run_id}')])]
+    for i in range(steps):
+        call = f'{run_id}-{i}'
+        await store.append_event(StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_STARTED, step_index=i))
+        await store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id=call, tool_name='work'))
+        messages.append(ModelResponse(parts=[ToolCallPart('work', {'i': i}, tool_call_id=call)]))
+        messages.append(ModelRequest(parts=[ToolReturnPart('work', _result(run_id, i), tool_call_id=call)]))
+        await store.record_tool_effect(
+            ToolEffectRecord(run_id=run_id, tool_call_id=call, tool_name='work', status=ToolEffectStatus.COMPLETED)
+        )
+        await store.append_event(StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_COMPLETED, step_index=i))
+        await store.save_snapshot(
+            ContinuableSnapshot(
+                run_id=run_id, step_index=i, messages=list(messages), idempotency_key=f's{i}' if snapshot_keys else None
+            )
+        )
+
+
+async def check_tool_steps(store: StepStore, run_id: str, steps: int) -> None:
+    """Assert that `store` holds exactly what `write_tool_steps(store, run_id, steps)` wrote, nothing lost."""
+    events = await store.list_events(run_id)
+    assert [e.seq for e in events] == list(range(1, 2 * steps + 1))
+    assert [(e.kind, e.step_index) for e in events] == [
+        (kind, i) for i in range(steps) for kind in (EventKind.TOOL_CALL_STARTED, EventKind.TOOL_CALL_COMPLETED)
+    ]
+    effects = await store.list_tool_effects(run_id)
+    assert [e.tool_call_id for e in effects] == [f'{run_id}-{i}' for i in range(steps)]
+    assert all(e.status is ToolEffectStatus.COMPLETED for e in effects)
+    assert await store.list_unresolved_tool_effects(run_id) == []
+    snapshots = await store.list_snapshots(run_id)
+    seqs = [s.seq for s in snapshots]
+    assert seqs == sorted(set(seqs))  # increasing per run; gapless is a backend's own promise, if it makes it
+    assert [s.step_index for s in snapshots] == list(range(steps))
+    assert all(s.state is SnapshotState.COMPLETE for s in snapshots)
+    latest = await store.latest_snapshot(run_id)
+    assert latest is not None
+    assert latest.messages == snapshots[-1].messages
+    assert len(latest.messages) == 1 + 2 * steps
+    assert all(f'{run_id} result' in str(m) for m in latest.messages[2::2])
+    assert f'{run_id} result {steps - 1}' in str(latest.messages[-1])
