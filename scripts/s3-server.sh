@@ -104,12 +104,5 @@ stop() {
 
 status() { print_url_if_running "$endpoint_file"; }
 
-case "${1:-}" in
-    start) start ;;
-    stop) stop ;;
-    status) status ;;
-    *)
-        echo "usage: $0 start|stop|status" >&2
-        exit 2
-        ;;
-esac
+commands="start stop status"
+main "$@"

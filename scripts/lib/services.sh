@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2154  # service_name and pid_file are set by the sourcing script
+# shellcheck disable=SC2154  # service_name, pid_file and commands are set by the sourcing script
 # Shell functions shared by the throwaway test-server scripts (scripts/*-server.sh).
 #
 # Source it after setting `service_name` (the prefix of every message); the functions that use
@@ -74,4 +74,18 @@ already_running() {
 fail_with_log() {
     log "$2; its log ($1):"
     cat "$1" >&2
+}
+
+# Runs the function named by the script's first argument when it is one of the words in
+# $commands (e.g. "start stop status"); prints the usage and exits 2 otherwise.
+main() {
+    local command
+    for command in $commands; do
+        if [[ "${1:-}" == "$command" ]]; then
+            "$command"
+            return
+        fi
+    done
+    echo "usage: $0 ${commands// /|}" >&2
+    exit 2
 }
