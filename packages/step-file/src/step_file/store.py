@@ -9,7 +9,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -114,6 +114,14 @@ def _json_object(line: bytes, path: Path) -> dict[str, Any] | None:
             logger.warning('step_file: skipping a damaged line in %s: %r', path, line[:200])
         return None
     return cast(dict[str, Any], value)
+
+
+def _json_objects(lines: Iterable[bytes], path: Path) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """Each undamaged log line with its parsed JSON object (damaged lines are logged and skipped)."""
+    for line in lines:
+        data = _json_object(line, path)
+        if data is not None:
+            yield line, data
 
 
 def _sort_time(value: datetime) -> datetime:
@@ -377,10 +385,7 @@ class FileStepStore(StepStore):
         if reset:
             state.next_event_seq = 1
             state.event_keys.clear()
-        for line in lines:
-            data = _json_object(line, path)
-            if data is None:
-                continue
+        for _, data in _json_objects(lines, path):
             seq = data.get('seq')
             if isinstance(seq, int) and seq >= state.next_event_seq:
                 state.next_event_seq = seq + 1
@@ -396,12 +401,7 @@ class FileStepStore(StepStore):
         with run_lock(self._run_dir(run_id) / LOCK_FILE, exclusive=False):
             path = self._run_dir(run_id) / EVENTS_FILE
             lines = read_complete_lines(path)
-        events: list[StepEvent] = []
-        for line in lines:
-            data = _json_object(line, path)
-            if data is not None:
-                events.append(load_record(StepEvent, data, run_id=run_id))
-        return events
+        return [load_record(StepEvent, data, run_id=run_id) for _, data in _json_objects(lines, path)]
 
     # -- snapshots --------------------------------------------------------------------------
 
@@ -482,10 +482,7 @@ class FileStepStore(StepStore):
             state.next_snapshot_seq = 1
             state.snapshot_keys.clear()
             state.live_snapshots.clear()
-        for line in lines:
-            data = _json_object(line, path)
-            if data is None:
-                continue
+        for _, data in _json_objects(lines, path):
             seq = data.get('seq')
             if isinstance(seq, int):
                 state.next_snapshot_seq = max(state.next_snapshot_seq, seq + 1)
@@ -678,10 +675,7 @@ class FileStepStore(StepStore):
         lines, reset = catch_up(fd, path, state.effects, repair=repair)
         if reset:
             state.effect_lines.clear()
-        for line in lines:
-            data = _json_object(line, path)
-            if data is None:
-                continue
+        for line, data in _json_objects(lines, path):
             tool_call_id = data.get('tool_call_id')
             if isinstance(tool_call_id, str):
                 state.effect_lines[tool_call_id] = line
