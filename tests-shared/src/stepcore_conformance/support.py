@@ -116,7 +116,8 @@ async def check_tool_steps(store: StepStore, run_id: str, steps: int) -> None:
     assert all(e.status is ToolEffectStatus.COMPLETED for e in effects)
     assert await store.list_unresolved_tool_effects(run_id) == []
     snapshots = await store.list_snapshots(run_id)
-    seqs = [s.seq for s in snapshots]
+    seqs = [s.seq for s in snapshots if s.seq is not None]
+    assert len(seqs) == len(snapshots)  # every listed snapshot carries its store-assigned seq
     assert seqs == sorted(set(seqs))  # increasing per run; gapless is a backend's own promise, if it makes it
     assert [s.step_index for s in snapshots] == list(range(steps))
     assert all(s.state is SnapshotState.COMPLETE for s in snapshots)
