@@ -43,6 +43,19 @@ def _step(i: int, size: int = 2048) -> list[ModelMessage]:
     ]
 
 
+def _prompt_image(snapshot: ContinuableSnapshot | None) -> bytes:
+    """The bytes of the `BinaryContent` in a snapshot's first prompt (`['look', BinaryContent(...)]`)."""
+    assert snapshot is not None
+    request = snapshot.messages[0]
+    assert isinstance(request, ModelRequest)
+    prompt = request.parts[0]
+    assert isinstance(prompt, UserPromptPart)
+    assert not isinstance(prompt.content, str)
+    blob = prompt.content[1]
+    assert isinstance(blob, BinaryContent)
+    return blob.data
+
+
 def _count(db: Path, sql: str) -> int:
     with sqlite3.connect(db) as raw:
         return int(raw.execute(sql).fetchone()[0])
@@ -234,16 +247,7 @@ async def test_binary_content_goes_to_the_media_table_of_the_same_database(tmp_p
             bodies = [unpack_body(r[0]) for r in raw.execute('SELECT body FROM message_nodes')]
         assert rows == [(image, 'image/png')]  # stored once for both runs
         assert all(b'media+sha256://' in body for body in bodies)
-        latest = await store.latest_snapshot('other')
-        assert latest is not None
-        restored = latest.messages[0]
-        assert isinstance(restored, ModelRequest)
-        prompt = restored.parts[0]
-        assert isinstance(prompt, UserPromptPart)
-        assert not isinstance(prompt.content, str)
-        blob = prompt.content[1]
-        assert isinstance(blob, BinaryContent)
-        assert blob.data == image
+        assert _prompt_image(await store.latest_snapshot('other')) == image
     finally:
         await store.aclose()
 
@@ -280,14 +284,7 @@ async def test_media_store_none_keeps_payloads_inline(tmp_path: Path) -> None:
         assert 'media' not in tables
         assert b'media+sha256://' not in body
         assert len(body) > len(image)
-        latest = await store.latest_snapshot('r')
-        assert latest is not None
-        prompt = latest.messages[0].parts[0]
-        assert isinstance(prompt, UserPromptPart)
-        assert not isinstance(prompt.content, str)
-        blob = prompt.content[1]
-        assert isinstance(blob, BinaryContent)
-        assert blob.data == image
+        assert _prompt_image(await store.latest_snapshot('r')) == image
     finally:
         await store.aclose()
 
