@@ -126,29 +126,28 @@ def _index(keys: Sequence[tuple[str, int]], name: str, **options: Any) -> IndexM
     return IndexModel(list(keys), name=name, **options)
 
 
+def _seq_and_key_indexes() -> list[IndexModel]:
+    """A run's records in `seq` order, and each idempotency key once per run (where one is set)."""
+    return [
+        _index([('run_id', ASCENDING), ('seq', ASCENDING)], 'run_id_seq'),
+        _index(
+            [('run_id', ASCENDING), ('idempotency_key', ASCENDING)],
+            'run_id_idempotency_key',
+            unique=True,
+            partialFilterExpression=_STRING_KEY,
+        ),
+    ]
+
+
 _INDEXES: Final[dict[str, list[IndexModel]]] = {
     'runs': [
         _index([('conversation_id', ASCENDING)], 'conversation_id', sparse=True),
         _index([('parent_run_id', ASCENDING)], 'parent_run_id', sparse=True),
         _index([('started_at', ASCENDING)], 'started_at'),
     ],
-    'events': [
-        _index([('run_id', ASCENDING), ('seq', ASCENDING)], 'run_id_seq'),
-        _index(
-            [('run_id', ASCENDING), ('idempotency_key', ASCENDING)],
-            'run_id_idempotency_key',
-            unique=True,
-            partialFilterExpression=_STRING_KEY,
-        ),
-    ],
+    'events': _seq_and_key_indexes(),
     'snapshots': [
-        _index([('run_id', ASCENDING), ('seq', ASCENDING)], 'run_id_seq'),
-        _index(
-            [('run_id', ASCENDING), ('idempotency_key', ASCENDING)],
-            'run_id_idempotency_key',
-            unique=True,
-            partialFilterExpression=_STRING_KEY,
-        ),
+        *_seq_and_key_indexes(),
         _index([('run_id', ASCENDING), ('state', ASCENDING), ('seq', ASCENDING)], 'run_id_state_seq'),
     ],
     'tool_effects': [
