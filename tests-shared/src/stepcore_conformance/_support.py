@@ -44,6 +44,7 @@ __all__ = (
     'require_feature_declared',
     'snapshot',
     'tool_exchange',
+    'tool_return_content',
     'user',
 )
 
@@ -209,6 +210,14 @@ def tool_exchange(n: int, content: Any = None) -> list[ModelMessage]:
             ]
         ),
     ]
+
+
+def tool_return_content(message: ModelMessage) -> Any:
+    """The content of the tool return that opens `message` (a request, as `tool_exchange` builds it)."""
+    assert isinstance(message, ModelRequest)
+    part = message.parts[0]
+    assert isinstance(part, ToolReturnPart)
+    return part.content
 
 
 def history_step(n: int) -> list[ModelMessage]:

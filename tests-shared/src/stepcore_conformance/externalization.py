@@ -18,7 +18,6 @@ from pydantic_ai.messages import (
     ModelRequest,
     ModelResponse,
     TextPart,
-    ToolReturnPart,
     UserPromptPart,
 )
 
@@ -26,7 +25,17 @@ from stepcore import StepStore
 from stepcore.features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
 from stepcore.media import media_uri
 
-from ._support import StoreFixtures, at, canonical, needs_feature, options, register, snapshot, tool_exchange
+from ._support import (
+    StoreFixtures,
+    at,
+    canonical,
+    needs_feature,
+    options,
+    register,
+    snapshot,
+    tool_exchange,
+    tool_return_content,
+)
 from .memory_media import InMemoryMediaStore
 from .snapshots import RESERVED_KEY_PAYLOAD
 
@@ -165,11 +174,7 @@ class MediaExternalizationConformance(StoreFixtures):
         latest = await store.latest_snapshot(run_id)
         assert latest is not None
         assert latest.messages == messages
-        returned = latest.messages[1]
-        assert isinstance(returned, ModelRequest)
-        part = returned.parts[0]
-        assert isinstance(part, ToolReturnPart)
-        assert part.content == shaped
+        assert tool_return_content(latest.messages[1]) == shaped
 
     @options(kit_media)
     @needs_feature(MEDIA_EXTERNALIZATION)
