@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final, LiteralString, cast
 
 from psycopg import AsyncConnection, sql
 from psycopg.rows import tuple_row
@@ -262,6 +262,23 @@ class PostgresStepStore(StepStore):
         await self._handle.close()
 
 
+def _claim_key_and_seq(keys: LiteralString, kind: LiteralString) -> LiteralString:
+    """The `WITH` clause of a write that takes a per-run seq: CTE `claim` takes the idempotency key
+    in table `{keys}` (nothing when the key was applied before), CTE `c` then bumps the run's `kind`
+    counter and yields the new seq (no row when the claim failed)."""
+    return f"""WITH claim AS (
+                INSERT INTO {{{keys}}} (run_id, idempotency_key)
+                SELECT %(run)s, %(key)s::text WHERE %(key)s::text IS NOT NULL
+                ON CONFLICT DO NOTHING RETURNING 1
+            ),
+            c AS (
+                INSERT INTO {{counters}} (run_id, kind, value)
+                SELECT %(run)s, '{kind}', 1 WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM claim)
+                ON CONFLICT (run_id, kind) DO UPDATE SET value = {{counters}}.value + 1
+                RETURNING value
+            )"""
+
+
 class _Queries:
     """Every statement the store runs, composed once with the prefix's identifiers."""
 
@@ -283,17 +300,8 @@ class _Queries:
         # applied before claims nothing and the rest of the statement does nothing), then bump the
         # run's counter row, whose row lock orders the writers of one run and nothing else.
         self.event_insert = q(
-            """WITH claim AS (
-                INSERT INTO {event_keys} (run_id, idempotency_key)
-                SELECT %(run)s, %(key)s::text WHERE %(key)s::text IS NOT NULL
-                ON CONFLICT DO NOTHING RETURNING 1
-            ),
-            c AS (
-                INSERT INTO {counters} (run_id, kind, value)
-                SELECT %(run)s, 'event', 1 WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM claim)
-                ON CONFLICT (run_id, kind) DO UPDATE SET value = {counters}.value + 1
-                RETURNING value
-            )
+            _claim_key_and_seq('event_keys', 'event')
+            + """
             INSERT INTO {events} (run_id, seq, idempotency_key, record)
             SELECT %(run)s, c.value, %(key)s::text, %(record)s::json FROM c"""
         )
@@ -301,17 +309,8 @@ class _Queries:
         # The new messages become nodes chained in order, the first hanging off %(parent)s; the
         # snapshot row names the newest node (or the parent when nothing is new) and the length.
         self.snapshot_insert = q(
-            """WITH claim AS (
-                INSERT INTO {snapshot_keys} (run_id, idempotency_key)
-                SELECT %(run)s, %(key)s::text WHERE %(key)s::text IS NOT NULL
-                ON CONFLICT DO NOTHING RETURNING 1
-            ),
-            c AS (
-                INSERT INTO {counters} (run_id, kind, value)
-                SELECT %(run)s, 'snapshot', 1 WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM claim)
-                ON CONFLICT (run_id, kind) DO UPDATE SET value = {counters}.value + 1
-                RETURNING value
-            ),
+            _claim_key_and_seq('snapshot_keys', 'snapshot')
+            + """,
             new AS MATERIALIZED (
                 SELECT t.ord, t.body, nextval(%(seq_name)s::regclass) AS node_id
                 FROM unnest(%(bodies)s::bytea[]) WITH ORDINALITY AS t(body, ord)
