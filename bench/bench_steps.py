@@ -130,10 +130,16 @@ def make_file(tmp: Path) -> Backend:
     return Backend(store, size, store.aclose)
 
 
-def make_mongo(tmp: Path) -> Backend:
-    url = os.environ.get('STEP_MONGO_URL')
+def _server_url(variable: str, script: str) -> str:
+    """The server URL in environment variable `variable`; `LookupError` naming the start script when unset."""
+    url = os.environ.get(variable)
     if not url:
-        raise LookupError('STEP_MONGO_URL is not set (start a server with scripts/mongo-server.sh)')
+        raise LookupError(f'{variable} is not set (start a server with scripts/{script})')
+    return url
+
+
+def make_mongo(tmp: Path) -> Backend:
+    url = _server_url('STEP_MONGO_URL', 'mongo-server.sh')
     from step_mongo import MongoStepStore  # pyright: ignore[reportMissingImports, reportUnknownVariableType]
 
     name = f'bench_{uuid.uuid4().hex[:12]}'
@@ -156,9 +162,7 @@ def make_mongo(tmp: Path) -> Backend:
 
 
 def make_postgres(tmp: Path) -> Backend:
-    dsn = os.environ.get('STEP_POSTGRES_URL')
-    if not dsn:
-        raise LookupError('STEP_POSTGRES_URL is not set (start a server with scripts/postgres-server.sh)')
+    dsn = _server_url('STEP_POSTGRES_URL', 'postgres-server.sh')
     from step_postgres import PostgresStepStore  # pyright: ignore[reportMissingImports, reportUnknownVariableType]
 
     prefix = f'bench_{uuid.uuid4().hex[:10]}'
