@@ -32,7 +32,7 @@ def test_derived_ids_are_path_safe_and_readable_back() -> None:
 
 
 def test_derivation_is_injective_on_tricky_pairs() -> None:
-    names = ['a', 'a.b', 'b', '', 'a.', '.b', 'ab', 'é', '==', '-_']
+    names = ['a', 'a.b', 'b', 'a.', '.b', 'ab', 'é', '==', '-_', ' ']
     pairs = list(itertools.product(names, repeat=2))
     derived = {derive_run_id(agent, run) for agent, run in pairs}
     assert len(derived) == len(pairs)
@@ -46,3 +46,9 @@ def test_too_long_derived_id_is_refused_with_advice() -> None:
     with pytest.raises(ValueError, match='over the 200-character limit') as raised:
         derive_run_id('agent' * 40, 'run')
     assert 'shorter agent_name' in str(raised.value)
+
+
+@pytest.mark.parametrize(('agent_name', 'context_run_id'), [('', 'run-1'), ('agent', ''), ('', '')])
+def test_derive_run_id_refuses_empty_parts(agent_name: str, context_run_id: str) -> None:
+    with pytest.raises(ValueError, match='both must be non-empty'):
+        derive_run_id(agent_name, context_run_id)

@@ -29,8 +29,14 @@ def derive_run_id(agent_name: str, context_run_id: str) -> str:
 
     The form is `<b64(agent_name)>.<b64(context_run_id)>` in unpadded base64url: `.` never occurs
     in base64url, so the split is unambiguous and the encoding injective. Longer than 200
-    characters raises `ValueError`.
+    characters raises `ValueError`, and so does an empty agent name or run id (the result would
+    not name a run).
     """
+    if not agent_name or not context_run_id:
+        raise ValueError(
+            f'cannot derive a run id from agent_name={agent_name!r} and run id {context_run_id!r}: '
+            'both must be non-empty (leave agent_name=None to use the run id as is)'
+        )
     run_id = f'{_b64(agent_name)}.{_b64(context_run_id)}'
     if len(run_id) > MAX_RUN_ID_LENGTH:
         raise ValueError(
