@@ -35,7 +35,7 @@ from step_sqlite.conversations import (
     ConversationSummary,
     SqliteConversationStore,
 )
-from stepcore import RunRecord, StepEvent
+from stepcore import ContinuableSnapshot, RunRecord, StepEvent
 from stepcore.models import EventKind
 
 
@@ -356,3 +356,26 @@ async def test_two_processes_saving_the_same_revision_exactly_one_wins(
     answer = saved.messages[-1]
     assert isinstance(answer, ModelResponse)
     assert answer.parts == [TextPart(winner)]
+
+
+async def test_a_run_deleted_with_its_conversation_can_be_written_again(db_path: Path) -> None:
+    steps = SqliteStepStore(database=db_path)
+    conversations = SqliteConversationStore(database=db_path)
+    try:
+        history = turn('first', 'answer')
+        await steps.register_run(RunRecord(run_id='r1', conversation_id='c'))
+        await steps.save_snapshot(ContinuableSnapshot(run_id='r1', messages=history))
+        summary = await conversations.save(summary=new('c'), messages=history)
+        await conversations.delete(source=summary)
+        assert await steps.latest_snapshot('r1') is None
+
+        # The same store instance remembers r1's history; its nodes are gone, so it must not build on them.
+        longer = [*history, *turn('second', 'more')]
+        await steps.register_run(RunRecord(run_id='r1', conversation_id='c'))
+        await steps.save_snapshot(ContinuableSnapshot(run_id='r1', messages=longer))
+        latest = await steps.latest_snapshot('r1')
+        assert latest is not None
+        assert latest.messages == longer
+    finally:
+        await conversations.aclose()
+        await steps.aclose()

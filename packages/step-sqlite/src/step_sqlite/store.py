@@ -75,6 +75,10 @@ def _chain(connection: sqlite3.Connection, head: int | None, length: int) -> lis
     return [unpack_body(r[0]) for r in reversed(rows)]
 
 
+class _StaleBase(Exception):
+    """The node a delta hangs off no longer exists; the save must start from scratch."""
+
+
 class SqliteStepStore(StepStore):
     """Every record of every run in one SQLite database file (WAL mode).
 
@@ -185,9 +189,16 @@ class SqliteStepStore(StepStore):
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
         run_id = snapshot.run_id
-        delta = await self._history.delta(run_id, snapshot.messages)
         record = dump_compact(snapshot, exclude={'run_id', 'messages', 'seq', 'state'})
-        nodes = await self._db.run(lambda conn: self._write_snapshot(conn, snapshot, delta, record))
+        delta = await self._history.delta(run_id, snapshot.messages)
+        try:
+            nodes = await self._db.run(lambda conn: self._write_snapshot(conn, snapshot, delta, record))
+        except _StaleBase:
+            # The remembered history's nodes are gone (the run was deleted, e.g. with its
+            # conversation): store this history from scratch.
+            self._history.forget(run_id)
+            delta = await self._history.delta(run_id, snapshot.messages)
+            nodes = await self._db.run(lambda conn: self._write_snapshot(conn, snapshot, delta, record))
         if nodes is not None:
             self._history.commit(delta, nodes)
 
@@ -209,6 +220,13 @@ class SqliteStepStore(StepStore):
                     return None
             nodes: list[int] = []
             parent = delta.parent
+            if (
+                parent is not None
+                and not connection.execute(
+                    'SELECT 1 FROM message_nodes WHERE node_id = ? AND run_id = ?', (parent, run_id)
+                ).fetchone()
+            ):
+                raise _StaleBase(run_id)
             if delta.new_messages:
                 (last,) = connection.execute('SELECT COALESCE(MAX(node_id), 0) FROM message_nodes').fetchone()
                 nodes = list(range(last + 1, last + 1 + len(delta.new_messages)))
