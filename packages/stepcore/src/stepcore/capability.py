@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -30,7 +29,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 from .codec import encode_message
 from .events import SnapshotSaved
 from .helpers import is_provider_valid
-from .history import TAIL_RECHECK
+from .history import trusted_prefix
 from .ids import derive_run_id
 from .memory import InMemoryStepStore
 from .models import (
@@ -94,7 +93,7 @@ class _ContentTracker:
     """The content of the newest saved history, compared by encoding.
 
     Keeps the message objects and their encodings; a position holding the same object as before is
-    taken as unchanged except for the newest `TAIL_RECHECK` ones, which pydantic-ai stamps in place.
+    taken as unchanged except for the newest `history.TAIL_RECHECK` ones, which pydantic-ai stamps in place.
     """
 
     def __init__(self) -> None:
@@ -103,11 +102,7 @@ class _ContentTracker:
         self.saved = False
 
     def _encode(self, messages: Sequence[ModelMessage]) -> list[bytes]:
-        # The identical-object prefix (below the re-checked tail) keeps its encodings; it is found
-        # at C speed so a long history costs no Python-level loop per save.
-        stable = max(0, min(len(messages), len(self.messages) - TAIL_RECHECK))
-        same = list(map(operator.is_, messages[:stable], self.messages[:stable]))
-        keep = same.index(False) if False in same else stable
+        keep = trusted_prefix(messages, self.messages)
         return [*self.encoded[:keep], *(encode_message(m) for m in messages[keep:])]
 
     def differs(self, messages: Sequence[ModelMessage]) -> bool:

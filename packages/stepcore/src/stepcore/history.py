@@ -36,12 +36,23 @@ from pydantic_ai.messages import ModelMessage
 from .codec import decode_messages, encode_message
 from .walker import MediaWalker
 
-__all__ = ('TAIL_RECHECK', 'HistoryDelta', 'HistoryIndex', 'walk_chain')
+__all__ = ('TAIL_RECHECK', 'HistoryDelta', 'HistoryIndex', 'trusted_prefix', 'walk_chain')
 
 TAIL_RECHECK = 2
 """How many of the newest saved messages are always re-encoded when compared."""
 
 NodeId = Hashable
+
+
+def trusted_prefix(messages: Sequence[ModelMessage], saved: Sequence[ModelMessage]) -> int:
+    """How many leading `messages` are the very objects of `saved`, short of its newest `TAIL_RECHECK`.
+
+    Those positions can be taken as unchanged without re-encoding (see the module docstring). The
+    comparison runs at C speed, so a long history costs no Python-level loop per save.
+    """
+    limit = max(0, min(len(messages), len(saved) - TAIL_RECHECK))
+    same = list(map(operator.is_, messages[:limit], saved[:limit]))
+    return same.index(False) if False in same else limit
 
 
 def _digest(encoded: bytes) -> bytes:
@@ -90,11 +101,9 @@ class HistoryIndex:
         pending: list[bytes] = []
         if saved is not None:
             limit = min(len(messages), len(saved.messages))
-            # The identical-object prefix, found at C speed: positions below `trusted` holding the
-            # very object that was saved are taken as unchanged without re-encoding.
-            trusted = max(0, min(limit, len(saved.messages) - TAIL_RECHECK))
-            same = list(map(operator.is_, messages[:trusted], saved.messages[:trusted]))
-            shared = same.index(False) if False in same else trusted
+            # Positions below the re-checked tail holding the very object that was saved are taken
+            # as unchanged without re-encoding.
+            shared = trusted_prefix(messages, saved.messages)
             digests = saved.digests[:shared]
             while shared < limit:
                 encoded = encode_message(messages[shared])
