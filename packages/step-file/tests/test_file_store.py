@@ -148,6 +148,10 @@ def _calls(store: FileStepStore, run_id: str) -> list[Callable[[], Awaitable[Any
         lambda: store.get_tool_effect(run_id, 'c'),
         lambda: store.list_tool_effects(run_id),
         lambda: store.list_unresolved_tool_effects(run_id),
+        # a batch naming the bad run id anywhere is refused whole, before a good run is written
+        lambda: store.write_batch(
+            [StepEvent(run_id='good', kind=EventKind.RUN_STARTED), StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED)]
+        ),
     ]
 
 

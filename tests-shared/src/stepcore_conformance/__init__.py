@@ -12,6 +12,7 @@ See the package README for the fixtures and the feature flags.
 
 from __future__ import annotations
 
+from .batches import BatchWritesConformance
 from .capability import CapabilityConformance
 from .concurrency import ConcurrencyConformance
 from .effects import EffectsConformance
@@ -27,6 +28,7 @@ from .runs import RunsConformance
 from .snapshots import SnapshotsConformance
 
 __all__ = (
+    'BatchWritesConformance',
     'CapabilityConformance',
     'ConcurrencyConformance',
     'EffectsConformance',
@@ -51,6 +53,7 @@ class StepStoreConformance(
     SnapshotsConformance,
     HistoryConformance,
     EffectsConformance,
+    BatchWritesConformance,
     RetentionConformance,
     MediaExternalizationConformance,
     ConcurrencyConformance,

@@ -20,8 +20,9 @@ FEATURE_SECTIONS = {
     'retention': 'snapshot_retention',
     'externalization': 'media_externalization',
     'persistence': 'persistent',
+    'batches': 'write_batch',
 }
-"""Kit module -> the feature its tests belong to."""
+"""Kit module -> the feature (or optional method, `write_batch`) its tests belong to."""
 
 _RESULTS = pytest.StashKey[dict[str, dict[str, Counter[str]]]]()
 
@@ -50,12 +51,12 @@ def pytest_runtest_makereport(
     return report
 
 
-def _verdict(counts: Counter[str]) -> str:
+def _verdict(counts: Counter[str], feature: str) -> str:
     if counts['failed']:
         return 'FAILED'
     if counts['passed']:
         return 'passed'
-    return 'skipped (not declared)'
+    return 'skipped (not implemented)' if feature == 'write_batch' else 'skipped (not declared)'
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
@@ -72,7 +73,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_line(f'{target}')
         terminalreporter.write_line('  sections: ' + '; '.join(parts))
         features = [
-            f'{feature}: {_verdict(sections[module])}'
+            f'{feature}: {_verdict(sections[module], feature)}'
             for module, feature in FEATURE_SECTIONS.items()
             if module in sections
         ]

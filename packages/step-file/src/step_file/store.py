@@ -18,7 +18,14 @@ from typing import Any, ClassVar, Literal, cast
 import anyio.to_thread
 
 from media_disk import DiskMediaStore
-from stepcore.codec import FORMAT_KEY, check_format_version, dump_record, dump_record_json, load_record
+from stepcore.codec import (
+    FORMAT_KEY,
+    check_format_version,
+    dump_record,
+    dump_record_compact,
+    dump_record_json,
+    load_record,
+)
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.fileio import fsync_dir, make_dir, write_atomic, write_temp
 from stepcore.history import HistoryDelta, HistoryIndex, walk_chain
@@ -33,10 +40,11 @@ from stepcore.models import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.protocols import StepStore
+from stepcore.protocols import StepStore, StepWrite
 from stepcore.registration import check_registration
 from stepcore.retention import check_max_snapshots, snapshots_to_prune
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from stepcore.writes import check_writes
 
 from .files import (
     JsonlCursor,
@@ -88,6 +96,10 @@ class _DefaultMedia:
 
 
 _DEFAULT_MEDIA = _DefaultMedia()
+
+
+_KEPT_BY_FOLDER = {'run_id'}
+"""Fields a run folder's files leave out: the folder's name is the run id; readers put it back."""
 
 
 def _compact(data: dict[str, Any]) -> dict[str, Any]:
@@ -359,25 +371,60 @@ class FileStepStore(StepStore):
 
     async def append_event(self, event: StepEvent) -> None:
         run_id = validate_path_safe_run_id(event.run_id)
-        await anyio.to_thread.run_sync(self._append_event_sync, run_id, event)
+        await anyio.to_thread.run_sync(self._write_runs_sync, {run_id: [event]})
 
-    def _append_event_sync(self, run_id: str, event: StepEvent) -> None:
-        state = self._state(run_id)
-        with self._writing(state) as paths:
-            path = paths.events
-            fd = open_log(path)
-            try:
-                self._catch_up_events(fd, path, state)
+    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
+        """Append events and ledger entries in order, in one thread hand-off.
+
+        Each run's writes are made under one hold of its lock: its events in one append to
+        `events.jsonl`, its ledger entries in one append to `tool_effects.jsonl`. Those are two files,
+        so a crash between them can keep one append and lose the other, as with separate calls.
+        Every run id is checked before anything is written.
+        """
+        by_run: dict[str, list[StepWrite]] = {}
+        for write in check_writes(writes):
+            by_run.setdefault(validate_path_safe_run_id(write.run_id), []).append(write)
+        if by_run:
+            await anyio.to_thread.run_sync(self._write_runs_sync, by_run)
+
+    def _write_runs_sync(self, by_run: dict[str, list[StepWrite]]) -> None:
+        for run_id, writes in by_run.items():
+            events = [w for w in writes if isinstance(w, StepEvent)]
+            effects = [w for w in writes if isinstance(w, ToolEffectRecord)]
+            state = self._state(run_id)
+            with self._writing(state) as paths:
+                if isinstance(writes[0], ToolEffectRecord):
+                    self._append_effects(paths, state, effects)
+                    self._append_events(paths, state, events)
+                else:
+                    self._append_events(paths, state, events)
+                    self._append_effects(paths, state, effects)
+
+    def _append_events(self, paths: _Paths, state: _RunState, events: list[StepEvent]) -> None:
+        """Append `events` to the run's trail (run's lock held), skipping idempotency keys already applied."""
+        if not events:
+            return
+        path = paths.events
+        fd = open_log(path)
+        try:
+            self._catch_up_events(fd, path, state)
+            lines: list[bytes] = []
+            seq = state.next_event_seq
+            keys: set[str] = set()
+            for event in events:
                 key = event.idempotency_key
-                if key is not None and key in state.event_keys:
-                    return
-                seq = state.next_event_seq
-                append_lines(fd, state.events, _line(_compact(dump_record(event) | {'seq': seq})), sync=self._full)
-                state.next_event_seq = seq + 1
+                if key is not None and (key in state.event_keys or key in keys):
+                    continue
+                lines.append(dump_record_compact(event, exclude=_KEPT_BY_FOLDER, seq=seq) + b'\n')
+                seq += 1
                 if key is not None:
-                    state.event_keys.add(key)
-            finally:
-                os.close(fd)
+                    keys.add(key)
+            if lines:
+                append_lines(fd, state.events, b''.join(lines), sync=self._full)
+                state.next_event_seq = seq
+                state.event_keys |= keys
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _catch_up_events(fd: int, path: Path, state: _RunState) -> None:
@@ -655,20 +702,22 @@ class FileStepStore(StepStore):
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         run_id = validate_path_safe_run_id(record.run_id)
-        await anyio.to_thread.run_sync(self._record_effect_sync, run_id, record)
+        await anyio.to_thread.run_sync(self._write_runs_sync, {run_id: [record]})
 
-    def _record_effect_sync(self, run_id: str, record: ToolEffectRecord) -> None:
-        state = self._state(run_id)
-        with self._writing(state) as paths:
-            path = paths.effects
-            fd = open_log(path)
-            try:
-                self._catch_up_effects(fd, path, state, repair=True)
-                line = _line(_compact(dump_record(record)))
-                append_lines(fd, state.effects, line, sync=self._full)
+    def _append_effects(self, paths: _Paths, state: _RunState, records: list[ToolEffectRecord]) -> None:
+        """Append ledger lines (run's lock held); the latest line of a tool call is its entry."""
+        if not records:
+            return
+        path = paths.effects
+        fd = open_log(path)
+        try:
+            self._catch_up_effects(fd, path, state, repair=True)
+            lines = [dump_record_compact(record, exclude=_KEPT_BY_FOLDER) + b'\n' for record in records]
+            append_lines(fd, state.effects, b''.join(lines), sync=self._full)
+            for record, line in zip(records, lines, strict=True):
                 state.effect_lines[record.tool_call_id] = line
-            finally:
-                os.close(fd)
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _catch_up_effects(fd: int, path: Path, state: _RunState, *, repair: bool) -> None:

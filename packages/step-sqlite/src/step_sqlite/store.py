@@ -16,10 +16,11 @@ from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENT
 from stepcore.history import HistoryDelta, HistoryIndex, walk_chain
 from stepcore.media import MediaStore
 from stepcore.models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
-from stepcore.protocols import StepStore
+from stepcore.protocols import StepStore, StepWrite
 from stepcore.registration import check_registration
 from stepcore.retention import check_max_snapshots, snapshots_to_prune
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from stepcore.writes import check_writes
 
 from .connection import Database, Synchronous, write_transaction
 from .media import SqliteMediaStore
@@ -73,6 +74,34 @@ def _chain(connection: sqlite3.Connection, head: int | None, length: int) -> lis
     if len(rows) != length:
         raise LookupError(f'stored history is broken: expected {length} messages, found {len(rows)}')
     return [unpack_body(r[0]) for r in reversed(rows)]
+
+
+_APPEND_EVENT = (
+    'INSERT INTO events (run_id, seq, idempotency_key, record) '
+    'SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ? FROM events WHERE run_id = ? '
+    'ON CONFLICT DO NOTHING'
+)
+_UPSERT_EFFECT = (
+    'INSERT INTO tool_effects (run_id, tool_call_id, status, started_us, record) '
+    'VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, tool_call_id) DO UPDATE SET '
+    'status = excluded.status, started_us = excluded.started_us, record = excluded.record'
+)
+
+
+def _event_params(event: StepEvent) -> tuple[Any, ...]:
+    """Parameters of `_APPEND_EVENT`: the next seq of the run, unless the idempotency key was applied."""
+    return (event.run_id, event.idempotency_key, dump_compact(event, exclude={'run_id', 'seq'}), event.run_id)
+
+
+def _effect_params(record: ToolEffectRecord) -> tuple[Any, ...]:
+    """Parameters of `_UPSERT_EFFECT`."""
+    return (
+        record.run_id,
+        record.tool_call_id,
+        record.status.value,
+        _micros(record.started_at),
+        dump_compact(record, exclude={'run_id', 'tool_call_id', 'status'}),
+    )
 
 
 class _StaleBase(Exception):
@@ -163,17 +192,27 @@ class SqliteStepStore(StepStore):
     # -- events --------------------------------------------------------------------------------
 
     async def append_event(self, event: StepEvent) -> None:
-        record = dump_compact(event, exclude={'run_id', 'seq'})
-        params = (event.run_id, event.idempotency_key, record, event.run_id)
+        params = _event_params(event)
 
         def work(connection: sqlite3.Connection) -> None:
             with write_transaction(connection):
-                connection.execute(
-                    'INSERT INTO events (run_id, seq, idempotency_key, record) '
-                    'SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ? FROM events WHERE run_id = ? '
-                    'ON CONFLICT DO NOTHING',
-                    params,
-                )
+                connection.execute(_APPEND_EVENT, params)
+
+        await self._db.run(work)
+
+    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
+        """Append events and upsert ledger entries in order, in one transaction (one thread hand-off)."""
+        statements = [
+            (_APPEND_EVENT, _event_params(w)) if isinstance(w, StepEvent) else (_UPSERT_EFFECT, _effect_params(w))
+            for w in check_writes(writes)
+        ]
+        if not statements:
+            return
+
+        def work(connection: sqlite3.Connection) -> None:
+            with write_transaction(connection):
+                for sql, params in statements:
+                    connection.execute(sql, params)
 
         await self._db.run(work)
 
@@ -300,22 +339,11 @@ class SqliteStepStore(StepStore):
     # -- tool effects --------------------------------------------------------------------------
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        row = (
-            record.run_id,
-            record.tool_call_id,
-            record.status.value,
-            _micros(record.started_at),
-            dump_compact(record, exclude={'run_id', 'tool_call_id', 'status'}),
-        )
+        params = _effect_params(record)
 
         def work(connection: sqlite3.Connection) -> None:
             with write_transaction(connection):
-                connection.execute(
-                    'INSERT INTO tool_effects (run_id, tool_call_id, status, started_us, record) '
-                    'VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, tool_call_id) DO UPDATE SET '
-                    'status = excluded.status, started_us = excluded.started_us, record = excluded.record',
-                    row,
-                )
+                connection.execute(_UPSERT_EFFECT, params)
 
         await self._db.run(work)
 

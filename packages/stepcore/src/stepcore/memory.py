@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -9,10 +10,11 @@ from .features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from .history import HistoryIndex, walk_chain
 from .media import MediaStore
 from .models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, ToolEffectStatus
-from .protocols import StepStore
+from .protocols import StepStore, StepWrite
 from .registration import check_registration
 from .retention import check_max_snapshots, snapshots_to_prune
 from .walker import MediaWalker
+from .writes import check_writes
 
 __all__ = ('InMemoryStepStore',)
 
@@ -89,6 +91,17 @@ class InMemoryStepStore(StepStore):
         return found
 
     async def append_event(self, event: StepEvent) -> None:
+        self._append_event(event)
+
+    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
+        """Apply events and ledger entries in order (see `stepcore.protocols.BatchWriter`)."""
+        for write in check_writes(writes):
+            if isinstance(write, StepEvent):
+                self._append_event(write)
+            else:
+                self._record_tool_effect(write)
+
+    def _append_event(self, event: StepEvent) -> None:
         data = self._run(event.run_id)
         key = event.idempotency_key
         if key is not None:
@@ -150,6 +163,9 @@ class InMemoryStepStore(StepStore):
         return [await self._materialize(data, s) for s in data.snapshots]
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        self._record_tool_effect(record)
+
+    def _record_tool_effect(self, record: ToolEffectRecord) -> None:
         self._run(record.run_id).effects[record.tool_call_id] = record.model_copy(deep=True)
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import ClassVar, Protocol, TypeAlias, runtime_checkable
 
 from .models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 
-__all__ = ('StepStore',)
+__all__ = ('BatchWriter', 'StepStore', 'StepWrite')
+
+StepWrite: TypeAlias = StepEvent | ToolEffectRecord
+"""One write `BatchWriter.write_batch` applies: an event to append or a ledger entry to upsert."""
 
 
 @runtime_checkable
@@ -84,4 +88,24 @@ class StepStore(Protocol):
 
     async def aclose(self) -> None:
         """Release connections or clients the store opened itself."""
+        ...
+
+
+@runtime_checkable
+class BatchWriter(Protocol):
+    """Optional extra a `StepStore` can implement: several event and ledger writes in one call.
+
+    `StepPersistence` writes a tool call's ledger entry and its event together; a store with
+    `write_batch` takes them in one round trip (one transaction, one thread hand-off) instead of
+    two. Stores without it get one call per write (`stepcore.writes.apply_writes`).
+    """
+
+    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
+        """Apply `writes` in order, exactly as `append_event` / `record_tool_effect` would one by one.
+
+        Events keep their order and idempotency-key suppression (a key repeated within the batch is
+        applied once); ledger entries upsert, so a later entry for the same call wins. Stores with
+        transactions apply the batch atomically. A write of another type raises `TypeError`, and a
+        batch that cannot be applied (an invalid run id, say) raises before anything is written.
+        """
         ...

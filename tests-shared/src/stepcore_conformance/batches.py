@@ -1,0 +1,129 @@
+"""`write_batch`: several event and ledger writes in one call (optional, see `stepcore.protocols.BatchWriter`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stepcore import EventKind, StepEvent, StepStore, ToolEffectRecord, ToolEffectStatus
+from stepcore.protocols import BatchWriter, StepWrite
+from stepcore.writes import apply_writes
+
+from ._support import StoreFixtures, at, event, register
+
+__all__ = ('BatchWritesConformance',)
+
+
+def _batch_writer(store: StepStore) -> BatchWriter:
+    if not isinstance(store, BatchWriter):
+        pytest.skip(
+            f'{type(store).__name__} has no write_batch: StepPersistence makes one store call per write instead'
+        )
+    return store
+
+
+def _effect(
+    run_id: str, call: str, status: ToolEffectStatus = ToolEffectStatus.STARTED, **fields: Any
+) -> ToolEffectRecord:
+    fields.setdefault('started_at', at(1))
+    fields.setdefault('updated_at', at(2))
+    return ToolEffectRecord(run_id=run_id, tool_call_id=call, tool_name='lookup', status=status, **fields)
+
+
+class BatchWritesConformance(StoreFixtures):
+    """`write_batch` applies each write exactly as the single-record methods would."""
+
+    async def test_mixed_batch_matches_single_writes(self, store: StepStore) -> None:
+        writer = _batch_writer(store)
+        batched, single = await register(store), await register(store)
+
+        def writes(run_id: str) -> list[StepWrite]:
+            return [
+                event(run_id, 0, idempotency_key='mr:1'),
+                _effect(run_id, 'call-1', args={'q': 'x'}),
+                event(run_id, 1, kind=EventKind.TOOL_CALL_STARTED, tool_call_id='call-1', idempotency_key='ts:1'),
+                _effect(run_id, 'call-1', ToolEffectStatus.COMPLETED, args={'q': 'x'}, effect_summary='sent'),
+                event(run_id, 2, kind=EventKind.TOOL_CALL_COMPLETED, tool_call_id='call-1', metadata={'k': 'v'}),
+            ]
+
+        await writer.write_batch(writes(batched))
+        for write in writes(single):
+            if isinstance(write, StepEvent):
+                await store.append_event(write)
+            else:
+                await store.record_tool_effect(write)
+
+        def strip(events: list[StepEvent]) -> list[StepEvent]:
+            return [e.model_copy(update={'seq': None, 'run_id': ''}) for e in events]
+
+        assert strip(await store.list_events(batched)) == strip(await store.list_events(single))
+        [effect] = await store.list_tool_effects(batched)
+        assert effect.status is ToolEffectStatus.COMPLETED, 'a later ledger entry in the batch must win'
+        assert effect.model_copy(update={'run_id': ''}) == (await store.list_tool_effects(single))[0].model_copy(
+            update={'run_id': ''}
+        )
+        assert await store.list_unresolved_tool_effects(batched) == []
+
+    async def test_events_keep_order_and_seq_after_single_appends(self, store: StepStore) -> None:
+        writer = _batch_writer(store)
+        run_id = await register(store)
+        await store.append_event(event(run_id, 0))
+        await writer.write_batch([event(run_id, 1), event(run_id, 2)])
+        await store.append_event(event(run_id, 3))
+        await writer.write_batch([event(run_id, 4)])
+        listed = await store.list_events(run_id)
+        assert [e.step_index for e in listed] == [0, 1, 2, 3, 4]
+        seqs = [e.seq or 0 for e in listed]
+        assert all(isinstance(e.seq, int) for e in listed), seqs
+        assert seqs == sorted(seqs), seqs
+        assert len(set(seqs)) == 5, seqs
+
+    async def test_idempotency_keys_within_and_across_batches(self, store: StepStore) -> None:
+        writer = _batch_writer(store)
+        run_id = await register(store)
+        await store.append_event(event(run_id, 0, idempotency_key='a'))
+        await writer.write_batch(
+            [
+                event(run_id, 1, idempotency_key='a'),  # applied before: suppressed
+                event(run_id, 2, idempotency_key='b'),
+                event(run_id, 3, idempotency_key='b'),  # repeated within the batch: applied once
+                event(run_id, 4),
+                event(run_id, 5),  # None keys always append
+            ]
+        )
+        await writer.write_batch([event(run_id, 6, idempotency_key='b')])  # a replayed batch
+        assert [e.step_index for e in await store.list_events(run_id)] == [0, 2, 4, 5]
+
+    async def test_batch_spanning_runs(self, store: StepStore) -> None:
+        writer = _batch_writer(store)
+        first, second = await register(store), await register(store)
+        await writer.write_batch(
+            [event(first, 0), _effect(second, 'c'), event(second, 1), event(first, 2), _effect(first, 'c')]
+        )
+        assert [e.step_index for e in await store.list_events(first)] == [0, 2]
+        assert [e.step_index for e in await store.list_events(second)] == [1]
+        assert [r.run_id for r in await store.list_tool_effects(first)] == [first]
+        assert [r.run_id for r in await store.list_tool_effects(second)] == [second]
+
+    async def test_empty_batch_writes_nothing(self, store: StepStore) -> None:
+        writer = _batch_writer(store)
+        run_id = await register(store)
+        await writer.write_batch([])
+        assert await store.list_events(run_id) == []
+        assert await store.list_tool_effects(run_id) == []
+
+    async def test_other_records_are_refused_before_anything_is_written(self, store: StepStore) -> None:
+        writer = _batch_writer(store)
+        run_id = await register(store)
+        with pytest.raises(TypeError, match='write_batch got'):
+            await writer.write_batch([event(run_id, 0), 'not a record'])  # pyright: ignore[reportArgumentType]
+        assert await store.list_events(run_id) == []
+
+    async def test_apply_writes_helper_uses_the_same_semantics(self, store: StepStore) -> None:
+        run_id = await register(store)
+        await apply_writes(store, [_effect(run_id, 'x'), event(run_id, 0, idempotency_key='k')])
+        await apply_writes(store, [event(run_id, 1, idempotency_key='k')])
+        await apply_writes(store, [])
+        assert [e.step_index for e in await store.list_events(run_id)] == [0]
+        assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id)] == ['x']
