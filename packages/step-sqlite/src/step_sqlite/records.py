@@ -11,13 +11,12 @@ message (it starts with `{`), so rows written either way read back the same.
 
 from __future__ import annotations
 
-import json
 import zlib
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from stepcore.codec import dump_record, load_record
+from stepcore.codec import dump_record_compact, load_record
 
 __all__ = ('dump_compact', 'load_compact', 'pack_body', 'unpack_body')
 
@@ -30,16 +29,8 @@ _ZLIB_HEADER = 0x78
 
 
 def dump_compact(record: BaseModel, *, exclude: set[str]) -> str:
-    """`record` as compact JSON without the `exclude`d fields and `None`-default fields left at `None`."""
-    fields = type(record).model_fields
-    data = dump_record(record, exclude=exclude)
-    compact = {
-        key: value
-        for key, value in data.items()
-        if not (value is None and key in fields and fields[key].default is None)
-        and not (key == 'metadata' and value == {})
-    }
-    return json.dumps(compact, separators=(',', ':'), ensure_ascii=False)
+    """`record` as compact JSON without the `exclude`d fields and fields left at `None`."""
+    return dump_record_compact(record, exclude=exclude).decode()
 
 
 def load_compact(cls: type[R], text: str | bytes, **columns: Any) -> R:

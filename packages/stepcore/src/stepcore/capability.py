@@ -29,7 +29,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 from .codec import encode_message
 from .events import SnapshotSaved
 from .helpers import is_provider_valid
-from .history import trusted_prefix
+from .history import TAIL_RECHECK, trusted_prefix
 from .ids import derive_run_id
 from .memory import InMemoryStepStore
 from .models import (
@@ -42,7 +42,8 @@ from .models import (
     ToolEffectStatus,
     utcnow,
 )
-from .protocols import StepStore
+from .protocols import StepStore, StepWrite
+from .writes import apply_writes
 
 __all__ = ('CAPABILITY_ID', 'OPERATION_NAMES', 'ActiveToolCall', 'StepPersistence', 'active_tool_call')
 
@@ -58,6 +59,8 @@ OPERATION_NAMES = (
     'tool_effect_finished',
 )
 """The durable operations of the capability, one per store boundary. Persisted by durable engines: never rename."""
+
+_UNKNOWN = object()
 
 _ACTIVE_RUN_ID: ContextVar[str | None] = ContextVar('stepcore_active_run_id', default=None)
 """The run id of the innermost enclosing `StepPersistence.wrap_run`, read by delegates as their parent."""
@@ -90,25 +93,28 @@ def _empty_metadata() -> dict[str, str]:
 
 
 class _ContentTracker:
-    """The content of the newest saved history, compared by encoding.
+    """The content of the newest saved history.
 
-    Keeps the message objects and their encodings; a position holding the same object as before is
-    taken as unchanged except for the newest `history.TAIL_RECHECK` ones, which pydantic-ai stamps in place.
+    Keeps the saved message objects and the encodings of the newest `history.TAIL_RECHECK` of them,
+    which pydantic-ai stamps in place after a save. Older positions are compared by identity, and
+    only where another object sits there by encoding both: messages older than the tail are never
+    changed in place, so encoding them later gives what encoding them at save time would have.
     """
 
     def __init__(self) -> None:
         self.messages: list[ModelMessage] = []
-        self.encoded: list[bytes] = []
+        self.tail: list[bytes] = []
         self.saved = False
-
-    def _encode(self, messages: Sequence[ModelMessage]) -> list[bytes]:
-        keep = trusted_prefix(messages, self.messages)
-        return [*self.encoded[:keep], *(encode_message(m) for m in messages[keep:])]
 
     def differs(self, messages: Sequence[ModelMessage]) -> bool:
         if not self.saved or len(messages) != len(self.messages):
             return True
-        return self._encode(messages) != self.encoded
+        boundary = len(messages) - len(self.tail)
+        for i in range(trusted_prefix(messages, self.messages), boundary):
+            old, new = self.messages[i], messages[i]
+            if old is not new and encode_message(old) != encode_message(new):
+                return True
+        return [encode_message(m) for m in messages[boundary:]] != self.tail
 
     def same_objects(self, messages: Sequence[ModelMessage]) -> bool:
         """True when `messages` holds exactly the saved message objects (maybe stamped since)."""
@@ -119,8 +125,8 @@ class _ContentTracker:
         )
 
     def update(self, messages: Sequence[ModelMessage]) -> None:
-        self.encoded = self._encode(messages)
         self.messages = list(messages)
+        self.tail = [encode_message(m) for m in self.messages[-TAIL_RECHECK:]]
         self.saved = True
 
 
@@ -136,6 +142,8 @@ class _RunState:
     content: _ContentTracker = field(default_factory=_ContentTracker)
     live: list[ModelMessage] | None = None
     in_flight: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
+    deferred: list[StepWrite] = field(default_factory=list[StepWrite])
+    """Writes that travel with the run's next write (see `StepPersistence._write`)."""
 
     def next_key(self, base: str) -> str:
         n = self.key_counts.get(base, 0) + 1
@@ -334,9 +342,19 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     # --- writing helpers ----------------------------------------------------------------------
 
-    async def _event(
+    def _journaled(self, ctx: RunContext[Any]) -> bool:
+        """Whether a durable engine dispatches this capability's operations in this run.
+
+        Without one, the durable operations would run inline anyway, so the hooks write to the
+        store directly and send a tool call's ledger entry and event in one `write_batch`.
+        """
+        operations = getattr(ctx, '_durable_operations', _UNKNOWN)
+        if operations is _UNKNOWN:
+            return True  # pydantic-ai's internals moved: the durable-operation path is always correct
+        return bool(operations) and (self.id, 'append_event') in cast(dict[tuple[str, str], object], operations)
+
+    def _new_event(
         self,
-        ctx: RunContext[Any],
         kind: EventKind,
         *,
         discriminator: str,
@@ -344,9 +362,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         tool_name: str | None = None,
         tool_call_id: str | None = None,
         error: str | None = None,
-    ) -> None:
+    ) -> StepEvent:
         st = self._run()
-        event = StepEvent(
+        return StepEvent(
             run_id=st.run_id,
             kind=kind,
             step_index=st.step_index if step_index is None else step_index,
@@ -359,7 +377,56 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             metadata=dict(self.metadata),
             idempotency_key=st.next_key(f'{kind.value}:{discriminator}'),
         )
-        await self._op_append_event(ctx, event)
+
+    async def _event(
+        self,
+        ctx: RunContext[Any],
+        kind: EventKind,
+        *,
+        discriminator: str,
+        step_index: int | None = None,
+        error: str | None = None,
+        defer: bool = False,
+    ) -> None:
+        event = self._new_event(kind, discriminator=discriminator, step_index=step_index, error=error)
+        await self._write(ctx, event, defer=defer)
+
+    async def _write(
+        self, ctx: RunContext[Any], *writes: StepWrite, new_call: bool = False, defer: bool = False
+    ) -> list[StepWrite]:
+        """Write events and ledger entries in order; returns them as stored (ledger entries stamped).
+
+        Under a durable engine each write is its own durable operation. Otherwise the writes, with
+        any deferred ones before them, go to the store in one `apply_writes` call, already stamped
+        (records are built just before they are written). With `defer=True` (only used for the
+        model-request-completed event, which nothing outside the process separates from the run's
+        next write) the writes wait for that next write instead, saving a round trip per step.
+        """
+        st = self._run()
+        if self._journaled(ctx):
+            done: list[StepWrite] = []
+            deferred = list(st.deferred)
+            st.deferred.clear()
+            for write in [*deferred, *writes]:
+                if isinstance(write, StepEvent):
+                    await self._op_append_event(ctx, write)
+                    done.append(write)
+                elif write.status is ToolEffectStatus.STARTED:
+                    done.append(await self._op_tool_effect_started(ctx, write, new_call))
+                else:
+                    done.append(await self._op_tool_effect_finished(ctx, write))
+            return done[len(deferred) :]
+        if defer:
+            st.deferred.extend(writes)
+            return list(writes)
+        batch = [*st.deferred, *writes]
+        st.deferred.clear()
+        await apply_writes(self.store, batch)
+        return list(writes)
+
+    async def _flush_deferred(self, ctx: RunContext[Any]) -> None:
+        if self._state is not None and self._state.deferred:
+            await self._write(ctx)
 
     async def _save(
         self, ctx: RunContext[Any], messages: list[ModelMessage], state: SnapshotState, *, step_index: int | None = None
@@ -367,18 +434,24 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         st = self._run()
         st.save_seq += 1
         step = st.step_index if step_index is None else step_index
-        snapshot = ContinuableSnapshot(
+        # Built from values of known types: validating the whole history again at every save is skipped.
+        snapshot = ContinuableSnapshot.model_construct(
             run_id=st.run_id,
             step_index=step,
             messages=messages,
             state=state,
+            created_at=utcnow(),
             agent_name=st.agent_name,
             conversation_id=st.conversation_id,
             parent_run_id=st.parent_run_id,
             metadata=dict(self.metadata),
             idempotency_key=f'snapshot:{st.save_seq}:{step}:{state.value}',
         )
-        await self._op_save_snapshot(ctx, snapshot)
+        if self._journaled(ctx):
+            await self._op_save_snapshot(ctx, snapshot)
+        else:
+            await self._flush_deferred(ctx)
+            await self.store.save_snapshot(snapshot)
         st.content.update(messages)
         event = SnapshotSaved(
             persistence_run_id=st.run_id, conversation_id=st.conversation_id, step_index=step, state=state
@@ -497,7 +570,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, response: ModelResponse
     ) -> ModelResponse:
         self._observe(ctx)
-        await self._event(ctx, EventKind.MODEL_REQUEST_COMPLETED, discriminator=str(ctx.run_step))
+        await self._event(ctx, EventKind.MODEL_REQUEST_COMPLETED, discriminator=str(ctx.run_step), defer=True)
         return response
 
     async def on_model_request_error(
@@ -520,18 +593,22 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     ) -> Any:
         st = self._observe(ctx)
         call_id = call.tool_call_id
+        now = utcnow()
         record = ToolEffectRecord(
             run_id=st.run_id,
             tool_call_id=call_id,
             tool_name=call.tool_name,
             status=ToolEffectStatus.STARTED,
+            started_at=now,
+            updated_at=now,
             step_index=ctx.run_step,
             args=call.args_as_dict(),
         )
-        st.in_flight[call_id] = await self._op_tool_effect_started(ctx, record, True)
-        await self._event(
-            ctx, EventKind.TOOL_CALL_STARTED, discriminator=call_id, tool_name=call.tool_name, tool_call_id=call_id
+        event = self._new_event(
+            EventKind.TOOL_CALL_STARTED, discriminator=call_id, tool_name=call.tool_name, tool_call_id=call_id
         )
+        stored, _ = await self._write(ctx, record, event, new_call=True)
+        st.in_flight[call_id] = cast(ToolEffectRecord, stored)
         token = _ACTIVE_TOOL_CALL.set(ActiveToolCall(capability=self, run_id=st.run_id, tool_call_id=call_id))
         try:
             result = await handler(args)
@@ -549,9 +626,12 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         st = self._run()
         call_id = call.tool_call_id
         current = st.in_flight.pop(call_id)
-        await self._op_tool_effect_finished(ctx, current.model_copy(update={'status': status, 'error': error}))
+        finished = current.model_copy(update={'status': status, 'error': error, 'updated_at': utcnow()})
         kind = EventKind.TOOL_CALL_COMPLETED if status is ToolEffectStatus.COMPLETED else EventKind.TOOL_CALL_FAILED
-        await self._event(ctx, kind, discriminator=call_id, tool_name=call.tool_name, tool_call_id=call_id, error=error)
+        event = self._new_event(
+            kind, discriminator=call_id, tool_name=call.tool_name, tool_call_id=call_id, error=error
+        )
+        await self._write(ctx, finished, event)
 
     async def annotate(
         self,
@@ -574,7 +654,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             update['effect_summary'] = effect_summary
         merged = current.model_copy(update=update)
         if store is self.store:
-            st.in_flight[tool_call_id] = await self._op_tool_effect_started(ctx, merged, False)
+            (stored,) = await self._write(ctx, merged.model_copy(update={'updated_at': utcnow()}))
+            st.in_flight[tool_call_id] = cast(ToolEffectRecord, stored)
         else:
             st.in_flight[tool_call_id] = merged
             await store.record_tool_effect(merged.model_copy(update={'updated_at': utcnow()}))

@@ -21,6 +21,7 @@ __all__ = (
     'check_format_version',
     'decode_messages',
     'dump_record',
+    'dump_record_compact',
     'dump_record_json',
     'encode_message',
     'encode_messages',
@@ -57,6 +58,23 @@ def dump_record(record: BaseModel, *, exclude: set[str] | None = None) -> dict[s
 def dump_record_json(record: BaseModel, *, exclude: set[str] | None = None) -> str:
     """`dump_record` as a compact JSON string."""
     return json.dumps(dump_record(record, exclude=exclude), separators=(',', ':'), ensure_ascii=False)
+
+
+def dump_record_compact(record: BaseModel, *, exclude: set[str] | None = None, **extra: int | str) -> bytes:
+    """`record` as compact JSON (UTF-8), stamped with the format version, in one serializer pass.
+
+    `None` fields and an empty `metadata` are left out (they load back as their defaults; every
+    optional field of the stored records defaults to `None`), as are the `exclude`d fields a store
+    keeps elsewhere. `extra` fields (e.g. a store-assigned `seq`) replace the record's own.
+    """
+    skip = {*(exclude or ()), *extra}
+    if getattr(record, 'metadata', None) == {}:
+        skip.add('metadata')
+    body: bytes = record.__pydantic_serializer__.to_json(record, exclude=skip, exclude_none=True)
+    head = json.dumps({FORMAT_KEY: RECORD_FORMAT_VERSION, **extra}, separators=(',', ':'), ensure_ascii=False)
+    if body == b'{}':
+        return head.encode()
+    return head[:-1].encode() + b',' + body[1:]
 
 
 def load_record(cls: type[R], data: Mapping[str, Any] | str | bytes, **extra: Any) -> R:

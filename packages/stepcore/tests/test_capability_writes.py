@@ -1,0 +1,159 @@
+"""How StepPersistence hands its writes to the store: batched when it can, one call per write when it cannot."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo
+
+from stepcore import (
+    ContinuableSnapshot,
+    EventKind,
+    InMemoryStepStore,
+    StepEvent,
+    StepPersistence,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
+from stepcore.protocols import StepWrite
+from stepcore.writes import apply_writes, check_writes
+from stepcore_conformance.capability import function_model
+
+
+class _Recording(InMemoryStepStore):
+    """The in-memory store, noting each call the capability makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[str]]] = []
+
+    @staticmethod
+    def _name(write: StepWrite) -> str:
+        if isinstance(write, StepEvent):
+            return write.kind.value
+        return f'effect:{write.status.value}'
+
+    async def append_event(self, event: StepEvent) -> None:
+        self.calls.append(('append_event', [self._name(event)]))
+        await super().append_event(event)
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        self.calls.append(('record_tool_effect', [self._name(record)]))
+        await super().record_tool_effect(record)
+
+    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
+        self.calls.append(('write_batch', [self._name(w) for w in writes]))
+        await super().write_batch(writes)
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        self.calls.append(('save_snapshot', [snapshot.state.value]))
+        await super().save_snapshot(snapshot)
+
+
+class _Unbatched(_Recording):
+    """A store without `write_batch`, as a third-party store may be."""
+
+    write_batch = None  # type: ignore[assignment]
+
+
+def _one_tool_then_done(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    if len(messages) == 1:
+        return ModelResponse(parts=[ToolCallPart('lookup', {'q': 'x'}, tool_call_id='c1')])
+    return ModelResponse(parts=[TextPart('done')])
+
+
+def _agent(store: InMemoryStepStore) -> Agent[None, str]:
+    agent: Agent[None, str] = Agent(function_model(_one_tool_then_done), capabilities=[StepPersistence(store=store)])
+
+    @agent.tool_plain
+    def lookup(q: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        return f'found {q}'
+
+    return agent
+
+
+async def test_a_tool_call_is_one_batch_at_start_and_one_at_finish() -> None:
+    store = _Recording()
+    await _agent(store).run('go', run_id='batched')  # pyright: ignore[reportCallIssue]
+    assert store.calls == [
+        ('append_event', ['run_started']),
+        ('append_event', ['model_request_started']),
+        # the completed request travels with the tool call's ledger entry: one round trip
+        ('write_batch', ['model_request_completed', 'effect:started', 'tool_call_started']),
+        ('write_batch', ['effect:completed', 'tool_call_completed']),
+        ('save_snapshot', ['complete']),
+        ('append_event', ['model_request_started']),
+        ('append_event', ['model_request_completed']),
+        ('save_snapshot', ['complete']),
+        ('append_event', ['run_completed']),
+    ]
+
+
+async def test_a_store_without_write_batch_gets_one_call_per_write_and_the_same_records() -> None:
+    batched, unbatched = _Recording(), _Unbatched()
+    await _agent(batched).run('go', run_id='r')  # pyright: ignore[reportCallIssue]
+    await _agent(unbatched).run('go', run_id='r')  # pyright: ignore[reportCallIssue]
+    assert all(name != 'write_batch' for name, _ in unbatched.calls)
+    assert [w for _, ws in unbatched.calls for w in ws] == [w for _, ws in batched.calls for w in ws]
+
+    def trail(events: list[StepEvent]) -> list[tuple[EventKind, str | None, str | None]]:
+        return [(e.kind, e.tool_call_id, e.idempotency_key) for e in events]
+
+    assert trail(await unbatched.list_events('r')) == trail(await batched.list_events('r'))
+    [effect] = await unbatched.list_tool_effects('r')
+    assert effect.status is ToolEffectStatus.COMPLETED
+    assert effect.args == {'q': 'x'}
+
+
+async def test_events_are_stamped_in_the_order_they_happened() -> None:
+    store = _Recording()
+    await _agent(store).run('go', run_id='stamps')  # pyright: ignore[reportCallIssue]
+    events = await store.list_events('stamps')
+    assert [e.timestamp for e in events] == sorted(e.timestamp for e in events)
+    [effect] = await store.list_tool_effects('stamps')
+    started = next(e for e in events if e.kind is EventKind.TOOL_CALL_STARTED)
+    assert effect.started_at <= started.timestamp <= effect.updated_at
+
+
+async def test_a_failure_right_after_a_response_still_writes_the_deferred_completion() -> None:
+    """The completed-request event waits for the run's next write; the failure path is one."""
+    store = _Recording()
+    agent: Agent[None, str] = Agent(
+        function_model(lambda messages, info: ModelResponse(parts=[TextPart('answer')])),
+        capabilities=[StepPersistence(store=store)],
+    )
+
+    @agent.output_validator
+    def reject(output: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        raise RuntimeError('validator crashed')
+
+    with pytest.raises(RuntimeError, match='validator crashed'):
+        await agent.run('go', run_id='failing')  # pyright: ignore[reportCallIssue]
+    kinds = [e.kind for e in await store.list_events('failing')]
+    assert kinds == [
+        EventKind.RUN_STARTED,
+        EventKind.MODEL_REQUEST_STARTED,
+        EventKind.MODEL_REQUEST_COMPLETED,
+        EventKind.RUN_FAILED,
+    ]
+    # on_run_error saves the at-failure history (it holds a response): the deferred event goes first
+    assert store.calls[2:] == [
+        ('append_event', ['model_request_completed']),
+        ('save_snapshot', ['complete']),
+        ('append_event', ['run_failed']),
+    ]
+
+
+async def test_apply_writes_refuses_other_records_before_writing() -> None:
+    store = InMemoryStepStore()
+    event = StepEvent(run_id='r', kind=EventKind.RUN_STARTED)
+    bad: list[Any] = [event, 'snapshot?']
+    with pytest.raises(TypeError, match='position 1'):
+        await apply_writes(store, bad)
+    assert await store.list_events('r') == []
+    with pytest.raises(TypeError, match='write_batch got str'):
+        check_writes(bad)
