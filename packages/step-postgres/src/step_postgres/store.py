@@ -15,11 +15,12 @@ from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENT
 from stepcore.history import HistoryIndex, walk_chain
 from stepcore.media import MediaStore
 from stepcore.models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, ToolEffectStatus
-from stepcore.protocols import StepStore
+from stepcore.protocols import StepStore, StepWrite
 from stepcore.registration import check_registration
 from stepcore.retention import check_max_snapshots, snapshots_to_prune
 from stepcore.setup_once import SetupOnce
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from stepcore.writes import check_writes
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
 from .media import PostgresMediaStore
@@ -39,6 +40,18 @@ DEFAULT_MEDIA: Final = _DefaultMedia()
 
 _SNAPSHOT_HEADER_EXCLUDE = {'messages', 'seq'}
 _SEQ_EXCLUDE = {'seq'}
+
+
+def _event_params(event: StepEvent) -> dict[str, Any]:
+    return {
+        'run': event.run_id,
+        'key': event.idempotency_key,
+        'record': dump_record_json(event, exclude=_SEQ_EXCLUDE),
+    }
+
+
+def _effect_params(record: ToolEffectRecord) -> tuple[Any, ...]:
+    return (record.run_id, record.tool_call_id, record.status.value, record.started_at, dump_record_json(record))
 
 
 class PostgresStepStore(StepStore):
@@ -144,14 +157,24 @@ class PostgresStepStore(StepStore):
     async def append_event(self, event: StepEvent) -> None:
         # One statement: claim the key, take the run's next seq, insert. A key applied before
         # claims nothing, so no seq is taken and nothing is written.
-        params = {
-            'run': event.run_id,
-            'key': event.idempotency_key,
-            'record': dump_record_json(event, exclude=_SEQ_EXCLUDE),
-        }
         await self._ensure()
         async with self._handle.connection() as conn:
-            await conn.execute(self._q.event_insert, params)
+            await conn.execute(self._q.event_insert, _event_params(event))
+
+    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
+        """Append events and upsert ledger entries in order: one transaction, sent as one pipeline."""
+        statements = [
+            (self._q.event_insert, _event_params(w))
+            if isinstance(w, StepEvent)
+            else (self._q.effect_upsert, _effect_params(w))
+            for w in check_writes(writes)
+        ]
+        if not statements:
+            return
+        await self._ensure()
+        async with self._handle.connection() as conn, conn.pipeline(), conn.transaction():
+            for query, params in statements:
+                await conn.execute(query, params)
 
     async def list_events(self, run_id: str) -> list[StepEvent]:
         rows = await self._fetchall(self._q.events_list, (run_id,))
@@ -240,10 +263,7 @@ class PostgresStepStore(StepStore):
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         await self._ensure()
         async with self._handle.connection() as conn:
-            await conn.execute(
-                self._q.effect_upsert,
-                (record.run_id, record.tool_call_id, record.status.value, record.started_at, dump_record_json(record)),
-            )
+            await conn.execute(self._q.effect_upsert, _effect_params(record))
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         rows = await self._fetchall(self._q.effect_get, (run_id, tool_call_id))
