@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from stepcore import EventKind, StepEvent, StepStore, ToolEffectRecord, ToolEffectStatus
+from stepcore import EventKind, SnapshotState, StepEvent, StepStore, ToolEffectRecord, ToolEffectStatus
 from stepcore.protocols import BatchWriter, StepWrite
 from stepcore.writes import apply_writes
 
-from ._support import StoreFixtures, at, event, register
+from ._support import StoreFixtures, at, canonical, conversation, event, register, snapshot
 
 __all__ = ('BatchWritesConformance',)
 
@@ -127,3 +127,38 @@ class BatchWritesConformance(StoreFixtures):
         await apply_writes(store, [])
         assert [e.step_index for e in await store.list_events(run_id)] == [0]
         assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id)] == ['x']
+
+    async def test_batch_with_a_snapshot_saves_it_after_the_records(self, store: StepStore) -> None:
+        writer = _batch_writer(store)
+        run_id = await register(store)
+        first, second = conversation(1), conversation(2)
+        await writer.write_batch([event(run_id, 0)], snapshot=snapshot(run_id, first, 1, idempotency_key='s:1'))
+        await writer.write_batch(
+            [_effect(run_id, 'c', ToolEffectStatus.COMPLETED), event(run_id, 1)],
+            snapshot=snapshot(run_id, second, 2, SnapshotState.INTERRUPTED, idempotency_key='s:2'),
+        )
+        await writer.write_batch([], snapshot=snapshot(run_id, second, 3, idempotency_key='s:3'))
+        # a replayed batch: its records are applied as usual, its snapshot key is suppressed
+        await writer.write_batch(
+            [event(run_id, 2)], snapshot=snapshot(run_id, conversation(3), 4, idempotency_key='s:1')
+        )
+        snapshots = await store.list_snapshots(run_id)
+        assert [(s.step_index, s.state) for s in snapshots] == [
+            (1, SnapshotState.COMPLETE),
+            (2, SnapshotState.INTERRUPTED),
+            (3, SnapshotState.COMPLETE),
+        ]
+        assert [s.messages for s in snapshots] == [canonical(first), canonical(second), canonical(second)]
+        assert [e.step_index for e in await store.list_events(run_id)] == [0, 1, 2]
+        [effect] = await store.list_tool_effects(run_id)
+        assert effect.status is ToolEffectStatus.COMPLETED
+        latest = await store.latest_snapshot(run_id, include_interrupted=True)
+        assert latest is not None
+        assert latest.step_index == 3
+
+    async def test_apply_writes_with_a_snapshot(self, store: StepStore) -> None:
+        run_id = await register(store)
+        await apply_writes(store, [event(run_id, 0)], snapshot=snapshot(run_id, conversation(1), 1))
+        await apply_writes(store, [], snapshot=snapshot(run_id, conversation(2), 2))
+        assert [s.step_index for s in await store.list_snapshots(run_id)] == [1, 2]
+        assert [e.step_index for e in await store.list_events(run_id)] == [0]

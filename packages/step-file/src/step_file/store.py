@@ -373,18 +373,20 @@ class FileStepStore(StepStore):
         run_id = validate_path_safe_run_id(event.run_id)
         await anyio.to_thread.run_sync(self._write_runs_sync, {run_id: [event]})
 
-    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
-        """Append events and ledger entries in order, in one thread hand-off.
+    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
+        """Append events and ledger entries, then save `snapshot`, in order, in one thread hand-off.
 
         Each run's writes are made under one hold of its lock: its events in one append to
-        `events.jsonl`, its ledger entries in one append to `tool_effects.jsonl`. Those are two files,
-        so a crash between them can keep one append and lose the other, as with separate calls.
-        Every run id is checked before anything is written.
+        `events.jsonl`, its ledger entries in one append to `tool_effects.jsonl`, then the snapshot.
+        Those are separate files, so a crash between them can keep one append and lose another, as
+        with separate calls. Every run id is checked before anything is written.
         """
         by_run: dict[str, list[StepWrite]] = {}
         for write in check_writes(writes):
             by_run.setdefault(validate_path_safe_run_id(write.run_id), []).append(write)
-        if by_run:
+        if snapshot is not None:
+            await self._save(snapshot, by_run)
+        elif by_run:
             await anyio.to_thread.run_sync(self._write_runs_sync, by_run)
 
     def _write_runs_sync(self, by_run: dict[str, list[StepWrite]]) -> None:
@@ -453,17 +455,24 @@ class FileStepStore(StepStore):
     # -- snapshots --------------------------------------------------------------------------
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        await self._save(snapshot, {})
+
+    async def _save(self, snapshot: ContinuableSnapshot, first: dict[str, list[StepWrite]]) -> None:
+        """Write the `first` records (see `write_batch`), then the snapshot, in one thread hand-off."""
         run_id = validate_path_safe_run_id(snapshot.run_id)
         state = self._state(run_id)
         key = snapshot.idempotency_key
         if key is not None and key in state.snapshot_keys:
-            return  # applied before (keys are never forgotten); re-checked under the lock otherwise
+            # applied before (keys are never forgotten); re-checked under the lock otherwise
+            if first:
+                await anyio.to_thread.run_sync(self._write_runs_sync, first)
+            return
         header = dump_record(snapshot, exclude={'messages'})
         for attempt in range(2):
             delta = await self._history.delta(run_id, snapshot.messages)
             try:
                 new_nodes = await anyio.to_thread.run_sync(
-                    self._save_snapshot_sync, run_id, state, key, snapshot.state, header, delta
+                    self._records_then_snapshot_sync, first, run_id, state, key, snapshot.state, header, delta
                 )
             except _StaleHistory:
                 # The run's message log lost nodes this process remembers (its folder was deleted or
@@ -471,10 +480,25 @@ class FileStepStore(StepStore):
                 self._history.forget(run_id)
                 if attempt:
                     raise
+                first = {}  # written before the snapshot failed
                 continue
             if new_nodes is not None:
                 self._history.commit(delta, new_nodes)
             return
+
+    def _records_then_snapshot_sync(
+        self,
+        first: dict[str, list[StepWrite]],
+        run_id: str,
+        state: _RunState,
+        key: str | None,
+        snapshot_state: SnapshotState,
+        header: dict[str, Any],
+        delta: HistoryDelta,
+    ) -> list[NodeId] | None:
+        if first:
+            self._write_runs_sync(first)
+        return self._save_snapshot_sync(run_id, state, key, snapshot_state, header, delta)
 
     def _save_snapshot_sync(
         self,

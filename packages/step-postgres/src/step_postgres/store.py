@@ -161,20 +161,22 @@ class PostgresStepStore(StepStore):
         async with self._handle.connection() as conn:
             await conn.execute(self._q.event_insert, _event_params(event))
 
-    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
-        """Append events and upsert ledger entries in order: one transaction, sent as one pipeline."""
+    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
+        """Append events and upsert ledger entries in order, in one transaction sent as one pipeline;
+        then save `snapshot` (if given) as `save_snapshot` does."""
         statements = [
             (self._q.event_insert, _event_params(w))
             if isinstance(w, StepEvent)
             else (self._q.effect_upsert, _effect_params(w))
             for w in check_writes(writes)
         ]
-        if not statements:
-            return
-        await self._ensure()
-        async with self._handle.connection() as conn, conn.pipeline(), conn.transaction():
-            for query, params in statements:
-                await conn.execute(query, params)
+        if statements:
+            await self._ensure()
+            async with self._handle.connection() as conn, conn.pipeline(), conn.transaction():
+                for query, params in statements:
+                    await conn.execute(query, params)
+        if snapshot is not None:
+            await self.save_snapshot(snapshot)
 
     async def list_events(self, run_id: str) -> list[StepEvent]:
         rows = await self._fetchall(self._q.events_list, (run_id,))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any, ClassVar, Final, cast
@@ -200,12 +200,15 @@ class SqliteStepStore(StepStore):
 
         await self._db.run(work)
 
-    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
-        """Append events and upsert ledger entries in order, in one transaction (one thread hand-off)."""
+    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
+        """Append events, upsert ledger entries and save `snapshot`, in order, in one transaction."""
         statements = [
             (_APPEND_EVENT, _event_params(w)) if isinstance(w, StepEvent) else (_UPSERT_EFFECT, _effect_params(w))
             for w in check_writes(writes)
         ]
+        if snapshot is not None:
+            await self._save(snapshot, statements)
+            return
         if not statements:
             return
 
@@ -227,63 +230,76 @@ class SqliteStepStore(StepStore):
     # -- snapshots -----------------------------------------------------------------------------
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        await self._save(snapshot, [])
+
+    async def _save(self, snapshot: ContinuableSnapshot, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """Run `statements`, then write the snapshot, in one transaction."""
         run_id = snapshot.run_id
         record = dump_compact(snapshot, exclude={'run_id', 'messages', 'seq', 'state'})
+
+        def work(delta: HistoryDelta) -> Callable[[sqlite3.Connection], list[int] | None]:
+            def run(connection: sqlite3.Connection) -> list[int] | None:
+                with write_transaction(connection):
+                    for sql, params in statements:
+                        connection.execute(sql, params)
+                    return self._write_snapshot(connection, snapshot, delta, record)
+
+            return run
+
         delta = await self._history.delta(run_id, snapshot.messages)
         try:
-            nodes = await self._db.run(lambda conn: self._write_snapshot(conn, snapshot, delta, record))
+            nodes = await self._db.run(work(delta))
         except _StaleBase:
             # The remembered history's nodes are gone (the run was deleted, e.g. with its
-            # conversation): store this history from scratch.
+            # conversation): the transaction was rolled back; store this history from scratch.
             self._history.forget(run_id)
             delta = await self._history.delta(run_id, snapshot.messages)
-            nodes = await self._db.run(lambda conn: self._write_snapshot(conn, snapshot, delta, record))
+            nodes = await self._db.run(work(delta))
         if nodes is not None:
             self._history.commit(delta, nodes)
 
     def _write_snapshot(
         self, connection: sqlite3.Connection, snapshot: ContinuableSnapshot, delta: HistoryDelta, record: str
     ) -> list[int] | None:
-        """One transaction: claim the key, write the new nodes and the snapshot row, prune.
+        """Inside the caller's transaction: claim the key, write the new nodes and the snapshot row, prune.
 
         Returns the new node ids, or `None` when the idempotency key was already applied.
         """
         run_id = snapshot.run_id
-        with write_transaction(connection):
-            if snapshot.idempotency_key is not None:
-                claimed = connection.execute(
-                    'INSERT OR IGNORE INTO snapshot_idempotency_keys (run_id, idempotency_key) VALUES (?, ?)',
-                    (run_id, snapshot.idempotency_key),
-                ).rowcount
-                if not claimed:
-                    return None
-            nodes: list[int] = []
-            parent = delta.parent
-            if (
-                parent is not None
-                and not connection.execute(
-                    'SELECT 1 FROM message_nodes WHERE node_id = ? AND run_id = ?', (parent, run_id)
-                ).fetchone()
-            ):
-                raise _StaleBase(run_id)
-            if delta.new_messages:
-                (last,) = connection.execute('SELECT COALESCE(MAX(node_id), 0) FROM message_nodes').fetchone()
-                nodes = list(range(last + 1, last + 1 + len(delta.new_messages)))
-                parents = [parent, *nodes[:-1]]
-                connection.executemany(
-                    'INSERT INTO message_nodes (node_id, run_id, parent_id, body) VALUES (?, ?, ?, ?)',
-                    [(n, run_id, p, pack_body(b)) for n, p, b in zip(nodes, parents, delta.new_messages, strict=True)],
-                )
-            head = self._history.head(delta, nodes)
-            connection.execute(
-                'INSERT INTO snapshots (run_id, state, head, length, record) VALUES (?, ?, ?, ?, ?)',
-                (run_id, snapshot.state.value, head, delta.total, record),
+        if snapshot.idempotency_key is not None:
+            claimed = connection.execute(
+                'INSERT OR IGNORE INTO snapshot_idempotency_keys (run_id, idempotency_key) VALUES (?, ?)',
+                (run_id, snapshot.idempotency_key),
+            ).rowcount
+            if not claimed:
+                return None
+        nodes: list[int] = []
+        parent = delta.parent
+        if (
+            parent is not None
+            and not connection.execute(
+                'SELECT 1 FROM message_nodes WHERE node_id = ? AND run_id = ?', (parent, run_id)
+            ).fetchone()
+        ):
+            raise _StaleBase(run_id)
+        if delta.new_messages:
+            (last,) = connection.execute('SELECT COALESCE(MAX(node_id), 0) FROM message_nodes').fetchone()
+            nodes = list(range(last + 1, last + 1 + len(delta.new_messages)))
+            parents = [parent, *nodes[:-1]]
+            connection.executemany(
+                'INSERT INTO message_nodes (node_id, run_id, parent_id, body) VALUES (?, ?, ?, ?)',
+                [(n, run_id, p, pack_body(b)) for n, p, b in zip(nodes, parents, delta.new_messages, strict=True)],
             )
-            if self.max_snapshots_per_run is not None:
-                kept = connection.execute('SELECT seq, state FROM snapshots WHERE run_id = ?', (run_id,)).fetchall()
-                prune = snapshots_to_prune(((int(s), str(st)) for s, st in kept), self.max_snapshots_per_run)
-                if prune:
-                    connection.executemany('DELETE FROM snapshots WHERE seq = ?', [(s,) for s in prune])
+        head = self._history.head(delta, nodes)
+        connection.execute(
+            'INSERT INTO snapshots (run_id, state, head, length, record) VALUES (?, ?, ?, ?, ?)',
+            (run_id, snapshot.state.value, head, delta.total, record),
+        )
+        if self.max_snapshots_per_run is not None:
+            kept = connection.execute('SELECT seq, state FROM snapshots WHERE run_id = ?', (run_id,)).fetchall()
+            prune = snapshots_to_prune(((int(s), str(st)) for s, st in kept), self.max_snapshots_per_run)
+            if prune:
+                connection.executemany('DELETE FROM snapshots WHERE seq = ?', [(s,) for s in prune])
         return nodes
 
     async def _materialize(self, run_id: str, row: _SnapshotRow, bodies: Sequence[bytes]) -> ContinuableSnapshot:

@@ -93,13 +93,15 @@ class InMemoryStepStore(StepStore):
     async def append_event(self, event: StepEvent) -> None:
         self._append_event(event)
 
-    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
-        """Apply events and ledger entries in order (see `stepcore.protocols.BatchWriter`)."""
+    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
+        """Apply events and ledger entries in order, then the snapshot (see `stepcore.protocols.BatchWriter`)."""
         for write in check_writes(writes):
             if isinstance(write, StepEvent):
                 self._append_event(write)
             else:
                 self._record_tool_effect(write)
+        if snapshot is not None:
+            await self.save_snapshot(snapshot)
 
     def _append_event(self, event: StepEvent) -> None:
         data = self._run(event.run_id)

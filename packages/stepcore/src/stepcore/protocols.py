@@ -93,19 +93,21 @@ class StepStore(Protocol):
 
 @runtime_checkable
 class BatchWriter(Protocol):
-    """Optional extra a `StepStore` can implement: several event and ledger writes in one call.
+    """Optional extra a `StepStore` can implement: several writes in one call.
 
-    `StepPersistence` writes a tool call's ledger entry and its event together; a store with
-    `write_batch` takes them in one round trip (one transaction, one thread hand-off) instead of
-    two. Stores without it get one call per write (`stepcore.writes.apply_writes`).
+    `StepPersistence` writes a tool call's ledger entry and its event together, and a finished
+    call's entry and event with the snapshot that follows it; a store with `write_batch` takes
+    each group in one round trip (one transaction, one thread hand-off) instead of one per record.
+    Stores without it get one call per write (`stepcore.writes.apply_writes`).
     """
 
-    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
-        """Apply `writes` in order, exactly as `append_event` / `record_tool_effect` would one by one.
+    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
+        """Apply `writes` in order, then save `snapshot` (if given), as the single-record methods would.
 
         Events keep their order and idempotency-key suppression (a key repeated within the batch is
-        applied once); ledger entries upsert, so a later entry for the same call wins. Stores with
-        transactions apply the batch atomically. A write of another type raises `TypeError`, and a
-        batch that cannot be applied (an invalid run id, say) raises before anything is written.
+        applied once); ledger entries upsert, so a later entry for the same call wins; the snapshot
+        is saved exactly as by `save_snapshot`. Stores with transactions apply the batch
+        atomically. A write of another type raises `TypeError`, and a batch that cannot be applied
+        (an invalid run id, say) raises before anything is written.
         """
         ...

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .models import StepEvent, ToolEffectRecord
+from .models import ContinuableSnapshot, StepEvent, ToolEffectRecord
 from .protocols import StepStore, StepWrite
 
 __all__ = ('apply_writes', 'check_writes')
@@ -24,16 +24,19 @@ def check_writes(writes: Sequence[object]) -> Sequence[StepWrite]:
     return writes  # pyright: ignore[reportReturnType]  # checked item by item above
 
 
-async def apply_writes(store: StepStore, writes: Sequence[StepWrite]) -> None:
-    """Apply `writes` in order: one `write_batch` call when the store has it, else one call per write."""
-    if not writes:
-        return
+async def apply_writes(
+    store: StepStore, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None
+) -> None:
+    """Apply `writes` in order, then save `snapshot`: one `write_batch` call when the store has it
+    (and there is more than one thing to write), else one call per write."""
     write_batch = getattr(store, 'write_batch', None)
-    if write_batch is not None and len(writes) > 1:
-        await write_batch(writes)
+    if write_batch is not None and len(writes) + (snapshot is not None) > 1:
+        await write_batch(writes, snapshot=snapshot)
         return
     for write in check_writes(writes):
         if isinstance(write, StepEvent):
             await store.append_event(write)
         else:
             await store.record_tool_effect(write)
+    if snapshot is not None:
+        await store.save_snapshot(snapshot)
