@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
+from stepcore.capability import DEFERRED_WRITE_DELAY
 from stepcore.protocols import StepWrite
 from stepcore.writes import apply_writes, check_writes
 from stepcore_conformance.capability import function_model
@@ -45,12 +47,15 @@ class _Recording(InMemoryStepStore):
         self.calls.append(('record_tool_effect', [self._name(record)]))
         await super().record_tool_effect(record)
 
-    async def write_batch(self, writes: Sequence[StepWrite]) -> None:
-        self.calls.append(('write_batch', [self._name(w) for w in writes]))
-        await super().write_batch(writes)
+    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
+        names = [self._name(w) for w in writes]
+        self.calls.append(('write_batch', names + ([f'snapshot:{snapshot.state.value}'] if snapshot else [])))
+        await InMemoryStepStore.write_batch(self, writes)
+        if snapshot is not None:
+            await InMemoryStepStore.save_snapshot(self, snapshot)
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        self.calls.append(('save_snapshot', [snapshot.state.value]))
+        self.calls.append(('save_snapshot', [f'snapshot:{snapshot.state.value}']))
         await super().save_snapshot(snapshot)
 
 
@@ -84,11 +89,10 @@ async def test_a_tool_call_is_one_batch_at_start_and_one_at_finish() -> None:
         ('append_event', ['model_request_started']),
         # the completed request travels with the tool call's ledger entry: one round trip
         ('write_batch', ['model_request_completed', 'effect:started', 'tool_call_started']),
-        ('write_batch', ['effect:completed', 'tool_call_completed']),
-        ('save_snapshot', ['complete']),
+        # the finished call travels with the snapshot that settles it: one round trip
+        ('write_batch', ['effect:completed', 'tool_call_completed', 'snapshot:complete']),
         ('append_event', ['model_request_started']),
-        ('append_event', ['model_request_completed']),
-        ('save_snapshot', ['complete']),
+        ('write_batch', ['model_request_completed', 'snapshot:complete']),
         ('append_event', ['run_completed']),
     ]
 
@@ -140,10 +144,9 @@ async def test_a_failure_right_after_a_response_still_writes_the_deferred_comple
         EventKind.MODEL_REQUEST_COMPLETED,
         EventKind.RUN_FAILED,
     ]
-    # on_run_error saves the at-failure history (it holds a response): the deferred event goes first
+    # on_run_error saves the at-failure history (it holds a response): the deferred event goes with it
     assert store.calls[2:] == [
-        ('append_event', ['model_request_completed']),
-        ('save_snapshot', ['complete']),
+        ('write_batch', ['model_request_completed', 'snapshot:complete']),
         ('append_event', ['run_failed']),
     ]
 
@@ -157,3 +160,89 @@ async def test_apply_writes_refuses_other_records_before_writing() -> None:
     assert await store.list_events('r') == []
     with pytest.raises(TypeError, match='write_batch got str'):
         check_writes(bad)
+
+
+async def test_a_finished_call_is_written_on_its_own_while_a_sibling_still_runs() -> None:
+    """A deferred write waits for the run's next write at most `DEFERRED_WRITE_DELAY` seconds of free loop."""
+    store = _Recording()
+    seen_while_waiting: list[ToolEffectStatus] = []
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(
+                parts=[ToolCallPart('fast', {}, tool_call_id='fast-1'), ToolCallPart('slow', {}, tool_call_id='slow-1')]
+            )
+        return ModelResponse(parts=[TextPart('done')])
+
+    agent: Agent[None, str] = Agent(function_model(respond), capabilities=[StepPersistence(store=store)])
+
+    @agent.tool_plain
+    async def fast() -> str:  # pyright: ignore[reportUnusedFunction]
+        await asyncio.sleep(0)  # let the slow sibling start first
+        return 'quick'
+
+    @agent.tool_plain
+    async def slow() -> str:  # pyright: ignore[reportUnusedFunction]
+        await asyncio.sleep(DEFERRED_WRITE_DELAY * 10)
+        effect = await store.get_tool_effect('siblings', 'fast-1')
+        assert effect is not None
+        seen_while_waiting.append(effect.status)
+        return 'late'
+
+    await agent.run('go', run_id='siblings')  # pyright: ignore[reportCallIssue]
+    assert seen_while_waiting == [ToolEffectStatus.COMPLETED]
+    # written on its own, by the timer, while the slow sibling was still running
+    assert ('write_batch', ['effect:completed', 'tool_call_completed']) in store.calls
+
+
+async def test_a_completed_request_is_written_while_a_slow_validator_runs() -> None:
+    store = _Recording()
+    trail_while_validating: list[list[EventKind]] = []
+    agent: Agent[None, str] = Agent(
+        function_model(lambda messages, info: ModelResponse(parts=[TextPart('answer')])),
+        capabilities=[StepPersistence(store=store)],
+    )
+
+    @agent.output_validator
+    async def slow_check(output: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        await asyncio.sleep(DEFERRED_WRITE_DELAY * 10)
+        trail_while_validating.append([e.kind for e in await store.list_events('slow-validator')])
+        return output
+
+    await agent.run('go', run_id='slow-validator')  # pyright: ignore[reportCallIssue]
+    assert trail_while_validating == [
+        [EventKind.RUN_STARTED, EventKind.MODEL_REQUEST_STARTED, EventKind.MODEL_REQUEST_COMPLETED]
+    ]
+
+
+async def test_a_failed_background_write_is_retried_by_the_next_write(caplog: pytest.LogCaptureFixture) -> None:
+    class Flaky(_Recording):
+        failures = 1
+
+        async def append_event(self, event: StepEvent) -> None:
+            if event.kind is EventKind.MODEL_REQUEST_COMPLETED and self.failures:
+                self.failures -= 1
+                raise OSError('disk hiccup')
+            await super().append_event(event)
+
+    store = Flaky()
+    agent: Agent[None, str] = Agent(
+        function_model(lambda messages, info: ModelResponse(parts=[TextPart('answer')])),
+        capabilities=[StepPersistence(store=store)],
+    )
+
+    @agent.output_validator
+    async def slow_check(output: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        await asyncio.sleep(DEFERRED_WRITE_DELAY * 10)
+        return output
+
+    store.write_batch = None  # type: ignore[assignment]  # one call per write, so the event fails alone
+    await agent.run('go', run_id='flaky')  # pyright: ignore[reportCallIssue]
+    assert 'could not write 1 record(s) of run' in caplog.text
+    kinds = [e.kind for e in await store.list_events('flaky')]
+    assert kinds == [
+        EventKind.RUN_STARTED,
+        EventKind.MODEL_REQUEST_STARTED,
+        EventKind.MODEL_REQUEST_COMPLETED,
+        EventKind.RUN_COMPLETED,
+    ]

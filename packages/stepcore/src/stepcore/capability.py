@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -61,6 +63,12 @@ OPERATION_NAMES = (
 """The durable operations of the capability, one per store boundary. Persisted by durable engines: never rename."""
 
 _UNKNOWN = object()
+
+DEFERRED_WRITE_DELAY = 0.01
+"""Seconds a deferred write (a model request's completion, a tool call's end) waits at most for the
+run's next write before it is written on its own (when the event loop is free)."""
+
+logger = logging.getLogger('stepcore')
 
 _ACTIVE_RUN_ID: ContextVar[str | None] = ContextVar('stepcore_active_run_id', default=None)
 """The run id of the innermost enclosing `StepPersistence.wrap_run`, read by delegates as their parent."""
@@ -144,6 +152,10 @@ class _RunState:
     in_flight: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
     deferred: list[StepWrite] = field(default_factory=list[StepWrite])
     """Writes that travel with the run's next write (see `StepPersistence._write`)."""
+    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    flush_timer: asyncio.TimerHandle | None = None
+    flush_task: asyncio.Task[None] | None = None
+    """The background flush of deferred writes, kept referenced while it runs."""
 
     def next_key(self, base: str) -> str:
         n = self.key_counts.get(base, 0) + 1
@@ -392,41 +404,94 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         await self._write(ctx, event, defer=defer)
 
     async def _write(
-        self, ctx: RunContext[Any], *writes: StepWrite, new_call: bool = False, defer: bool = False
+        self,
+        ctx: RunContext[Any],
+        *writes: StepWrite,
+        snapshot: ContinuableSnapshot | None = None,
+        new_call: bool = False,
+        defer: bool = False,
     ) -> list[StepWrite]:
-        """Write events and ledger entries in order; returns them as stored (ledger entries stamped).
+        """Write events and ledger entries in order, then `snapshot`; returns the records as stored.
 
-        Under a durable engine each write is its own durable operation. Otherwise the writes, with
-        any deferred ones before them, go to the store in one `apply_writes` call, already stamped
-        (records are built just before they are written). With `defer=True` (only used for the
-        model-request-completed event, which nothing outside the process separates from the run's
-        next write) the writes wait for that next write instead, saving a round trip per step.
+        Under a durable engine each write is its own durable operation. Otherwise the writes go to
+        the store in one `apply_writes` call, already stamped (records are built just before they
+        are written), after any deferred ones. With `defer=True` (a model request's completion, a
+        tool call's end) the writes travel with the run's next write instead, which saves a round
+        trip per step; a timer makes sure they are written within `DEFERRED_WRITE_DELAY` seconds
+        whenever the event loop is free, so nothing waits longer while a model request or a slow
+        hook is in progress. Writes of one run always reach the store in order.
         """
         st = self._run()
         if self._journaled(ctx):
-            done: list[StepWrite] = []
-            deferred = list(st.deferred)
-            st.deferred.clear()
-            for write in [*deferred, *writes]:
-                if isinstance(write, StepEvent):
-                    await self._op_append_event(ctx, write)
-                    done.append(write)
-                elif write.status is ToolEffectStatus.STARTED:
-                    done.append(await self._op_tool_effect_started(ctx, write, new_call))
-                else:
-                    done.append(await self._op_tool_effect_finished(ctx, write))
-            return done[len(deferred) :]
-        if defer:
+            return await self._write_journaled(ctx, st, writes, snapshot=snapshot, new_call=new_call)
+        if defer and self._arm_flush(st):
             st.deferred.extend(writes)
             return list(writes)
-        batch = [*st.deferred, *writes]
-        st.deferred.clear()
-        await apply_writes(self.store, batch)
+        async with st.write_lock:
+            if st.flush_timer is not None:
+                st.flush_timer.cancel()
+                st.flush_timer = None
+            deferred, st.deferred = st.deferred, []
+            try:
+                await apply_writes(self.store, [*deferred, *writes], snapshot=snapshot)
+            except BaseException:
+                st.deferred[:0] = deferred  # they go with the next write (the error path's, say)
+                raise
         return list(writes)
 
-    async def _flush_deferred(self, ctx: RunContext[Any]) -> None:
-        if self._state is not None and self._state.deferred:
-            await self._write(ctx)
+    async def _write_journaled(
+        self,
+        ctx: RunContext[Any],
+        st: _RunState,
+        writes: Sequence[StepWrite],
+        *,
+        snapshot: ContinuableSnapshot | None,
+        new_call: bool,
+    ) -> list[StepWrite]:
+        done: list[StepWrite] = []
+        deferred, st.deferred = st.deferred, []
+        for write in [*deferred, *writes]:
+            if isinstance(write, StepEvent):
+                await self._op_append_event(ctx, write)
+                done.append(write)
+            elif write.status is ToolEffectStatus.STARTED:
+                done.append(await self._op_tool_effect_started(ctx, write, new_call))
+            else:
+                done.append(await self._op_tool_effect_finished(ctx, write))
+        if snapshot is not None:
+            await self._op_save_snapshot(ctx, snapshot)
+        return done[len(deferred) :]
+
+    def _arm_flush(self, st: _RunState) -> bool:
+        """Make sure deferred writes are flushed soon; False when that cannot be scheduled (no asyncio loop)."""
+        if st.flush_timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return False
+            st.flush_timer = loop.call_later(DEFERRED_WRITE_DELAY, self._flush_soon, st)
+        return True
+
+    def _flush_soon(self, st: _RunState) -> None:
+        st.flush_timer = None
+        if st.deferred:
+            st.flush_task = asyncio.get_running_loop().create_task(self._flush_in_background(st))
+
+    async def _flush_in_background(self, st: _RunState) -> None:
+        async with st.write_lock:
+            deferred, st.deferred = st.deferred, []
+            if not deferred:
+                return
+            try:
+                await apply_writes(self.store, deferred)
+            except Exception as error:
+                st.deferred[:0] = deferred
+                logger.warning(
+                    "StepPersistence could not write %d record(s) of run %r yet (%s); the run's next write retries",
+                    len(deferred),
+                    st.run_id,
+                    _describe(error),
+                )
 
     async def _save(
         self, ctx: RunContext[Any], messages: list[ModelMessage], state: SnapshotState, *, step_index: int | None = None
@@ -447,11 +512,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             metadata=dict(self.metadata),
             idempotency_key=f'snapshot:{st.save_seq}:{step}:{state.value}',
         )
-        if self._journaled(ctx):
-            await self._op_save_snapshot(ctx, snapshot)
-        else:
-            await self._flush_deferred(ctx)
-            await self.store.save_snapshot(snapshot)
+        await self._write(ctx, snapshot=snapshot)
         st.content.update(messages)
         event = SnapshotSaved(
             persistence_run_id=st.run_id, conversation_id=st.conversation_id, step_index=step, state=state
@@ -631,7 +692,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         event = self._new_event(
             kind, discriminator=call_id, tool_name=call.tool_name, tool_call_id=call_id, error=error
         )
-        await self._write(ctx, finished, event)
+        await self._write(ctx, finished, event, defer=True)
 
     async def annotate(
         self,
