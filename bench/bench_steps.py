@@ -6,7 +6,8 @@ A real `pydantic_ai.Agent` on a `FunctionModel` calls one tool per step for N st
 returns 2 KB of text. The same run is timed with no persistence and with `StepPersistence` on each
 backend. Each run is a fresh interpreter; the store is opened (connection, schema) before the
 timed run starts, so the figures are the cost of persisting steps, not of opening a database.
-Reported per backend and N: the best wall time of the repeated runs and time per step, the process CPU
+Reported per backend and N: the best wall time of the repeated runs and time per step, the median over
+rounds of each run's time over the unpersisted run of the same round, the process CPU
 time (all threads; a busy machine inflates wall time but hardly CPU time), bytes the store holds
 on disk right after the run with the store still open (SQLite's `-wal` and `-shm` files included)
 and once it is closed, and how much the process's resident memory grew at its peak during the
@@ -28,6 +29,7 @@ import platform
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -314,6 +316,17 @@ def available(names: list[str]) -> list[str]:
     return usable
 
 
+def paired_ratio(samples: list[Sample], baseline: list[Sample]) -> str:
+    """The median, over rounds, of this backend's time over the unpersisted run's time in the same round.
+
+    Backends run interleaved, so the two runs of a round see the machine in about the same state:
+    the median of those ratios is not moved by one unusually fast or slow run, as best-of can be.
+    """
+    if len(samples) < 2 or len(samples) != len(baseline):
+        return '-'
+    return f'{statistics.median(s.seconds / b.seconds for s, b in zip(samples, baseline, strict=True)):.2f}x'
+
+
 def fmt_bytes(n: int | None) -> str:
     if n is None:
         return '-'
@@ -361,18 +374,19 @@ def main() -> None:
                 baseline[steps] = seconds
                 cpu_baseline[steps] = cpu
             ratio = f'{seconds / baseline[steps]:.2f}x' if steps in baseline else '-'
+            paired = paired_ratio(samples[name], samples.get('none', []))
             cpu_ratio = f'{cpu / cpu_baseline[steps]:.2f}x' if steps in cpu_baseline else '-'
             row = (
-                f'| {name} | {steps} | {seconds:.3f} s | {seconds / steps * 1000:.2f} ms | {ratio} | '
+                f'| {name} | {steps} | {seconds:.3f} s | {seconds / steps * 1000:.2f} ms | {ratio} | {paired} | '
                 f'{cpu:.3f} s | {cpu_ratio} | '
                 f'{fmt_bytes(size)} | {fmt_bytes(closed)} | {fmt_bytes(peak)} |'
             )
             rows.append(row)
             print(row, flush=True)
     header = [
-        '| backend | steps | wall time | per step | vs none | CPU time | CPU vs none | on disk, open | on disk, closed '
-        '| peak RSS growth |',
-        '|---|---|---|---|---|---|---|---|---|---|',
+        '| backend | steps | wall time | per step | vs none | vs none, median of rounds | CPU time | CPU vs none '
+        '| on disk, open | on disk, closed | peak RSS growth |',
+        '|---|---|---|---|---|---|---|---|---|---|---|',
     ]
     table = '\n'.join(header + rows)
     print()
@@ -381,7 +395,8 @@ def main() -> None:
         RESULTS.write_text(
             f'# bench_steps results\n\n`uv run python bench/bench_steps.py {" ".join(sys.argv[1:])}`'.rstrip()
             + f'\n\nPython {platform.python_version()}, {platform.system()} {platform.machine()}, '
-            f'{os.cpu_count()} CPUs. Best of {args.repeat} runs for N <= 200, one run for larger N.\n\n' + table + '\n'
+            f'{os.cpu_count()} CPUs. Best of {args.repeat} interleaved runs for N <= 200 (and the median of per-round '
+            'ratios), one run for larger N.\n\n' + table + '\n'
         )
 
 
