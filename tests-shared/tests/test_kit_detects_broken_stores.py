@@ -85,3 +85,50 @@ def test_broken_stores_fail_and_the_report_says_so(pytester: pytest.Pytester) ->
     # The closing report gives the feature verdicts.
     lines(['*stepcore conformance*', '*TestAcceptsRetentionSilently*', '*features: snapshot_retention: skipped*'])
     outcome.assert_outcomes(passed=9, failed=4, skipped=3, errors=4)
+
+
+BATCHING_STORES = """
+import pytest
+
+from stepcore import InMemoryStepStore
+from stepcore_conformance import BatchWritesConformance
+
+
+class WithoutBatches(InMemoryStepStore):
+    write_batch = None
+
+
+class BatchesOutOfOrder(InMemoryStepStore):
+    async def write_batch(self, writes, *, snapshot=None):
+        await super().write_batch(list(reversed(writes)), snapshot=snapshot)
+
+
+class TestWithoutBatches(BatchWritesConformance):
+    @pytest.fixture
+    async def store(self, store_options):
+        yield WithoutBatches(**store_options)
+
+
+class TestBatchesOutOfOrder(BatchWritesConformance):
+    @pytest.fixture
+    async def store(self, store_options):
+        yield BatchesOutOfOrder(**store_options)
+
+
+class TestInMemory(BatchWritesConformance):
+    @pytest.fixture
+    async def store(self, store_options):
+        yield InMemoryStepStore(**store_options)
+"""
+
+
+def test_write_batch_verdicts(pytester: pytest.Pytester) -> None:
+    pytester.makeini('[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n')
+    pytester.makepyfile(test_batches=BATCHING_STORES)
+    outcome = pytester.runpytest_inprocess('-rfs', '-p', 'no:cacheprovider')
+    lines = outcome.stdout.fnmatch_lines
+    lines(['SKIPPED*WithoutBatches has no write_batch: StepPersistence makes one store call per write instead*'])
+    lines(['FAILED*TestBatchesOutOfOrder::test_events_keep_order_and_seq_after_single_appends*'])
+    lines(['*TestWithoutBatches*', '*features: write_batch: skipped (not implemented)*'])
+    lines(['*TestBatchesOutOfOrder*', '*features: write_batch: FAILED*'])
+    lines(['*TestInMemory*', '*features: write_batch: passed*'])
