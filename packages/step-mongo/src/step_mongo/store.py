@@ -26,9 +26,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, cast
 
 from bson.binary import Binary
-from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
+from pymongo import ASCENDING, DESCENDING, IndexModel, ReplaceOne, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from stepcore.codec import dump_record, load_record
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
@@ -42,11 +42,12 @@ from stepcore.models import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.protocols import StepStore
+from stepcore.protocols import StepStore, StepWrite
 from stepcore.registration import check_registration
 from stepcore.retention import check_max_snapshots, snapshots_to_prune
 from stepcore.setup_once import SetupOnce
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from stepcore.writes import check_writes
 
 from .client import ClientUser, Document, MongoClient
 from .indexes import ensure_indexes
@@ -62,6 +63,8 @@ NODE_PIECE_BYTES: Final = 8 * 1024 * 1024
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MICROSECOND = timedelta(microseconds=1)
 _STRING_KEY = {'idempotency_key': {'$type': 'string'}}
+_DUPLICATE_KEY = 11000
+"""MongoDB's error code for a write that breaks a unique index."""
 
 
 class _DefaultMedia:
@@ -271,20 +274,67 @@ class MongoStepStore(ClientUser, StepStore):
     async def append_event(self, event: StepEvent) -> None:
         check_field_names('StepEvent.metadata', event.metadata)
         await self._ensure_indexes()
-        key = event.idempotency_key
-        if key is not None and await self._events.find_one(
-            {'run_id': event.run_id, 'idempotency_key': key}, projection={'_id': 1}
-        ):
+        await self._append_events(event.run_id, [event])
+
+    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
+        """Upsert ledger entries and append events, then save `snapshot`, in a few round trips.
+
+        The ledger entries go in one ordered bulk write; per run, one query finds the idempotency
+        keys already applied, one counter update allocates the events' seqs and one insert appends
+        them. Not atomic (like separate calls): MongoDB gives no transaction without a replica set.
+        """
+        checked = check_writes(writes)
+        events: dict[str, list[StepEvent]] = {}
+        effects: list[ToolEffectRecord] = []
+        for write in checked:
+            if isinstance(write, StepEvent):
+                check_field_names('StepEvent.metadata', write.metadata)
+                events.setdefault(write.run_id, []).append(write)
+            else:
+                effects.append(write)
+        await self._ensure_indexes()
+        if effects:
+            await self._upsert_effects(effects)
+        for run_id, run_events in events.items():
+            await self._append_events(run_id, run_events)
+        if snapshot is not None:
+            await self.save_snapshot(snapshot)
+
+    async def _append_events(self, run_id: str, events: list[StepEvent]) -> None:
+        """Append `events` of one run in order, skipping idempotency keys already applied."""
+        keys = list({e.idempotency_key for e in events if e.idempotency_key is not None})
+        seen: set[str] = set()
+        if keys:
+            cursor = self._events.find({'run_id': run_id, 'idempotency_key': {'$in': keys}}, projection={'_id': 0})
+            seen = {cast(str, doc['idempotency_key']) async for doc in cursor}
+        fresh: list[StepEvent] = []
+        for event in events:
+            key = event.idempotency_key
+            if key is not None:
+                if key in seen:
+                    continue
+                seen.add(key)
+            fresh.append(event)
+        if not fresh:
             return
-        doc = dump_record(event, exclude={'seq'})
-        doc['seq'] = await self._next_seq('events', event.run_id)
-        _put_times(doc, event, ('timestamp',))
+        first = await self._next_seq('events', run_id, len(fresh)) - len(fresh) + 1
+        docs: list[Document] = []
+        for offset, event in enumerate(fresh):
+            doc = dump_record(event, exclude={'seq'})
+            doc['seq'] = first + offset
+            _put_times(doc, event, ('timestamp',))
+            docs.append(doc)
         try:
-            await self._events.insert_one(doc)
-        except DuplicateKeyError:
-            if key is None:
+            await self._events.insert_many(docs, ordered=False)
+        except BulkWriteError as exc:
+            # A concurrent append with the same key won: that one is suppressed. Anything else is raised.
+            details = cast(dict[str, Any], exc.details)
+            errors = cast(list[dict[str, Any]], details.get('writeErrors', []))
+            if details.get('writeConcernErrors') or any(
+                error.get('code') != _DUPLICATE_KEY or fresh[int(error['index'])].idempotency_key is None
+                for error in errors
+            ):
                 raise
-            # A concurrent append with the same key won: this one is suppressed.
 
     async def list_events(self, run_id: str) -> list[StepEvent]:
         events: list[StepEvent] = []
@@ -429,18 +479,30 @@ class MongoStepStore(ClientUser, StepStore):
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         await self._ensure_indexes()
-        doc = dump_record(record, exclude={'args'})
-        # Tool arguments are arbitrary JSON whose keys need not be valid BSON field names.
-        doc['args_json'] = json.dumps(record.model_dump(mode='json', include={'args'})['args'], ensure_ascii=False)
-        _put_times(doc, record, ('started_at', 'updated_at'))
-        query = {'run_id': record.run_id, 'tool_call_id': record.tool_call_id}
+        await self._upsert_effects([record])
+
+    async def _upsert_effects(self, records: list[ToolEffectRecord]) -> None:
+        """Replace-or-insert each ledger entry, in order, in one bulk write."""
+        operations: list[ReplaceOne[Document]] = []
+        for record in records:
+            doc = dump_record(record, exclude={'args'})
+            # Tool arguments are arbitrary JSON whose keys need not be valid BSON field names.
+            doc['args_json'] = json.dumps(record.model_dump(mode='json', include={'args'})['args'], ensure_ascii=False)
+            _put_times(doc, record, ('started_at', 'updated_at'))
+            query = {'run_id': record.run_id, 'tool_call_id': record.tool_call_id}
+            operations.append(ReplaceOne(query, doc, upsert=True))
         for attempt in range(3):
             try:
-                await self._effects.replace_one(query, doc, upsert=True)
+                await self._effects.bulk_write(operations, ordered=True)
                 return
-            except DuplicateKeyError:
-                if attempt == 2:
-                    raise  # concurrent first writes raced on the unique index: retry as a replace
+            except BulkWriteError as exc:
+                details = cast(dict[str, Any], exc.details)
+                errors = cast(list[dict[str, Any]], details.get('writeErrors', []))
+                racing = errors and all(error.get('code') == _DUPLICATE_KEY for error in errors)
+                if attempt == 2 or not racing or details.get('writeConcernErrors'):
+                    raise
+                # concurrent first writes raced on the unique index: replay the batch as replaces
+                # (replaying the entries before the failed one rewrites the same documents)
 
     @staticmethod
     def _load_effect(doc: Document) -> ToolEffectRecord:
