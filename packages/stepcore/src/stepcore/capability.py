@@ -154,8 +154,8 @@ class _RunState:
     """Writes that travel with the run's next write (see `StepPersistence._write`)."""
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     flush_timer: asyncio.TimerHandle | None = None
-    flush_task: asyncio.Task[None] | None = None
-    """The background flush of deferred writes, kept referenced while it runs."""
+    flush_tasks: set[asyncio.Task[None]] = field(default_factory=set[asyncio.Task[None]])
+    """Background flushes of deferred writes, kept referenced while they run."""
 
     def next_key(self, base: str) -> str:
         n = self.key_counts.get(base, 0) + 1
@@ -475,7 +475,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     def _flush_soon(self, st: _RunState) -> None:
         st.flush_timer = None
         if st.deferred:
-            st.flush_task = asyncio.get_running_loop().create_task(self._flush_in_background(st))
+            task = asyncio.get_running_loop().create_task(self._flush_in_background(st))
+            st.flush_tasks.add(task)
+            task.add_done_callback(st.flush_tasks.discard)
 
     async def _flush_in_background(self, st: _RunState) -> None:
         async with st.write_lock:
