@@ -409,3 +409,34 @@ async def test_aclose_closes_an_owned_connection(tmp_path: Path) -> None:
     assert isinstance(media, SqliteMediaStore)
     with pytest.raises(RuntimeError, match='is closed'):
         await media.exists('media+sha256://' + '0' * 64)
+
+
+# -- opening while another process holds the lock ----------------------------------------------
+
+
+def test_wal_switch_is_retried_while_the_database_is_locked() -> None:
+    """Confirming WAL mode can report "database is locked" without waiting on the busy timeout."""
+    from step_sqlite.connection import _while_locked  # pyright: ignore[reportPrivateUsage]
+
+    attempts: list[int] = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise sqlite3.OperationalError('database is locked')
+        return 'wal'
+
+    assert _while_locked(flaky, timeout=5) == 'wal'
+    assert len(attempts) == 3
+
+    def broken() -> str:
+        raise sqlite3.OperationalError('no such table: t')
+
+    with pytest.raises(sqlite3.OperationalError, match='no such table'):
+        _while_locked(broken, timeout=5)
+
+    def always_locked() -> str:
+        raise sqlite3.OperationalError('database is locked')
+
+    with pytest.raises(sqlite3.OperationalError, match='locked'):
+        _while_locked(always_locked, timeout=0.05)

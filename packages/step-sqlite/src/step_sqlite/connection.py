@@ -13,6 +13,7 @@ import asyncio
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -133,6 +134,25 @@ def write_transaction(connection: sqlite3.Connection) -> Iterator[None]:
     connection.commit()
 
 
+def _while_locked(action: Callable[[], T], timeout: float) -> T:
+    """Run `action`, retrying for up to `timeout` seconds while SQLite reports the database locked.
+
+    Switching to (or confirming) WAL mode can fail with "database is locked" without waiting on the
+    busy timeout, when another process holds the lock at that moment (opening a store while
+    another process writes to the same file); it succeeds a moment later.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            return action()
+        except sqlite3.OperationalError as exc:
+            if 'locked' not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
 def _create_owner_only(path: Path) -> None:
     """Create an empty database file readable by its owner only (0600), unless it exists."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -235,7 +255,7 @@ class Database:
         try:
             if connection.execute('PRAGMA page_count').fetchone()[0] == 0:
                 connection.execute(f'PRAGMA page_size={PAGE_SIZE}')
-            connection.execute('PRAGMA journal_mode=WAL').fetchone()
+            _while_locked(lambda: connection.execute('PRAGMA journal_mode=WAL').fetchone(), self.timeout)
             connection.execute(f'PRAGMA synchronous={self.synchronous}')
             connection.execute(f'PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}')
             connection.execute(f'PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}')
