@@ -104,6 +104,11 @@ def _effect_params(record: ToolEffectRecord) -> tuple[Any, ...]:
     )
 
 
+def _run_all(connection: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    for sql, params in statements:
+        connection.execute(sql, params)
+
+
 class _StaleBase(Exception):
     """The node a delta hangs off no longer exists; the save must start from scratch."""
 
@@ -192,13 +197,7 @@ class SqliteStepStore(StepStore):
     # -- events --------------------------------------------------------------------------------
 
     async def append_event(self, event: StepEvent) -> None:
-        params = _event_params(event)
-
-        def work(connection: sqlite3.Connection) -> None:
-            with write_transaction(connection):
-                connection.execute(_APPEND_EVENT, params)
-
-        await self._db.run(work)
+        await self._execute([(_APPEND_EVENT, _event_params(event))])
 
     async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
         """Append events, upsert ledger entries and save `snapshot`, in order, in one transaction."""
@@ -208,14 +207,15 @@ class SqliteStepStore(StepStore):
         ]
         if snapshot is not None:
             await self._save(snapshot, statements)
-            return
-        if not statements:
-            return
+        elif statements:
+            await self._execute(statements)
+
+    async def _execute(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """Run `statements` in order in one write transaction on the worker thread."""
 
         def work(connection: sqlite3.Connection) -> None:
             with write_transaction(connection):
-                for sql, params in statements:
-                    connection.execute(sql, params)
+                _run_all(connection, statements)
 
         await self._db.run(work)
 
@@ -240,8 +240,7 @@ class SqliteStepStore(StepStore):
         def work(delta: HistoryDelta) -> Callable[[sqlite3.Connection], list[int] | None]:
             def run(connection: sqlite3.Connection) -> list[int] | None:
                 with write_transaction(connection):
-                    for sql, params in statements:
-                        connection.execute(sql, params)
+                    _run_all(connection, statements)
                     return self._write_snapshot(connection, snapshot, delta, record)
 
             return run
@@ -355,13 +354,7 @@ class SqliteStepStore(StepStore):
     # -- tool effects --------------------------------------------------------------------------
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        params = _effect_params(record)
-
-        def work(connection: sqlite3.Connection) -> None:
-            with write_transaction(connection):
-                connection.execute(_UPSERT_EFFECT, params)
-
-        await self._db.run(work)
+        await self._execute([(_UPSERT_EFFECT, _effect_params(record))])
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         row = await self._db.run(
