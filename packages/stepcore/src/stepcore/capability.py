@@ -431,13 +431,22 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             if st.flush_timer is not None:
                 st.flush_timer.cancel()
                 st.flush_timer = None
-            deferred, st.deferred = st.deferred, []
-            try:
-                await apply_writes(self.store, [*deferred, *writes], snapshot=snapshot)
-            except BaseException:
-                st.deferred[:0] = deferred  # they go with the next write (the error path's, say)
-                raise
+            await self._apply(st, writes, snapshot)
         return list(writes)
+
+    async def _apply(
+        self, st: _RunState, writes: Sequence[StepWrite], snapshot: ContinuableSnapshot | None = None
+    ) -> None:
+        """The deferred writes, then `writes` and `snapshot`, in one `apply_writes` (write lock held).
+
+        When it fails, the deferred writes are put back to go with the next write (the error path's, say).
+        """
+        deferred, st.deferred = st.deferred, []
+        try:
+            await apply_writes(self.store, [*deferred, *writes], snapshot=snapshot)
+        except BaseException:
+            st.deferred[:0] = deferred
+            raise
 
     async def _write_journaled(
         self,
@@ -481,16 +490,15 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     async def _flush_in_background(self, st: _RunState) -> None:
         async with st.write_lock:
-            deferred, st.deferred = st.deferred, []
-            if not deferred:
+            pending = len(st.deferred)
+            if not pending:
                 return
             try:
-                await apply_writes(self.store, deferred)
+                await self._apply(st, ())
             except Exception as error:
-                st.deferred[:0] = deferred
                 logger.warning(
                     "StepPersistence could not write %d record(s) of run %r yet (%s); the run's next write retries",
-                    len(deferred),
+                    pending,
                     st.run_id,
                     _describe(error),
                 )
