@@ -8,13 +8,18 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.capabilities import Hooks
+from pydantic_ai.exceptions import UsageLimitExceeded
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo
+from pydantic_ai.tools import RunContext
+from pydantic_ai.usage import UsageLimits
 
 from stepcore import (
     ContinuableSnapshot,
     EventKind,
     InMemoryStepStore,
+    SnapshotSaved,
     StepEvent,
     StepPersistence,
     ToolEffectRecord,
@@ -89,12 +94,70 @@ async def test_a_tool_call_is_one_batch_at_start_and_one_at_finish() -> None:
         ('append_event', ['model_request_started']),
         # the completed request travels with the tool call's ledger entry: one round trip
         ('write_batch', ['model_request_completed', 'effect:started', 'tool_call_started']),
-        # the finished call travels with the snapshot that settles it: one round trip
-        ('write_batch', ['effect:completed', 'tool_call_completed', 'snapshot:complete']),
-        ('append_event', ['model_request_started']),
+        # the finished call and the snapshot that settles it travel with the next request's start
+        ('write_batch', ['effect:completed', 'tool_call_completed', 'model_request_started', 'snapshot:complete']),
         ('write_batch', ['model_request_completed', 'snapshot:complete']),
         ('append_event', ['run_completed']),
     ]
+
+
+async def test_the_tool_cycle_snapshot_holds_the_request_as_it_was_sent() -> None:
+    """pydantic-ai stamps the tool-return request when it sends it; the snapshot stores it stamped, once."""
+    store = _Recording()
+    result = await _agent(store).run('go', run_id='stamped')  # pyright: ignore[reportCallIssue]
+    boundary, final = await store.list_snapshots('stamped')
+    sent = result.all_messages()
+    assert boundary.messages == sent[: len(boundary.messages)]
+    request = boundary.messages[-1]
+    assert isinstance(request, ModelRequest)
+    assert request.run_id == result.run_id
+    # the final snapshot reuses it as stored: nothing of the boundary history was re-written
+    assert final.messages[: len(boundary.messages)] == boundary.messages
+
+
+async def test_a_tool_cycle_snapshot_is_written_on_its_own_when_the_next_request_is_slow_to_start() -> None:
+    store = _Recording()
+    seen_while_preparing: list[int] = []
+    announced: list[SnapshotSaved] = []
+    hooks = Hooks[Any]()
+
+    @hooks.on.event(SnapshotSaved)
+    async def collect(ctx: RunContext[Any], event: SnapshotSaved) -> None:  # pyright: ignore[reportUnusedFunction]
+        announced.append(event)
+
+    agent = Agent(function_model(_one_tool_then_done), capabilities=[StepPersistence(store=store), hooks])
+
+    @agent.tool_plain
+    def lookup(q: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        return f'found {q}'
+
+    @agent.instructions
+    async def slow_instructions(ctx: RunContext[None]) -> str:  # pyright: ignore[reportUnusedFunction]
+        if ctx.run_step > 1:
+            await asyncio.sleep(DEFERRED_WRITE_DELAY * 10)
+            seen_while_preparing.append(len(await store.list_snapshots('slow-start')))
+        return 'be brief'
+
+    await agent.run('go', run_id='slow-start')  # pyright: ignore[reportCallIssue]
+    assert seen_while_preparing == [1]
+    assert ('write_batch', ['effect:completed', 'tool_call_completed', 'snapshot:complete']) in store.calls
+    snapshots = await store.list_snapshots('slow-start')
+    assert [(e.step_index, e.state) for e in announced] == [(s.step_index, s.state) for s in snapshots]
+
+
+async def test_a_failure_before_the_next_request_writes_the_pending_snapshot_first() -> None:
+    store = _Recording()
+    with pytest.raises(UsageLimitExceeded):
+        await _agent(store).run('go', run_id='limited', usage_limits=UsageLimits(request_limit=1))  # pyright: ignore[reportCallIssue]
+    assert store.calls[3:] == [
+        ('write_batch', ['effect:completed', 'tool_call_completed', 'snapshot:complete']),
+        ('save_snapshot', ['snapshot:complete']),
+        ('append_event', ['run_failed']),
+    ]
+    boundary, at_failure = await store.list_snapshots('limited')
+    assert at_failure.messages == boundary.messages
+    [effect] = await store.list_tool_effects('limited')
+    assert effect.status is ToolEffectStatus.COMPLETED
 
 
 async def test_a_store_without_write_batch_gets_one_call_per_write_and_the_same_records() -> None:

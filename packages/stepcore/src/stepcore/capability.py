@@ -152,6 +152,10 @@ class _RunState:
     in_flight: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
     deferred: list[StepWrite] = field(default_factory=list[StepWrite])
     """Writes that travel with the run's next write (see `StepPersistence._write`)."""
+    deferred_snapshot: ContinuableSnapshot | None = None
+    """A boundary snapshot that travels with the run's next write, after `deferred`."""
+    unannounced: list[ContinuableSnapshot] = field(default_factory=list[ContinuableSnapshot])
+    """Snapshots written in the background, whose `SnapshotSaved` the next hook's write emits."""
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     flush_timer: asyncio.TimerHandle | None = None
     flush_tasks: set[asyncio.Task[None]] = field(default_factory=set[asyncio.Task[None]])
@@ -416,37 +420,67 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         Under a durable engine each write is its own durable operation. Otherwise the writes go to
         the store in one `apply_writes` call, already stamped (records are built just before they
         are written), after any deferred ones. With `defer=True` (a model request's completion, a
-        tool call's end) the writes travel with the run's next write instead, which saves a round
-        trip per step; a timer makes sure they are written within `DEFERRED_WRITE_DELAY` seconds
-        whenever the event loop is free, so nothing waits longer while a model request or a slow
-        hook is in progress. Writes of one run always reach the store in order.
+        tool call's end, the snapshot of a tool cycle that another model request follows) the
+        writes travel with the run's next write instead, which saves round trips per step; a timer
+        makes sure they are written within `DEFERRED_WRITE_DELAY` seconds whenever the event loop
+        is free, so nothing waits longer while a model request or a slow hook is in progress.
+        Writes of one run always reach the store in order.
         """
         st = self._run()
         if self._journaled(ctx):
-            return await self._write_journaled(ctx, st, writes, snapshot=snapshot, new_call=new_call)
-        if defer and self._arm_flush(st):
+            done = await self._write_journaled(ctx, st, writes, snapshot=snapshot, new_call=new_call)
+            await self._announce(ctx, st)
+            return done
+        if defer and (snapshot is None or st.deferred_snapshot is None) and self._arm_flush(st):
             st.deferred.extend(writes)
+            if snapshot is not None:
+                st.deferred_snapshot = snapshot
             return list(writes)
         async with st.write_lock:
             if st.flush_timer is not None:
                 st.flush_timer.cancel()
                 st.flush_timer = None
             await self._apply(st, writes, snapshot)
+        await self._announce(ctx, st)
         return list(writes)
 
     async def _apply(
         self, st: _RunState, writes: Sequence[StepWrite], snapshot: ContinuableSnapshot | None = None
     ) -> None:
-        """The deferred writes, then `writes` and `snapshot`, in one `apply_writes` (write lock held).
+        """The deferred writes and snapshot, then `writes` and `snapshot` (write lock held).
 
-        When it fails, the deferred writes are put back to go with the next write (the error path's, say).
+        One `apply_writes` call, or two when a deferred snapshot and `snapshot` both need writing.
+        Snapshots written are queued for `_announce`. When it fails, the deferred writes and
+        snapshot are put back to go with the next write (the error path's, say).
         """
+        if st.deferred_snapshot is not None and snapshot is not None:
+            await self._apply(st, ())
         deferred, st.deferred = st.deferred, []
+        pending, st.deferred_snapshot = st.deferred_snapshot, None
         try:
-            await apply_writes(self.store, [*deferred, *writes], snapshot=snapshot)
+            await apply_writes(self.store, [*deferred, *writes], snapshot=pending or snapshot)
         except BaseException:
             st.deferred[:0] = deferred
+            st.deferred_snapshot = pending
             raise
+        st.unannounced.extend(s for s in (pending, snapshot) if s is not None)
+
+    async def _announce(self, ctx: RunContext[Any], st: _RunState) -> None:
+        """Emit `SnapshotSaved` for every snapshot written since the last announcement, in order."""
+        while st.unannounced:
+            snapshot = st.unannounced.pop(0)
+            event = SnapshotSaved(
+                persistence_run_id=st.run_id,
+                conversation_id=st.conversation_id,
+                step_index=snapshot.step_index,
+                state=snapshot.state,
+            )
+            try:
+                await ctx.emit(event)
+            except UserError:
+                # Only a context without an event stream refuses emission; the write itself stands.
+                if ctx._event_stream_buffer is not None:  # pyright: ignore[reportPrivateUsage]
+                    raise
 
     async def _write_journaled(
         self,
@@ -469,6 +503,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 done.append(await self._op_tool_effect_finished(ctx, write))
         if snapshot is not None:
             await self._op_save_snapshot(ctx, snapshot)
+            st.unannounced.append(snapshot)
         return done[len(deferred) :]
 
     def _arm_flush(self, st: _RunState) -> bool:
@@ -483,14 +518,14 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     def _flush_soon(self, st: _RunState) -> None:
         st.flush_timer = None
-        if st.deferred:
+        if st.deferred or st.deferred_snapshot is not None:
             task = asyncio.get_running_loop().create_task(self._flush_in_background(st))
             st.flush_tasks.add(task)
             task.add_done_callback(st.flush_tasks.discard)
 
     async def _flush_in_background(self, st: _RunState) -> None:
         async with st.write_lock:
-            pending = len(st.deferred)
+            pending = len(st.deferred) + (st.deferred_snapshot is not None)
             if not pending:
                 return
             try:
@@ -504,8 +539,20 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 )
 
     async def _save(
-        self, ctx: RunContext[Any], messages: list[ModelMessage], state: SnapshotState, *, step_index: int | None = None
+        self,
+        ctx: RunContext[Any],
+        messages: list[ModelMessage],
+        state: SnapshotState,
+        *,
+        step_index: int | None = None,
+        defer: bool = False,
     ) -> None:
+        """Save `messages` as a snapshot; `SnapshotSaved` is emitted once it is written.
+
+        With `defer=True` the snapshot travels with the run's next write (see `_write`) and is
+        encoded then, so a request pydantic-ai stamps for sending in the meantime is stored once,
+        as sent, instead of unstamped now and again stamped at the next save.
+        """
         st = self._run()
         st.save_seq += 1
         step = st.step_index if step_index is None else step_index
@@ -522,17 +569,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             metadata=dict(self.metadata),
             idempotency_key=f'snapshot:{st.save_seq}:{step}:{state.value}',
         )
-        await self._write(ctx, snapshot=snapshot)
+        await self._write(ctx, snapshot=snapshot, defer=defer)
         st.content.update(messages)
-        event = SnapshotSaved(
-            persistence_run_id=st.run_id, conversation_id=st.conversation_id, step_index=step, state=state
-        )
-        try:
-            await ctx.emit(event)
-        except UserError:
-            # Only a context without an event stream refuses emission; the write itself stands.
-            if ctx._event_stream_buffer is not None:  # pyright: ignore[reportPrivateUsage]
-                raise
 
     @staticmethod
     def _state_of(messages: Sequence[ModelMessage]) -> SnapshotState:
@@ -620,7 +658,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             else:
                 messages = list(ctx.messages)
             if any(isinstance(m, ModelResponse) for m in messages) and is_provider_valid(messages):
-                await self._save(ctx, messages, SnapshotState.COMPLETE)
+                # Before another model request the snapshot goes with that request's started event.
+                await self._save(ctx, messages, SnapshotState.COMPLETE, defer=isinstance(result, ModelRequestNode))
         return result
 
     # --- model requests ------------------------------------------------------------------------
