@@ -440,3 +440,31 @@ def test_wal_switch_is_retried_while_the_database_is_locked() -> None:
 
     with pytest.raises(sqlite3.OperationalError, match='locked'):
         _while_locked(always_locked, timeout=0.05)
+
+
+# -- checkpoints between calls ------------------------------------------------------------------
+
+
+async def test_the_wal_is_checkpointed_between_calls_every_few_writes(tmp_path: Path) -> None:
+    """Pages reach the database file through a checkpoint queued behind every Nth write call."""
+    from step_sqlite.connection import CHECKPOINT_EVERY_WRITES
+
+    path = tmp_path / 'runs.db'
+    store = SqliteStepStore(database=path, media_store=None)
+    await store.register_run(RunRecord(run_id='r'))  # write 1
+    event = StepEvent(run_id='r', kind=EventKind.RUN_STARTED, metadata={'pad': 'x' * 1500})
+    for i in range(CHECKPOINT_EVERY_WRITES - 2):
+        await store.append_event(event.model_copy(update={'idempotency_key': f'k{i}'}))
+    await store.list_runs()
+    size_before = path.stat().st_size  # everything so far sits in the WAL
+    await store.append_event(event.model_copy(update={'idempotency_key': 'last'}))  # write N
+    await store.list_runs()  # queued behind the checkpoint: it has run
+    assert path.stat().st_size > size_before
+    assert len(await store.list_events('r')) == CHECKPOINT_EVERY_WRITES - 1
+    # a read does not count, and closing with a checkpoint queued loses nothing
+    for i in range(CHECKPOINT_EVERY_WRITES):
+        await store.append_event(event.model_copy(update={'idempotency_key': f'again{i}'}))
+    await store.aclose()
+    reopened = SqliteStepStore(database=path)
+    assert len(await reopened.list_events('r')) == 2 * CHECKPOINT_EVERY_WRITES - 1
+    await reopened.aclose()

@@ -10,6 +10,7 @@ on a lock upgrade.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
 import threading
@@ -27,14 +28,21 @@ __all__ = ('Database', 'Synchronous', 'check_shared_connection', 'write_transact
 
 T = TypeVar('T')
 
+logger = logging.getLogger(__name__)
+
 Synchronous = Literal['OFF', 'NORMAL', 'FULL', 'EXTRA']
 
 # Settings of a connection the store opens itself (a shared connection is left as configured).
 PAGE_SIZE = 2048
 """Page size of a database the store creates: small transactions write whole pages to the WAL, and
 2 KiB pages halve that traffic against SQLite's 4 KiB default while packing message rows as well."""
-WAL_AUTOCHECKPOINT_PAGES = 256
-"""Checkpoint once the WAL holds this many pages (512 KiB), instead of SQLite's 1000."""
+WAL_AUTOCHECKPOINT_PAGES = 1024
+"""SQLite's own checkpoint, inside the commit that takes the WAL past this many pages (2 MiB): a
+safety net behind `CHECKPOINT_EVERY_WRITES`, reached only by very large writes."""
+CHECKPOINT_EVERY_WRITES = 16
+"""After this many write calls, a passive checkpoint runs on the worker thread once the call's
+result is handed back, so its fsyncs are not waited for by a commit the caller awaits (about
+512 KiB of WAL at a persisted agent's write sizes)."""
 JOURNAL_SIZE_LIMIT = 512 * 1024
 """Truncate the WAL back to this size after a checkpoint, so it does not keep its high-water size."""
 _SYNCHRONOUS = ('OFF', 'NORMAL', 'FULL', 'EXTRA')
@@ -43,7 +51,7 @@ _SYNCHRONOUS = ('OFF', 'NORMAL', 'FULL', 'EXTRA')
 class _Guard:
     """The lock and worker thread of one connection; shared by every store object using it."""
 
-    __slots__ = ('__weakref__', '_executor', 'closed', 'connection', 'lock')
+    __slots__ = ('__weakref__', '_executor', 'checkpoint_queued', 'closed', 'connection', 'lock', 'writes')
 
     def __init__(self, connection: sqlite3.Connection | None) -> None:
         self.connection = connection
@@ -51,6 +59,9 @@ class _Guard:
         self.closed = False
         """Set when the store that opened the connection closed it."""
         self._executor: ThreadPoolExecutor | None = None
+        self.writes = 0
+        """Write calls since the last checkpoint this module ran (connections the store opened)."""
+        self.checkpoint_queued = False
 
     def executor(self) -> ThreadPoolExecutor:
         """The connection's own worker thread (calls on one connection run one at a time anyway)."""
@@ -58,6 +69,13 @@ class _Guard:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix='step-sqlite')
             return self._executor
+
+    def after_call(self, job: Callable[[], None]) -> None:
+        """Queue `job` on the worker thread, behind the call running now (nothing when it is gone)."""
+        try:
+            self.executor().submit(job)
+        except RuntimeError:  # shut down meanwhile: the store is closing
+            pass
 
     def shutdown(self) -> None:
         with _GUARDS_LOCK:
@@ -239,7 +257,34 @@ class Database:
                 if name not in self._ready:
                     setup(connection)
                     self._ready.add(name)
-            return work(connection)
+            changes = connection.total_changes
+            result = work(connection)
+            if self.owned and connection.total_changes != changes:
+                self._count_write()
+            return result
+
+    def _count_write(self) -> None:
+        """Note a write call; every `CHECKPOINT_EVERY_WRITES` queue a checkpoint behind it (lock held)."""
+        guard = self._guard
+        guard.writes += 1
+        if guard.writes >= CHECKPOINT_EVERY_WRITES and not guard.checkpoint_queued:
+            guard.checkpoint_queued = True
+            guard.after_call(self._checkpoint)
+
+    def _checkpoint(self) -> None:
+        """Copy the WAL into the database file, between calls (PASSIVE: never waits for other connections)."""
+        with self._guard.lock:
+            guard = self._guard
+            guard.checkpoint_queued = False
+            connection = guard.connection
+            if guard.closed or connection is None:
+                return
+            guard.writes = 0
+            try:
+                connection.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchone()
+            except sqlite3.Error as exc:
+                # e.g. another process holds a lock: the next checkpoint, or SQLite's own, catches up
+                logger.debug('passive checkpoint of %s skipped: %s', self.describe, exc)
 
     def _connection(self) -> sqlite3.Connection:
         connection = self._guard.connection
