@@ -30,7 +30,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
 from .codec import encode_message
 from .events import SnapshotSaved
-from .helpers import is_provider_valid
+from .helpers import SettledTracker
 from .history import TAIL_RECHECK, trusted_prefix
 from .ids import derive_run_id
 from .memory import InMemoryStepStore
@@ -148,6 +148,7 @@ class _RunState:
     save_seq: int = 0
     key_counts: dict[str, int] = field(default_factory=dict[str, int])
     content: _ContentTracker = field(default_factory=_ContentTracker)
+    settled: SettledTracker = field(default_factory=SettledTracker)
     live: list[ModelMessage] | None = None
     in_flight: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
     deferred: list[StepWrite] = field(default_factory=list[StepWrite])
@@ -572,9 +573,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         await self._write(ctx, snapshot=snapshot, defer=defer)
         st.content.update(messages)
 
-    @staticmethod
-    def _state_of(messages: Sequence[ModelMessage]) -> SnapshotState:
-        return SnapshotState.COMPLETE if is_provider_valid(messages) else SnapshotState.INTERRUPTED
+    def _state_of(self, messages: Sequence[ModelMessage]) -> SnapshotState:
+        settled = self._run().settled.is_provider_valid(messages)
+        return SnapshotState.COMPLETE if settled else SnapshotState.INTERRUPTED
 
     def _observe(self, ctx: RunContext[Any]) -> _RunState:
         st = self._run()
@@ -649,7 +650,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         node: AgentNode[AgentDepsT],
         result: NodeResult[AgentDepsT],
     ) -> NodeResult[AgentDepsT]:
-        self._observe(ctx)
+        st = self._observe(ctx)
         if isinstance(node, CallToolsNode):
             if isinstance(result, ModelRequestNode):
                 # The tool returns are not in the live history yet: fold them into a new list.
@@ -657,7 +658,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 messages: list[ModelMessage] = [*ctx.messages, cast(ModelMessage, request)]
             else:
                 messages = list(ctx.messages)
-            if any(isinstance(m, ModelResponse) for m in messages) and is_provider_valid(messages):
+            if any(isinstance(m, ModelResponse) for m in messages) and st.settled.is_provider_valid(messages):
                 # Before another model request the snapshot goes with that request's started event.
                 await self._save(ctx, messages, SnapshotState.COMPLETE, defer=isinstance(result, ModelRequestNode))
         return result

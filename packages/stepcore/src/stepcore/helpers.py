@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart
@@ -13,9 +14,8 @@ from .protocols import StepStore
 __all__ = ('annotate_tool_effect', 'continue_run', 'fork_run', 'is_provider_valid', 'unanswered_tool_calls')
 
 
-def unanswered_tool_calls(messages: Sequence[ModelMessage]) -> list[ToolCallPart]:
-    """Tool calls in `messages` that no later request answers, in order."""
-    pending: dict[str, ToolCallPart] = {}
+def _scan_tool_calls(messages: Iterable[ModelMessage], pending: dict[str, ToolCallPart]) -> None:
+    """Add the tool calls of `messages` to `pending` and drop those a later request answers."""
     for message in messages:
         if isinstance(message, ModelResponse):
             for part in message.parts:
@@ -26,7 +26,39 @@ def unanswered_tool_calls(messages: Sequence[ModelMessage]) -> list[ToolCallPart
                 call_id: Any = getattr(part, 'tool_call_id', None)
                 if isinstance(call_id, str):
                     pending.pop(call_id, None)
+
+
+def unanswered_tool_calls(messages: Sequence[ModelMessage]) -> list[ToolCallPart]:
+    """Tool calls in `messages` that no later request answers, in order."""
+    pending: dict[str, ToolCallPart] = {}
+    _scan_tool_calls(messages, pending)
     return list(pending.values())
+
+
+class SettledTracker:
+    """`is_provider_valid` for one run's growing history, scanning only what is new at each call.
+
+    It remembers the message objects it scanned, short of the newest `RESCAN` (which pydantic-ai
+    may still change in place), and the calls left unanswered after them. When a later history
+    starts with those very objects only the rest is scanned; any other history is scanned whole.
+    """
+
+    RESCAN = 2
+
+    def __init__(self) -> None:
+        self._scanned: list[ModelMessage] = []
+        self._pending: dict[str, ToolCallPart] = {}
+
+    def is_provider_valid(self, messages: Sequence[ModelMessage]) -> bool:
+        start = len(self._scanned)
+        if start and not (len(messages) >= start and all(map(operator.is_, messages[:start], self._scanned))):
+            self._scanned, self._pending, start = [], {}, 0
+        boundary = max(start, len(messages) - self.RESCAN)
+        _scan_tool_calls(messages[start:boundary], self._pending)
+        self._scanned.extend(messages[start:boundary])
+        tail = dict(self._pending)
+        _scan_tool_calls(messages[boundary:], tail)
+        return not tail
 
 
 def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
