@@ -43,9 +43,7 @@ def test_calls_answered_many_steps_later_and_retries_count() -> None:
     for i in range(1, 6):
         history += [_call(f'c{i}'), _answer(f'c{i}')]
         assert tracker.is_provider_valid(history) is False  # 'early' is still unanswered
-    history.append(
-        ModelRequest(parts=[ToolReturnPart('t', 'try again', tool_call_id='early', outcome='retried')])
-    )
+    history.append(ModelRequest(parts=[ToolReturnPart('t', 'try again', tool_call_id='early', outcome='retried')]))
     assert tracker.is_provider_valid(history) is True
 
 
