@@ -1,7 +1,7 @@
 """One SQLite connection shared by the stores of a database, used from worker threads.
 
-Every store call runs its SQL on a worker thread (`anyio.to_thread.run_sync`) so the event loop
-never waits on the disk, and a per-connection lock keeps calls from interleaving inside one
+Every store call runs its SQL on the connection's own worker thread (`stepcore.worker`) so the
+event loop never waits on the disk, and a per-connection lock keeps calls from interleaving inside one
 connection. Writes run in `BEGIN IMMEDIATE` transactions: the write lock is taken up front, so two
 processes writing the same file wait for each other (up to the busy timeout) instead of failing
 on a lock upgrade.
@@ -9,7 +9,6 @@ on a lock upgrade.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sqlite3
@@ -17,12 +16,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, TypeVar, cast
 
-import anyio.to_thread
+from stepcore.worker import WorkerThread
 
 __all__ = ('Database', 'Synchronous', 'check_shared_connection', 'write_transaction')
 
@@ -51,37 +49,25 @@ _SYNCHRONOUS = ('OFF', 'NORMAL', 'FULL', 'EXTRA')
 class _Guard:
     """The lock and worker thread of one connection; shared by every store object using it."""
 
-    __slots__ = ('__weakref__', '_executor', 'checkpoint_queued', 'closed', 'connection', 'lock', 'writes')
+    __slots__ = ('__weakref__', 'checkpoint_queued', 'closed', 'connection', 'lock', 'worker', 'writes')
 
     def __init__(self, connection: sqlite3.Connection | None) -> None:
         self.connection = connection
         self.lock = threading.Lock()
         self.closed = False
         """Set when the store that opened the connection closed it."""
-        self._executor: ThreadPoolExecutor | None = None
+        self.worker = WorkerThread('step-sqlite')
+        """The connection's own thread (calls on one connection run one at a time anyway)."""
         self.writes = 0
         """Write calls since the last checkpoint this module ran (connections the store opened)."""
         self.checkpoint_queued = False
 
-    def executor(self) -> ThreadPoolExecutor:
-        """The connection's own worker thread (calls on one connection run one at a time anyway)."""
-        with _GUARDS_LOCK:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix='step-sqlite')
-            return self._executor
-
     def after_call(self, job: Callable[[], None]) -> None:
-        """Queue `job` on the worker thread, behind the call running now (nothing when it is gone)."""
-        try:
-            self.executor().submit(job)
-        except RuntimeError:  # shut down meanwhile: the store is closing
-            pass
+        """Queue `job` on the worker thread, behind the call running now."""
+        self.worker.enqueue(job)
 
     def shutdown(self) -> None:
-        with _GUARDS_LOCK:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False)
+        self.worker.close()
 
 
 # sqlite3.Connection cannot be weakly referenced, so guards are found by id(); a guard holds its
@@ -232,18 +218,9 @@ class Database:
         self._setups.setdefault(name, setup)
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `work(connection)` on a worker thread, holding the connection lock.
-
-        Under asyncio the call goes to the connection's own worker thread (a cheaper hand-off than
-        a pool thread, which matters at several store calls per agent step); under any other
-        event loop to `anyio.to_thread`.
-        """
+        """Run `work(connection)` on the connection's worker thread, holding the connection lock."""
         self._check_open()
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return await anyio.to_thread.run_sync(self._call, work)
-        return await loop.run_in_executor(self._guard.executor(), self._call, work)
+        return await self._guard.worker.run(self._call, work)
 
     def _check_open(self) -> None:
         if self.closed or self._guard.closed:
@@ -312,7 +289,7 @@ class Database:
 
     async def aclose(self) -> None:
         """Mark closed; close the connection when this object opened it."""
-        await anyio.to_thread.run_sync(self._close)
+        await self._guard.worker.run(self._close)
         if self.owned:
             self._guard.shutdown()
 

@@ -1,0 +1,115 @@
+"""A store's own worker thread: blocking calls run off the event loop, one at a time, in order.
+
+Under asyncio a call is handed over through a plain queue and its result comes back with one
+`call_soon_threadsafe`, which is cheaper than an executor's or `anyio.to_thread`'s hand-off: that
+matters at two store calls per agent step. Under any other event loop (trio) calls go through
+`anyio.to_thread.run_sync`.
+
+The thread starts with the first call and stops when the worker is closed or garbage-collected;
+a call after `close()` starts a new one. Cancelling an awaiting task does not stop a call that is
+already running: it finishes on the thread and its result is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio.to_thread
+
+__all__ = ('WorkerThread',)
+
+T = TypeVar('T')
+
+logger = logging.getLogger(__name__)
+
+_Job = tuple[Callable[..., Any], tuple[Any, ...], 'asyncio.AbstractEventLoop | None', 'asyncio.Future[Any] | None']
+
+
+class WorkerThread:
+    """One daemon thread running submitted calls in submission order."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[_Job | None] | None = None
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the worker thread; its result or exception comes back to the caller."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return await anyio.to_thread.run_sync(fn, *args)
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue().put((fn, args, loop, future))
+        return await future
+
+    def enqueue(self, fn: Callable[[], object]) -> None:
+        """Run `fn()` on the worker thread after every call queued so far, without waiting for it.
+
+        An exception it raises is logged.
+        """
+        self._queue().put((fn, (), None, None))
+
+    def close(self) -> None:
+        """Let the thread finish the calls already queued, then stop."""
+        with self._lock:
+            jobs, self._jobs = self._jobs, None
+        if jobs is not None:
+            jobs.put(None)
+
+    def _queue(self) -> queue.SimpleQueue[_Job | None]:
+        with self._lock:
+            if self._jobs is None:
+                jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+                threading.Thread(target=_serve, args=(jobs,), name=self.name, daemon=True).start()
+                # The thread holds only the queue: a worker dropped without close() still stops it.
+                weakref.finalize(self, jobs.put, None)
+                self._jobs = jobs
+            return self._jobs
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    while (job := jobs.get()) is not None:
+        _run(*job)
+        del job  # hold nothing of a finished call while waiting for the next
+
+
+def _run(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    loop: asyncio.AbstractEventLoop | None,
+    future: asyncio.Future[Any] | None,
+) -> None:
+    try:
+        result = fn(*args)
+    except BaseException as error:  # handed to the awaiting task, whatever it is
+        if loop is None or future is None:
+            logger.exception('background call %r failed', fn)
+        else:
+            _hand_back(loop, future, None, error)
+        return
+    if loop is not None and future is not None:
+        _hand_back(loop, future, result, None)
+
+
+def _hand_back(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any, error: BaseException | None
+) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+        loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the awaiting task was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
