@@ -15,8 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal, cast
 
-import anyio.to_thread
-
 from media_disk import DiskMediaStore
 from stepcore.codec import (
     FORMAT_KEY,
@@ -44,6 +42,7 @@ from stepcore.protocols import StepStore, StepWrite
 from stepcore.registration import check_registration
 from stepcore.retention import check_max_snapshots, snapshots_to_prune
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from stepcore.worker import WorkerThread
 from stepcore.writes import check_writes
 
 from .files import (
@@ -253,6 +252,8 @@ class FileStepStore(StepStore):
         self._history = HistoryIndex(MediaWalker(media_store, media_threshold_bytes))
         self._states: OrderedDict[str, _RunState] = OrderedDict()
         self._states_lock = threading.Lock()
+        self._worker = WorkerThread('step-file')
+        """Where the store's file I/O runs, off the event loop, one call at a time."""
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}({str(self.directory)!r})'
@@ -300,7 +301,7 @@ class FileStepStore(StepStore):
 
     async def register_run(self, record: RunRecord) -> None:
         run_id = validate_path_safe_run_id(record.run_id)
-        await anyio.to_thread.run_sync(self._register_sync, run_id, record)
+        await self._worker.run(self._register_sync, run_id, record)
 
     def _register_sync(self, run_id: str, record: RunRecord) -> None:
         state = self._state(run_id)
@@ -334,12 +335,12 @@ class FileStepStore(StepStore):
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         run_id = validate_path_safe_run_id(run_id)
-        return await anyio.to_thread.run_sync(self._read_run, self._run_dir(run_id) / RUN_FILE)
+        return await self._worker.run(self._read_run, self._run_dir(run_id) / RUN_FILE)
 
     async def list_runs(
         self, *, conversation_id: str | None = None, parent_run_id: str | None = None
     ) -> list[RunRecord]:
-        return await anyio.to_thread.run_sync(self._list_runs_sync, conversation_id, parent_run_id)
+        return await self._worker.run(self._list_runs_sync, conversation_id, parent_run_id)
 
     def _list_runs_sync(self, conversation_id: str | None, parent_run_id: str | None) -> list[RunRecord]:
         try:
@@ -371,7 +372,7 @@ class FileStepStore(StepStore):
 
     async def append_event(self, event: StepEvent) -> None:
         run_id = validate_path_safe_run_id(event.run_id)
-        await anyio.to_thread.run_sync(self._write_runs_sync, {run_id: [event]})
+        await self._worker.run(self._write_runs_sync, {run_id: [event]})
 
     async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
         """Append events and ledger entries, then save `snapshot`, in order, in one thread hand-off.
@@ -387,7 +388,7 @@ class FileStepStore(StepStore):
         if snapshot is not None:
             await self._save(snapshot, by_run)
         elif by_run:
-            await anyio.to_thread.run_sync(self._write_runs_sync, by_run)
+            await self._worker.run(self._write_runs_sync, by_run)
 
     def _write_runs_sync(self, by_run: dict[str, list[StepWrite]]) -> None:
         for run_id, writes in by_run.items():
@@ -444,7 +445,7 @@ class FileStepStore(StepStore):
 
     async def list_events(self, run_id: str) -> list[StepEvent]:
         run_id = validate_path_safe_run_id(run_id)
-        return await anyio.to_thread.run_sync(self._list_events_sync, run_id)
+        return await self._worker.run(self._list_events_sync, run_id)
 
     def _list_events_sync(self, run_id: str) -> list[StepEvent]:
         with run_lock(self._run_dir(run_id) / LOCK_FILE, exclusive=False):
@@ -465,13 +466,13 @@ class FileStepStore(StepStore):
         if key is not None and key in state.snapshot_keys:
             # applied before (keys are never forgotten); re-checked under the lock otherwise
             if first:
-                await anyio.to_thread.run_sync(self._write_runs_sync, first)
+                await self._worker.run(self._write_runs_sync, first)
             return
         header = dump_record(snapshot, exclude={'messages'})
         for attempt in range(2):
             delta = await self._history.delta(run_id, snapshot.messages)
             try:
-                new_nodes = await anyio.to_thread.run_sync(
+                new_nodes = await self._worker.run(
                     self._records_then_snapshot_sync, first, run_id, state, key, snapshot.state, header, delta
                 )
             except _StaleHistory:
@@ -598,7 +599,7 @@ class FileStepStore(StepStore):
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         run_id = validate_path_safe_run_id(run_id)
-        found = await anyio.to_thread.run_sync(self._latest_sync, run_id, include_interrupted)
+        found = await self._worker.run(self._latest_sync, run_id, include_interrupted)
         if found is None:
             return None
         stored, bodies = found
@@ -625,7 +626,7 @@ class FileStepStore(StepStore):
 
     async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
         run_id = validate_path_safe_run_id(run_id)
-        stored, nodes = await anyio.to_thread.run_sync(self._list_snapshots_sync, run_id)
+        stored, nodes = await self._worker.run(self._list_snapshots_sync, run_id)
         snapshots: list[ContinuableSnapshot] = []
         for item in stored:
             try:
@@ -726,7 +727,7 @@ class FileStepStore(StepStore):
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         run_id = validate_path_safe_run_id(record.run_id)
-        await anyio.to_thread.run_sync(self._write_runs_sync, {run_id: [record]})
+        await self._worker.run(self._write_runs_sync, {run_id: [record]})
 
     def _append_effects(self, paths: _Paths, state: _RunState, records: list[ToolEffectRecord]) -> None:
         """Append ledger lines (run's lock held); the latest line of a tool call is its entry."""
@@ -772,7 +773,7 @@ class FileStepStore(StepStore):
             return [] if line is None else [line]
 
     async def _effects(self, run_id: str, tool_call_id: str | None = None) -> list[ToolEffectRecord]:
-        lines = await anyio.to_thread.run_sync(self._effect_lines_sync, run_id, tool_call_id)
+        lines = await self._worker.run(self._effect_lines_sync, run_id, tool_call_id)
         return [load_record(ToolEffectRecord, line, run_id=run_id) for line in lines]
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
@@ -790,3 +791,4 @@ class FileStepStore(StepStore):
     async def aclose(self) -> None:
         with self._states_lock:
             self._states.clear()
+        self._worker.close()
