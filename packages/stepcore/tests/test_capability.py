@@ -78,6 +78,13 @@ def test_stable_id_and_defaults() -> None:
     assert SnapshotSaved(persistence_run_id='r').kind == 'step_persistence.snapshot_saved'
 
 
+def test_metadata_must_be_strings() -> None:
+    bad: Any = {'team': 3}
+    with pytest.raises(ValueError, match=r"'team': 3 .*str\(\)"):
+        StepPersistence(metadata=bad)
+    assert StepPersistence(metadata={'team': 'search'}).metadata == {'team': 'search'}
+
+
 def test_from_spec_builds_the_store_through_the_registry() -> None:
     capability = StepPersistence.from_spec(max_snapshots_per_run=3, agent_name='lib', capture_frontier=True)
     assert isinstance(capability.store, InMemoryStepStore)

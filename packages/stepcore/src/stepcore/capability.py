@@ -111,18 +111,19 @@ class _ContentTracker:
 
     def __init__(self) -> None:
         self.messages: list[ModelMessage] = []
-        self.tail: list[bytes] = []
+        self.tail: list[bytes] | None = []
+        """`None` when the tail was not encoded at save time: it then counts as changed."""
         self.saved = False
 
     def differs(self, messages: Sequence[ModelMessage]) -> bool:
         if not self.saved or len(messages) != len(self.messages):
             return True
-        boundary = len(messages) - len(self.tail)
+        boundary = len(messages) - min(len(messages), TAIL_RECHECK)
         for i in range(trusted_prefix(messages, self.messages), boundary):
             old, new = self.messages[i], messages[i]
             if old is not new and encode_message(old) != encode_message(new):
                 return True
-        return [encode_message(m) for m in messages[boundary:]] != self.tail
+        return self.tail is None or [encode_message(m) for m in messages[boundary:]] != self.tail
 
     def same_objects(self, messages: Sequence[ModelMessage]) -> bool:
         """True when `messages` holds exactly the saved message objects (maybe stamped since)."""
@@ -132,9 +133,14 @@ class _ContentTracker:
             and all(a is b for a, b in zip(messages, self.messages, strict=True))
         )
 
-    def update(self, messages: Sequence[ModelMessage]) -> None:
+    def update(self, messages: Sequence[ModelMessage], *, encode_tail: bool = True) -> None:
+        """Remember `messages` as saved; without `encode_tail` a later `differs` on them says True.
+
+        The tail is left unencoded for a tool cycle's snapshot that travels with the next
+        request: the next boundary replaces it before anything compares against it.
+        """
         self.messages = list(messages)
-        self.tail = [encode_message(m) for m in self.messages[-TAIL_RECHECK:]]
+        self.tail = [encode_message(m) for m in self.messages[-TAIL_RECHECK:]] if encode_tail else None
         self.saved = True
 
 
@@ -228,6 +234,12 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     def __post_init__(self) -> None:
         self._state: _RunState | None = None
+        for key, value in cast(dict[object, object], self.metadata).items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise ValueError(
+                    f'StepPersistence metadata must map strings to strings; got {key!r}: {value!r} '
+                    '(convert the value with str() or leave it out)'
+                )
 
     # --- construction -------------------------------------------------------------------------
 
@@ -381,10 +393,12 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         error: str | None = None,
     ) -> StepEvent:
         st = self._run()
-        return StepEvent(
+        # Every field from a value of its declared type: validation is skipped (it is per event).
+        return StepEvent.model_construct(
             run_id=st.run_id,
             kind=kind,
             step_index=st.step_index if step_index is None else step_index,
+            timestamp=utcnow(),
             agent_name=st.agent_name,
             conversation_id=st.conversation_id,
             parent_run_id=st.parent_run_id,
@@ -393,6 +407,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             error=error,
             metadata=dict(self.metadata),
             idempotency_key=st.next_key(f'{kind.value}:{discriminator}'),
+            seq=None,
         )
 
     async def _event(
@@ -571,7 +586,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             idempotency_key=f'snapshot:{st.save_seq}:{step}:{state.value}',
         )
         await self._write(ctx, snapshot=snapshot, defer=defer)
-        st.content.update(messages)
+        st.content.update(messages, encode_tail=not defer)
 
     def _state_of(self, messages: Sequence[ModelMessage]) -> SnapshotState:
         settled = self._run().settled.is_provider_valid(messages)
