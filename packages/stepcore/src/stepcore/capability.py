@@ -162,7 +162,8 @@ class _RunState:
     deferred_snapshot: ContinuableSnapshot | None = None
     """A boundary snapshot that travels with the run's next write, after `deferred`."""
     unannounced: list[ContinuableSnapshot] = field(default_factory=list[ContinuableSnapshot])
-    """Snapshots written in the background, whose `SnapshotSaved` the next hook's write emits."""
+    """Written snapshots whose `SnapshotSaved` is still to be emitted: right after the write, or,
+    for one a background flush wrote, by the next write made from a hook."""
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     flush_timer: asyncio.TimerHandle | None = None
     flush_tasks: set[asyncio.Task[None]] = field(default_factory=set[asyncio.Task[None]])
