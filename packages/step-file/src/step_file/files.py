@@ -19,6 +19,7 @@ __all__ = (
     'JsonlCursor',
     'append_lines',
     'catch_up',
+    'opened_log',
     'read_complete_lines',
     'run_lock',
 )
@@ -95,14 +96,19 @@ def catch_up(fd: int, path: Path, cursor: JsonlCursor, *, repair: bool) -> tuple
     return lines, reset
 
 
-def open_log(path: Path) -> int:
-    """Open an append-only log for reading and appending, creating it (and fsyncing its directory) if needed."""
+@contextlib.contextmanager
+def opened_log(path: Path) -> Iterator[int]:
+    """An append-only log open for reading and appending, created (and its directory fsynced) if
+    needed, and closed when the block ends."""
     try:
-        return os.open(path, os.O_RDWR | os.O_APPEND)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
     except FileNotFoundError:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         fsync_dir(path.parent)
-        return fd
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def append_lines(fd: int, cursor: JsonlCursor, data: bytes, *, sync: bool) -> None:

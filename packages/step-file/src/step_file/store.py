@@ -49,7 +49,7 @@ from .files import (
     JsonlCursor,
     append_lines,
     catch_up,
-    open_log,
+    opened_log,
     read_complete_lines,
     run_lock,
 )
@@ -408,8 +408,7 @@ class FileStepStore(StepStore):
         if not events:
             return
         path = paths.events
-        fd = open_log(path)
-        try:
+        with opened_log(path) as fd:
             self._catch_up_events(fd, path, state)
             lines: list[bytes] = []
             seq = state.next_event_seq
@@ -426,8 +425,6 @@ class FileStepStore(StepStore):
                 append_lines(fd, state.events, b''.join(lines), sync=self._full)
                 state.next_event_seq = seq
                 state.event_keys |= keys
-        finally:
-            os.close(fd)
 
     @staticmethod
     def _catch_up_events(fd: int, path: Path, state: _RunState) -> None:
@@ -512,8 +509,7 @@ class FileStepStore(StepStore):
     ) -> list[NodeId] | None:
         with self._writing(state) as paths:
             log_path = paths.snapshot_keys
-            log_fd = open_log(log_path)
-            try:
+            with opened_log(log_path) as log_fd:
                 self._catch_up_snapshot_log(log_fd, log_path, state)
                 if key is not None and key in state.snapshot_keys:
                     return None
@@ -544,8 +540,6 @@ class FileStepStore(StepStore):
                 # 4. retention: snapshot files only, never nodes or media
                 self._prune(paths, state)
                 return new_nodes
-            finally:
-                os.close(log_fd)
 
     @staticmethod
     def _catch_up_snapshot_log(fd: int, path: Path, state: _RunState) -> None:
@@ -567,8 +561,7 @@ class FileStepStore(StepStore):
     def _append_nodes(
         self, path: Path, state: _RunState, parent: NodeId | None, bodies: Sequence[bytes]
     ) -> list[NodeId]:
-        fd = open_log(path)
-        try:
+        with opened_log(path) as fd:
             lines, reset = catch_up(fd, path, state.nodes, repair=True)
             if reset:
                 state.next_node = 0
@@ -588,8 +581,6 @@ class FileStepStore(StepStore):
             state.node_writer.commit(written)
             state.next_node = ids[-1] + 1
             return list(ids)
-        finally:
-            os.close(fd)
 
     def _prune(self, paths: _Paths, state: _RunState) -> None:
         for seq in snapshots_to_prune(state.live_snapshots.items(), self.max_snapshots_per_run):
@@ -734,15 +725,12 @@ class FileStepStore(StepStore):
         if not records:
             return
         path = paths.effects
-        fd = open_log(path)
-        try:
+        with opened_log(path) as fd:
             self._catch_up_effects(fd, path, state, repair=True)
             lines = [dump_record_compact(record, exclude=_KEPT_BY_FOLDER) + b'\n' for record in records]
             append_lines(fd, state.effects, b''.join(lines), sync=self._full)
             for record, line in zip(records, lines, strict=True):
                 state.effect_lines[record.tool_call_id] = line
-        finally:
-            os.close(fd)
 
     @staticmethod
     def _catch_up_effects(fd: int, path: Path, state: _RunState, *, repair: bool) -> None:
