@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.capabilities import Hooks
+from pydantic_ai.capabilities import AbstractCapability, Hooks
 from pydantic_ai.exceptions import UsageLimitExceeded
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo
@@ -76,14 +76,25 @@ def _one_tool_then_done(messages: list[ModelMessage], info: AgentInfo) -> ModelR
     return ModelResponse(parts=[TextPart('done')])
 
 
-def _agent(store: InMemoryStepStore) -> Agent[None, str]:
-    agent: Agent[None, str] = Agent(function_model(_one_tool_then_done), capabilities=[StepPersistence(store=store)])
+def _agent(store: InMemoryStepStore, *others: AbstractCapability[None]) -> Agent[None, str]:
+    """One tool call, then an answer; `others` are attached after `StepPersistence`."""
+    agent: Agent[None, str] = Agent(
+        function_model(_one_tool_then_done), capabilities=[StepPersistence(store=store), *others]
+    )
 
     @agent.tool_plain
     def lookup(q: str) -> str:  # pyright: ignore[reportUnusedFunction]
         return f'found {q}'
 
     return agent
+
+
+def _answering_agent(store: InMemoryStepStore) -> Agent[None, str]:
+    """An agent whose model answers at once, with no tool call."""
+    return Agent(
+        function_model(lambda messages, info: ModelResponse(parts=[TextPart('answer')])),
+        capabilities=[StepPersistence(store=store)],
+    )
 
 
 async def test_a_tool_call_is_one_batch_at_start_and_one_at_finish() -> None:
@@ -125,11 +136,7 @@ async def test_a_tool_cycle_snapshot_is_written_on_its_own_when_the_next_request
     async def collect(ctx: RunContext[Any], event: SnapshotSaved) -> None:  # pyright: ignore[reportUnusedFunction]
         announced.append(event)
 
-    agent = Agent(function_model(_one_tool_then_done), capabilities=[StepPersistence(store=store), hooks])
-
-    @agent.tool_plain
-    def lookup(q: str) -> str:  # pyright: ignore[reportUnusedFunction]
-        return f'found {q}'
+    agent = _agent(store, hooks)
 
     @agent.instructions
     async def slow_instructions(ctx: RunContext[None]) -> str:  # pyright: ignore[reportUnusedFunction]
@@ -189,10 +196,7 @@ async def test_events_are_stamped_in_the_order_they_happened() -> None:
 async def test_a_failure_right_after_a_response_still_writes_the_deferred_completion() -> None:
     """The completed-request event waits for the run's next write; the failure path is one."""
     store = _Recording()
-    agent: Agent[None, str] = Agent(
-        function_model(lambda messages, info: ModelResponse(parts=[TextPart('answer')])),
-        capabilities=[StepPersistence(store=store)],
-    )
+    agent = _answering_agent(store)
 
     @agent.output_validator
     def reject(output: str) -> str:  # pyright: ignore[reportUnusedFunction]
@@ -261,10 +265,7 @@ async def test_a_finished_call_is_written_on_its_own_while_a_sibling_still_runs(
 async def test_a_completed_request_is_written_while_a_slow_validator_runs() -> None:
     store = _Recording()
     trail_while_validating: list[list[EventKind]] = []
-    agent: Agent[None, str] = Agent(
-        function_model(lambda messages, info: ModelResponse(parts=[TextPart('answer')])),
-        capabilities=[StepPersistence(store=store)],
-    )
+    agent = _answering_agent(store)
 
     @agent.output_validator
     async def slow_check(output: str) -> str:  # pyright: ignore[reportUnusedFunction]
@@ -289,10 +290,7 @@ async def test_a_failed_background_write_is_retried_by_the_next_write(caplog: py
             await super().append_event(event)
 
     store = Flaky()
-    agent: Agent[None, str] = Agent(
-        function_model(lambda messages, info: ModelResponse(parts=[TextPart('answer')])),
-        capabilities=[StepPersistence(store=store)],
-    )
+    agent = _answering_agent(store)
 
     @agent.output_validator
     async def slow_check(output: str) -> str:  # pyright: ignore[reportUnusedFunction]
