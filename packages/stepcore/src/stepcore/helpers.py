@@ -9,6 +9,7 @@ from typing import Any
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart
 from pydantic_ai.tools import RunContext
 
+from .history import TAIL_RECHECK
 from .protocols import StepStore
 
 __all__ = ('annotate_tool_effect', 'continue_run', 'fork_run', 'is_provider_valid', 'unanswered_tool_calls')
@@ -38,12 +39,10 @@ def unanswered_tool_calls(messages: Sequence[ModelMessage]) -> list[ToolCallPart
 class SettledTracker:
     """`is_provider_valid` for one run's growing history, scanning only what is new at each call.
 
-    It remembers the message objects it scanned, short of the newest `RESCAN` (which pydantic-ai
-    may still change in place), and the calls left unanswered after them. When a later history
+    It remembers the message objects it scanned, short of the newest `history.TAIL_RECHECK` (which
+    pydantic-ai may still change in place), and the calls left unanswered after them. When a later history
     starts with those very objects only the rest is scanned; any other history is scanned whole.
     """
-
-    RESCAN = 2
 
     def __init__(self) -> None:
         self._scanned: list[ModelMessage] = []
@@ -53,7 +52,7 @@ class SettledTracker:
         start = len(self._scanned)
         if start and not (len(messages) >= start and all(map(operator.is_, messages[:start], self._scanned))):
             self._scanned, self._pending, start = [], {}, 0
-        boundary = max(start, len(messages) - self.RESCAN)
+        boundary = max(start, len(messages) - TAIL_RECHECK)
         _scan_tool_calls(messages[start:boundary], self._pending)
         self._scanned.extend(messages[start:boundary])
         tail = dict(self._pending)
