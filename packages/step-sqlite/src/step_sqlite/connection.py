@@ -62,13 +62,6 @@ class _Guard:
         """Write calls since the last checkpoint this module ran (connections the store opened)."""
         self.checkpoint_queued = False
 
-    def after_call(self, job: Callable[[], None]) -> None:
-        """Queue `job` on the worker thread, behind the call running now."""
-        self.worker.enqueue(job)
-
-    def shutdown(self) -> None:
-        self.worker.close()
-
 
 # sqlite3.Connection cannot be weakly referenced, so guards are found by id(); a guard holds its
 # connection, so the id cannot be reused while the guard is alive.
@@ -246,7 +239,7 @@ class Database:
         guard.writes += 1
         if guard.writes >= CHECKPOINT_EVERY_WRITES and not guard.checkpoint_queued:
             guard.checkpoint_queued = True
-            guard.after_call(self._checkpoint)
+            guard.worker.enqueue(self._checkpoint)  # runs behind the call holding the lock now
 
     def _checkpoint(self) -> None:
         """Copy the WAL into the database file, between calls (PASSIVE: never waits for other connections)."""
@@ -291,7 +284,7 @@ class Database:
         """Mark closed; close the connection when this object opened it."""
         await self._guard.worker.run(self._close)
         if self.owned:
-            self._guard.shutdown()
+            self._guard.worker.close()
 
     def _close(self) -> None:
         with self._guard.lock:
