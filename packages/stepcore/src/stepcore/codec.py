@@ -71,10 +71,20 @@ def dump_record_compact(record: BaseModel, *, exclude: set[str] | None = None, *
     if getattr(record, 'metadata', None) == {}:
         skip.add('metadata')
     body: bytes = record.__pydantic_serializer__.to_json(record, exclude=skip, exclude_none=True)
-    head = json.dumps({FORMAT_KEY: RECORD_FORMAT_VERSION, **extra}, separators=(',', ':'), ensure_ascii=False)
+    head = _COMPACT_HEAD
+    if extra:
+        head += b''.join(b',' + _json_bytes(key) + b':' + _json_bytes(value) for key, value in extra.items())
     if body == b'{}':
-        return head.encode()
-    return head[:-1].encode() + b',' + body[1:]
+        return head + b'}'
+    return head + b',' + body[1:]
+
+
+_COMPACT_HEAD = b'{"' + FORMAT_KEY.encode() + b'":' + str(RECORD_FORMAT_VERSION).encode()
+"""The start of every `dump_record_compact` output, built once: it runs for each record written."""
+
+
+def _json_bytes(value: int | str) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode()
 
 
 def load_record(cls: type[R], data: Mapping[str, Any] | str | bytes, **extra: Any) -> R:
