@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
+from media_disk import DiskMediaStore
 from stepcore.codec import encode_message
 from stepcore.history import TAIL_RECHECK, HistoryDelta, HistoryIndex, walk_chain
 from stepcore.walker import MediaWalker
@@ -206,6 +208,32 @@ async def test_forget_and_eviction_fall_back_to_a_full_write() -> None:
     assert len(delta.new_messages) == 2
     delta, _ = await save(index, table, 'c', history(2))
     assert delta.new_messages == []
+
+
+async def test_diff_of_plain_messages_is_ready_to_write(index: HistoryIndex) -> None:
+    messages = history(3)
+    delta = index.diff('r', messages)
+    assert delta.walked
+    assert delta.new_messages == [encode_message(m) for m in messages]
+    assert delta.new_messages == (await HistoryIndex(MediaWalker(None)).delta('r', messages)).new_messages
+
+
+async def test_diff_leaves_media_to_walk_on_the_event_loop(tmp_path: Path) -> None:
+    index = HistoryIndex(MediaWalker(DiskMediaStore(tmp_path / 'media'), threshold_bytes=100))
+    messages: list[ModelMessage] = [req('x' * 500), res('short')]
+    delta = index.diff('r', messages)
+    assert not delta.walked  # the long prompt goes to the media store, which diff does not call
+    assert delta.new_messages == [encode_message(m) for m in messages]
+    assert not list((tmp_path / 'media').glob('*.bin'))
+    await index.walk(delta)
+    assert delta.walked
+    assert b'x' * 500 not in delta.new_messages[0]
+    assert delta.new_messages[1] == encode_message(messages[1])
+    assert len(list((tmp_path / 'media').glob('*.bin'))) == 1
+    table = NodeTable()
+    ids = table.write(delta)
+    index.commit(delta, ids)
+    assert await read(index, table, index.head(delta, ids), 2) == messages
 
 
 def test_walk_chain_returns_oldest_first() -> None:

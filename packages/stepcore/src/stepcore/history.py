@@ -21,6 +21,12 @@ detected by identity.
 
 Nodes are never deleted while their run exists, so pruning a snapshot cannot break another one,
 and an index entry can never point at a node that is gone.
+
+`delta` does the comparison and encoding on the event loop. A store with a worker thread of its
+own can call `diff` there instead, inside the call that writes the snapshot: encoding is most of
+a save's CPU, and it then runs beside the store's other work instead of on the loop. A diff whose
+new messages hold media or reserved keys (`walked` is False) goes back to the loop for `walk`,
+which may call the media store, before it is written.
 """
 
 from __future__ import annotations
@@ -79,6 +85,8 @@ class HistoryDelta:
     """Stored form (media externalized) of `messages[shared:]`, in order."""
     total: int
     """Length of the whole history."""
+    walked: bool
+    """Whether `new_messages` are in stored form; a delta from `diff` may still need `walk`."""
     _messages: list[ModelMessage] = field(repr=False)
     _digests: list[bytes] = field(repr=False)
     _base: _SavedHistory | None = field(repr=False)
@@ -93,7 +101,17 @@ class HistoryIndex:
         self._runs: OrderedDict[str, _SavedHistory] = OrderedDict()
 
     async def delta(self, run_id: str, messages: Sequence[ModelMessage]) -> HistoryDelta:
-        """Compare `messages` with the run's last saved history and encode what is new."""
+        """Compare `messages` with the run's last saved history and encode what is new, in stored form."""
+        delta = self.diff(run_id, messages)
+        await self.walk(delta)
+        return delta
+
+    def diff(self, run_id: str, messages: Sequence[ModelMessage]) -> HistoryDelta:
+        """`delta` without the media walk, callable from any thread.
+
+        `messages` must not change while it runs (pass a list of your own). When the result's
+        `walked` is False, `await walk(delta)` on the event loop before writing it.
+        """
         saved = self._runs.get(run_id)
         messages = list(messages)
         digests: list[bytes] = []
@@ -120,17 +138,23 @@ class HistoryIndex:
             encoded = encode_message(message)
             pending.append(encoded)
             digests.append(_digest(encoded))
-        new_messages = [await self.walker.externalize(e) for e in pending]
         return HistoryDelta(
             run_id=run_id,
             parent=parent,
             shared=shared,
-            new_messages=new_messages,
+            new_messages=pending,
             total=len(messages),
+            walked=not any(self.walker.needs_walk(e) for e in pending),
             _messages=messages,
             _digests=digests,
             _base=saved,
         )
+
+    async def walk(self, delta: HistoryDelta) -> None:
+        """Put a delta's new messages in stored form (media externalized, reserved keys escaped)."""
+        if not delta.walked:
+            delta.new_messages = [await self.walker.externalize(e) for e in delta.new_messages]
+            delta.walked = True
 
     def commit(self, delta: HistoryDelta, new_nodes: Sequence[NodeId]) -> None:
         """Remember a written delta; `new_nodes` are the ids given to `delta.new_messages`."""

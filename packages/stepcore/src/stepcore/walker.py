@@ -84,7 +84,8 @@ class MediaWalker:
 
     # -- whole encoded messages -------------------------------------------------------------
 
-    def _needs_walk(self, encoded: bytes) -> bool:
+    def needs_walk(self, encoded: bytes) -> bool:
+        """Whether `externalize` would change this encoded message (media to move out, keys to escape)."""
         if _RESERVED_PREFIX in encoded:
             return True
         if self.media_store is None:
@@ -93,7 +94,7 @@ class MediaWalker:
 
     async def externalize(self, encoded: bytes) -> bytes:
         """The stored form of one encoded message (compact JSON bytes)."""
-        if not self._needs_walk(encoded):
+        if not self.needs_walk(encoded):
             return encoded
         value = await self.externalize_value(json.loads(encoded))
         return json.dumps(value, separators=(',', ':'), ensure_ascii=False).encode()
