@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any, ClassVar, Final, cast
@@ -104,6 +104,14 @@ def _effect_params(record: ToolEffectRecord) -> tuple[Any, ...]:
     )
 
 
+def _statements(writes: Sequence[StepWrite]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The statements that apply `writes`, in order."""
+    return [
+        (_APPEND_EVENT, _event_params(w)) if isinstance(w, StepEvent) else (_UPSERT_EFFECT, _effect_params(w))
+        for w in writes
+    ]
+
+
 def _run_all(connection: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
     for sql, params in statements:
         connection.execute(sql, params)
@@ -197,23 +205,21 @@ class SqliteStepStore(StepStore):
     # -- events --------------------------------------------------------------------------------
 
     async def append_event(self, event: StepEvent) -> None:
-        await self._execute([(_APPEND_EVENT, _event_params(event))])
+        await self._execute([event])
 
     async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
         """Append events, upsert ledger entries and save `snapshot`, in order, in one transaction."""
-        statements = [
-            (_APPEND_EVENT, _event_params(w)) if isinstance(w, StepEvent) else (_UPSERT_EFFECT, _effect_params(w))
-            for w in check_writes(writes)
-        ]
+        writes = check_writes(writes)
         if snapshot is not None:
-            await self._save(snapshot, statements)
-        elif statements:
-            await self._execute(statements)
+            await self._save(snapshot, writes)
+        elif writes:
+            await self._execute(writes)
 
-    async def _execute(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        """Run `statements` in order in one write transaction on the worker thread."""
+    async def _execute(self, writes: Sequence[StepWrite]) -> None:
+        """Write `writes` in order in one write transaction on the worker thread (serialized there too)."""
 
         def work(connection: sqlite3.Connection) -> None:
+            statements = _statements(writes)
             with write_transaction(connection):
                 _run_all(connection, statements)
 
@@ -232,30 +238,48 @@ class SqliteStepStore(StepStore):
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
         await self._save(snapshot, [])
 
-    async def _save(self, snapshot: ContinuableSnapshot, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        """Run `statements`, then write the snapshot, in one transaction."""
+    async def _save(self, snapshot: ContinuableSnapshot, writes: Sequence[StepWrite]) -> None:
+        """Write `writes`, then the snapshot, in one transaction.
+
+        The new messages are found and encoded on the worker thread, in the call that writes them
+        (`HistoryIndex.diff`); only a history with media to externalize comes back to the event
+        loop for that first, and is written by a second call.
+        """
         run_id = snapshot.run_id
-        record = dump_compact(snapshot, exclude={'run_id', 'messages', 'seq', 'state'})
+        messages = list(snapshot.messages)
+        delta: HistoryDelta | None = None
 
-        def work(delta: HistoryDelta) -> Callable[[sqlite3.Connection], list[int] | None]:
-            def run(connection: sqlite3.Connection) -> list[int] | None:
-                with write_transaction(connection):
-                    _run_all(connection, statements)
-                    return self._write_snapshot(connection, snapshot, delta, record)
+        def work(connection: sqlite3.Connection) -> tuple[HistoryDelta, list[int] | None]:
+            nonlocal delta
+            if delta is None:
+                delta = self._history.diff(run_id, messages)
+            if not delta.walked:
+                return delta, None
+            statements = _statements(writes)
+            record = dump_compact(snapshot, exclude={'run_id', 'messages', 'seq', 'state'})
+            with write_transaction(connection):
+                _run_all(connection, statements)
+                return delta, self._write_snapshot(connection, snapshot, delta, record)
 
-            return run
-
-        delta = await self._history.delta(run_id, snapshot.messages)
-        try:
-            nodes = await self._db.run(work(delta))
-        except _StaleBase:
-            # The remembered history's nodes are gone (the run was deleted, e.g. with its
-            # conversation): the transaction was rolled back; store this history from scratch.
-            self._history.forget(run_id)
-            delta = await self._history.delta(run_id, snapshot.messages)
-            nodes = await self._db.run(work(delta))
-        if nodes is not None:
-            self._history.commit(delta, nodes)
+        stale = False
+        while True:
+            try:
+                delta, nodes = await self._db.run(work)
+            except _StaleBase:
+                # The remembered history's nodes are gone (the run was deleted, e.g. with its
+                # conversation): the transaction was rolled back; store this history from scratch.
+                if stale:
+                    raise
+                stale = True
+                self._history.forget(run_id)
+                delta = None
+                continue
+            if not delta.walked:
+                await self._history.walk(delta)  # media go to the media store from the event loop
+                continue
+            if nodes is not None:
+                self._history.commit(delta, nodes)
+            return
 
     def _write_snapshot(
         self, connection: sqlite3.Connection, snapshot: ContinuableSnapshot, delta: HistoryDelta, record: str
@@ -354,7 +378,7 @@ class SqliteStepStore(StepStore):
     # -- tool effects --------------------------------------------------------------------------
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        await self._execute([(_UPSERT_EFFECT, _effect_params(record))])
+        await self._execute([record])
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         row = await self._db.run(
