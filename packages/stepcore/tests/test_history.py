@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
@@ -234,6 +235,77 @@ async def test_diff_leaves_media_to_walk_on_the_event_loop(tmp_path: Path) -> No
     ids = table.write(delta)
     index.commit(delta, ids)
     assert await read(index, table, index.head(delta, ids), 2) == messages
+
+
+class ThreadCalls:
+    """A store's `run`: calls the function at once (the thread is beside the point) and counts calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, fn: Callable[..., Any]) -> Any:
+        self.calls += 1
+        return fn('connection')
+
+
+class Stale(Exception):
+    pass
+
+
+async def test_save_through_writes_a_plain_history_in_one_call(index: HistoryIndex) -> None:
+    table, run = NodeTable(), ThreadCalls()
+    written: list[tuple[str, HistoryDelta]] = []
+
+    def write(connection: str, delta: HistoryDelta) -> list[Hashable]:
+        written.append((connection, delta))
+        return table.write(delta)
+
+    await index.save_through('r', history(3), run, write, stale=Stale)
+    assert run.calls == 1
+    ((connection, delta),) = written
+    assert connection == 'connection'  # the store's arguments reach its write
+    assert delta.new_messages == [encode_message(m) for m in history(3)]
+    await index.save_through('r', history(5), run, write, stale=Stale)
+    assert written[1][1].shared == 3  # the first save was committed
+
+
+async def test_save_through_walks_media_on_the_loop_then_writes(tmp_path: Path) -> None:
+    index = HistoryIndex(MediaWalker(DiskMediaStore(tmp_path / 'media'), threshold_bytes=100))
+    table, run = NodeTable(), ThreadCalls()
+    written: list[HistoryDelta] = []
+
+    def write(connection: str, delta: HistoryDelta) -> list[Hashable]:
+        assert delta.walked
+        written.append(delta)
+        return table.write(delta)
+
+    messages: list[ModelMessage] = [req('x' * 500)]
+    await index.save_through('r', messages, run, write, stale=Stale)
+    assert run.calls == 2  # the diff came back for its media, then was written
+    assert len(written) == 1
+    assert len(list((tmp_path / 'media').glob('*.bin'))) == 1
+
+
+async def test_save_through_starts_afresh_once_when_the_nodes_are_gone(index: HistoryIndex) -> None:
+    table, run = NodeTable(), ThreadCalls()
+    await save(index, table, 'r', history(2))
+    attempts: list[HistoryDelta] = []
+
+    def write(connection: str, delta: HistoryDelta) -> list[Hashable]:
+        attempts.append(delta)
+        if len(attempts) == 1:
+            raise Stale  # the store found the remembered parent node missing
+        return table.write(delta)
+
+    await index.save_through('r', history(4), run, write, stale=Stale)
+    assert [d.shared for d in attempts] == [2, 0]  # the retry writes the whole history
+    assert len(attempts[1].new_messages) == 4
+
+    def always_stale(connection: str, delta: HistoryDelta) -> list[Hashable]:
+        raise Stale
+
+    with pytest.raises(Stale):
+        await index.save_through('r', history(6), run, always_stale, stale=Stale)
 
 
 def test_walk_chain_returns_oldest_first() -> None:

@@ -465,39 +465,17 @@ class FileStepStore(StepStore):
             if first:
                 await self._worker.run(self._write_runs_sync, first)
             return
-        messages = list(snapshot.messages)
-        delta: HistoryDelta | None = None
 
-        def work() -> tuple[HistoryDelta, list[NodeId] | None]:
-            # On the worker thread: finding and encoding the new messages is most of a save's CPU.
-            nonlocal delta, first
-            if delta is None:
-                delta = self._history.diff(run_id, messages)
-            if not delta.walked:
-                return delta, None  # media to externalize first, from the event loop
+        def write(delta: HistoryDelta) -> list[NodeId] | None:
+            # On the worker thread, where the new messages were just found and encoded.
+            nonlocal first
             header = dump_record(snapshot, exclude={'messages'})
-            records, first = first, {}  # written once, even when the snapshot is retried
-            return delta, self._records_then_snapshot_sync(records, run_id, state, key, snapshot.state, header, delta)
+            records, first = first, {}  # written once, even when a stale history makes the snapshot retry
+            return self._records_then_snapshot_sync(records, run_id, state, key, snapshot.state, header, delta)
 
-        stale = False
-        while True:
-            try:
-                delta, new_nodes = await self._worker.run(work)
-            except _StaleHistory:
-                # The run's message log lost nodes this process remembers (its folder was deleted or
-                # replaced): forget them and store the whole history afresh.
-                self._history.forget(run_id)
-                if stale:
-                    raise
-                stale = True
-                delta = None
-                continue
-            if not delta.walked:
-                await self._history.walk(delta)
-                continue
-            if new_nodes is not None:
-                self._history.commit(delta, new_nodes)
-            return
+        # A message log that lost nodes this process remembers (its folder was deleted or replaced)
+        # raises _StaleHistory: the history is then stored afresh.
+        await self._history.save_through(run_id, snapshot.messages, self._worker.run, write, stale=_StaleHistory)
 
     def _records_then_snapshot_sync(
         self,

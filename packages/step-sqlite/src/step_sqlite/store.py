@@ -239,47 +239,21 @@ class SqliteStepStore(StepStore):
         await self._save(snapshot, [])
 
     async def _save(self, snapshot: ContinuableSnapshot, writes: Sequence[StepWrite]) -> None:
-        """Write `writes`, then the snapshot, in one transaction.
+        """Write `writes`, then the snapshot, in one transaction on the worker thread.
 
-        The new messages are found and encoded on the worker thread, in the call that writes them
-        (`HistoryIndex.diff`); only a history with media to externalize comes back to the event
-        loop for that first, and is written by a second call.
+        The new messages are found and encoded there too (`HistoryIndex.save_through`). When the
+        remembered history's nodes are gone (the run was deleted, e.g. with its conversation), the
+        transaction is rolled back and the history stored from scratch.
         """
-        run_id = snapshot.run_id
-        messages = list(snapshot.messages)
-        delta: HistoryDelta | None = None
 
-        def work(connection: sqlite3.Connection) -> tuple[HistoryDelta, list[int] | None]:
-            nonlocal delta
-            if delta is None:
-                delta = self._history.diff(run_id, messages)
-            if not delta.walked:
-                return delta, None
+        def write(connection: sqlite3.Connection, delta: HistoryDelta) -> list[int] | None:
             statements = _statements(writes)
             record = dump_compact(snapshot, exclude={'run_id', 'messages', 'seq', 'state'})
             with write_transaction(connection):
                 _run_all(connection, statements)
-                return delta, self._write_snapshot(connection, snapshot, delta, record)
+                return self._write_snapshot(connection, snapshot, delta, record)
 
-        stale = False
-        while True:
-            try:
-                delta, nodes = await self._db.run(work)
-            except _StaleBase:
-                # The remembered history's nodes are gone (the run was deleted, e.g. with its
-                # conversation): the transaction was rolled back; store this history from scratch.
-                if stale:
-                    raise
-                stale = True
-                self._history.forget(run_id)
-                delta = None
-                continue
-            if not delta.walked:
-                await self._history.walk(delta)  # media go to the media store from the event loop
-                continue
-            if nodes is not None:
-                self._history.commit(delta, nodes)
-            return
+        await self._history.save_through(snapshot.run_id, snapshot.messages, self._db.run, write, stale=_StaleBase)
 
     def _write_snapshot(
         self, connection: sqlite3.Connection, snapshot: ContinuableSnapshot, delta: HistoryDelta, record: str

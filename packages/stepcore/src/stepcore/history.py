@@ -23,10 +23,10 @@ Nodes are never deleted while their run exists, so pruning a snapshot cannot bre
 and an index entry can never point at a node that is gone.
 
 `delta` does the comparison and encoding on the event loop. A store with a worker thread of its
-own can call `diff` there instead, inside the call that writes the snapshot: encoding is most of
-a save's CPU, and it then runs beside the store's other work instead of on the loop. A diff whose
-new messages hold media or reserved keys (`walked` is False) goes back to the loop for `walk`,
-which may call the media store, before it is written.
+own saves through `save_through` instead, which calls `diff` on that thread, inside the call that
+writes the snapshot: encoding is most of a save's CPU, and it then runs beside the store's other
+work instead of on the loop. A diff whose new messages hold media or reserved keys (`walked` is
+False) goes back to the loop for `walk`, which may call the media store, before it is written.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from __future__ import annotations
 import hashlib
 import operator
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic_ai.messages import ModelMessage
 
@@ -48,6 +49,7 @@ TAIL_RECHECK = 2
 """How many of the newest saved messages are always re-encoded when compared."""
 
 NodeId = Hashable
+_Ran = tuple['HistoryDelta', Sequence[NodeId] | None]
 
 
 def trusted_prefix(messages: Sequence[ModelMessage], saved: Sequence[ModelMessage]) -> int:
@@ -149,6 +151,51 @@ class HistoryIndex:
             _digests=digests,
             _base=saved,
         )
+
+    async def save_through(
+        self,
+        run_id: str,
+        messages: Sequence[ModelMessage],
+        run: Callable[[Callable[..., tuple[HistoryDelta, Sequence[NodeId] | None]]], Awaitable[_Ran]],
+        write: Callable[..., Sequence[NodeId] | None],
+        *,
+        stale: type[Exception],
+    ) -> None:
+        """Save `messages` through a store's own thread, diffing and encoding there.
+
+        `run(fn)` calls `fn(*args)` on the store's thread and returns its result; `fn` diffs the
+        history and calls `write(*args, delta)` with a delta in stored form, which writes it and
+        returns the new node ids (`None` when the save's idempotency key was already applied).
+        A delta with media comes back here to be walked on the event loop, then is written by a
+        second `run`. When `write` raises `stale` (the remembered nodes are gone), the run is
+        forgotten and the whole history written afresh, once.
+        """
+        messages = list(messages)
+        delta: HistoryDelta | None = None
+
+        def on_thread(*args: Any) -> tuple[HistoryDelta, Sequence[NodeId] | None]:
+            nonlocal delta
+            if delta is None:
+                delta = self.diff(run_id, messages)
+            return delta, write(*args, delta) if delta.walked else None
+
+        retried = False
+        while True:
+            try:
+                delta, nodes = await run(on_thread)
+            except stale:
+                if retried:
+                    raise
+                retried = True
+                self.forget(run_id)
+                delta = None
+                continue
+            if not delta.walked:
+                await self.walk(delta)  # media go to the media store from the event loop
+                continue
+            if nodes is not None:
+                self.commit(delta, nodes)
+            return
 
     async def walk(self, delta: HistoryDelta) -> None:
         """Put a delta's new messages in stored form (media externalized, reserved keys escaped)."""
