@@ -84,7 +84,7 @@ class HistoryDelta:
     shared: int
     """How many leading messages are reused from the previous save."""
     new_messages: list[bytes]
-    """Stored form (media externalized) of `messages[shared:]`, in order."""
+    """`messages[shared:]`, encoded, in order; in stored form (media externalized) once `walked`."""
     total: int
     """Length of the whole history."""
     walked: bool
