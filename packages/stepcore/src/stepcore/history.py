@@ -49,7 +49,8 @@ TAIL_RECHECK = 2
 """How many of the newest saved messages are always re-encoded when compared."""
 
 NodeId = Hashable
-_Ran = tuple['HistoryDelta', Sequence[NodeId] | None]
+_Written = tuple['HistoryDelta', Sequence[NodeId] | None]
+"""What a save's call on a store's thread returns: its delta and the new node ids (see `save_through`)."""
 
 
 def trusted_prefix(messages: Sequence[ModelMessage], saved: Sequence[ModelMessage]) -> int:
@@ -156,7 +157,7 @@ class HistoryIndex:
         self,
         run_id: str,
         messages: Sequence[ModelMessage],
-        run: Callable[[Callable[..., tuple[HistoryDelta, Sequence[NodeId] | None]]], Awaitable[_Ran]],
+        run: Callable[[Callable[..., _Written]], Awaitable[_Written]],
         write: Callable[..., Sequence[NodeId] | None],
         *,
         stale: type[Exception],
@@ -173,7 +174,7 @@ class HistoryIndex:
         messages = list(messages)
         delta: HistoryDelta | None = None
 
-        def on_thread(*args: Any) -> tuple[HistoryDelta, Sequence[NodeId] | None]:
+        def on_thread(*args: Any) -> _Written:
             nonlocal delta
             if delta is None:
                 delta = self.diff(run_id, messages)
