@@ -120,6 +120,40 @@ async def test_bytes_grow_linearly(store: FileStepStore, root: Path) -> None:
     assert len(lines(root / 'long' / 'messages.jsonl')) == len(messages)
 
 
+async def test_a_batch_and_its_snapshot_take_the_runs_lock_once(
+    store: FileStepStore, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import step_file.store
+
+    held: list[str] = []
+    real_lock = step_file.store.run_lock
+
+    def counting_lock(path: Path, *, exclusive: bool):
+        if exclusive:
+            held.append(path.parent.name)
+        return real_lock(path, exclusive=exclusive)
+
+    monkeypatch.setattr(step_file.store, 'run_lock', counting_lock)
+    effect = ToolEffectRecord(run_id='a', tool_call_id='c', tool_name='t')
+    messages = history(1)
+    await store.write_batch(
+        [
+            StepEvent(run_id='a', kind=EventKind.TOOL_CALL_STARTED, tool_call_id='c'),
+            effect,
+            StepEvent(run_id='b', kind=EventKind.RUN_STARTED),
+        ],
+        snapshot=snap('a', messages),
+    )
+    # run a's event, ledger entry and snapshot under one hold; run b's event under its own
+    assert sorted(held) == ['a', 'b']
+    assert [e.kind for e in await store.list_events('a')] == [EventKind.TOOL_CALL_STARTED]
+    assert [e.kind for e in await store.list_events('b')] == [EventKind.RUN_STARTED]
+    assert await store.get_tool_effect('a', 'c') == effect
+    latest = await store.latest_snapshot('a')
+    assert latest is not None
+    assert latest.messages == messages
+
+
 async def test_rewritten_history_is_stored_exactly(store: FileStepStore) -> None:
     messages = history(3)
     await store.save_snapshot(snap('rw', messages, 3))

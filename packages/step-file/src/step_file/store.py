@@ -392,16 +392,22 @@ class FileStepStore(StepStore):
 
     def _write_runs_sync(self, by_run: dict[str, list[StepWrite]]) -> None:
         for run_id, writes in by_run.items():
-            events = [w for w in writes if isinstance(w, StepEvent)]
-            effects = [w for w in writes if isinstance(w, ToolEffectRecord)]
             state = self._state(run_id)
             with self._writing(state) as paths:
-                if isinstance(writes[0], ToolEffectRecord):
-                    self._append_effects(paths, state, effects)
-                    self._append_events(paths, state, events)
-                else:
-                    self._append_events(paths, state, events)
-                    self._append_effects(paths, state, effects)
+                self._append_records(paths, state, writes)
+
+    def _append_records(self, paths: _Paths, state: _RunState, writes: Sequence[StepWrite]) -> None:
+        """One run's events and ledger entries, one append to each log (run's lock held)."""
+        if not writes:
+            return
+        events = [w for w in writes if isinstance(w, StepEvent)]
+        effects = [w for w in writes if isinstance(w, ToolEffectRecord)]
+        if isinstance(writes[0], ToolEffectRecord):
+            self._append_effects(paths, state, effects)
+            self._append_events(paths, state, events)
+        else:
+            self._append_events(paths, state, events)
+            self._append_effects(paths, state, effects)
 
     def _append_events(self, paths: _Paths, state: _RunState, events: list[StepEvent]) -> None:
         """Append `events` to the run's trail (run's lock held), skipping idempotency keys already applied."""
@@ -487,9 +493,14 @@ class FileStepStore(StepStore):
         header: dict[str, Any],
         delta: HistoryDelta,
     ) -> list[NodeId] | None:
-        if first:
-            self._write_runs_sync(first)
-        return self._save_snapshot_sync(run_id, state, key, snapshot_state, header, delta)
+        # Other runs' records first; the snapshot's own run gets its records and the snapshot under
+        # one hold of its lock.
+        others = {other: writes for other, writes in first.items() if other != run_id}
+        if others:
+            self._write_runs_sync(others)
+        return self._save_snapshot_sync(
+            run_id, state, key, snapshot_state, header, delta, records=first.get(run_id, ())
+        )
 
     def _save_snapshot_sync(
         self,
@@ -499,8 +510,12 @@ class FileStepStore(StepStore):
         snapshot_state: SnapshotState,
         header: dict[str, Any],
         delta: HistoryDelta,
+        *,
+        records: Sequence[StepWrite] = (),
     ) -> list[NodeId] | None:
+        """Append `records` (the run's events and ledger entries), then save the snapshot, under one lock hold."""
         with self._writing(state) as paths:
+            self._append_records(paths, state, records)
             log_path = paths.snapshot_keys
             with opened_log(log_path) as log_fd:
                 self._catch_up_snapshot_log(log_fd, log_path, state)
