@@ -6,8 +6,21 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import pydantic
 import pytest
-from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, UserPromptPart
+from pydantic_ai.messages import (
+    BinaryContent,
+    FilePart,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    SystemPromptPart,
+    TextPart,
+    ThinkingPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 
 from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent
 from stepcore.codec import (
@@ -109,3 +122,40 @@ def test_messages_round_trip_through_the_encoding() -> None:
 def test_encoding_is_deterministic() -> None:
     message = ModelRequest(parts=[UserPromptPart(content='same', timestamp=T)])
     assert encode_message(message) == encode_message(decode_messages([encode_message(message)])[0])
+
+
+def test_encoding_matches_pydantic_ais_message_union_byte_for_byte() -> None:
+    # Each message class is encoded with an adapter of its own (faster than the union's); the
+    # output must be what the `ModelMessage` union with base64 bytes gives, bytes in `Any` included.
+    union = pydantic.TypeAdapter[ModelMessage](
+        ModelMessage,  # pyright: ignore[reportArgumentType]
+        config=pydantic.ConfigDict(ser_json_bytes='base64', val_json_bytes='base64'),
+    )
+    image = BinaryContent(data=bytes(range(256)), media_type='image/png')
+    messages: list[ModelMessage] = [
+        ModelRequest(
+            parts=[
+                SystemPromptPart(content='be brief', timestamp=T),
+                UserPromptPart(content=['look ✓', image], timestamp=T),
+                ToolReturnPart(tool_name='t', content={'rows': [1, 2]}, tool_call_id='c', timestamp=T),
+                ToolReturnPart(tool_name='t', content='again', tool_call_id='d', outcome='retried', timestamp=T),
+            ],
+            instructions='brief',
+            run_id='run',
+            metadata={'raw': b'\xff\x00'},
+        ),
+        ModelResponse(
+            parts=[
+                ThinkingPart(content='hmm', signature='sig'),
+                TextPart(content='x', provider_details={'raw': b'\xfe\x01'}),
+                ToolCallPart(tool_name='t', args={'a': [1]}, tool_call_id='c'),
+                FilePart(content=image),
+            ],
+            timestamp=T,
+            provider_details={'blob': b'\x00\xff'},
+        ),
+    ]
+    for message in messages:
+        assert encode_message(message) == union.dump_json(message)
+    assert encode_messages(messages) == [union.dump_json(m) for m in messages]
+    assert [encode_message(m) for m in decode_messages(encode_messages(messages))] == encode_messages(messages)
