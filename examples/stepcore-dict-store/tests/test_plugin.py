@@ -15,7 +15,7 @@ async def test_from_spec_builds_the_store() -> None:
 def test_plugin_declares_what_the_class_declares() -> None:
     backend = get_registry().get('step', 'dict')
     assert backend.distribution == 'stepcore-dict-store'
-    assert backend.info.features == DictStepStore.features
+    assert backend.features() == DictStepStore.features
 
 
 def test_the_command_line_opens_it_by_url() -> None:

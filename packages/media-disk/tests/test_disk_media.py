@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,21 @@ async def test_built_from_spec(tmp_path: Path) -> None:
     assert isinstance(store, DiskMediaStore)
     uri = await store.put(b'spec')
     assert (tmp_path / 'blobs' / f'{digest_of_uri(uri)}.bin').read_bytes() == b'spec'
+
+
+@pytest.mark.parametrize('umask', [0o022, 0o000], ids=['umask-022', 'umask-000'])
+async def test_blobs_sidecars_and_folders_are_owner_only_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    previous = os.umask(umask)
+    try:
+        store = DiskMediaStore(
+            tmp_path / 'missing' / 'media', key_strategy=lambda uri, context: f'a/b/{digest_of_uri(uri)}'
+        )
+        await store.put(b'nested blob', context=MediaContext(metadata={'k': 'v'}))
+        plain = DiskMediaStore(tmp_path / 'missing' / 'plain')
+        await plain.put(b'plain blob')
+    finally:
+        os.umask(previous)
+    created = sorted((tmp_path / 'missing').rglob('*'))
+    assert len([p for p in created if p.is_file()]) == 3  # two blobs and a sidecar
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in [tmp_path / 'missing', *created]}
+    assert modes == {name: 0o700 if (tmp_path / name).is_dir() else 0o600 for name in modes}

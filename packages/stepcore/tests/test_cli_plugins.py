@@ -1,14 +1,23 @@
-"""`stepcore plugins` lists every installed distribution's backends."""
+"""`stepcore plugins` lists every installed distribution's backends, with features read from the store classes."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import types
 from typing import Any
 
+import pluggy
+import pytest
 from typer.testing import CliRunner
 
+from stepcore import hookspecs
 from stepcore.cli import app
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
+from stepcore.registry import Registry
+
+cli_app = importlib.import_module('stepcore.cli.app')  # the module; `stepcore.cli.app` is the Typer app
 
 OURS = {
     'stepcore': {('step', 'memory')},
@@ -34,6 +43,12 @@ def test_plugins_json_lists_all_six_distributions() -> None:
     by_key = {(b['kind'], b['key']): b for row in rows for b in row['backends']}
     assert by_key[('step', 'memory')]['features'] == [SNAPSHOT_RETENTION]
     assert set(by_key[('step', 'sqlite')]['features']) == {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT}
+    assert by_key[('step', 'memory')]['urls'] == ['memory://']
+    assert by_key[('step', 'sqlite')]['urls'] == ['sqlite://']
+    assert by_key[('step', 'mongo')]['urls'] == ['mongodb://', 'mongodb+srv://']
+    assert by_key[('step', 'postgres')]['urls'] == ['postgresql://', 'postgres://']
+    assert by_key[('media', 'disk')]['urls'] == []
+    assert not [b for b in by_key.values() if 'unavailable' in b]
     for row in rows:
         assert row['version'] not in ('', 'unknown'), row
         for backend in row['backends']:
@@ -45,3 +60,35 @@ def test_plugins_table_names_every_backend() -> None:
     assert result.exit_code == 0, result.output
     for distribution in OURS:
         assert distribution in result.stdout
+
+
+def _registry_with_a_missing_driver() -> Registry:
+    def register_step_stores() -> list[BackendInfo]:
+        return [
+            BackendInfo(key='gone', factory='stepcore_missing_driver.store:GoneStore', summary='Needs a driver.'),
+            BackendInfo(key='here', factory='stepcore.memory:InMemoryStepStore', summary='Works.'),
+        ]
+
+    module = types.ModuleType('stepcore_gone_plugin')
+    vars(module).update(register_step_stores=hookimpl(register_step_stores))
+    manager = pluggy.PluginManager(PROJECT_NAME)
+    manager.add_hookspecs(hookspecs)
+    manager.register(module, name='gone-store')
+    return Registry(manager)
+
+
+def test_a_backend_whose_driver_is_missing_is_listed_as_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_app, 'get_registry', _registry_with_a_missing_driver)
+    result = CliRunner().invoke(app, ['plugins', '--json'])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    gone, here = row['backends']
+    assert gone['key'] == 'gone'
+    assert gone['unavailable'] == "ModuleNotFoundError: No module named 'stepcore_missing_driver'"
+    assert gone['features'] == []
+    assert here['features'] == [SNAPSHOT_RETENTION]
+    assert 'unavailable' not in here
+    table = CliRunner().invoke(app, ['plugins'], env={'COLUMNS': '250'})
+    assert table.exit_code == 0, table.output
+    assert "unavailable: ModuleNotFoundError: No module named 'stepcore_missing_driver'" in table.stdout
+    assert 'snapshot_retention' in table.stdout

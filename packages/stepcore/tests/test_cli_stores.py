@@ -1,4 +1,4 @@
-"""Store URLs: which backend and options each names."""
+"""Store URLs on the command line: what each names, and what the CLI checks on top of `stepcore.open_store`."""
 
 from __future__ import annotations
 
@@ -6,14 +6,19 @@ from pathlib import Path
 
 import pytest
 
+import stepcore
+from stepcore.cli._loop import run_coroutine
 from stepcore.cli.stores import StoreError, open_store, parse_store_url
+from stepcore.memory import InMemoryStepStore
 
 
 def test_sqlite_urls() -> None:
     relative = parse_store_url('sqlite:///runs.db')
     assert (relative.backend, relative.options) == ('sqlite', {'database': Path('runs.db')})
+    assert relative.local_path == Path('runs.db')
     absolute = parse_store_url('sqlite:////var/lib/runs.db')
     assert absolute.options == {'database': Path('/var/lib/runs.db')}
+    assert absolute.describe() == 'sqlite store at /var/lib/runs.db'
 
 
 def test_file_urls() -> None:
@@ -26,20 +31,26 @@ def test_mongo_urls() -> None:
     target = parse_store_url('mongodb://user:pw@localhost:27017/agents?authSource=admin')
     assert target.backend == 'mongo'
     assert target.options == {'db_url': 'mongodb://user:pw@localhost:27017/?authSource=admin', 'database': 'agents'}
+    assert target.local_path is None
     with pytest.raises(StoreError, match='names no database'):
         parse_store_url('mongodb://localhost:27017')
 
 
 def test_postgres_urls_go_to_the_postgres_backend() -> None:
-    assert parse_store_url('postgresql://u@localhost/db').backend == 'postgres'
-    assert parse_store_url('postgres://u@localhost/db').backend == 'postgres'
+    target = parse_store_url('postgresql://u@localhost/db')
+    assert (target.backend, target.options) == ('postgres', {'dsn': 'postgresql://u@localhost/db'})
+    assert parse_store_url('postgres://u@localhost/db').options == {'dsn': 'postgres://u@localhost/db'}
 
 
 def test_installed_backend_key_as_scheme() -> None:
-    target = parse_store_url('sqlite:///x.db')
-    assert target.backend == 'sqlite'
-    other = parse_store_url('file:///tmp/x')
-    assert other.backend == 'file'
+    target = parse_store_url('mongo://?db_url=mongodb://h/&database=agents')
+    assert (target.backend, target.options) == ('mongo', {'db_url': 'mongodb://h/', 'database': 'agents'})
+
+
+def test_memory_opens_as_a_library_call_but_not_on_the_command_line() -> None:
+    assert isinstance(stepcore.open_store('memory://'), InMemoryStepStore)
+    with pytest.raises(StoreError, match='memory:// cannot be inspected: an in-memory store lives and dies'):
+        open_store('memory://')
 
 
 @pytest.mark.parametrize(
@@ -49,6 +60,8 @@ def test_installed_backend_key_as_scheme() -> None:
         ('redis://localhost', "unknown store URL scheme 'redis'"),
         ('runs.db', 'is not a URL'),
         ('sqlite://', 'names no database file'),
+        ('file://', 'names no folder'),
+        ('mongodb://localhost:27017', 'names no database'),
     ],
 )
 def test_refused_urls(url: str, message: str) -> None:
@@ -65,6 +78,30 @@ async def test_open_store_does_not_create_what_it_reads(tmp_path: Path) -> None:
         assert await store.list_runs() == []
     finally:
         await store.aclose()
+
+
+async def _create(url: str) -> None:
+    store = stepcore.open_store(url)
+    try:
+        await store.list_runs()
+    finally:
+        await store.aclose()
+
+
+def test_a_misspelled_store_option_on_the_command_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from stepcore.cli import app
+
+    database = tmp_path / 'runs.db'
+    run_coroutine(_create(f'sqlite:///{database}'))
+    assert database.is_file()
+    result = CliRunner().invoke(app, ['runs', '-s', f'sqlite:///{database}?max_snapshot_per_run=3'])
+    assert result.exit_code == 1
+    assert "no option 'max_snapshot_per_run' (did you mean 'max_snapshots_per_run'?)" in result.stderr
+    ok = CliRunner().invoke(app, ['runs', '-s', f'sqlite:///{database}?max_snapshots_per_run=3'])
+    assert ok.exit_code == 0, ok.stderr
+    assert 'no runs in this store' in ok.stdout
 
 
 def test_every_command_documents_itself() -> None:

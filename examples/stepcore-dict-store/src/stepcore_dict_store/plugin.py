@@ -11,7 +11,6 @@ def register_step_stores() -> list[BackendInfo]:
         BackendInfo(
             key='dict',
             factory='stepcore_dict_store.store:DictStepStore',
-            features=frozenset(),
             summary='Runs kept in Python dicts (an example plugin).',
         )
     ]

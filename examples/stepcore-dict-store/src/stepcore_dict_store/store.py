@@ -1,8 +1,12 @@
-"""`DictStepStore`: the whole `StepStore` protocol over a few dicts.
+"""`DictStepStore`: the `StepStore` contract written by hand over a few dicts.
 
-It keeps each snapshot's messages encoded with stepcore's codec, so a later change to a message
-object never reaches what was stored. It declares no optional feature: asked for snapshot
-retention or media externalization, it refuses instead of silently ignoring the option.
+It subclasses `StepStore` and implements its abstract methods itself; the derived ones
+(`latest_snapshot`, `get_tool_effect`, `list_unresolved_tool_effects`, `write_batch`, `async with`)
+come from the base class. It keeps each snapshot's messages encoded with stepcore's codec, so a
+later change to a message object never reaches what was stored. It declares no optional feature:
+asked for snapshot retention or media externalization, it refuses instead of silently ignoring the
+option. (A store built on `stepcore.engine.EngineStore` implements a small port instead and gets
+retention, media, damage handling and the crash-window checks from the engine.)
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from stepcore import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, ToolEffectStatus
+from stepcore import ContinuableSnapshot, RunRecord, StepEvent, StepStore, ToolEffectRecord
 from stepcore.codec import decode_messages, encode_messages
 from stepcore.features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from stepcore.registration import check_registration
@@ -39,7 +43,7 @@ class _Run:
     effects: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
 
 
-class DictStepStore:
+class DictStepStore(StepStore):
     """Every run, event, snapshot and tool effect in process memory."""
 
     features: ClassVar[frozenset[str]] = frozenset()
@@ -100,28 +104,16 @@ class DictStepStore:
     def _load(stored: _Stored) -> ContinuableSnapshot:
         return stored.header.model_copy(update={'messages': decode_messages(stored.messages)}, deep=True)
 
-    async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
-        for stored in reversed(self._run(run_id).snapshots):
-            if include_interrupted or stored.header.state is SnapshotState.COMPLETE:
-                return self._load(stored)
-        return None
-
     async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
         return [self._load(s) for s in self._run(run_id).snapshots]
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         self._run(record.run_id).effects[record.tool_call_id] = record.model_copy(deep=True)
 
-    async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
-        record = self._run(run_id).effects.get(tool_call_id)
-        return record.model_copy(deep=True) if record else None
-
     async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         effects = [e.model_copy(deep=True) for e in self._run(run_id).effects.values()]
         return sorted(effects, key=lambda e: e.started_at)
 
-    async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        return [e for e in await self.list_tool_effects(run_id) if e.status is ToolEffectStatus.STARTED]
-
-    async def aclose(self) -> None:
-        pass
+    async def delete_run(self, run_id: str) -> bool:
+        had_record = self._records.pop(run_id, None) is not None
+        return self._runs.pop(run_id, None) is not None or had_record

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from stepcore.features import PERSISTENT
 from stepcore.hookspecs import BackendInfo, hookimpl
 
 
@@ -12,7 +11,6 @@ def register_media_stores() -> list[BackendInfo]:
         BackendInfo(
             key='disk',
             factory='media_disk.store:DiskMediaStore',
-            features=frozenset({PERSISTENT}),
             summary='One file per blob in a local directory.',
         )
     ]

@@ -7,10 +7,11 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import anyio.to_thread
 
+from stepcore.features import PERSISTENT
 from stepcore.fileio import make_dir, write_atomic
 from stepcore.media import (
     EMPTY_CONTEXT,
@@ -36,6 +37,7 @@ class DiskMediaStore(MediaStore):
 
     - Writes are atomic: a temporary file in the same directory is fsynced and renamed into
       place, so a reader never sees a partial blob. A blob already present is not rewritten.
+    - Files are created `0600` and folders `0700` (owner only), whatever the umask.
     - `key_strategy(uri, context)` may choose another relative path; an absolute path or one with
       a `..` segment is refused with `ValueError`.
     - When a `put` carries `context.metadata`, the mapping (and `context.media_type`) is written
@@ -46,6 +48,8 @@ class DiskMediaStore(MediaStore):
 
     File I/O runs in worker threads, never on the event loop.
     """
+
+    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT})
 
     def __init__(
         self,

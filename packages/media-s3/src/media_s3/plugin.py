@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from stepcore.features import PERSISTENT
 from stepcore.hookspecs import BackendInfo, hookimpl
 
 
@@ -12,7 +11,6 @@ def register_media_stores() -> list[BackendInfo]:
         BackendInfo(
             key='s3',
             factory='media_s3.store:S3MediaStore',
-            features=frozenset({PERSISTENT}),
             summary='Objects in an S3-compatible bucket (AWS S3, R2, MinIO).',
         )
     ]

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager
 from types import TracebackType
-from typing import Any, Literal, NoReturn, Self, cast
+from typing import Any, ClassVar, Literal, NoReturn, Self, cast
 from urllib.parse import urlsplit
 
 from aiobotocore.session import AioSession
@@ -37,6 +37,7 @@ from botocore.exceptions import (
 from media_s3.client import S3Client
 from media_s3.errors import S3AccessDeniedError, S3BucketNotFoundError, S3EndpointUnreachableError, S3MediaError
 from media_s3.metadata import decode_metadata, encode_metadata
+from stepcore.features import PERSISTENT
 from stepcore.media import (
     EMPTY_CONTEXT,
     KeyStrategy,
@@ -119,6 +120,8 @@ class S3MediaStore:
     files, roles). `client_config` (a `botocore.config.Config`) is merged over the store's defaults
     to tune retries, timeouts or signing.
     """
+
+    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT})
 
     def __init__(
         self,

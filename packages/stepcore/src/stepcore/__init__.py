@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .capability import StepPersistence
+from .engine import DamagedRecordError, EngineStore
 from .events import SnapshotSaved
 from .helpers import annotate_tool_effect, continue_run, fork_run, is_provider_valid
 from .hookspecs import BackendInfo, hookimpl
@@ -19,12 +20,14 @@ from .models import (
 )
 from .protocols import StepStore
 from .recovery import RecoveryReport, inspect_recovery
-from .registry import media_from_spec
+from .registry import media_from_spec, open_store
 from .registry import store_from_spec as from_spec
 
 __all__ = (
     'BackendInfo',
     'ContinuableSnapshot',
+    'DamagedRecordError',
+    'EngineStore',
     'EventKind',
     'InMemoryStepStore',
     'MediaContext',
@@ -46,6 +49,7 @@ __all__ = (
     'inspect_recovery',
     'is_provider_valid',
     'media_from_spec',
+    'open_store',
 )
 
 __version__ = '0.1.0'

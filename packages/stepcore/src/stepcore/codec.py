@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any, TypeVar
 
 import pydantic
@@ -68,7 +69,7 @@ def dump_record_json(record: BaseModel, *, exclude: set[str] | None = None) -> s
     return json.dumps(dump_record(record, exclude=exclude), separators=(',', ':'), ensure_ascii=False)
 
 
-def dump_record_compact(record: BaseModel, *, exclude: set[str] | None = None, **extra: int | str) -> bytes:
+def dump_record_compact(record: BaseModel, *, exclude: AbstractSet[str] | None = None, **extra: int | str) -> bytes:
     """`record` as compact JSON (UTF-8), stamped with the format version, in one serializer pass.
 
     `None` fields and an empty `metadata` are left out (they load back as their defaults; every

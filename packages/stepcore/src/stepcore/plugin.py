@@ -1,8 +1,7 @@
-"""stepcore's own plugin: the in-memory step store."""
+"""stepcore's own plugin: the in-memory step store (opens from `memory://`, e.g. `memory://?max_snapshots_per_run=5`)."""
 
 from __future__ import annotations
 
-from .features import SNAPSHOT_RETENTION
 from .hookspecs import BackendInfo, hookimpl
 
 
@@ -12,7 +11,6 @@ def register_step_stores() -> list[BackendInfo]:
         BackendInfo(
             key='memory',
             factory='stepcore.memory:InMemoryStepStore',
-            features=frozenset({SNAPSHOT_RETENTION}),
             summary='Process-local store, for tests and short-lived agents.',
         )
     ]

@@ -1,21 +1,46 @@
-"""The store protocol every backend implements."""
+"""`StepStore`: the contract every step store keeps, as a base class with its derived methods written once."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar, Protocol, TypeAlias, runtime_checkable
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, ClassVar, Self, TypeAlias
 
-from .models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+from .models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, ToolEffectStatus
 
-__all__ = ('BatchWriter', 'StepStore', 'StepWrite')
+__all__ = ('StepStore', 'StepWrite', 'check_writes', 'sort_time')
 
 StepWrite: TypeAlias = StepEvent | ToolEffectRecord
-"""One write `BatchWriter.write_batch` applies: an event to append or a ledger entry to upsert."""
+"""One write `StepStore.write_batch` applies: an event to append or a ledger entry to upsert."""
 
 
-@runtime_checkable
-class StepStore(Protocol):
+def sort_time(moment: datetime) -> datetime:
+    """`moment` as an aware datetime for ordering (a naive one is taken as UTC)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def check_writes(writes: Sequence[object]) -> Sequence[StepWrite]:
+    """`writes` unchanged when every item is a `StepEvent` or `ToolEffectRecord`; `TypeError` otherwise.
+
+    `write_batch` calls it first, so a bad batch is refused before anything is written.
+    """
+    for index, write in enumerate(writes):
+        if not isinstance(write, StepEvent | ToolEffectRecord):
+            raise TypeError(
+                f'write_batch got {type(write).__name__} at position {index}: '
+                'pass StepEvent and ToolEffectRecord objects only (snapshots go through save_snapshot)'
+            )
+    return writes  # pyright: ignore[reportReturnType]  # checked item by item above
+
+
+class StepStore(ABC):
     """Async persistence for runs, step events, snapshots and the tool-effect ledger.
+
+    Subclass it and implement the abstract methods (a class that leaves one out cannot be
+    instantiated), or subclass `stepcore.engine.EngineStore`, which implements all of them over a
+    small I/O port. The other methods are derived from those and can be overridden for speed.
 
     Guarantees every store keeps (checked by `stepcore-conformance`):
 
@@ -29,85 +54,130 @@ class StepStore(Protocol):
     - `latest_snapshot` returns the newest `complete` snapshot, or the newest of any state with
       `include_interrupted=True`; `None` when there is none.
     - `record_tool_effect` upserts on `(run_id, tool_call_id)`: the latest write wins.
+    - `write_batch` writes its snapshot before its records, atomically where the backend can: a
+      `completed` ledger entry never becomes durable before the snapshot that holds its result.
     - With `max_snapshots_per_run=N`, each save prunes the run to the newest N snapshots plus the
       newest snapshot overall and the newest complete one.
+    - `delete_run` removes the run's record, events, snapshots and ledger.
+
+    Stores are async context managers: `async with SomeStore(...) as store:` closes it on exit.
     """
 
-    features: ClassVar[frozenset[str]]
-    """Optional behaviours this backend provides (see `stepcore.features`)."""
+    features: ClassVar[frozenset[str]] = frozenset()
+    """Optional behaviours this backend provides (see `stepcore.features`), declared once, here."""
 
+    # -- runs ---------------------------------------------------------------------------------
+
+    @abstractmethod
     async def register_run(self, record: RunRecord) -> None:
         """Store a new run's record; `ValueError` if the run id is taken by another registration."""
-        ...
 
+    @abstractmethod
     async def get_run(self, run_id: str) -> RunRecord | None:
         """The run's record, or `None`."""
-        ...
 
+    @abstractmethod
     async def list_runs(
         self, *, conversation_id: str | None = None, parent_run_id: str | None = None
     ) -> list[RunRecord]:
         """Runs matching every given filter, oldest `started_at` first."""
-        ...
 
+    @abstractmethod
+    async def delete_run(self, run_id: str) -> bool:
+        """Remove the run's record, events, snapshots and ledger; False when there was nothing to remove.
+
+        Media blobs stay: they are content-addressed and may be shared with other runs.
+        """
+
+    # -- events -------------------------------------------------------------------------------
+
+    @abstractmethod
     async def append_event(self, event: StepEvent) -> None:
         """Append to the run's event trail (suppressed when its idempotency key was applied)."""
-        ...
 
+    @abstractmethod
     async def list_events(self, run_id: str) -> list[StepEvent]:
         """The run's events in append order."""
-        ...
 
+    # -- snapshots ----------------------------------------------------------------------------
+
+    @abstractmethod
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
         """Store a copy of the snapshot (suppressed when its idempotency key was applied)."""
-        ...
+
+    @abstractmethod
+    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
+        """The run's retained snapshots, oldest `seq` first."""
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         """The newest complete snapshot, or the newest of any state with `include_interrupted=True`."""
-        ...
+        for snapshot in reversed(await self.list_snapshots(run_id)):
+            if include_interrupted or snapshot.state is SnapshotState.COMPLETE:
+                return snapshot
+        return None
 
-    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
-        """The run's retained snapshots, oldest `seq` first."""
-        ...
+    # -- tool effects -------------------------------------------------------------------------
 
+    @abstractmethod
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         """Insert or replace the ledger entry for `(record.run_id, record.tool_call_id)`."""
-        ...
+
+    @abstractmethod
+    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        """Every ledger entry of the run, oldest `started_at` first."""
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         """One ledger entry, or `None`."""
-        ...
-
-    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        """Every ledger entry of the run, oldest `started_at` first."""
-        ...
+        for record in await self.list_tool_effects(run_id):
+            if record.tool_call_id == tool_call_id:
+                return record
+        return None
 
     async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         """Entries still `started`: the call may or may not have happened."""
-        ...
+        return [r for r in await self.list_tool_effects(run_id) if r.status is ToolEffectStatus.STARTED]
+
+    # -- several writes at once ---------------------------------------------------------------
+
+    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
+        """Save `snapshot` (if given), then apply `writes` in order, as the single-record methods would.
+
+        Events keep their order and idempotency-key suppression (a key repeated within the batch is
+        applied once); ledger entries upsert, so a later entry for the same call wins. The snapshot
+        goes first so that a `completed` ledger entry is never durable before the snapshot holding
+        the call's result. Stores with transactions apply the batch atomically. A write of another
+        type raises `TypeError` before anything is written.
+
+        This default makes one call per record; stores override it to write the batch at once.
+        """
+        check_writes(writes)
+        if snapshot is not None:
+            await self.save_snapshot(snapshot)
+        for write in writes:
+            if isinstance(write, StepEvent):
+                await self.append_event(write)
+            else:
+                await self.record_tool_effect(write)
+
+    # -- lifecycle ----------------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Release connections or clients the store opened itself."""
-        ...
+        return None
 
+    async def __aenter__(self) -> Self:
+        return self
 
-@runtime_checkable
-class BatchWriter(Protocol):
-    """Optional extra a `StepStore` can implement: several writes in one call.
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
-    `StepPersistence` writes a tool call's ledger entry and its event together, and a finished
-    call's entry and event with the snapshot that follows it; a store with `write_batch` takes
-    each group in one round trip (one transaction, one thread hand-off) instead of one per record.
-    Stores without it get one call per write (`stepcore.writes.apply_writes`).
-    """
-
-    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
-        """Apply `writes` in order, then save `snapshot` (if given), as the single-record methods would.
-
-        Events keep their order and idempotency-key suppression (a key repeated within the batch is
-        applied once); ledger entries upsert, so a later entry for the same call wins; the snapshot
-        is saved exactly as by `save_snapshot`. Stores with transactions apply the batch
-        atomically. A write of another type raises `TypeError`, and a batch that cannot be applied
-        (an invalid run id, say) raises before anything is written.
-        """
-        ...
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        features: object = cls.__dict__.get('features', cls.features)
+        if not isinstance(features, frozenset):
+            raise TypeError(f'{cls.__name__}.features must be a frozenset of feature names, got {features!r}')

@@ -3,23 +3,31 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pluggy
 
 from . import hookspecs
 from .hookspecs import PROJECT_NAME, BackendInfo
+from .options import check_options, coerce_text_options, declared_features, option_names
+from .urls import URL_EXAMPLES, query_options, url_scheme
+
+if TYPE_CHECKING:
+    from .protocols import StepStore
 
 __all__ = (
     'KNOWN_PACKAGES',
+    'KNOWN_SCHEMES',
     'PluginInfo',
     'RegisteredBackend',
     'Registry',
     'get_registry',
     'load_factory',
     'media_from_spec',
+    'open_store',
     'store_from_spec',
 )
 
@@ -39,6 +47,20 @@ KNOWN_PACKAGES: dict[tuple[Kind, str], str] = {
 }
 """Our own backends and the distribution that provides each, for install hints."""
 
+KNOWN_SCHEMES: dict[str, str] = {
+    'sqlite': 'sqlite',
+    'file': 'file',
+    'mongodb': 'mongo',
+    'mongodb+srv': 'mongo',
+    'postgresql': 'postgres',
+    'postgres': 'postgres',
+}
+"""URL schemes of our own step-store backends and the key each names, for install hints."""
+
+
+def _noun(kind: Kind) -> str:
+    return 'step store' if kind == 'step' else 'media store'
+
 
 @dataclass(frozen=True, kw_only=True)
 class RegisteredBackend:
@@ -46,6 +68,48 @@ class RegisteredBackend:
     info: BackendInfo
     distribution: str
     version: str
+
+    def describe(self) -> str:
+        """E.g. `step store backend 'sqlite'`, for messages."""
+        return f'{_noun(self.kind)} backend {self.info.key!r}'
+
+    def load(self) -> Any:
+        """Import the factory (`ImportError` when the backend's driver is not installed)."""
+        return load_factory(self.info.factory)
+
+    def features(self) -> frozenset[str]:
+        """The features the store class declares (importing it); empty for a class that declares none."""
+        return declared_features(self.load())
+
+    def options(self) -> list[str] | None:
+        """The options the store class takes; `None` when it takes any keyword."""
+        return option_names(self.load())
+
+    def url_options(self, url: str) -> dict[str, Any]:
+        """The store options a URL names, read by the plugin's `url_options` (default: the query)."""
+        reader = self.info.url_options if url_scheme(url) in self.info.schemes else None
+        found = reader(url) if reader is not None else query_options(url)
+        return dict(found)
+
+    def merge_options(self, url_options: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+        """A URL's options (text, converted for parameters typed `int`, `float` or `bool`) with keyword ones.
+
+        One option given both ways with different values is an error.
+        """
+        from_url = coerce_text_options(self.describe(), self.load(), url_options)
+        clash = sorted(name for name in from_url if name in options and options[name] != from_url[name])
+        if clash:
+            raise ValueError(
+                f'{self.describe()}: option {", ".join(repr(c) for c in clash)} is given both in the URL and as a '
+                'keyword, with different values: give it once'
+            )
+        return {**from_url, **options}
+
+    def create(self, /, **options: Any) -> Any:
+        """Build the store, after checking the option names against the factory's signature."""
+        factory = self.load()
+        check_options(self.describe(), factory, options)
+        return factory(**options)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +126,7 @@ class Registry:
     def __init__(self, manager: pluggy.PluginManager) -> None:
         self.manager = manager
         self._backends: dict[tuple[Kind, str], RegisteredBackend] = {}
+        self._schemes: dict[tuple[Kind, str], RegisteredBackend] = {}
         self._plugins: list[PluginInfo] = []
         dists = {id(plugin): dist for plugin, dist in manager.list_plugin_distinfo()}
         for name, plugin in manager.list_name_plugin():
@@ -88,6 +153,14 @@ class Registry:
                 f'{dist!r}: uninstall one of them'
             )
         self._backends[key] = backend
+        for scheme in info.schemes:
+            claimed = self._schemes.get((kind, scheme))
+            if claimed is not None and claimed.info.key != info.key:
+                raise RuntimeError(
+                    f'URL scheme {scheme}:// is claimed by two {kind} backends, {claimed.info.key!r} '
+                    f'({claimed.distribution}) and {info.key!r} ({dist}): uninstall one of them'
+                )
+            self._schemes[(kind, scheme)] = backend
         return backend
 
     @property
@@ -97,20 +170,48 @@ class Registry:
     def keys(self, kind: Kind) -> list[str]:
         return sorted(k for (bk, k) in self._backends if bk == kind)
 
+    def schemes(self, kind: Kind) -> list[str]:
+        """The URL schemes installed backends declare (each key also works as `KEY://`)."""
+        return sorted(s for (bk, s) in self._schemes if bk == kind)
+
     def get(self, kind: Kind, key: str) -> RegisteredBackend:
         backend = self._backends.get((kind, key))
         if backend is not None:
             return backend
-        noun = 'step store' if kind == 'step' else 'media store'
         known = ', '.join(repr(k) for k in self.keys(kind)) or 'none'
-        message = f'unknown {noun} backend {key!r}; installed backends: {known}'
+        message = f'unknown {_noun(kind)} backend {key!r}; installed backends: {known}'
         package = KNOWN_PACKAGES.get((kind, key))
         if package is not None:
             message += f'. Install it with: pip install {package}'
         raise ValueError(message)
 
+    def for_url(self, kind: Kind, url: str) -> tuple[RegisteredBackend, dict[str, Any]]:
+        """The backend a URL names (by a declared scheme, else by key) and the options the URL gives."""
+        scheme = url_scheme(url)
+        backend = self._schemes.get((kind, scheme)) or self._backends.get((kind, scheme))
+        if backend is not None:
+            return backend, backend.url_options(url)
+        installed = ', '.join(self._with_schemes(kind)) or 'none'
+        message = (
+            f'unknown store URL scheme {scheme!r} in {url.strip()!r}. Installed {kind}-store backends: {installed}. '
+            f'Use a URL like {URL_EXAMPLES}, or KEY://?option=value for any installed backend KEY'
+        )
+        known = KNOWN_SCHEMES.get(scheme) if kind == 'step' else None
+        package = KNOWN_PACKAGES.get((kind, known)) if known is not None else None
+        if package is not None:
+            message += f'. For {scheme}:// install: pip install {package}'
+        raise ValueError(message)
+
+    def _with_schemes(self, kind: Kind) -> list[str]:
+        """Each installed key with the schemes it declares, e.g. `mongo (mongodb://, mongodb+srv://)`."""
+        named: list[str] = []
+        for key in self.keys(kind):
+            schemes = ', '.join(f'{s}://' for s in self._backends[(kind, key)].info.schemes)
+            named.append(f'{key} ({schemes})' if schemes else key)
+        return named
+
     def create(self, kind: Kind, key: str, /, **options: Any) -> Any:
-        return load_factory(self.get(kind, key).info.factory)(**options)
+        return self.get(kind, key).create(**options)
 
 
 def load_factory(spec: str) -> Any:
@@ -149,10 +250,26 @@ def get_registry() -> Registry:
 
 
 def store_from_spec(backend: str = 'memory', **options: Any) -> Any:
-    """Build a `StepStore` from a backend key and its constructor options."""
+    """Build a `StepStore` from a backend key and its constructor options.
+
+    An option the store class does not take raises `ValueError` naming the backend, the option,
+    the options it takes and the closest one.
+    """
     return get_registry().create('step', backend, **options)
 
 
 def media_from_spec(backend: str, **options: Any) -> Any:
-    """Build a `MediaStore` from a backend key and its constructor options."""
+    """Build a `MediaStore` from a backend key and its constructor options (checked as in `store_from_spec`)."""
     return get_registry().create('media', backend, **options)
+
+
+def open_store(url: str, /, **options: Any) -> StepStore:
+    """Build the `StepStore` a URL names, e.g. `open_store('sqlite:///runs.db', max_snapshots_per_run=20)`.
+
+    The URL's scheme picks the backend (`sqlite://`, `file://`, `mongodb://`, `postgresql://`, or
+    `KEY://?option=value` for any installed key); the options it gives are merged with the
+    keyword `options`. An unknown scheme, a URL the backend cannot use, or an option its store
+    class does not take raises `ValueError`.
+    """
+    backend, url_options = get_registry().for_url('step', url)
+    return cast('StepStore', backend.create(**backend.merge_options(url_options, options)))

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ..codec import dump_record
 from ..protocols import StepStore
-from ..registry import get_registry
+from ..registry import RegisteredBackend, get_registry
 from . import render
 from ._loop import run_coroutine
 from .stores import ENV_VAR, StoreError, open_store, resolve_store_url
@@ -61,7 +61,10 @@ StoreOption = Annotated[
     typer.Option(
         '--store',
         '-s',
-        help=f'Store URL, e.g. sqlite:///runs.db, file:///path/runs, mongodb://host/db (default: ${ENV_VAR}).',
+        help=(
+            f'Store URL, e.g. sqlite:///runs.db, file:///path/runs, mongodb://host/db, postgresql://host/db '
+            f'(default: ${ENV_VAR}); `stepcore plugins` lists the URLs installed backends answer to.'
+        ),
         show_default=False,
     ),
 ]
@@ -168,40 +171,42 @@ def demo(
 # --- plugins -------------------------------------------------------------------------------------
 
 
+def _backend_row(backend: RegisteredBackend) -> dict[str, Any]:
+    """What `plugins` shows of one backend; its features come from the store class, imported here."""
+    info = backend.info
+    urls = [f'{s}://' for s in info.schemes] or ([f'{info.key}://'] if backend.kind == 'step' else [])
+    row: dict[str, Any] = {'kind': backend.kind, 'key': info.key, 'urls': urls, 'summary': info.summary}
+    try:
+        row['features'] = sorted(backend.features())
+    except Exception as exc:  # a driver not installed, or a plugin naming a class that is not there
+        row['features'] = []
+        row['unavailable'] = f'{type(exc).__name__}: {exc}'
+    return row
+
+
 @app.command()
 def plugins(as_json: JsonOption = False) -> None:
-    """List installed plugins, their versions, backend keys and features."""
-    registry = get_registry()
-    found = sorted(registry.plugins, key=lambda p: p.distribution)
+    """List installed plugins, their versions, backend keys, store URLs and features."""
+    found = sorted(get_registry().plugins, key=lambda p: p.distribution)
+    rows = {id(p): [_backend_row(b) for b in p.backends] for p in found}
     if as_json:
         _echo_json(
             [
-                {
-                    'plugin': p.name,
-                    'distribution': p.distribution,
-                    'version': p.version,
-                    'backends': [
-                        {
-                            'kind': b.kind,
-                            'key': b.info.key,
-                            'features': sorted(b.info.features),
-                            'summary': b.info.summary,
-                        }
-                        for b in p.backends
-                    ],
-                }
+                {'plugin': p.name, 'distribution': p.distribution, 'version': p.version, 'backends': rows[id(p)]}
                 for p in found
             ]
         )
         return
     table = Table(title='stepcore plugins')
-    for column in ('distribution', 'version', 'kind', 'key', 'features', 'summary'):
+    for column in ('distribution', 'version', 'kind', 'key', 'URL', 'features', 'summary'):
         table.add_column(column)
     for p in found:
-        for b in p.backends:
-            table.add_row(
-                p.distribution, p.version, b.kind, b.info.key, ', '.join(sorted(b.info.features)), b.info.summary
-            )
+        for row in rows[id(p)]:
+            features = Text(', '.join(row['features']))
+            if 'unavailable' in row:
+                features = Text(f'unavailable: {row["unavailable"]}', style='red')
+            urls = ', '.join(row['urls'])
+            table.add_row(p.distribution, p.version, row['kind'], row['key'], urls, features, row['summary'])
     _out().print(table)
 
 

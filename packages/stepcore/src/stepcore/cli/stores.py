@@ -1,36 +1,36 @@
-"""Store URLs: which backend a `--store` URL names, and with which options.
+"""Store URLs on the command line: `--store` / `$STEPCORE_STORE`, opened through `stepcore.open_store`.
+
+Each backend's plugin says which URLs open it (see `stepcore.hookspecs.BackendInfo`); the
+built-in ones:
 
 | URL | backend | options |
 |---|---|---|
 | `sqlite:///runs.db` (relative), `sqlite:////abs/runs.db` | `sqlite` | `database=<path>` |
 | `file:///abs/runs`, `file:runs` (relative) | `file` | `directory=<path>` |
 | `mongodb://host:27017/mydb`, `mongodb+srv://...` | `mongo` | `db_url=<url without the db>`, `database=mydb` |
-| `postgresql://...`, `postgres://...` | `postgres` | the URL, as the store's connection-string option |
+| `postgresql://...`, `postgres://...` | `postgres` | `dsn=<the URL>` |
 | `KEY://?option=value` | any installed plugin key | the query string, as keyword options |
 
-`memory://` is refused: an in-memory store lives inside one process, so there is nothing to
-inspect from another one.
+On top of that, the command line checks what a reading command needs: `memory://` is refused
+(an in-memory store lives inside one process, so there is nothing to inspect from another one),
+and a local database file or folder must exist and be of the right kind.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from typing import Any
 
+from .. import registry
 from ..protocols import StepStore
-from ..registry import get_registry, load_factory
+from ..urls import URL_EXAMPLES, url_scheme
 
-__all__ = ('ENV_VAR', 'StoreError', 'StoreTarget', 'open_store', 'parse_store_url')
+__all__ = ('ENV_VAR', 'StoreError', 'StoreTarget', 'open_store', 'parse_store_url', 'resolve_store_url')
 
 ENV_VAR = 'STEPCORE_STORE'
 """Environment variable read when `--store` is not given."""
-
-_EXAMPLES = 'sqlite:///runs.db, file:///path/to/runs, mongodb://localhost:27017/mydb'
-_POSTGRES_URL_OPTIONS = ('dsn', 'conninfo', 'url', 'database_url', 'db_url')
 
 
 class StoreError(Exception):
@@ -51,59 +51,20 @@ class StoreTarget:
         return f'{self.backend} store{where}'
 
 
-def _path_of(url: str, scheme: str) -> str:
-    parts = urlsplit(url)
-    if parts.netloc not in ('', 'localhost'):
-        # `file://runs` and `sqlite://runs.db`: the "host" is really the start of a relative path.
-        return parts.netloc + parts.path
-    path = parts.path
-    if scheme == 'sqlite' and path.startswith('/'):
-        # SQLAlchemy's convention: three slashes for a relative path, four for an absolute one.
-        path = path[1:]
-    return path
-
-
 def parse_store_url(url: str) -> StoreTarget:
     """Map a store URL to a backend key and options; `StoreError` when it cannot be used."""
-    url = url.strip()
-    if '://' not in url and ':' not in url:
-        raise StoreError(f'store {url!r} is not a URL: use one like {_EXAMPLES}')
-    scheme = urlsplit(url).scheme.lower()
-    if scheme == 'memory':
-        raise StoreError(
-            'memory:// cannot be inspected: an in-memory store lives and dies inside one process. '
-            f'Persist runs to a store another process can open, e.g. {_EXAMPLES}'
-        )
-    if scheme == 'sqlite':
-        path = _path_of(url, scheme)
-        if not path:
-            raise StoreError(f'store URL {url!r} names no database file: use sqlite:///runs.db')
-        local = Path(path).expanduser()
-        return StoreTarget(backend='sqlite', options={'database': local}, local_path=local)
-    if scheme == 'file':
-        path = _path_of(url, scheme)
-        if not path:
-            raise StoreError(f'store URL {url!r} names no folder: use file:///path/to/runs')
-        local = Path(path).expanduser()
-        return StoreTarget(backend='file', options={'directory': local}, local_path=local)
-    if scheme in ('mongodb', 'mongodb+srv'):
-        parts = urlsplit(url)
-        database = parts.path.lstrip('/')
-        if not database or '/' in database:
-            raise StoreError(f'store URL {url!r} names no database: add it as the path, e.g. mongodb://localhost/runs')
-        db_url = urlunsplit((parts.scheme, parts.netloc, '/', parts.query, ''))
-        return StoreTarget(backend='mongo', options={'db_url': db_url, 'database': database})
-    if scheme in ('postgresql', 'postgres'):
-        return StoreTarget(backend='postgres', options={'__url__': url})
-    registry = get_registry()
-    if scheme in registry.keys('step'):
-        parts = urlsplit(url)
-        return StoreTarget(backend=scheme, options=dict(parse_qsl(parts.query)))
-    installed = ', '.join(k for k in registry.keys('step') if k != 'memory') or 'none'
-    raise StoreError(
-        f'unknown store URL scheme {scheme!r} in {url!r}. Installed step-store backends: {installed}. '
-        f'Use a URL like {_EXAMPLES}, or KEY:// for another installed backend'
-    )
+    try:
+        scheme = url_scheme(url)
+        if scheme == 'memory':
+            raise StoreError(
+                'memory:// cannot be inspected: an in-memory store lives and dies inside one process. '
+                f'Persist runs to a store another process can open, e.g. {URL_EXAMPLES}'
+            )
+        backend, options = registry.get_registry().for_url('step', url)
+    except ValueError as exc:
+        raise StoreError(str(exc)) from None
+    local = next((value for value in options.values() if isinstance(value, Path)), None)
+    return StoreTarget(backend=backend.info.key, options=options, local_path=local)
 
 
 def resolve_store_url(url: str | None) -> str:
@@ -116,29 +77,18 @@ def resolve_store_url(url: str | None) -> str:
     raise StoreError(f'no store given: pass --store URL or set {ENV_VAR} (e.g. {ENV_VAR}=sqlite:///runs.db)')
 
 
-def _postgres_options(factory: Any, url: str) -> dict[str, Any]:
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-        params = {}
-    for name in _POSTGRES_URL_OPTIONS:
-        if name in params:
-            return {name: url}
-    return {'dsn': url}
-
-
 def open_store(url: str, *, must_exist: bool = True) -> StepStore:
-    """Build the store a URL names.
+    """Build the store a URL names, through `stepcore.open_store`.
 
     With `must_exist`, a local database file or folder that is not there is an error rather than
     an empty store created as a side effect of looking.
     """
     target = parse_store_url(url)
-    if must_exist and target.local_path is not None and not target.local_path.exists():
+    path = target.local_path
+    if must_exist and path is not None and not path.exists():
         raise StoreError(
             f'no {target.describe()}: {url!r} does not exist. Check the path, or run `stepcore demo` first'
         )
-    path = target.local_path
     if target.backend == 'sqlite' and path is not None:
         if path.is_dir():
             raise StoreError(f'{str(path)!r} is a folder, not a SQLite database file: for a folder of runs use file://')
@@ -146,19 +96,10 @@ def open_store(url: str, *, must_exist: bool = True) -> StepStore:
             _check_sqlite_file(path)
     if target.backend == 'file' and path is not None and path.exists() and not path.is_dir():
         raise StoreError(f'{str(path)!r} is a file, not a folder of runs: for a SQLite database use sqlite://')
-    registry = get_registry()
     try:
-        backend = registry.get('step', target.backend)
-    except ValueError as exc:
-        raise StoreError(str(exc)) from None
-    factory = load_factory(backend.info.factory)
-    options = dict(target.options)
-    if '__url__' in options:
-        options = _postgres_options(factory, str(options['__url__']))
-    try:
-        return cast(StepStore, factory(**options))
+        return registry.open_store(url)
     except TypeError as exc:
-        raise StoreError(f'cannot open a {target.backend} store with options {sorted(options)}: {exc}') from None
+        raise StoreError(f'cannot open a {target.backend} store with options {sorted(target.options)}: {exc}') from None
 
 
 def _check_sqlite_file(path: Path) -> None:

@@ -1,0 +1,27 @@
+"""The storage engine: one implementation of every store mechanism, over a small port per backend.
+
+- `EngineStore` (`store.py`): the `StepStore` a backend subclasses.
+- `SyncPort` / `AsyncPort` (`port.py`): the I/O a backend implements, one method per operation.
+- `ops.py`: the rows and operations a port deals in.
+- `plans.py`: the mechanisms themselves, as plans of operations.
+- `damage.py`: `DamagedRecordError` and how listings pass over damaged records.
+- `faults.py`: fault injection at write boundaries, for crash tests.
+"""
+
+from __future__ import annotations
+
+from .damage import DamagedRecordError
+from .plans import KeyConflict, StaleHistory
+from .port import AsyncPort, Port, SyncPort, check_text
+from .store import EngineStore
+
+__all__ = (
+    'AsyncPort',
+    'DamagedRecordError',
+    'EngineStore',
+    'KeyConflict',
+    'Port',
+    'StaleHistory',
+    'SyncPort',
+    'check_text',
+)

@@ -1,0 +1,281 @@
+"""What the engine asks of a backend: rows and the operations on them.
+
+The engine turns records into rows (a few columns a backend indexes, plus an encoded `body`) and
+describes each piece of I/O as one of the operations below. A backend's port carries out each
+operation in its own way (a SQL statement, a file append, a document insert) and answers with
+plain values. Everything else, which operations run in which order and what their answers mean,
+is the engine's.
+
+A row's `body` is the record encoded by the engine (compact JSON, stamped with the record format
+version). On the way back a port may hand a body over in whatever form it kept: the bytes or text
+it was given, or a mapping (a document store's native form). The engine fills the row's columns
+back into the record, so a backend that keeps a field in a column need not repeat it in the body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar, TypeAlias
+
+__all__ = (
+    'Body',
+    'DeleteRun',
+    'DeleteSnapshots',
+    'EffectRow',
+    'EventRow',
+    'GetNodes',
+    'GetRun',
+    'InsertRun',
+    'ListEffects',
+    'ListEvents',
+    'ListRuns',
+    'ListSnapshots',
+    'Node',
+    'NodeExists',
+    'Op',
+    'PutEffects',
+    'PutEvents',
+    'PutSnapshot',
+    'RunRow',
+    'SnapshotKeyApplied',
+    'SnapshotRow',
+    'SnapshotStates',
+    'Unreadable',
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """The body of a record a port found but cannot hand over (a file it cannot read, a document it
+    cannot convert): the engine reports the record as damaged, with `reason`."""
+
+    reason: str
+
+
+Body: TypeAlias = bytes | str | Mapping[str, Any] | Unreadable
+"""An encoded record as a port keeps it (see the module docstring), or `Unreadable`."""
+
+Node: TypeAlias = tuple[int | None, bytes]
+"""One stored message: `(parent node id, stored message body)`."""
+
+
+# -- rows -------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RunRow:
+    run_id: str
+    started_at: datetime
+    conversation_id: str | None
+    parent_run_id: str | None
+    body: Body
+
+
+@dataclass(slots=True)
+class EventRow:
+    run_id: str
+    idempotency_key: str | None
+    body: Body
+    seq: int | None = None
+    """Assigned by the port when the event is appended."""
+
+
+@dataclass(slots=True)
+class EffectRow:
+    run_id: str
+    tool_call_id: str
+    status: str
+    started_at: datetime
+    body: Body
+
+
+@dataclass(slots=True)
+class SnapshotRow:
+    run_id: str
+    state: str
+    head: int | None
+    """The newest message node of the snapshot (`None` for an empty history)."""
+    length: int
+    """How many messages the snapshot holds: the chain from `head` back this many nodes."""
+    step_index: int
+    body: Body
+    """The snapshot's other fields (its header), without the messages."""
+    seq: int | None = None
+    """Assigned by the port when the snapshot is stored."""
+
+
+# -- operations -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation; `method` names the port method that carries it out."""
+
+    method: ClassVar[str]
+    writes: ClassVar[bool] = False
+    """Whether the operation changes stored data (the engine marks a fault boundary before it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InsertRun(Op):
+    """Insert the run's row unless a row with its run id exists. Answer: `None` when inserted,
+    else the existing row (atomically: of two concurrent inserts of one id, exactly one inserts)."""
+
+    method: ClassVar[str] = 'insert_run'
+    writes: ClassVar[bool] = True
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class GetRun(Op):
+    """Answer: the run's row, or `None`."""
+
+    method: ClassVar[str] = 'get_run'
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListRuns(Op):
+    """Answer: the run rows matching every given filter (a port may return more; the engine filters
+    again), in insertion order."""
+
+    method: ClassVar[str] = 'list_runs'
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRun(Op):
+    """Remove everything stored for the run: its row, events, ledger, snapshots, message nodes,
+    idempotency keys and counters. Answer: whether anything was there."""
+
+    method: ClassVar[str] = 'delete_run'
+    writes: ClassVar[bool] = True
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutEvents(Op):
+    """Append the rows, in order, to the run's events, each with the next `seq` of the run (1, 2,
+    ...), skipping a row whose non-`None` idempotency key the run already has, or an earlier row
+    of this operation had. No answer."""
+
+    method: ClassVar[str] = 'put_events'
+    writes: ClassVar[bool] = True
+    run_id: str
+    rows: Sequence[EventRow]
+
+
+@dataclass(frozen=True, slots=True)
+class ListEvents(Op):
+    """Answer: the run's event rows (with `seq`) in `seq` order."""
+
+    method: ClassVar[str] = 'list_events'
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutEffects(Op):
+    """Insert or replace each ledger row on `(run_id, tool_call_id)`, in order (a later row for the
+    same call wins). No answer."""
+
+    method: ClassVar[str] = 'put_effects'
+    writes: ClassVar[bool] = True
+    rows: Sequence[EffectRow]
+
+
+@dataclass(frozen=True, slots=True)
+class ListEffects(Op):
+    """Answer: the run's ledger rows, in the order their calls were first recorded; only the one
+    call's row when `tool_call_id` is given, only `started` rows when `unresolved`."""
+
+    method: ClassVar[str] = 'list_effects'
+    run_id: str
+    tool_call_id: str | None = None
+    unresolved: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotKeyApplied(Op):
+    """Answer: whether the run has recorded this snapshot idempotency key (kept after pruning)."""
+
+    method: ClassVar[str] = 'snapshot_key_applied'
+    run_id: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeExists(Op):
+    """Answer: whether the run has a message node with this id."""
+
+    method: ClassVar[str] = 'node_exists'
+    run_id: str
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotStates(Op):
+    """Answer: `(seq, state)` of each of the run's stored snapshots."""
+
+    method: ClassVar[str] = 'snapshot_states'
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutSnapshot(Op):
+    """Store `bodies` as new message nodes of the run, the first with parent `parent` and each next
+    one with the previous as parent; then store `row` with `head` set to the last new node (or to
+    `parent` when there are none) and the run's next snapshot `seq`; then record `key` (when not
+    `None`) as applied. Answer: the new nodes' ids, in order.
+
+    A node id is never handed out twice for a run id, not even after `delete_run`: another store
+    object (or process) may still remember the deleted run's nodes, and the engine's stale check
+    only asks whether a node of that id exists.
+
+    Raises `KeyConflict` when `key` was recorded meanwhile by another writer (the engine checked it
+    was not, before): a port with transactions may raise it from the operation or when the
+    transaction commits, and nothing of the transaction stays.
+    Where a port writes in steps (no transactions), the order above is the order of its writes.
+    """
+
+    method: ClassVar[str] = 'put_snapshot'
+    writes: ClassVar[bool] = True
+    run_id: str
+    key: str | None
+    parent: int | None
+    bodies: Sequence[bytes]
+    row: SnapshotRow
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSnapshots(Op):
+    """Delete the run's snapshot rows with these seqs (never message nodes or keys). No answer."""
+
+    method: ClassVar[str] = 'delete_snapshots'
+    writes: ClassVar[bool] = True
+    run_id: str
+    seqs: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ListSnapshots(Op):
+    """Answer: the run's snapshot rows (with `seq`), oldest first; only `complete` ones when
+    `complete_only`; only the newest matching one (a list of at most one) when `newest`."""
+
+    method: ClassVar[str] = 'list_snapshots'
+    run_id: str
+    newest: bool = False
+    complete_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GetNodes(Op):
+    """Answer: a mapping `{node id: (parent, body)}` holding at least every node on the chains
+    `(head, length)` (a port may answer with more, e.g. all of the run's nodes). A node that is
+    missing is simply absent: the engine reports the broken chain."""
+
+    method: ClassVar[str] = 'get_nodes'
+    run_id: str
+    chains: Sequence[tuple[int, int]] = field(default_factory=tuple[tuple[int, int], ...])

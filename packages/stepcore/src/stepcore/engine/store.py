@@ -1,0 +1,527 @@
+"""`EngineStore`: every `StepStore` method, written once over a backend's port.
+
+The engine owns the mechanisms: encoding records into rows and back, run-id checks and
+registration rules, idempotency keys, incremental snapshots (which messages are new, the stale
+check, retention), the order of writes (the crash rule), damage handling and error wrapping. A
+backend subclasses `EngineStore` and passes its port (`stepcore.engine.port`), which only does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, TypeVar, cast
+
+from pydantic import BaseModel
+from pydantic_ai.messages import ModelMessage
+
+from ..codec import decode_messages, dump_record_compact, load_record
+from ..features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
+from ..history import HistoryDelta, HistoryIndex, walk_chain
+from ..media import MediaStore
+from ..models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
+from ..protocols import StepStore, StepWrite, check_writes, sort_time
+from ..registration import check_registration
+from ..retention import check_max_snapshots
+from ..walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from .damage import DamagedRecordError, decoded, skip_damaged
+from .ops import (
+    Body,
+    DeleteRun,
+    EffectRow,
+    EventRow,
+    GetRun,
+    InsertRun,
+    ListEffects,
+    ListEvents,
+    ListRuns,
+    Node,
+    Op,
+    RunRow,
+    SnapshotRow,
+    Unreadable,
+)
+from .plans import KeyConflict, Plan, SnapshotWrite, StaleHistory, read_snapshots, write_plan
+from .port import AsyncPort, Port, SyncPort, check_text
+
+__all__ = ('EngineStore',)
+
+T = TypeVar('T')
+R = TypeVar('R', bound=BaseModel)
+
+RUN_FIELDS_IN_ROW: Final = frozenset({'run_id'})
+EVENT_FIELDS_IN_ROW: Final = frozenset({'run_id', 'seq'})
+EFFECT_FIELDS_IN_ROW: Final = frozenset({'run_id'})
+SNAPSHOT_FIELDS_IN_ROW: Final = frozenset({'run_id', 'seq', 'messages'})
+"""Fields a row carries outside its body (the engine fills them back in when reading)."""
+
+_KEY_CONFLICT_ATTEMPTS = 5
+_OURS = (ValueError, LookupError, TypeError, RuntimeError, NotImplementedError, KeyConflict, StaleHistory)
+"""Errors the engine and the contract raise themselves: they already say what is wrong."""
+
+
+class _NeedsWalk:
+    """A save whose new messages hold media: they go to the media store from the event loop first."""
+
+
+_NEEDS_WALK: Final = _NeedsWalk()
+
+
+@dataclass(slots=True)
+class _Save:
+    """A snapshot save in progress: its messages and, once found, what is new in them."""
+
+    messages: list[ModelMessage]
+    delta: HistoryDelta | None = None
+
+
+def _encode(record: BaseModel, exclude: frozenset[str]) -> bytes:
+    return dump_record_compact(record, exclude=exclude)
+
+
+def _rows(run_id: str, records: Sequence[StepWrite]) -> tuple[list[EventRow], list[EffectRow]]:
+    """The rows of one run's events and ledger entries, in order."""
+    events: list[EventRow] = []
+    effects: list[EffectRow] = []
+    for record in records:
+        if isinstance(record, StepEvent):
+            events.append(EventRow(run_id, record.idempotency_key, _encode(record, EVENT_FIELDS_IN_ROW)))
+        else:
+            effects.append(
+                EffectRow(
+                    run_id=run_id,
+                    tool_call_id=record.tool_call_id,
+                    status=record.status.value,
+                    started_at=sort_time(record.started_at),
+                    body=_encode(record, EFFECT_FIELDS_IN_ROW),
+                )
+            )
+    return events, effects
+
+
+def _load(cls: type[R], body: Body, **columns: Any) -> R:
+    """A record back from a row's body and columns (`ValueError` for an `Unreadable` body)."""
+    if isinstance(body, Unreadable):
+        raise ValueError(body.reason)
+    return load_record(cls, body, **columns)
+
+
+def _drive_sync(port: SyncPort, tx: Any, plan: Plan[T]) -> T:
+    answer: Any = None
+    while True:
+        try:
+            step = plan.send(answer)
+        except StopIteration as done:
+            return cast(T, done.value)
+        if isinstance(step, tuple):
+            answer = [port.run(tx, op) for op in step]
+            continue
+        if step.writes:
+            port.boundary(step.method)
+        answer = port.run(tx, step)
+
+
+async def _drive_async(port: AsyncPort, tx: Any, plan: Plan[T]) -> T:
+    answer: Any = None
+    while True:
+        try:
+            step = plan.send(answer)
+        except StopIteration as done:
+            return cast(T, done.value)
+        if isinstance(step, tuple):
+            answer = await port.run_group(tx, step)
+            continue
+        if step.writes:
+            port.boundary(step.method)
+        answer = await port.run(tx, step)
+
+
+def _single(op: Op) -> Plan[Any]:
+    return (yield op)
+
+
+class EngineStore(StepStore):
+    """A `StepStore` over a port: subclass it, build your port, and call `super().__init__(port, ...)`.
+
+    `max_snapshots_per_run` needs the feature `snapshot_retention` and `media_store` /
+    `media_threshold_bytes` the feature `media_externalization` to be declared in `features`: an
+    undeclared one is refused with `NotImplementedError`.
+    """
+
+    features: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self,
+        port: Port,
+        *,
+        max_snapshots_per_run: int | None = None,
+        media_store: MediaStore | None = None,
+        media_threshold_bytes: int | None = None,
+        history_runs: int = 256,
+    ) -> None:
+        if not isinstance(port, SyncPort | AsyncPort):
+            raise TypeError(f'{type(self).__name__} needs a SyncPort or an AsyncPort, got {type(port).__name__}')
+        if max_snapshots_per_run is not None:
+            require_feature(self, SNAPSHOT_RETENTION, option='max_snapshots_per_run')
+        if media_store is not None or media_threshold_bytes is not None:
+            require_feature(self, MEDIA_EXTERNALIZATION, option='media_store / media_threshold_bytes')
+        self.port = port
+        self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
+        self.media_store: MediaStore | None = media_store
+        threshold = DEFAULT_MEDIA_THRESHOLD_BYTES if media_threshold_bytes is None else media_threshold_bytes
+        self._history = HistoryIndex(MediaWalker(media_store, threshold), max_runs=history_runs)
+
+    def __repr__(self) -> str:
+        return f'<{type(self).__name__} on {self.port.describe()}>'
+
+    # -- running plans ------------------------------------------------------------------------
+
+    async def _transact(
+        self, runs: Sequence[str], make_plan: Callable[[], Plan[T]], prepare: Callable[[], bool] | None = None
+    ) -> T | _NeedsWalk:
+        """Run a write plan in one transaction; `_NEEDS_WALK` when `prepare()` says media must go first.
+
+        On a `SyncPort`, `prepare` (finding and encoding a save's new messages), the plan and the
+        commit run on the port's thread in one hand-off.
+        """
+        port = self.port
+        try:
+            if isinstance(port, SyncPort):
+
+                def job() -> T | _NeedsWalk:
+                    if prepare is not None and not prepare():
+                        return _NEEDS_WALK
+                    with port.transaction(runs) as tx:
+                        result = _drive_sync(port, tx, make_plan())
+                        port.boundary('commit')
+                    port.boundary('committed')
+                    return result
+
+                return await port.call(job)
+            assert isinstance(port, AsyncPort)
+            if prepare is not None and not prepare():
+                return _NEEDS_WALK
+            async with port.transaction(runs) as tx:
+                result = await _drive_async(port, tx, make_plan())
+                port.boundary('commit')
+            port.boundary('committed')
+            return result
+        except Exception as error:
+            self._note(error, f'writing run {", ".join(map(repr, runs))}')
+            raise
+
+    async def _read(self, run_id: str | None, plan: Plan[T]) -> T:
+        port = self.port
+        try:
+            if isinstance(port, SyncPort):
+
+                def job() -> T:
+                    with port.reading(run_id) as tx:
+                        return _drive_sync(port, tx, plan)
+
+                return await port.call(job)
+            assert isinstance(port, AsyncPort)
+            async with port.reading(run_id) as tx:
+                return await _drive_async(port, tx, plan)
+        except Exception as error:
+            self._note(error, 'listing runs' if run_id is None else f'reading run {run_id!r}')
+            raise
+
+    def _note(self, error: Exception, action: str) -> None:
+        """Add a note naming the store and what it was doing to an error of the backend's own (a
+        driver's or the operating system's), so it never reaches a caller without that context."""
+        if not isinstance(error, _OURS):
+            error.add_note(f'{type(self).__name__} on {self._where()}, {action}')
+
+    async def _write_op(self, runs: Sequence[str], op: Op) -> Any:
+        return await self._transact(runs, lambda: _single(op))
+
+    # -- checks and encoding ------------------------------------------------------------------
+
+    def _run_id(self, run_id: object) -> str:
+        return self.port.check_run_id(run_id)
+
+    def _where(self) -> str:
+        return self.port.describe()
+
+    def _decode_run(self, row: RunRow) -> RunRecord:
+        return decoded(
+            lambda: _load(RunRecord, row.body, run_id=row.run_id),
+            run_id=row.run_id,
+            record='run record',
+            where=self._where(),
+        )
+
+    def _decode_event(self, row: EventRow) -> StepEvent:
+        return decoded(
+            lambda: _load(StepEvent, row.body, run_id=row.run_id, seq=row.seq),
+            run_id=row.run_id,
+            record=f'event seq={row.seq}',
+            where=self._where(),
+        )
+
+    def _decode_effect(self, row: EffectRow) -> ToolEffectRecord:
+        return decoded(
+            lambda: _load(
+                ToolEffectRecord, row.body, run_id=row.run_id, tool_call_id=row.tool_call_id, status=row.status
+            ),
+            run_id=row.run_id,
+            record=f'ledger entry of tool call {row.tool_call_id!r}',
+            where=self._where(),
+        )
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    async def register_run(self, record: RunRecord) -> None:
+        run_id = self._run_id(record.run_id)
+        for value, what in ((record.conversation_id, 'conversation_id'), (record.parent_run_id, 'parent_run_id')):
+            if value is not None:
+                check_text(value, what)
+        row = RunRow(
+            run_id=run_id,
+            started_at=sort_time(record.started_at),
+            conversation_id=record.conversation_id,
+            parent_run_id=record.parent_run_id,
+            body=_encode(record, RUN_FIELDS_IN_ROW),
+        )
+        existing = cast(RunRow | None, await self._write_op([run_id], InsertRun(row)))
+        if existing is not None:
+            check_registration(self._decode_run(existing), record)
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        run_id = self._run_id(run_id)
+        row = cast(RunRow | None, await self._read(run_id, _single(GetRun(run_id))))
+        return self._decode_run(row) if row is not None else None
+
+    async def list_runs(
+        self, *, conversation_id: str | None = None, parent_run_id: str | None = None
+    ) -> list[RunRecord]:
+        rows = cast(Sequence[RunRow], await self._read(None, _single(ListRuns(conversation_id, parent_run_id))))
+        found: list[RunRecord] = []
+        for row in rows:
+            try:
+                record = self._decode_run(row)
+            except DamagedRecordError as error:
+                skip_damaged(error)
+                continue
+            if (conversation_id is None or record.conversation_id == conversation_id) and (
+                parent_run_id is None or record.parent_run_id == parent_run_id
+            ):
+                found.append(record)
+        found.sort(key=lambda r: sort_time(r.started_at))
+        return found
+
+    async def delete_run(self, run_id: str) -> bool:
+        run_id = self._run_id(run_id)
+        try:
+            return bool(await self._write_op([run_id], DeleteRun(run_id)))
+        finally:
+            self._history.forget(run_id)
+
+    # -- writes -------------------------------------------------------------------------------
+
+    async def append_event(self, event: StepEvent) -> None:
+        await self._write_all([event], None)
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        await self._write_all([record], None)
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        await self._write_all((), snapshot)
+
+    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
+        """Save `snapshot` and apply `writes`, per run in one transaction (see `StepStore.write_batch`).
+
+        Every record is checked before anything is written.
+        """
+        await self._write_all(writes, snapshot)
+
+    async def _write_all(self, writes: Sequence[StepWrite], snapshot: ContinuableSnapshot | None) -> None:
+        """Check every record (before anything is written), then write each run's share in one transaction.
+
+        Records are encoded inside the plan: on a `SyncPort`'s thread, beside the rest of the write.
+        """
+        by_run: dict[str, list[StepWrite]] = {}
+        for write in check_writes(writes):
+            if isinstance(write, StepEvent):
+                if write.idempotency_key is not None:
+                    check_text(write.idempotency_key, 'idempotency_key')
+            else:
+                check_text(write.tool_call_id, 'tool_call_id')
+            by_run.setdefault(self._run_id(write.run_id), []).append(write)
+        if snapshot is not None:
+            run_id = self._run_id(snapshot.run_id)
+            if snapshot.idempotency_key is not None:
+                check_text(snapshot.idempotency_key, 'idempotency_key')
+            await self._save(run_id, snapshot, by_run.pop(run_id, []))
+        for run_id, records in by_run.items():
+            await self._transact([run_id], lambda r=run_id, w=records: write_plan(r, *_rows(r, w), None, None))
+
+    async def _save(self, run_id: str, snapshot: ContinuableSnapshot, records: list[StepWrite]) -> None:
+        """Save a snapshot with its run's records: find and encode the new messages, externalize their
+        media, then write everything in one transaction.
+
+        When the node the new messages hang off is gone (the run was deleted by another store or
+        process), the history is written whole, once. When another writer recorded the snapshot's
+        key meanwhile, the plan runs again and finds the key applied.
+        """
+        save = _Save(list(snapshot.messages))
+
+        def prepare() -> bool:
+            if save.delta is None:
+                save.delta = self._history.diff(run_id, save.messages)
+            return save.delta.walked
+
+        def plan() -> Plan[Sequence[int] | None]:
+            delta = save.delta
+            assert delta is not None
+            row = SnapshotRow(
+                run_id=run_id,
+                state=SnapshotState(snapshot.state).value,
+                head=None,
+                length=delta.total,
+                step_index=snapshot.step_index,
+                body=_encode(snapshot, SNAPSHOT_FIELDS_IN_ROW),
+            )
+            parent = cast(int | None, delta.parent)
+            write = SnapshotWrite(key=snapshot.idempotency_key, parent=parent, bodies=delta.new_messages, row=row)
+            return write_plan(run_id, *_rows(run_id, records), write, self.max_snapshots_per_run)
+
+        restarted = False
+        conflicts = 0
+        while True:
+            try:
+                outcome = await self._transact([run_id], plan, prepare)
+            except StaleHistory:
+                if restarted:
+                    raise
+                restarted = True
+                self._history.forget(run_id)
+                save.delta = None
+                continue
+            except KeyConflict:
+                conflicts += 1
+                if conflicts >= _KEY_CONFLICT_ATTEMPTS:
+                    raise RuntimeError(
+                        f'snapshot key {snapshot.idempotency_key!r} of run {run_id!r} kept conflicting with '
+                        f'concurrent writers in {self._where()}: retry the save'
+                    ) from None
+                continue
+            if isinstance(outcome, _NeedsWalk):
+                assert save.delta is not None
+                await self._history.walk(save.delta)  # media go to the media store from the event loop
+                continue
+            break
+        if outcome is not None:
+            assert save.delta is not None
+            self._history.commit(save.delta, outcome)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def list_events(self, run_id: str) -> list[StepEvent]:
+        run_id = self._run_id(run_id)
+        rows = cast(Sequence[EventRow], await self._read(run_id, _single(ListEvents(run_id))))
+        found: list[StepEvent] = []
+        for row in rows:
+            try:
+                found.append(self._decode_event(row))
+            except DamagedRecordError as error:
+                skip_damaged(error)
+        return found
+
+    async def _effects(self, op: ListEffects) -> list[ToolEffectRecord]:
+        rows = cast(Sequence[EffectRow], await self._read(op.run_id, _single(op)))
+        # A ledger entry that cannot be read is an error: leaving it out could hide an effect in flight.
+        found = [self._decode_effect(row) for row in rows]
+        found.sort(key=lambda r: sort_time(r.started_at))
+        return found
+
+    async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        run_id = self._run_id(run_id)
+        found = [
+            r
+            for r in await self._effects(ListEffects(run_id, tool_call_id=tool_call_id))
+            if r.tool_call_id == tool_call_id
+        ]
+        return found[-1] if found else None
+
+    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        return await self._effects(ListEffects(self._run_id(run_id)))
+
+    async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        found = await self._effects(ListEffects(self._run_id(run_id), unresolved=True))
+        return [r for r in found if r.unresolved]
+
+    async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
+        run_id = self._run_id(run_id)
+        rows, nodes = await self._read(
+            run_id, read_snapshots(run_id, newest=True, complete_only=not include_interrupted)
+        )
+        if not rows:
+            return None
+        return await self._materialize(rows[-1], nodes)
+
+    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
+        run_id = self._run_id(run_id)
+        rows, nodes = await self._read(run_id, read_snapshots(run_id, newest=False, complete_only=False))
+        found: list[ContinuableSnapshot] = []
+        for row in rows:
+            try:
+                found.append(await self._materialize(row, nodes))
+            except DamagedRecordError as error:
+                skip_damaged(error)
+        return found
+
+    async def _materialize(self, row: SnapshotRow, nodes: Mapping[int, Node]) -> ContinuableSnapshot:
+        """A snapshot back from its row and the run's nodes; `DamagedRecordError` naming what is broken."""
+        record = f'snapshot seq={row.seq}'
+        where = self._where()
+        header = decoded(
+            lambda: _load(ContinuableSnapshot, row.body, run_id=row.run_id, seq=row.seq, state=row.state),
+            run_id=row.run_id,
+            record=record,
+            where=where,
+        )
+        chain: list[int] = []
+
+        def lookup(node: object) -> Node:
+            found = nodes.get(cast(int, node))
+            if found is None:
+                raise LookupError(f'message node {node} is missing')
+            chain.append(cast(int, node))
+            return found
+
+        bodies = decoded(
+            lambda: walk_chain(row.head, row.length, lookup), run_id=row.run_id, record=record, where=where
+        )
+        chain.reverse()
+        try:
+            messages = await self._history.decode(bodies)
+        except (ValueError, LookupError, TypeError) as error:
+            raise await self._damaged_message(row, chain, bodies, error) from error
+        return header.model_copy(update={'messages': messages})
+
+    async def _damaged_message(
+        self, row: SnapshotRow, chain: Sequence[int], bodies: Sequence[bytes], error: BaseException
+    ) -> DamagedRecordError:
+        """The error naming the first message of a snapshot that cannot be read (slow path: one at a time)."""
+        reason = f'{type(error).__name__}: {error}'
+        for position, (node, body) in enumerate(zip(chain, bodies, strict=True)):
+            try:
+                decode_messages([await self._history.walker.restore(body)])
+            except (ValueError, LookupError, TypeError) as bad:
+                reason = f'message {position} (node {node}) is damaged: {type(bad).__name__}: {bad}'
+                break
+        return DamagedRecordError(
+            run_id=row.run_id, record=f'snapshot seq={row.seq}', where=self._where(), reason=reason
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        port = self.port
+        if isinstance(port, SyncPort):
+            await port.call(port.close)
+        else:
+            assert isinstance(port, AsyncPort)
+            await port.close()

@@ -1,0 +1,146 @@
+"""The engine's own mechanisms, seen through ports that misbehave on purpose."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+
+from stepcore import ContinuableSnapshot, DamagedRecordError, InMemoryStepStore, RunRecord, StepEvent
+from stepcore.engine import KeyConflict, ops
+from stepcore.memory import MemoryPort
+from stepcore.models import EventKind
+
+
+def history(steps: int) -> list[ModelMessage]:
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
+    for n in range(steps):
+        messages.append(ModelResponse(parts=[TextPart(f'answer {n}')]))
+        messages.append(ModelRequest(parts=[UserPromptPart(f'more {n}')]))
+    return messages
+
+
+class _FailingPort(MemoryPort):
+    """Raises an operating-system error from one operation."""
+
+    def __init__(self, failing: str) -> None:
+        super().__init__()
+        self.failing = failing
+
+    def put_events(self, tx: Any, op: ops.PutEvents) -> None:
+        if self.failing == 'put_events':
+            raise OSError(28, 'No space left on device')
+        super().put_events(tx, op)
+
+    def list_runs(self, tx: Any, op: ops.ListRuns) -> list[ops.RunRow]:
+        if self.failing == 'list_runs':
+            raise OSError(5, 'Input/output error')
+        return super().list_runs(tx, op)
+
+
+def _store(port: MemoryPort) -> InMemoryStepStore:
+    store = InMemoryStepStore()
+    store.port = port
+    return store
+
+
+async def test_a_backend_error_carries_a_note_naming_the_store_and_the_run() -> None:
+    store = _store(_FailingPort('put_events'))
+    with pytest.raises(OSError, match='No space left') as caught:
+        await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED))
+    assert caught.value.__notes__ == ["InMemoryStepStore on process memory, writing run 'r1'"]
+    store = _store(_FailingPort('list_runs'))
+    with pytest.raises(OSError, match='Input/output') as caught:
+        await store.list_runs()
+    assert caught.value.__notes__ == ['InMemoryStepStore on process memory, listing runs']
+
+
+async def test_errors_of_the_contract_get_no_note() -> None:
+    store = InMemoryStepStore()
+    await store.register_run(RunRecord(run_id='r1'))
+    with pytest.raises(ValueError, match='already registered') as caught:
+        await store.register_run(RunRecord(run_id='r1'))
+    assert not hasattr(caught.value, '__notes__')
+
+
+@pytest.mark.parametrize('run_id', ['', 'with\x00nul', 17])
+async def test_a_run_id_that_cannot_be_stored_is_named(run_id: Any) -> None:
+    store = InMemoryStepStore()
+    with pytest.raises(ValueError, match=r'run_id .* cannot be stored: use a non-empty string without NUL'):
+        await store.get_run(run_id)
+
+
+class _Unreadables(MemoryPort):
+    """Hands over every run row as a body it could not read."""
+
+    def list_runs(self, tx: Any, op: ops.ListRuns) -> list[ops.RunRow]:
+        return [
+            ops.RunRow(r.run_id, r.started_at, r.conversation_id, r.parent_run_id, ops.Unreadable('disk said no'))
+            if r.run_id == 'bad'
+            else r
+            for r in super().list_runs(tx, op)
+        ]
+
+
+async def test_an_unreadable_body_is_a_damaged_record_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    store = _store(_Unreadables())
+    for run_id in ('good', 'bad'):
+        await store.register_run(RunRecord(run_id=run_id))
+    assert [r.run_id for r in await store.list_runs()] == ['good']
+    assert "skipping a damaged record: run record of run 'bad' in process memory cannot be read" in caplog.text
+    assert 'ValueError: disk said no' in caplog.text
+
+
+class _Racing(MemoryPort):
+    """Another writer records the snapshot key between the engine's check and its write, `races` times."""
+
+    def __init__(self, races: int) -> None:
+        super().__init__()
+        self.races = races
+
+    def put_snapshot(self, tx: Any, op: ops.PutSnapshot) -> list[int]:
+        if self.races and op.key is not None:
+            self.races -= 1
+            raise KeyConflict(op.key)
+        return super().put_snapshot(tx, op)
+
+
+async def test_a_key_conflict_runs_the_save_again() -> None:
+    store = _store(_Racing(races=2))
+    messages = history(1)
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, idempotency_key='k'))
+    assert [s.messages for s in await store.list_snapshots('r1')] == [messages]
+
+
+async def test_a_key_that_keeps_conflicting_is_an_error_naming_it() -> None:
+    store = _store(_Racing(races=100))
+    snapshot = ContinuableSnapshot(run_id='r1', messages=history(1), idempotency_key='k')
+    with pytest.raises(RuntimeError, match="snapshot key 'k' of run 'r1' kept conflicting"):
+        await store.save_snapshot(snapshot)
+
+
+async def test_a_history_whose_base_is_gone_is_written_whole() -> None:
+    store = InMemoryStepStore()
+    messages = history(3)
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages[:5]))
+    # The run's messages vanish behind the store's back (another process deleted it).
+    port = store.port
+    assert isinstance(port, MemoryPort)
+    port._data.clear()  # pyright: ignore[reportPrivateUsage]
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages))
+    latest = await store.latest_snapshot('r1')
+    assert latest is not None
+    assert latest.messages == messages
+
+
+async def test_a_missing_message_node_is_named_when_read() -> None:
+    store = InMemoryStepStore()
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=history(2)))
+    port = store.port
+    assert isinstance(port, MemoryPort)
+    nodes = port._data['r1'].nodes  # pyright: ignore[reportPrivateUsage]
+    del nodes[sorted(nodes)[1]]
+    with pytest.raises(DamagedRecordError, match=r"snapshot seq=1 of run 'r1' .* message node \d+ is missing"):
+        await store.latest_snapshot('r1')
+    assert await store.list_snapshots('r1') == []

@@ -1,0 +1,212 @@
+"""`stepcore.open_store(url, **options)`: each plugin's URLs, merged options, and stores that really open.
+
+The MongoDB and PostgreSQL tests need the servers `scripts/test.sh` starts (`STEP_MONGO_URL`,
+`STEP_POSTGRES_URL`); without them they fail, never skip.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from pymongo import MongoClient
+
+import stepcore
+from stepcore import RunRecord, StepStore
+from stepcore.engine import EngineStore
+from stepcore.memory import InMemoryStepStore
+from stepcore.registry import Registry, build_manager, get_registry
+
+
+@pytest.mark.parametrize(
+    ('url', 'backend', 'options'),
+    [
+        ('sqlite:///runs.db', 'sqlite', {'database': Path('runs.db')}),
+        ('sqlite:////var/lib/runs.db', 'sqlite', {'database': Path('/var/lib/runs.db')}),
+        ('sqlite://runs.db', 'sqlite', {'database': Path('runs.db')}),
+        ('  sqlite:///runs.db  ', 'sqlite', {'database': Path('runs.db')}),
+        ('SQLITE:///runs.db', 'sqlite', {'database': Path('runs.db')}),
+        ('sqlite:///runs.db?timeout=5', 'sqlite', {'database': Path('runs.db'), 'timeout': '5'}),
+        ('sqlite:///~/runs.db', 'sqlite', {'database': Path.home() / 'runs.db'}),
+        ('file:///srv/runs', 'file', {'directory': Path('/srv/runs')}),
+        ('file://localhost/srv/runs', 'file', {'directory': Path('/srv/runs')}),
+        ('file:runs', 'file', {'directory': Path('runs')}),
+        ('file://runs', 'file', {'directory': Path('runs')}),
+        ('file:runs?durability=full', 'file', {'directory': Path('runs'), 'durability': 'full'}),
+        (
+            'mongodb://user:pw@localhost:27017/agents?authSource=admin',
+            'mongo',
+            {'db_url': 'mongodb://user:pw@localhost:27017/?authSource=admin', 'database': 'agents'},
+        ),
+        (
+            'mongodb+srv://cluster0.example.net/agents',
+            'mongo',
+            {'db_url': 'mongodb+srv://cluster0.example.net/', 'database': 'agents'},
+        ),
+        ('postgresql://u@localhost/db', 'postgres', {'dsn': 'postgresql://u@localhost/db'}),
+        ('postgres://u@h:5433/db?sslmode=require', 'postgres', {'dsn': 'postgres://u@h:5433/db?sslmode=require'}),
+        ('memory://', 'memory', {}),
+        ('memory://?max_snapshots_per_run=5', 'memory', {'max_snapshots_per_run': '5'}),
+        ('mongo://?db_url=mongodb://h/&database=x', 'mongo', {'db_url': 'mongodb://h/', 'database': 'x'}),
+    ],
+)
+def test_url_table(url: str, backend: str, options: dict[str, Any]) -> None:
+    found, found_options = get_registry().for_url('step', url)
+    assert (found.info.key, found_options) == (backend, options)
+
+
+@pytest.mark.parametrize(
+    ('url', 'message'),
+    [
+        ('runs.db', "store 'runs.db' is not a URL: use one like sqlite:///runs.db"),
+        ('sqlite://', 'names no database file: use sqlite:///runs.db'),
+        ('file://', 'names no folder: use file:///path/to/runs'),
+        ('mongodb://localhost:27017', 'names no database: add it as the path'),
+        ('mongodb://localhost/a/b', 'names no database'),
+        ('redis://localhost', "unknown store URL scheme 'redis'"),
+        ('memory://?a=1&a=2', "gives option 'a' twice"),
+    ],
+)
+def test_refused_urls(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        stepcore.open_store(url)
+
+
+def test_unknown_scheme_lists_what_is_installed() -> None:
+    with pytest.raises(ValueError, match="unknown store URL scheme 'redis'") as raised:
+        stepcore.open_store('redis://localhost/0')
+    text = str(raised.value)
+    for scheme in ('sqlite://', 'file://', 'mongodb://', 'mongodb+srv://', 'postgresql://', 'postgres://'):
+        assert scheme in text
+    assert 'KEY://?option=value' in text
+    assert 'pip install' not in text
+
+
+def test_scheme_of_a_backend_not_installed_names_its_package() -> None:
+    registry = Registry(build_manager(load_entrypoints=False))
+    with pytest.raises(ValueError, match='For mongodb\\+srv:// install: pip install step-mongo'):
+        registry.for_url('step', 'mongodb+srv://cluster0.example.net/agents')
+    with pytest.raises(ValueError, match='pip install step-postgres'):
+        registry.for_url('step', 'postgresql://u@localhost/db')
+
+
+def test_keyword_options_merge_with_the_url() -> None:
+    store = stepcore.open_store('memory://', max_snapshots_per_run=3)
+    assert isinstance(store, InMemoryStepStore)
+    assert store.max_snapshots_per_run == 3
+    same = stepcore.open_store('memory://?max_snapshots_per_run=3', max_snapshots_per_run=3)
+    assert isinstance(same, EngineStore)
+    assert same.max_snapshots_per_run == 3
+    with pytest.raises(ValueError, match="option 'max_snapshots_per_run' is given both in the URL and as a keyword"):
+        stepcore.open_store('memory://?max_snapshots_per_run=2', max_snapshots_per_run=3)
+
+
+def test_url_options_are_converted_to_the_types_the_store_takes() -> None:
+    store = stepcore.open_store('memory://?max_snapshots_per_run=4')
+    assert isinstance(store, InMemoryStepStore)
+    assert store.max_snapshots_per_run == 4
+    with pytest.raises(ValueError, match="option max_snapshots_per_run='many' must be an integer"):
+        stepcore.open_store('memory://?max_snapshots_per_run=many')
+
+
+def test_misspelled_url_option_is_refused_before_anything_is_created(tmp_path: Path) -> None:
+    database = tmp_path / 'runs.db'
+    with pytest.raises(ValueError, match='max_snapshot_per_run') as raised:
+        stepcore.open_store(f'sqlite:///{database}?max_snapshot_per_run=2')
+    text = str(raised.value)
+    assert "step store backend 'sqlite' has no option 'max_snapshot_per_run'" in text
+    assert "did you mean 'max_snapshots_per_run'?" in text
+    assert 'it takes: database, connection,' in text
+    assert not database.exists()
+
+
+async def _register(store: StepStore, run_id: str) -> None:
+    try:
+        await store.register_run(RunRecord(run_id=run_id, agent_name='opener'))
+    finally:
+        await store.aclose()
+
+
+async def _run_ids(store: StepStore) -> list[str]:
+    try:
+        return [r.run_id for r in await store.list_runs()]
+    finally:
+        await store.aclose()
+
+
+async def test_sqlite_relative_and_absolute_urls_open_one_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = stepcore.open_store('sqlite:///runs.db?max_snapshots_per_run=2&timeout=5')
+    assert type(store).__name__ == 'SqliteStepStore'
+    assert isinstance(store, EngineStore)
+    assert store.max_snapshots_per_run == 2
+    await _register(store, 'sqlite-run')
+    assert (tmp_path / 'runs.db').is_file()
+    assert await _run_ids(stepcore.open_store(f'sqlite:///{tmp_path / "runs.db"}')) == ['sqlite-run']
+    assert await _run_ids(stepcore.from_spec('sqlite', database=str(tmp_path / 'runs.db'))) == ['sqlite-run']
+
+
+async def test_file_urls_open_one_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = stepcore.open_store('file:runs', max_snapshots_per_run=2)
+    assert type(store).__name__ == 'FileStepStore'
+    await _register(store, 'file-run')
+    assert (tmp_path / 'runs').is_dir()
+    assert await _run_ids(stepcore.open_store(f'file://{tmp_path / "runs"}')) == ['file-run']
+    assert await _run_ids(stepcore.open_store('file://runs?durability=full')) == ['file-run']
+
+
+def _server(variable: str, script: str) -> str:
+    url = os.environ.get(variable, '').strip()
+    if not url:
+        pytest.fail(f'{variable} is not set: start a server with `export {variable}="$(scripts/{script} start)"`')
+    return url
+
+
+@pytest.fixture
+def mongo_database() -> Iterator[tuple[str, str]]:
+    """The server URL and a fresh database name, dropped afterwards."""
+    url = _server('STEP_MONGO_URL', 'mongo-server.sh').rstrip('/')
+    name = f'stepcore_open_{uuid.uuid4().hex[:12]}'
+    yield url, name
+    with MongoClient[dict[str, Any]](url, serverSelectionTimeoutMS=5000) as client:
+        client.drop_database(name)
+
+
+async def test_mongodb_url_opens_the_named_database(mongo_database: tuple[str, str]) -> None:
+    url, name = mongo_database
+    store = stepcore.open_store(f'{url}/{name}', max_snapshots_per_run=3)
+    assert type(store).__name__ == 'MongoStepStore'
+    await _register(store, 'mongo-run')
+    with MongoClient[dict[str, Any]](url, serverSelectionTimeoutMS=5000) as client:
+        assert name in client.list_database_names()
+    assert await _run_ids(stepcore.from_spec('mongo', db_url=url, database=name)) == ['mongo-run']
+
+
+@pytest.fixture
+def postgres_prefix() -> Iterator[tuple[str, str]]:
+    """The server URL and a fresh table prefix; its tables are dropped afterwards."""
+    url = _server('STEP_POSTGRES_URL', 'postgres-server.sh')
+    prefix = f'open_{uuid.uuid4().hex[:12]}'
+    yield url, prefix
+    with psycopg.connect(url, autocommit=True) as conn:
+        names = conn.execute(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE %s", (prefix + r'\_%',)
+        ).fetchall()
+        for (name,) in names:
+            conn.execute(sql.SQL('DROP TABLE IF EXISTS {} CASCADE').format(sql.Identifier(name)))
+
+
+async def test_postgresql_url_is_the_dsn(postgres_prefix: tuple[str, str]) -> None:
+    url, prefix = postgres_prefix
+    store = stepcore.open_store(url, table_prefix=prefix)
+    assert type(store).__name__ == 'PostgresStepStore'
+    await _register(store, 'postgres-run')
+    short = 'postgres://' + url.split('://', 1)[1]
+    assert await _run_ids(stepcore.open_store(f'{short}', table_prefix=prefix)) == ['postgres-run']
