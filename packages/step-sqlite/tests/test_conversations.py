@@ -35,7 +35,7 @@ from step_sqlite.conversations import (
     ConversationSummary,
     SqliteConversationStore,
 )
-from stepcore import ContinuableSnapshot, RunRecord, StepEvent
+from stepcore import ContinuableSnapshot, InMemoryStepStore, RunRecord, StepEvent
 from stepcore.models import EventKind
 
 
@@ -356,6 +356,45 @@ async def test_two_processes_saving_the_same_revision_exactly_one_wins(
     answer = saved.messages[-1]
     assert isinstance(answer, ModelResponse)
     assert answer.parts == [TextPart(winner)]
+
+
+class _DeleteRecorder(InMemoryStepStore):
+    """An in-memory step store noting the runs deleted through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deleted: list[str] = []
+
+    async def delete_run(self, run_id: str) -> bool:
+        self.deleted.append(run_id)
+        return await super().delete_run(run_id)
+
+
+async def test_delete_goes_through_the_step_stores_delete_run(db_path: Path) -> None:
+    steps = _DeleteRecorder()
+    for run_id, conversation_id in (('r1', 'c'), ('r2', 'c'), ('other', 'keep')):
+        await steps.register_run(RunRecord(run_id=run_id, conversation_id=conversation_id))
+    async with SqliteConversationStore(database=db_path, step_store=steps) as conversations:
+        summary = await conversations.save(summary=new('c'), messages=turn('hi', 'hello'))
+        await conversations.delete(source=summary)
+    assert steps.deleted == ['r1', 'r2']
+    assert [r.run_id for r in await steps.list_runs()] == ['other']
+    with sqlite3.connect(db_path) as raw:
+        tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert 'runs' not in tables, 'runs living in another store: no step tables are created in this database'
+
+
+async def test_delete_can_leave_runs_alone(db_path: Path) -> None:
+    steps = SqliteStepStore(database=db_path)
+    try:
+        await steps.register_run(RunRecord(run_id='r1', conversation_id='c'))
+        async with SqliteConversationStore(database=db_path, step_store=None) as conversations:
+            summary = await conversations.save(summary=new('c'), messages=turn('hi', 'hello'))
+            await conversations.delete(source=summary)
+            assert await conversations.get(conversation_id='c') is None
+        assert await steps.get_run('r1') is not None
+    finally:
+        await steps.aclose()
 
 
 async def test_a_run_deleted_with_its_conversation_can_be_written_again(db_path: Path) -> None:

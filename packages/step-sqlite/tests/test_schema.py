@@ -67,7 +67,7 @@ async def test_a_fresh_database_is_created_at_the_current_version(tmp_path: Path
     store = SqliteStepStore(database=db)
     try:
         await store.list_runs()
-        assert _version(db) == STEPS.version == 2
+        assert _version(db) == STEPS.version == 3
         media = store.media_store
         assert isinstance(media, SqliteMediaStore)
         await media.put(b'blob')  # the media table is created on first use
@@ -90,12 +90,15 @@ async def test_a_version_1_database_is_upgraded_in_place(tmp_path: Path) -> None
         assert old is not None
         assert (old.step_index, old.state) == (4, SnapshotState.COMPLETE)
         assert old.messages == old_messages
-        assert _version(db) == 2
+        assert _version(db) == 3
         with sqlite3.connect(db) as raw:
             columns = {r[1] for r in raw.execute('PRAGMA table_info(snapshots)')}
             indexes = {r[1] for r in raw.execute('PRAGMA index_list(snapshots)')}
+            (last_node,) = raw.execute('SELECT last FROM node_ids').fetchone()
+            (max_node,) = raw.execute('SELECT MAX(node_id) FROM message_nodes').fetchone()
         assert 'state' in columns
         assert 'snapshots_run_state' in indexes
+        assert last_node == max_node, 'the node id counter starts after the nodes an older release wrote'
 
         grown = [*old_messages, ModelRequest(parts=[UserPromptPart('and a new step')])]
         await store.save_snapshot(
@@ -123,7 +126,7 @@ async def test_a_newer_schema_is_refused_with_both_versions_named(tmp_path: Path
 
     newer = SqliteStepStore(database=db)
     try:
-        with pytest.raises(ValueError, match=r'schema version 7, newer than .*\(version 2\).*upgrade step-sqlite'):
+        with pytest.raises(ValueError, match=r'schema version 7, newer than .*\(version 3\).*upgrade step-sqlite'):
             await newer.list_runs()
     finally:
         await newer.aclose()

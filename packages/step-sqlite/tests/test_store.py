@@ -323,10 +323,10 @@ async def test_unknown_marker_version_fails_latest_and_is_skipped_by_list(
                 raw.execute('UPDATE message_nodes SET body = ? WHERE node_id = ?', (newer, node_id))
         with pytest.raises(ValueError, match='format 99'):
             await store.latest_snapshot('r')
-        with caplog.at_level(logging.WARNING, logger='step_sqlite.store'):
+        with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
             listed = await store.list_snapshots('r')
         assert [s.step_index for s in listed] == [0]
-        assert 'skipping snapshot' in caplog.text
+        assert "skipping a damaged record: snapshot seq=2 of run 'r'" in caplog.text
         assert 'format 99' in caplog.text
     finally:
         await store.aclose()

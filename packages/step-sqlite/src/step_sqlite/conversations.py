@@ -36,6 +36,7 @@ from pydantic_ai.messages import (
 from stepcore.codec import check_format_version, decode_messages, encode_message
 from stepcore.media import MediaStore
 from stepcore.models import RECORD_FORMAT_VERSION, utcnow
+from stepcore.protocols import StepStore
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 
 from .connection import Database, write_transaction
@@ -171,17 +172,6 @@ CONVERSATIONS = Component(
 """The conversation-head tables, versioned like the step tables."""
 
 
-def _delete_conversation_runs(connection: sqlite3.Connection, conversation_id: str) -> None:
-    """Delete the step-store records of every run of a conversation (inside the caller's transaction)."""
-    if read_version(connection, STEPS.name) is None:
-        return  # no step tables in this database
-    runs = 'SELECT run_id FROM runs WHERE conversation_id = ?'
-    for table in STEPS.tables:
-        if table != 'runs':
-            connection.execute(f'DELETE FROM {table} WHERE run_id IN ({runs})', (conversation_id,))
-    connection.execute('DELETE FROM runs WHERE conversation_id = ?', (conversation_id,))
-
-
 _COLUMNS = (
     'conversation_id, revision, name_revision, named_at_revision, meta_version, meta, message_count, '
     'created_at, updated_at, writer_pid'
@@ -193,6 +183,10 @@ class SqliteConversationStore:
 
     `media_store` defaults to a `SqliteMediaStore` on the same database; large parts are
     externalized exactly as in step snapshots. `media_store=None` keeps them inline.
+
+    Deleting a conversation deletes its runs through `step_store.delete_run`: by default the
+    `SqliteStepStore` on the same database; pass the step store your runs live in when it is
+    another one, or `None` to leave runs alone.
     """
 
     def __init__(
@@ -202,6 +196,7 @@ class SqliteConversationStore:
         connection: sqlite3.Connection | None = None,
         media_store: MediaStore | None = _UNSET,
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
+        step_store: StepStore | None = _UNSET,
     ) -> None:
         self._db = Database(database, connection, owner='SqliteConversationStore')
         self._db.add_setup(CONVERSATIONS.name, lambda conn: ensure_schema(conn, CONVERSATIONS, where=self._db.describe))
@@ -210,6 +205,12 @@ class SqliteConversationStore:
 
             media_store = SqliteMediaStore.on_database(self._db)
         self._walker = MediaWalker(media_store, media_threshold_bytes)
+        self._own_steps = step_store is _UNSET
+        if step_store is _UNSET:
+            from .store import SqliteStepStore
+
+            step_store = SqliteStepStore.on_database(self._db)
+        self._steps: StepStore | None = step_store
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -458,14 +459,16 @@ class SqliteConversationStore:
     # -- deletion ---------------------------------------------------------------------------
 
     async def delete(self, *, source: ConversationSummary) -> None:
-        """Remove the conversation and the run records of its runs, in one transaction.
+        """Remove the conversation, then its runs through the step store's `delete_run`.
 
         Media blobs are kept (they are content-addressed and may be shared). Raises
         `ConversationConflict` when the content moved past `source.revision` or it is already gone.
+        The head goes first, in one transaction with the revision check; a run the process did not
+        get to delete stays listed by `list_runs(conversation_id=...)` and can be deleted later.
         """
         conversation_id = source.conversation_id
 
-        def write(conn: sqlite3.Connection) -> None:
+        def write(conn: sqlite3.Connection) -> bool:
             row = self._fetch(conn, conversation_id)
             if row is None:
                 raise ConversationConflict(conversation_id, 'it was already deleted')
@@ -474,11 +477,16 @@ class SqliteConversationStore:
                     conversation_id,
                     f'the delete was based on revision {source.revision} but revision {row[1]} is stored',
                 )
-            _delete_conversation_runs(conn, conversation_id)
             conn.execute('DELETE FROM conversations_search WHERE conversation_id = ?', (conversation_id,))
             conn.execute('DELETE FROM conversations WHERE conversation_id = ?', (conversation_id,))
+            return read_version(conn, STEPS.name) is not None
 
-        await self._write(write)
+        has_step_tables = await self._write(write)
+        steps = self._steps
+        if steps is None or (self._own_steps and not has_step_tables):
+            return  # no runs here: do not create step tables just to look
+        for run in await steps.list_runs(conversation_id=conversation_id):
+            await steps.delete_run(run.run_id)
 
     async def aclose(self) -> None:
         """Close the connection if this store opened it."""

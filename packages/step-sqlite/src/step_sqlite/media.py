@@ -7,8 +7,9 @@ import os
 import re
 import sqlite3
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
+from stepcore.features import PERSISTENT
 from stepcore.media import (
     EMPTY_CONTEXT,
     MediaContext,
@@ -49,6 +50,8 @@ class SqliteMediaStore(MediaStore):
     (an open `sqlite3.Connection` created with `check_same_thread=False`, which the store never
     closes). `public_url=` turns a `media+sha256://` URI into a URL a model can fetch.
     """
+
+    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT})
 
     def __init__(
         self,

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.hookspecs import BackendInfo, hookimpl
+from typing import Any
 
-_STEP_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+from stepcore.hookspecs import BackendInfo, hookimpl
+from stepcore.urls import local_path, query_options
+
+
+def sqlite_url_options(url: str) -> dict[str, Any]:
+    """`sqlite:///runs.db` (relative) or `sqlite:////abs/runs.db` -> `database=`; a query adds options."""
+    database = local_path(url, what='database file', example='sqlite:///runs.db', strip_slash=True)
+    return {'database': database, **query_options(url)}
 
 
 @hookimpl
@@ -14,7 +20,8 @@ def register_step_stores() -> list[BackendInfo]:
         BackendInfo(
             key='sqlite',
             factory='step_sqlite.store:SqliteStepStore',
-            features=_STEP_FEATURES,
+            schemes=('sqlite',),
+            url_options=sqlite_url_options,
             summary='One embedded SQLite database file (the default).',
         )
     ]
@@ -26,7 +33,6 @@ def register_media_stores() -> list[BackendInfo]:
         BackendInfo(
             key='sqlite',
             factory='step_sqlite.media:SqliteMediaStore',
-            features=frozenset({PERSISTENT}),
             summary='Blobs in a table of a SQLite database.',
         )
     ]

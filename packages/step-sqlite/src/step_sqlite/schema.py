@@ -116,11 +116,19 @@ CREATE INDEX snapshots_run_state ON snapshots (run_id, state, seq)
 """
 """Version 2: snapshots record whether they were complete or interrupted (old rows: complete)."""
 
+_STEPS_V2_TO_V3 = """
+CREATE TABLE node_ids (last INTEGER NOT NULL);
+INSERT INTO node_ids (last) SELECT COALESCE(MAX(node_id), 0) FROM message_nodes
+"""
+"""Version 3: the highest message node id is remembered when a run is deleted, so the ids of a
+deleted run's messages are never handed out again (a store remembering that run must not build on
+them)."""
+
 STEPS = Component(
     name='steps',
     create=_script(_STEPS_V1),
-    migrations={1: _script(_STEPS_V1_TO_V2)},
-    tables=('runs', 'events', 'message_nodes', 'snapshots', 'snapshot_idempotency_keys', 'tool_effects'),
+    migrations={1: _script(_STEPS_V1_TO_V2), 2: _script(_STEPS_V2_TO_V3)},
+    tables=('runs', 'events', 'message_nodes', 'snapshots', 'snapshot_idempotency_keys', 'tool_effects', 'node_ids'),
 )
 
 

@@ -1,35 +1,34 @@
-"""`SqliteStepStore`: runs, events, snapshots and the tool-effect ledger in one SQLite database."""
+"""`SqliteStepStore`: runs, events, snapshots and the tool-effect ledger in one SQLite database.
+
+The store is the stepcore engine over `SqlitePort`, which answers the engine's operations with
+SQL on the database's own connection and thread (`connection.py`).
+"""
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final, TypeVar
 
-from pydantic_ai.messages import ModelMessage
-
+from stepcore.engine import KeyConflict, SyncPort, ops
+from stepcore.engine.store import EngineStore
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.history import HistoryDelta, HistoryIndex, walk_chain
 from stepcore.media import MediaStore
-from stepcore.models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
-from stepcore.protocols import StepStore, StepWrite
-from stepcore.registration import check_registration
-from stepcore.retention import check_max_snapshots, snapshots_to_prune
-from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
-from stepcore.writes import check_writes
+from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
 
 from .connection import Database, Synchronous, write_transaction
 from .media import SqliteMediaStore
-from .records import dump_compact, load_compact, pack_body, unpack_body
+from .records import pack_body, unpack_body
 from .schema import STEPS, ensure_schema
 
-__all__ = ('DEFAULT_MEDIA_STORE', 'SqliteStepStore')
+__all__ = ('DEFAULT_MEDIA_STORE', 'SqlitePort', 'SqliteStepStore')
 
-logger = logging.getLogger(__name__)
+T = TypeVar('T')
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
@@ -44,37 +43,22 @@ DEFAULT_MEDIA_STORE: Final = _Default.MEDIA_STORE
 
 
 def _micros(moment: datetime) -> int:
-    """Microseconds since the epoch, for ordering (a naive datetime is taken as UTC)."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
+    """Microseconds since the epoch, for ordering."""
     return (moment - _EPOCH) // _MICROSECOND
 
 
-_SNAPSHOT_COLUMNS = 'seq, state, head, length, record'
-_SnapshotRow = tuple[int, str, int | None, int, str]
+def _text(body: object) -> str:
+    """A body as the TEXT the `record` columns hold."""
+    return body.decode() if isinstance(body, bytes) else str(body)
 
 
-def _chain(connection: sqlite3.Connection, head: int | None, length: int) -> list[bytes]:
-    """Bodies of the `length` nodes ending at `head`, oldest first (one recursive query)."""
-    if head is None or length == 0:
-        return walk_chain(head, length, lambda node: (None, b''))
-    rows = connection.execute(
-        """
-        WITH RECURSIVE chain (node_id, parent_id, body, depth) AS (
-            SELECT node_id, parent_id, body, 1 FROM message_nodes WHERE node_id = ?
-            UNION ALL
-            SELECT n.node_id, n.parent_id, n.body, c.depth + 1
-            FROM chain AS c JOIN message_nodes AS n ON n.node_id = c.parent_id
-            WHERE c.depth < ?
-        )
-        SELECT body FROM chain
-        """,
-        (head, length),
-    ).fetchall()
-    if len(rows) != length:
-        raise LookupError(f'stored history is broken: expected {length} messages, found {len(rows)}')
-    return [unpack_body(r[0]) for r in reversed(rows)]
+def _started(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
 
+
+_RUN_COLUMNS = 'run_id, started_us, conversation_id, parent_run_id, record'
+_SNAPSHOT_COLUMNS = 'run_id, state, head, length, record, seq'
+_EFFECT_COLUMNS = 'run_id, tool_call_id, status, started_us, record'
 
 _APPEND_EVENT = (
     'INSERT INTO events (run_id, seq, idempotency_key, record) '
@@ -86,42 +70,216 @@ _UPSERT_EFFECT = (
     'VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, tool_call_id) DO UPDATE SET '
     'status = excluded.status, started_us = excluded.started_us, record = excluded.record'
 )
+_CHAIN = """
+WITH RECURSIVE chain (node_id, parent_id, body, depth) AS (
+    SELECT node_id, parent_id, body, 1 FROM message_nodes WHERE node_id = ? AND run_id = ?
+    UNION ALL
+    SELECT n.node_id, n.parent_id, n.body, c.depth + 1
+    FROM chain AS c JOIN message_nodes AS n ON n.node_id = c.parent_id
+    WHERE c.depth < ?
+)
+SELECT node_id, parent_id, body FROM chain
+"""
+_LAST_NODE = 'SELECT MAX(COALESCE((SELECT MAX(node_id) FROM message_nodes), 0), (SELECT last FROM node_ids))'
+"""The highest node id ever handed out: the newest node's, or a deleted run's (see `delete_run`)."""
+_RUN_TABLES = ('events', 'tool_effects', 'snapshots', 'snapshot_idempotency_keys', 'message_nodes', 'runs')
 
 
-def _event_params(event: StepEvent) -> tuple[Any, ...]:
-    """Parameters of `_APPEND_EVENT`: the next seq of the run, unless the idempotency key was applied."""
-    return (event.run_id, event.idempotency_key, dump_compact(event, exclude={'run_id', 'seq'}), event.run_id)
-
-
-def _effect_params(record: ToolEffectRecord) -> tuple[Any, ...]:
-    """Parameters of `_UPSERT_EFFECT`."""
-    return (
-        record.run_id,
-        record.tool_call_id,
-        record.status.value,
-        _micros(record.started_at),
-        dump_compact(record, exclude={'run_id', 'tool_call_id', 'status'}),
+def _run_row(row: tuple[Any, ...]) -> ops.RunRow:
+    return ops.RunRow(
+        run_id=row[0], started_at=_started(row[1]), conversation_id=row[2], parent_run_id=row[3], body=row[4]
     )
 
 
-def _statements(writes: Sequence[StepWrite]) -> list[tuple[str, tuple[Any, ...]]]:
-    """The statements that apply `writes`, in order."""
-    return [
-        (_APPEND_EVENT, _event_params(w)) if isinstance(w, StepEvent) else (_UPSERT_EFFECT, _effect_params(w))
-        for w in writes
-    ]
+def _snapshot_row(row: tuple[Any, ...]) -> ops.SnapshotRow:
+    # the step index lives in the record; the row's column is for the engine's writes only
+    return ops.SnapshotRow(
+        run_id=row[0], state=row[1], head=row[2], length=row[3], step_index=0, body=row[4], seq=row[5]
+    )
 
 
-def _run_all(connection: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-    for sql, params in statements:
-        connection.execute(sql, params)
+def _effect_row(row: tuple[Any, ...]) -> ops.EffectRow:
+    return ops.EffectRow(run_id=row[0], tool_call_id=row[1], status=row[2], started_at=_started(row[3]), body=row[4])
 
 
-class _StaleBase(Exception):
-    """The node a delta hangs off no longer exists; the save must start from scratch."""
+def _unpacked(stored: bytes) -> bytes:
+    """A node body back from its column; a body that does not unpack is handed over as stored, so
+    reading it fails as damage of that one message."""
+    try:
+        return unpack_body(stored)
+    except Exception:  # zlib.error and friends: the engine names the damaged message
+        return stored
 
 
-class SqliteStepStore(StepStore):
+class SqlitePort(SyncPort):
+    """The engine's operations as SQL on one database (schema in `schema.py`)."""
+
+    name = 'SQLite store'
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(worker=None)
+        self._db = db
+        self._connection: sqlite3.Connection | None = None
+
+    def describe(self) -> str:
+        return self._db.describe
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the database's thread, with its connection lock held."""
+
+        def work(connection: sqlite3.Connection) -> T:
+            self._connection = connection
+            try:
+                return fn(*args)
+            finally:
+                self._connection = None
+
+        return await self._db.run(work)
+
+    def _conn(self) -> sqlite3.Connection:
+        assert self._connection is not None, 'SqlitePort operations run inside call()'
+        return self._connection
+
+    @contextmanager
+    def transaction(self, runs: Sequence[str]) -> Iterator[sqlite3.Connection]:
+        connection = self._conn()
+        with write_transaction(connection):
+            yield connection
+
+    @contextmanager
+    def reading(self, run_id: str | None) -> Iterator[sqlite3.Connection]:
+        yield self._conn()
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    def insert_run(self, tx: sqlite3.Connection, op: ops.InsertRun) -> ops.RunRow | None:
+        row = op.row
+        found = tx.execute(f'SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?', (row.run_id,)).fetchone()
+        if found is not None:
+            return _run_row(found)
+        tx.execute(
+            'INSERT INTO runs (run_id, conversation_id, parent_run_id, started_us, record) VALUES (?, ?, ?, ?, ?)',
+            (row.run_id, row.conversation_id, row.parent_run_id, _micros(row.started_at), _text(row.body)),
+        )
+        return None
+
+    def get_run(self, tx: sqlite3.Connection, op: ops.GetRun) -> ops.RunRow | None:
+        found = tx.execute(f'SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?', (op.run_id,)).fetchone()
+        return _run_row(found) if found is not None else None
+
+    def list_runs(self, tx: sqlite3.Connection, op: ops.ListRuns) -> list[ops.RunRow]:
+        clauses: list[str] = []
+        params: list[str] = []
+        if op.conversation_id is not None:
+            clauses.append('conversation_id = ?')
+            params.append(op.conversation_id)
+        if op.parent_run_id is not None:
+            clauses.append('parent_run_id = ?')
+            params.append(op.parent_run_id)
+        where = f'WHERE {" AND ".join(clauses)} ' if clauses else ''
+        rows = tx.execute(f'SELECT {_RUN_COLUMNS} FROM runs {where}ORDER BY started_us, rowid', params)
+        return [_run_row(r) for r in rows]
+
+    def delete_run(self, tx: sqlite3.Connection, op: ops.DeleteRun) -> bool:
+        # Remember the highest node id before the run's nodes go: it is never handed out again.
+        tx.execute(f'UPDATE node_ids SET last = ({_LAST_NODE})')
+        return (
+            sum(tx.execute(f'DELETE FROM {table} WHERE run_id = ?', (op.run_id,)).rowcount for table in _RUN_TABLES) > 0
+        )
+
+    # -- events and ledger --------------------------------------------------------------------
+
+    def put_events(self, tx: sqlite3.Connection, op: ops.PutEvents) -> None:
+        for r in op.rows:  # a batch holds a few rows: `execute` each costs less than one `executemany`
+            tx.execute(_APPEND_EVENT, (op.run_id, r.idempotency_key, _text(r.body), op.run_id))
+
+    def list_events(self, tx: sqlite3.Connection, op: ops.ListEvents) -> list[ops.EventRow]:
+        rows = tx.execute('SELECT seq, idempotency_key, record FROM events WHERE run_id = ? ORDER BY seq', (op.run_id,))
+        return [ops.EventRow(op.run_id, key, record, seq=seq) for seq, key, record in rows]
+
+    def put_effects(self, tx: sqlite3.Connection, op: ops.PutEffects) -> None:
+        for r in op.rows:
+            tx.execute(_UPSERT_EFFECT, (r.run_id, r.tool_call_id, r.status, _micros(r.started_at), _text(r.body)))
+
+    def list_effects(self, tx: sqlite3.Connection, op: ops.ListEffects) -> list[ops.EffectRow]:
+        sql = f'SELECT {_EFFECT_COLUMNS} FROM tool_effects WHERE run_id = ?'
+        params: list[str] = [op.run_id]
+        if op.tool_call_id is not None:
+            sql += ' AND tool_call_id = ?'
+            params.append(op.tool_call_id)
+        if op.unresolved:
+            sql += ' AND status = ?'
+            params.append(ToolEffectStatus.STARTED.value)
+        return [_effect_row(r) for r in tx.execute(sql + ' ORDER BY started_us, rowid', params)]
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def snapshot_key_applied(self, tx: sqlite3.Connection, op: ops.SnapshotKeyApplied) -> bool:
+        return (
+            tx.execute(
+                'SELECT 1 FROM snapshot_idempotency_keys WHERE run_id = ? AND idempotency_key = ?', (op.run_id, op.key)
+            ).fetchone()
+            is not None
+        )
+
+    def node_exists(self, tx: sqlite3.Connection, op: ops.NodeExists) -> bool:
+        return (
+            tx.execute('SELECT 1 FROM message_nodes WHERE node_id = ? AND run_id = ?', (op.node, op.run_id)).fetchone()
+            is not None
+        )
+
+    def snapshot_states(self, tx: sqlite3.Connection, op: ops.SnapshotStates) -> list[tuple[int, str]]:
+        return [
+            (int(s), str(st)) for s, st in tx.execute('SELECT seq, state FROM snapshots WHERE run_id = ?', (op.run_id,))
+        ]
+
+    def put_snapshot(self, tx: sqlite3.Connection, op: ops.PutSnapshot) -> list[int]:
+        run_id = op.run_id
+        if op.key is not None:
+            claimed = tx.execute(
+                'INSERT OR IGNORE INTO snapshot_idempotency_keys (run_id, idempotency_key) VALUES (?, ?)',
+                (run_id, op.key),
+            ).rowcount
+            if not claimed:
+                raise KeyConflict(op.key)
+        nodes: list[int] = []
+        if op.bodies:
+            (last,) = tx.execute(_LAST_NODE).fetchone()
+            nodes = list(range(last + 1, last + 1 + len(op.bodies)))
+            parents = [op.parent, *nodes[:-1]]
+            tx.executemany(
+                'INSERT INTO message_nodes (node_id, run_id, parent_id, body) VALUES (?, ?, ?, ?)',
+                [(n, run_id, p, pack_body(b)) for n, p, b in zip(nodes, parents, op.bodies, strict=True)],
+            )
+        head = nodes[-1] if nodes else op.parent
+        tx.execute(
+            'INSERT INTO snapshots (run_id, state, head, length, record) VALUES (?, ?, ?, ?, ?)',
+            (run_id, op.row.state, head, op.row.length, _text(op.row.body)),
+        )
+        return nodes
+
+    def delete_snapshots(self, tx: sqlite3.Connection, op: ops.DeleteSnapshots) -> None:
+        tx.executemany('DELETE FROM snapshots WHERE seq = ? AND run_id = ?', [(s, op.run_id) for s in op.seqs])
+
+    def list_snapshots(self, tx: sqlite3.Connection, op: ops.ListSnapshots) -> list[ops.SnapshotRow]:
+        sql = f'SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE run_id = ?'
+        params: list[str] = [op.run_id]
+        if op.complete_only:
+            sql += ' AND state = ?'
+            params.append(SnapshotState.COMPLETE.value)
+        sql += ' ORDER BY seq DESC LIMIT 1' if op.newest else ' ORDER BY seq'
+        return [_snapshot_row(r) for r in tx.execute(sql, params)]
+
+    def get_nodes(self, tx: sqlite3.Connection, op: ops.GetNodes) -> dict[int, ops.Node]:
+        if len(op.chains) == 1:
+            head, length = op.chains[0]
+            rows = tx.execute(_CHAIN, (head, op.run_id, length))
+        else:
+            rows = tx.execute('SELECT node_id, parent_id, body FROM message_nodes WHERE run_id = ?', (op.run_id,))
+        return {int(n): (p, _unpacked(b)) for n, p, b in rows}
+
+
+class SqliteStepStore(EngineStore):
     """Every record of every run in one SQLite database file (WAL mode).
 
     Snapshots are stored incrementally: each message is written once as a node pointing at the
@@ -133,6 +291,7 @@ class SqliteStepStore(StepStore):
     `check_same_thread=False`, shared with your application and never closed by the store).
     Large payloads are externalized to `media_store` (default: a `SqliteMediaStore` on the same
     database; `None` keeps them inline). `max_snapshots_per_run` bounds the snapshots kept per run.
+    Every write is one transaction: a batch's snapshot, ledger entries and events commit together.
     """
 
     features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
@@ -148,246 +307,33 @@ class SqliteStepStore(StepStore):
         timeout: float = 30.0,
         synchronous: Synchronous = 'NORMAL',
     ) -> None:
-        self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
-        self._db = Database(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
-        self._db.add_setup(STEPS.name, lambda conn: ensure_schema(conn, STEPS, where=self._db.describe))
+        db = Database(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
+        self._attach(db, media_store, media_threshold_bytes, max_snapshots_per_run)
+
+    @classmethod
+    def on_database(cls, db: Database) -> SqliteStepStore:
+        """A step store on another store's connection (sharing its lock and thread; never closes it)."""
+        store = cls.__new__(cls)
+        store._attach(db.share(cls.__name__), DEFAULT_MEDIA_STORE, DEFAULT_MEDIA_THRESHOLD_BYTES, None)
+        return store
+
+    def _attach(
+        self,
+        db: Database,
+        media_store: MediaStore | None | _Default,
+        media_threshold_bytes: int,
+        max_snapshots_per_run: int | None,
+    ) -> None:
+        db.add_setup(STEPS.name, lambda conn: ensure_schema(conn, STEPS, where=db.describe))
         if isinstance(media_store, _Default):
-            media_store = SqliteMediaStore.on_database(self._db)
-        self.media_store: MediaStore | None = media_store
-        self._history = HistoryIndex(MediaWalker(media_store, media_threshold_bytes))
-
-    # -- runs ----------------------------------------------------------------------------------
-
-    async def register_run(self, record: RunRecord) -> None:
-        row = (
-            record.run_id,
-            record.conversation_id,
-            record.parent_run_id,
-            _micros(record.started_at),
-            dump_compact(record, exclude={'run_id'}),
+            media_store = SqliteMediaStore.on_database(db)
+        self._db = db
+        super().__init__(
+            SqlitePort(db),
+            max_snapshots_per_run=max_snapshots_per_run,
+            media_store=media_store,
+            media_threshold_bytes=media_threshold_bytes,
         )
-
-        def work(connection: sqlite3.Connection) -> None:
-            with write_transaction(connection):
-                found = connection.execute('SELECT record FROM runs WHERE run_id = ?', (record.run_id,)).fetchone()
-                existing = load_compact(RunRecord, found[0], run_id=record.run_id) if found is not None else None
-                if check_registration(existing, record):
-                    connection.execute(
-                        'INSERT INTO runs (run_id, conversation_id, parent_run_id, started_us, record) '
-                        'VALUES (?, ?, ?, ?, ?)',
-                        row,
-                    )
-
-        await self._db.run(work)
-
-    async def get_run(self, run_id: str) -> RunRecord | None:
-        row = await self._db.run(
-            lambda conn: conn.execute('SELECT record FROM runs WHERE run_id = ?', (run_id,)).fetchone()
-        )
-        return load_compact(RunRecord, row[0], run_id=run_id) if row is not None else None
-
-    async def list_runs(
-        self, *, conversation_id: str | None = None, parent_run_id: str | None = None
-    ) -> list[RunRecord]:
-        clauses: list[str] = []
-        params: list[str] = []
-        if conversation_id is not None:
-            clauses.append('conversation_id = ?')
-            params.append(conversation_id)
-        if parent_run_id is not None:
-            clauses.append('parent_run_id = ?')
-            params.append(parent_run_id)
-        where = f'WHERE {" AND ".join(clauses)} ' if clauses else ''
-        sql = f'SELECT run_id, record FROM runs {where}ORDER BY started_us, rowid'
-        rows = await self._db.run(lambda conn: conn.execute(sql, params).fetchall())
-        return [load_compact(RunRecord, r[1], run_id=r[0]) for r in rows]
-
-    # -- events --------------------------------------------------------------------------------
-
-    async def append_event(self, event: StepEvent) -> None:
-        await self._execute([event])
-
-    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
-        """Append events, upsert ledger entries and save `snapshot`, in order, in one transaction."""
-        writes = check_writes(writes)
-        if snapshot is not None:
-            await self._save(snapshot, writes)
-        elif writes:
-            await self._execute(writes)
-
-    async def _execute(self, writes: Sequence[StepWrite]) -> None:
-        """Write `writes` in order in one write transaction on the worker thread (serialized there too)."""
-
-        def work(connection: sqlite3.Connection) -> None:
-            statements = _statements(writes)
-            with write_transaction(connection):
-                _run_all(connection, statements)
-
-        await self._db.run(work)
-
-    async def list_events(self, run_id: str) -> list[StepEvent]:
-        rows = await self._db.run(
-            lambda conn: conn.execute(
-                'SELECT seq, record FROM events WHERE run_id = ? ORDER BY seq', (run_id,)
-            ).fetchall()
-        )
-        return [load_compact(StepEvent, r[1], run_id=run_id, seq=r[0]) for r in rows]
-
-    # -- snapshots -----------------------------------------------------------------------------
-
-    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        await self._save(snapshot, [])
-
-    async def _save(self, snapshot: ContinuableSnapshot, writes: Sequence[StepWrite]) -> None:
-        """Write `writes`, then the snapshot, in one transaction on the worker thread.
-
-        The new messages are found and encoded there too (`HistoryIndex.save_through`). When the
-        remembered history's nodes are gone (the run was deleted, e.g. with its conversation), the
-        transaction is rolled back and the history stored from scratch.
-        """
-
-        def write(connection: sqlite3.Connection, delta: HistoryDelta) -> list[int] | None:
-            statements = _statements(writes)
-            record = dump_compact(snapshot, exclude={'run_id', 'messages', 'seq', 'state'})
-            with write_transaction(connection):
-                _run_all(connection, statements)
-                return self._write_snapshot(connection, snapshot, delta, record)
-
-        await self._history.save_through(snapshot.run_id, snapshot.messages, self._db.run, write, stale=_StaleBase)
-
-    def _write_snapshot(
-        self, connection: sqlite3.Connection, snapshot: ContinuableSnapshot, delta: HistoryDelta, record: str
-    ) -> list[int] | None:
-        """Inside the caller's transaction: claim the key, write the new nodes and the snapshot row, prune.
-
-        Returns the new node ids, or `None` when the idempotency key was already applied.
-        """
-        run_id = snapshot.run_id
-        if snapshot.idempotency_key is not None:
-            claimed = connection.execute(
-                'INSERT OR IGNORE INTO snapshot_idempotency_keys (run_id, idempotency_key) VALUES (?, ?)',
-                (run_id, snapshot.idempotency_key),
-            ).rowcount
-            if not claimed:
-                return None
-        nodes: list[int] = []
-        parent = delta.parent
-        if (
-            parent is not None
-            and not connection.execute(
-                'SELECT 1 FROM message_nodes WHERE node_id = ? AND run_id = ?', (parent, run_id)
-            ).fetchone()
-        ):
-            raise _StaleBase(run_id)
-        if delta.new_messages:
-            (last,) = connection.execute('SELECT COALESCE(MAX(node_id), 0) FROM message_nodes').fetchone()
-            nodes = list(range(last + 1, last + 1 + len(delta.new_messages)))
-            parents = [parent, *nodes[:-1]]
-            connection.executemany(
-                'INSERT INTO message_nodes (node_id, run_id, parent_id, body) VALUES (?, ?, ?, ?)',
-                [(n, run_id, p, pack_body(b)) for n, p, b in zip(nodes, parents, delta.new_messages, strict=True)],
-            )
-        head = self._history.head(delta, nodes)
-        connection.execute(
-            'INSERT INTO snapshots (run_id, state, head, length, record) VALUES (?, ?, ?, ?, ?)',
-            (run_id, snapshot.state.value, head, delta.total, record),
-        )
-        if self.max_snapshots_per_run is not None:
-            kept = connection.execute('SELECT seq, state FROM snapshots WHERE run_id = ?', (run_id,)).fetchall()
-            prune = snapshots_to_prune(((int(s), str(st)) for s, st in kept), self.max_snapshots_per_run)
-            if prune:
-                connection.executemany('DELETE FROM snapshots WHERE seq = ?', [(s,) for s in prune])
-        return nodes
-
-    async def _materialize(self, run_id: str, row: _SnapshotRow, bodies: Sequence[bytes]) -> ContinuableSnapshot:
-        seq, state, _, _, record = row
-        header = load_compact(ContinuableSnapshot, record, run_id=run_id, seq=seq, state=state)
-        messages: list[ModelMessage] = await self._history.decode(bodies)
-        return header.model_copy(update={'messages': messages})
-
-    async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
-        if include_interrupted:
-            sql = f'SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE run_id = ? ORDER BY seq DESC LIMIT 1'
-            params: tuple[Any, ...] = (run_id,)
-        else:
-            sql = f'SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE run_id = ? AND state = ? ORDER BY seq DESC LIMIT 1'
-            params = (run_id, SnapshotState.COMPLETE.value)
-
-        def work(connection: sqlite3.Connection) -> tuple[_SnapshotRow, list[bytes]] | None:
-            row: _SnapshotRow | None = connection.execute(sql, params).fetchone()
-            if row is None:
-                return None
-            return row, _chain(connection, row[2], row[3])
-
-        found = await self._db.run(work)
-        if found is None:
-            return None
-        return await self._materialize(run_id, *found)
-
-    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
-        def work(connection: sqlite3.Connection) -> tuple[list[_SnapshotRow], dict[int, tuple[int | None, bytes]]]:
-            rows: list[_SnapshotRow] = connection.execute(
-                f'SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE run_id = ? ORDER BY seq', (run_id,)
-            ).fetchall()
-            if not rows:
-                return rows, {}
-            nodes = {
-                int(n): (p, unpack_body(b))
-                for n, p, b in connection.execute(
-                    'SELECT node_id, parent_id, body FROM message_nodes WHERE run_id = ?', (run_id,)
-                )
-            }
-            return rows, nodes
-
-        rows, nodes = await self._db.run(work)
-        snapshots: list[ContinuableSnapshot] = []
-        for row in rows:
-            try:
-                bodies = walk_chain(row[2], row[3], lambda node: nodes[cast(int, node)])
-                snapshots.append(await self._materialize(run_id, row, bodies))
-            except (ValueError, LookupError) as exc:
-                logger.warning('skipping snapshot seq=%d of run %r that cannot be read: %s', row[0], run_id, exc)
-        return snapshots
-
-    # -- tool effects --------------------------------------------------------------------------
-
-    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        await self._execute([record])
-
-    async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
-        row = await self._db.run(
-            lambda conn: conn.execute(
-                'SELECT status, record FROM tool_effects WHERE run_id = ? AND tool_call_id = ?', (run_id, tool_call_id)
-            ).fetchone()
-        )
-        if row is None:
-            return None
-        return load_compact(ToolEffectRecord, row[1], run_id=run_id, tool_call_id=tool_call_id, status=row[0])
-
-    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        rows = await self._db.run(
-            lambda conn: conn.execute(
-                'SELECT tool_call_id, status, record FROM tool_effects WHERE run_id = ? ORDER BY started_us, rowid',
-                (run_id,),
-            ).fetchall()
-        )
-        return self._effects(run_id, rows)
-
-    async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        rows = await self._db.run(
-            lambda conn: conn.execute(
-                'SELECT tool_call_id, status, record FROM tool_effects '
-                "WHERE run_id = ? AND status = 'started' ORDER BY started_us, rowid",
-                (run_id,),
-            ).fetchall()
-        )
-        return self._effects(run_id, rows)
-
-    @staticmethod
-    def _effects(run_id: str, rows: list[tuple[str, str, str]]) -> list[ToolEffectRecord]:
-        return [load_compact(ToolEffectRecord, r[2], run_id=run_id, tool_call_id=r[0], status=r[1]) for r in rows]
-
-    # -- lifecycle -----------------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Close the connection when the store opened it (a given `connection=` stays open)."""
