@@ -34,6 +34,7 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
+from stepcore.engine import DamagedRecordError
 from stepcore.media import digest_of_uri, media_uri
 
 IMAGE = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 4
@@ -97,9 +98,12 @@ async def test_run_folder_layout(store: FileStepStore, root: Path) -> None:
 
     # Each message is stored once: the second snapshot only added the two new messages.
     nodes = lines(run_dir / 'messages.jsonl')
-    assert [(n['id'], n['parent']) for n in nodes] == [(0, None), (1, 0), (2, 1), (3, 2), (4, 3)]
+    first = nodes[0]['id']  # a new folder's ids start from the clock, so a re-made folder never reuses them
+    assert [(n['id'], n['parent']) for n in nodes] == [(first, None)] + [
+        (first + i, first + i - 1) for i in range(1, 5)
+    ]
     second = json.loads((run_dir / 'snapshots' / '2.json').read_text())
-    assert (second['head'], second['length']) == (4, 5)
+    assert (second['head'], second['length']) == (first + 4, 5)
     assert 'messages' not in second['snapshot']
 
     latest = await store.latest_snapshot('run-1')
@@ -128,10 +132,10 @@ async def test_a_batch_and_its_snapshot_take_the_runs_lock_once(
     held: list[str] = []
     real_lock = step_file.store.run_lock
 
-    def counting_lock(path: Path, *, exclusive: bool):
+    def counting_lock(path: Path, *, exclusive: bool, prepare: Any = None):
         if exclusive:
             held.append(path.parent.name)
-        return real_lock(path, exclusive=exclusive)
+        return real_lock(path, exclusive=exclusive, prepare=prepare)
 
     monkeypatch.setattr(step_file.store, 'run_lock', counting_lock)
     effect = ToolEffectRecord(run_id='a', tool_call_id='c', tool_name='t')
@@ -273,25 +277,65 @@ async def test_torn_message_and_key_lines_are_repaired(store: FileStepStore, roo
     await fresh.save_snapshot(snap('nodes', messages, 2, idempotency_key='k1'))  # applied before: suppressed
     # The fresh instance has no memory of the stored history, so it writes its five messages anew,
     # numbered after the three complete nodes (the torn fourth line is gone).
-    assert [n['id'] for n in lines(root / 'nodes' / 'messages.jsonl')] == list(range(8))
+    ids = [n['id'] for n in lines(root / 'nodes' / 'messages.jsonl')]
+    assert ids == list(range(ids[0], ids[0] + 8))
     assert [k['key'] for k in lines(root / 'nodes' / 'snapshot-keys.jsonl')] == ['k1', 'k2']
     assert [s.messages for s in await store.list_snapshots('nodes')] == [messages[:3], messages]
 
 
-async def test_corrupt_snapshot_is_skipped_by_list_and_raised_by_latest(
-    store: FileStepStore, root: Path, caplog: pytest.LogCaptureFixture
+def _bad_json(path: Path) -> None:
+    path.write_text('{"format":1,"head":4,"len')
+
+
+def _not_an_object(path: Path) -> None:
+    path.write_text('[1, 2]')
+
+
+def _bad_head(path: Path) -> None:
+    path.write_text('{"format":1,"head":"four","length":5,"snapshot":{}}')
+
+
+def _a_directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+@pytest.mark.parametrize(
+    ('damage', 'words'),
+    [
+        (_bad_json, 'unparsable'),
+        (_not_an_object, 'unreadable'),
+        (_bad_head, 'unreadable'),
+        (_a_directory, 'unreadable'),
+    ],
+)
+async def test_damaged_snapshot_file_is_skipped_by_list_and_raised_by_latest(
+    store: FileStepStore, root: Path, caplog: pytest.LogCaptureFixture, damage: Callable[[Path], None], words: str
 ) -> None:
     messages = history(2)
     await store.save_snapshot(snap('bad', messages[:3], 1))
     await store.save_snapshot(snap('bad', messages, 2))
-    (root / 'bad' / 'snapshots' / '2.json').write_text('{"format":1,"head":4,"len')
+    damage(root / 'bad' / 'snapshots' / '2.json')
 
-    with caplog.at_level(logging.WARNING, logger='step_file'):
+    with caplog.at_level(logging.WARNING):
         listed = await store.list_snapshots('bad')
     assert [s.seq for s in listed] == [1]
     assert '2.json' in caplog.text
-    with pytest.raises(ValueError, match=r'2\.json'):
-        await store.latest_snapshot('bad')
+    assert words in caplog.text
+    # Its state is unknown: it may be the newest complete one, so neither read passes over it.
+    for include_interrupted in (False, True):
+        with pytest.raises(DamagedRecordError, match=rf"snapshot seq=2 of run 'bad'.*2\.json.* is {words}"):
+            await store.latest_snapshot('bad', include_interrupted=include_interrupted)
+
+
+async def test_an_older_damaged_snapshot_does_not_hide_the_newest(store: FileStepStore, root: Path) -> None:
+    messages = history(2)
+    await store.save_snapshot(snap('older', messages[:3], 1))
+    await store.save_snapshot(snap('older', messages, 2))
+    (root / 'older' / 'snapshots' / '1.json').write_text('{')
+    latest = await store.latest_snapshot('older')
+    assert latest is not None
+    assert (latest.seq, latest.messages) == (2, messages)
 
 
 async def test_snapshot_of_a_newer_record_format_is_refused(store: FileStepStore, root: Path) -> None:
@@ -313,9 +357,10 @@ async def test_unknown_media_marker_version(store: FileStepStore, root: Path, ca
     nodes.write_text(text.replace('"__stepcore_marker_format__":1', '"__stepcore_marker_format__":42'))
     with pytest.raises(ValueError, match='format 42'):
         await store.latest_snapshot('marker')
-    with caplog.at_level(logging.WARNING, logger='step_file'):
+    with caplog.at_level(logging.WARNING):
         assert await store.list_snapshots('marker') == []
     assert 'format 42' in caplog.text
+    assert "snapshot seq=1 of run 'marker'" in caplog.text
 
 
 async def test_snapshots_whose_writes_never_landed_are_passed_over(

@@ -1,6 +1,9 @@
-"""Low-level file helpers: per-run locks and append-only JSON-lines logs.
+"""Per-run locks and append-only JSON-lines logs, with owner-only files.
 
-Atomic writes and directory fsyncs come from `stepcore.fileio` (shared with `media-disk`).
+Every log of a run folder (events, ledger, snapshot keys, message nodes) is a `Log`: a file that
+only grows by complete lines, and a *fold* of its lines (whatever this process keeps of it: the
+next seq, the keys seen, ...), which a catch-up feeds with the lines appended since the last one.
+Atomic writes and folder creation come from `stepcore.fileio` (shared with `media-disk`).
 """
 
 from __future__ import annotations
@@ -9,128 +12,204 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
-from stepcore.fileio import fsync_dir, write_all
+from stepcore.fileio import create_file, fsync_dir, write_all
 
-__all__ = (
-    'JsonlCursor',
-    'append_lines',
-    'catch_up',
-    'opened_log',
-    'read_complete_lines',
-    'run_lock',
-)
+__all__ = ('Fold', 'Log', 'run_lock')
 
 logger = logging.getLogger('step_file')
 
+_LOCK_ATTEMPTS = 100
+
+
+_GENERATION_BYTES = 32
+
 
 @contextlib.contextmanager
-def run_lock(lock_path: Path, *, exclusive: bool) -> Iterator[None]:
-    """Hold `flock` on a run's lock file: exclusive for writers, shared for readers.
+def run_lock(path: Path, *, exclusive: bool, prepare: Callable[[], object] | None = None) -> Iterator[bytes]:
+    """Hold `flock` on a run's lock file `path`: exclusive for writers, shared for readers.
 
-    A reader whose lock file does not exist (nothing was ever written) proceeds without a lock.
+    A writer creates the lock file (`0600`), calling `prepare()` first when its folder is missing.
+    A reader whose lock file does not exist (nothing was ever written, or the run was deleted)
+    proceeds without a lock. A lock taken on a file that was removed meanwhile (the run was
+    deleted while this process waited) is taken again on the file now at `path`.
+
+    Yields the folder's *generation*: random bytes written into the lock file when it is created
+    (empty for folders older than that, or when there is no lock file). A run folder deleted and
+    made again has another generation, so what a process remembers of the old one is dropped even
+    when the new files happen to reuse the old ones' inode numbers.
     """
+    fd = _acquire(path, exclusive, prepare)
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT if exclusive else os.O_RDONLY, 0o644)
-    except FileNotFoundError:
-        if exclusive:
+        yield b'' if fd is None else os.pread(fd, _GENERATION_BYTES, 0)
+    finally:
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the lock
+
+
+def _acquire(path: Path, exclusive: bool, prepare: Callable[[], object] | None) -> int | None:
+    for _ in range(_LOCK_ATTEMPTS):
+        try:
+            fd = _open_lock(path, exclusive)
+        except FileNotFoundError:
+            if not exclusive:
+                return None
+            if prepare is None:
+                raise
+            prepare()
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
             raise
-        yield
-        return
+        os.close(fd)  # the lock file was replaced or removed while we waited: lock the current one
+    raise RuntimeError(f'could not lock {str(path)!r}: it kept being removed by other processes')
+
+
+def _open_lock(path: Path, exclusive: bool) -> int:
+    if not exclusive:
+        return os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
+        return os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        try:
+            fd = create_file(path, os.O_RDWR)
+        except FileExistsError:
+            return os.open(path, os.O_RDWR)
+        write_all(fd, os.urandom(_GENERATION_BYTES // 2).hex().encode())
+        return fd
 
 
-@dataclass(slots=True)
-class JsonlCursor:
-    """How far this process has read one append-only `.jsonl` file.
+class Fold(Protocol):
+    """What a process keeps of a log: fed each complete line, in order, once."""
 
-    `offset` always sits just after a complete line. When the file's inode changes or it becomes
-    shorter than `offset`, the file was replaced and is read again from the start.
+    def add(self, number: int, line: bytes) -> None:
+        """Take in line `number` (1-based) of the file, without its newline."""
+        ...
+
+
+F = TypeVar('F', bound=Fold)
+
+
+class Log(Generic[F]):
+    """One append-only JSON-lines file, how far this process has read it, and its fold (`seen`).
+
+    The read position always sits just after a complete line. When the file's inode changes or it
+    becomes shorter than the position, it was replaced: `seen` starts afresh from `fresh()` and the
+    file is read from the start. A trailing incomplete line (a write cut short by a crash) is never
+    folded; a catch-up with `repair` (the run's exclusive lock is held, so no write is in progress)
+    truncates it so the next append starts on a clean line.
     """
 
-    offset: int = 0
-    inode: int | None = None
+    __slots__ = ('_fresh', '_inode', '_lines', '_offset', 'path', 'seen')
 
+    def __init__(self, path: Path, fresh: Callable[[], F]) -> None:
+        self.path = path
+        self._fresh = fresh
+        self.seen: F = fresh()
+        self._offset = 0
+        self._inode: int | None = None
+        self._lines = 0
 
-def _torn_tail(path: Path, size: int, end: int) -> None:
-    logger.warning(
-        'step_file: %s ends with an incomplete line (%d bytes, left by an interrupted write); it is ignored',
-        path,
-        size - end,
-    )
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[int]:
+        """The file open for appending (created `0600` if missing), caught up and repaired."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            try:
+                fd = create_file(self.path, os.O_RDWR | os.O_APPEND)
+            except FileExistsError:
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            else:
+                fsync_dir(self.path.parent)
+        try:
+            self._catch_up(fd, repair=True)
+            yield fd
+        finally:
+            os.close(fd)
 
+    def refresh(self, *, repair: bool) -> F:
+        """`seen`, caught up with the file (an empty fold when there is no file)."""
+        try:
+            st = os.stat(self.path)
+            if st.st_ino == self._inode and st.st_size == self._offset:
+                return self.seen  # nothing appended since: one stat instead of an open
+            fd = os.open(self.path, os.O_RDWR if repair else os.O_RDONLY)
+        except FileNotFoundError:
+            self._reset(None)
+            return self.seen
+        try:
+            self._catch_up(fd, repair=repair)
+        finally:
+            os.close(fd)
+        return self.seen
 
-def catch_up(fd: int, path: Path, cursor: JsonlCursor, *, repair: bool) -> tuple[list[bytes], bool]:
-    """Complete lines appended to the file since `cursor`, and whether the file was read from scratch.
-
-    A trailing incomplete line (a write cut short by a crash) is not returned; with `repair=True`
-    (the caller holds the run's exclusive lock, so no write is in progress) it is truncated away so
-    the next append starts on a clean line.
-    """
-    st = os.fstat(fd)
-    reset = False
-    if cursor.inode != st.st_ino or st.st_size < cursor.offset:
-        cursor.inode = st.st_ino
-        cursor.offset = 0
-        reset = True
-    if st.st_size == cursor.offset:
-        return [], reset
-    data = os.pread(fd, st.st_size - cursor.offset, cursor.offset)
-    end = data.rfind(b'\n') + 1
-    if end < len(data):
-        _torn_tail(path, len(data), end)
-        if repair:
-            os.ftruncate(fd, cursor.offset + end)
+    def append(self, fd: int, data: bytes, *, sync: bool) -> None:
+        """Append complete lines (`data` ends with a newline) to the file `writing()` opened, and fold them."""
+        write_all(fd, data)
+        if sync:
             os.fsync(fd)
-            logger.warning('step_file: truncated the incomplete last line of %s', path)
-    lines = data[:end].split(b'\n')
-    lines.pop()  # the empty string after the final newline
-    cursor.offset += end
-    return lines, reset
+        self._offset += len(data)
+        self._fold(data)
 
+    def lines(self) -> list[bytes]:
+        """Every complete line of the file, read afresh (the position and `seen` are left as they are)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        end = self._complete(data, 0)
+        lines = data[:end].split(b'\n')
+        lines.pop()  # the empty string after the final newline
+        return lines
 
-@contextlib.contextmanager
-def opened_log(path: Path) -> Iterator[int]:
-    """An append-only log open for reading and appending, created (and its directory fsynced) if
-    needed, and closed when the block ends."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND)
-    except FileNotFoundError:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        fsync_dir(path.parent)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
+    def _reset(self, inode: int | None) -> None:
+        self.seen = self._fresh()
+        self._inode = inode
+        self._offset = 0
+        self._lines = 0
 
+    def _catch_up(self, fd: int, *, repair: bool) -> None:
+        st = os.fstat(fd)
+        if self._inode != st.st_ino or st.st_size < self._offset:
+            self._reset(st.st_ino)
+        if st.st_size == self._offset:
+            return
+        data = os.pread(fd, st.st_size - self._offset, self._offset)
+        end = self._complete(data, self._offset)
+        if end < len(data) and repair:
+            os.ftruncate(fd, self._offset + end)
+            os.fsync(fd)
+            logger.warning('step_file: truncated the incomplete last line of %s', self.path)
+        self._offset += end
+        self._fold(data[:end])
 
-def append_lines(fd: int, cursor: JsonlCursor, data: bytes, *, sync: bool) -> None:
-    """Append complete lines (`data` ends with a newline), fsyncing when `sync`.
+    def _complete(self, data: bytes, start: int) -> int:
+        """How many leading bytes of `data` (read at `start`) are complete lines; warns about the rest."""
+        end = data.rfind(b'\n') + 1
+        if end < len(data):
+            logger.warning(
+                'step_file: %s ends with an incomplete line (%d bytes at offset %d, left by an interrupted write); '
+                'it is ignored',
+                self.path,
+                len(data) - end,
+                start + end,
+            )
+        return end
 
-    Call right after `catch_up(repair=True)`, with the run's exclusive lock held.
-    """
-    write_all(fd, data)
-    if sync:
-        os.fsync(fd)
-    cursor.offset += len(data)
-
-
-def read_complete_lines(path: Path) -> list[bytes]:
-    """Every complete line of a `.jsonl` file (an incomplete last line is logged and ignored)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    end = data.rfind(b'\n') + 1
-    if end < len(data):
-        _torn_tail(path, len(data), end)
-    lines = data[:end].split(b'\n')
-    lines.pop()
-    return lines
+    def _fold(self, data: bytes) -> None:
+        lines = data.split(b'\n')
+        lines.pop()
+        add = self.seen.add
+        for line in lines:
+            self._lines += 1
+            add(self._lines, line)

@@ -13,6 +13,9 @@ newest message of a snapshot, so the next snapshot holds the same request with a
 fields changed. Storing that message again in full would double the bytes of every tool return;
 a restamp line stores only the changed fields. Its body is the base node's body with `set`
 applied on top. A base is always a full node, so resolving never chains.
+
+Node ids are given in line order (each line's id is one more than the last), so a node id at or
+past the number of lines is one whose line never reached the file.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +33,7 @@ __all__ = ('NodeWriter', 'Nodes', 'node_id_of', 'parse_nodes')
 
 logger = logging.getLogger('step_file')
 
+_HEAD = re.compile(rb'\{"id":(\d+),"parent":(null|\d+),')
 _FULL = re.compile(rb'\{"id":(\d+),"parent":(null|\d+),"body":')
 _RESTAMP = re.compile(rb'\{"id":(\d+),"parent":(null|\d+),"base":(\d+),"set":')
 _RESTAMP_MIN_BYTES = 512
@@ -51,8 +56,8 @@ def _object(raw: bytes) -> dict[str, Any] | None:
 
 
 def node_id_of(line: bytes) -> int | None:
-    """The id of a node line, `None` for a damaged line."""
-    match = _FULL.match(line) or _RESTAMP.match(line)
+    """The id of a node line, `None` when even that cannot be read."""
+    match = _HEAD.match(line)
     return int(match.group(1)) if match is not None else None
 
 
@@ -60,11 +65,20 @@ def _parent(raw: bytes) -> int | None:
     return None if raw == b'null' else int(raw)
 
 
-def parse_nodes(lines: Sequence[bytes], path: Path) -> Nodes:
-    """`{id: (parent, body)}` for every readable node line (damaged lines are logged and skipped)."""
+def _warn_unplaced(number: int, path: Path, line: bytes) -> None:
+    logger.warning('step_file: line %d of %s is damaged and names no node id: %r', number, path, line[:200])
+
+
+def parse_nodes(lines: Sequence[bytes], path: Path) -> tuple[Nodes, int]:
+    """`{id: (parent, body)}` for every node line, and the end of the node ids (see the module docstring).
+
+    A damaged line whose id and parent can be read is handed over with the raw line as its body
+    (and so is a restamp whose base is missing or damaged), so reading it fails as damage of that
+    one message; a line without even an id is logged.
+    """
     nodes: Nodes = {}
-    restamps: list[tuple[int, int | None, int, bytes]] = []
-    for line in lines:
+    restamps: list[tuple[int, int | None, int, bytes, bytes]] = []
+    for number, line in enumerate(lines, 1):
         complete = line.endswith(b'}')
         match = _FULL.match(line) if complete else None
         if match is not None:
@@ -72,22 +86,20 @@ def parse_nodes(lines: Sequence[bytes], path: Path) -> Nodes:
             continue
         restamp = _RESTAMP.match(line) if complete else None
         if restamp is not None:
-            restamps.append(
-                (int(restamp.group(1)), _parent(restamp.group(2)), int(restamp.group(3)), line[restamp.end() : -1])
-            )
-        elif line.strip():
-            logger.warning('step_file: skipping a damaged line in %s: %r', path, line[:200])
-    for node_id, parent, base_id, changes in restamps:
+            node_id, parent, base = int(restamp.group(1)), _parent(restamp.group(2)), int(restamp.group(3))
+            restamps.append((node_id, parent, base, line[restamp.end() : -1], line))
+            continue
+        head = _HEAD.match(line)
+        if head is not None:
+            nodes[int(head.group(1))] = (_parent(head.group(2)), line)
+        else:
+            _warn_unplaced(number, path, line)
+    for node_id, parent, base_id, changes, line in restamps:
         base = nodes.get(base_id)
         base_body = _object(base[1]) if base is not None else None
         update = _object(changes)
-        if base_body is None or update is None:
-            logger.warning(
-                'step_file: skipping node %d in %s: its base node %d is missing or damaged', node_id, path, base_id
-            )
-            continue
-        nodes[node_id] = (parent, _dumps(base_body | update))
-    return nodes
+        nodes[node_id] = (parent, line if base_body is None or update is None else _dumps(base_body | update))
+    return nodes, max(len(lines), max(nodes, default=-1) + 1)
 
 
 @dataclass(slots=True)
@@ -99,15 +111,38 @@ class _Full:
 
 @dataclass(slots=True)
 class NodeWriter:
-    """Encodes new nodes for one run, remembering recent full nodes by parent to restamp them."""
+    """What a process keeps of one run's `messages.jsonl` (the fold of its `Log`): where the next
+    node id starts, and recent full nodes by parent, to restamp them."""
 
+    path: Path
+    start: int | None = None
+    """The id of the file's first node; the ids of its lines follow on from it, one per line."""
+    end: int = 0
+    """One past the newest node id in the file."""
     _by_parent: dict[int | None, _Full] = field(default_factory=dict[int | None, _Full])
 
-    def forget(self) -> None:
-        self._by_parent.clear()
+    def add(self, number: int, line: bytes) -> None:
+        node_id = node_id_of(line)
+        if node_id is None:
+            _warn_unplaced(number, self.path, line)
+        elif self.start is None:
+            self.start = node_id - number + 1  # `number` counts lines from 1
+        self.end = max(self.end, (self.start or 0) + number, -1 if node_id is None else node_id + 1)
+
+    def holds(self, node: int) -> bool:
+        """Whether `node` is one of this file's nodes."""
+        return self.start is not None and self.start <= node < self.end
+
+    def _first_id(self) -> int:
+        """The next node's id. A new file starts from the clock, in microseconds: a run folder that was
+        deleted and made again never hands out the ids of the one before, which another process may
+        still remember."""
+        if self.start is None:
+            self.start = self.end = time.time_ns() // 1000
+        return self.end
 
     def encode(
-        self, first_id: int, parent: int | None, bodies: Sequence[bytes]
+        self, parent: int | None, bodies: Sequence[bytes]
     ) -> tuple[bytes, list[int], list[tuple[int | None, _Full]]]:
         """The log lines for `bodies` chained from `parent`, the ids they get, and what to `commit`.
 
@@ -117,7 +152,7 @@ class NodeWriter:
         written: list[tuple[int | None, _Full]] = []
         chunks: list[bytes] = []
         ids: list[int] = []
-        node_id = first_id
+        node_id = self._first_id()
         previous = parent
         for index, body in enumerate(bodies):
             if b'\n' in body:  # compact JSON never holds one, but a line must stay one line

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.hookspecs import BackendInfo, hookimpl
+from typing import Any
 
-_STEP_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+from stepcore.hookspecs import BackendInfo, hookimpl
+from stepcore.urls import local_path, query_options
+
+
+def file_url_options(url: str) -> dict[str, Any]:
+    """`file:///abs/runs` or `file:runs` (relative) -> `directory=`; a query adds options."""
+    directory = local_path(url, what='folder', example='file:///path/to/runs')
+    return {'directory': directory, **query_options(url)}
 
 
 @hookimpl
@@ -14,7 +20,8 @@ def register_step_stores() -> list[BackendInfo]:
         BackendInfo(
             key='file',
             factory='step_file.store:FileStepStore',
-            features=_STEP_FEATURES,
+            schemes=('file',),
+            url_options=file_url_options,
             summary='One folder per run on the local file system.',
         )
     ]

@@ -1,4 +1,10 @@
-"""`FileStepStore`: one folder per run, append-only logs and incremental snapshots."""
+"""`FileStepStore`: one folder per run, append-only logs and incremental snapshots.
+
+The store is the stepcore engine over `FilePort`, which answers the engine's operations with the
+files of a run folder, on the store's own worker thread. The folder's files and formats are in
+`layout.py`, its append-only logs in `files.py` (what a process keeps of each: `logs.py`,
+`nodes.py`).
+"""
 
 from __future__ import annotations
 
@@ -6,54 +12,48 @@ import contextlib
 import json
 import logging
 import os
-import re
+import shutil
 import threading
+import uuid
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar, Literal, cast
+from typing import ClassVar, Literal, cast
 
 from media_disk import DiskMediaStore
-from stepcore.codec import (
-    FORMAT_KEY,
-    check_format_version,
-    dump_record,
-    dump_record_compact,
-    dump_record_json,
-    load_record,
-)
+from stepcore.engine import KeyConflict, SyncPort, ops
+from stepcore.engine.store import EngineStore
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.fileio import fsync_dir, make_dir, write_atomic, write_temp
-from stepcore.history import HistoryDelta, HistoryIndex, walk_chain
 from stepcore.ids import validate_path_safe_run_id
 from stepcore.media import MediaStore
-from stepcore.models import (
-    RECORD_FORMAT_VERSION,
-    ContinuableSnapshot,
-    RunRecord,
-    SnapshotState,
-    StepEvent,
-    ToolEffectRecord,
-    ToolEffectStatus,
-)
-from stepcore.protocols import StepStore, StepWrite
-from stepcore.registration import check_registration
-from stepcore.retention import check_max_snapshots, snapshots_to_prune
-from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
 from stepcore.worker import WorkerThread
-from stepcore.writes import check_writes
 
-from .files import (
-    JsonlCursor,
-    append_lines,
-    catch_up,
-    opened_log,
-    read_complete_lines,
-    run_lock,
+from .files import Log, run_lock
+from .layout import (
+    EFFECTS_FILE,
+    EVENTS_FILE,
+    LOCK_FILE,
+    MEDIA_DIR,
+    MESSAGES_FILE,
+    RUN_FILE,
+    SNAPSHOT_KEYS_FILE,
+    SNAPSHOT_NAME,
+    SNAPSHOTS_DIR,
+    STATES,
+    Uncommitted,
+    as_bytes,
+    holds_records,
+    read_run,
+    read_snapshot,
+    snapshot_document,
+    with_field,
 )
-from .nodes import Nodes, NodeWriter, node_id_of, parse_nodes
+from .logs import EventsSeen, KeysSeen, LedgerSeen, json_object
+from .nodes import Nodes, NodeWriter, parse_nodes
 
 __all__ = (
     'EFFECTS_FILE',
@@ -65,25 +65,13 @@ __all__ = (
     'SNAPSHOTS_DIR',
     'SNAPSHOT_KEYS_FILE',
     'Durability',
+    'FilePort',
     'FileStepStore',
 )
 
 logger = logging.getLogger('step_file')
 
-RUN_FILE = 'run.json'
-EVENTS_FILE = 'events.jsonl'
-EFFECTS_FILE = 'tool_effects.jsonl'
-SNAPSHOT_KEYS_FILE = 'snapshot-keys.jsonl'
-MESSAGES_FILE = 'messages.jsonl'
-SNAPSHOTS_DIR = 'snapshots'
-LOCK_FILE = '.lock'
-MEDIA_DIR = 'media'
-
-_SNAPSHOT_NAME = re.compile(r'(\d+)\.json')
 _MAX_CACHED_RUNS = 1024
-
-NodeId = Hashable
-
 
 Durability = Literal['normal', 'full']
 """How much of each write is forced to disk (see `FileStepStore`)."""
@@ -97,114 +85,366 @@ class _DefaultMedia:
 _DEFAULT_MEDIA = _DefaultMedia()
 
 
-_KEPT_BY_FOLDER = {'run_id'}
-"""Fields a run folder's files leave out: the folder's name is the run id; readers put it back."""
-
-
-def _compact(data: dict[str, Any]) -> dict[str, Any]:
-    """A record dict without what loads back unchanged: `None` fields, empty `metadata` and `run_id`.
-
-    The run id is the folder's name; readers put it back.
-    """
-    return {k: v for k, v in data.items() if v is not None and k != 'run_id' and not (k == 'metadata' and v == {})}
-
-
-def _line(data: dict[str, Any]) -> bytes:
-    """One compact JSON line."""
-    return json.dumps(data, separators=(',', ':'), ensure_ascii=False).encode() + b'\n'
-
-
-def _json_object(line: bytes, path: Path) -> dict[str, Any] | None:
-    """A log line parsed as a JSON object, or `None` (logged) when it is damaged."""
-    try:
-        value: Any = json.loads(line)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        if line.strip():
-            logger.warning('step_file: skipping a damaged line in %s: %r', path, line[:200])
-        return None
-    return cast(dict[str, Any], value)
-
-
-def _json_objects(lines: Iterable[bytes], path: Path) -> Iterator[tuple[bytes, dict[str, Any]]]:
-    """Each undamaged log line with its parsed JSON object (damaged lines are logged and skipped)."""
-    for line in lines:
-        data = _json_object(line, path)
-        if data is not None:
-            yield line, data
-
-
-def _sort_time(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-class _Uncommitted(ValueError):
-    """A snapshot whose file or messages never fully reached the disk (an interrupted write)."""
-
-
-class _StaleHistory(Exception):
-    """The history index names a node the run's message log does not hold."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Paths:
-    """The files of one run folder."""
-
-    run_dir: Path
-    lock: Path
-    events: Path
-    effects: Path
-    snapshot_keys: Path
-    messages: Path
-    snapshots: Path
-
-    @classmethod
-    def of(cls, run_dir: Path) -> _Paths:
-        return cls(
-            run_dir=run_dir,
-            lock=run_dir / LOCK_FILE,
-            events=run_dir / EVENTS_FILE,
-            effects=run_dir / EFFECTS_FILE,
-            snapshot_keys=run_dir / SNAPSHOT_KEYS_FILE,
-            messages=run_dir / MESSAGES_FILE,
-            snapshots=run_dir / SNAPSHOTS_DIR,
-        )
-
-    def snapshot(self, seq: int) -> Path:
-        return self.snapshots / f'{seq}.json'
-
-
 @dataclass(slots=True)
-class _RunState:
-    """What this process knows of one run's logs, kept current by reading only what was appended."""
+class _Run:
+    """One run folder and what this process keeps of its logs."""
 
-    paths: _Paths
+    folder: Path
     lock: threading.Lock = field(default_factory=threading.Lock)
     ready: bool = False
-    events: JsonlCursor = field(default_factory=JsonlCursor)
-    next_event_seq: int = 1
-    event_keys: set[str] = field(default_factory=set[str])
-    effects: JsonlCursor = field(default_factory=JsonlCursor)
-    effect_lines: dict[str, bytes] = field(default_factory=dict[str, bytes])
-    snapshot_log: JsonlCursor = field(default_factory=JsonlCursor)
-    next_snapshot_seq: int = 1
-    snapshot_keys: set[str] = field(default_factory=set[str])
-    live_snapshots: dict[int, SnapshotState] = field(default_factory=dict[int, SnapshotState])
-    nodes: JsonlCursor = field(default_factory=JsonlCursor)
-    next_node: int = 0
-    node_writer: NodeWriter = field(default_factory=NodeWriter)
+    generation: bytes | None = None
+    """The folder's generation (see `files.run_lock`) the logs below were read from."""
+    events: Log[EventsSeen] = field(init=False)
+    ledger: Log[LedgerSeen] = field(init=False)
+    keys: Log[KeysSeen] = field(init=False)
+    nodes: Log[NodeWriter] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.forget()
+
+    def locked(self, generation: bytes) -> None:
+        """Note the folder's generation once its lock is held; forget the logs of an earlier one."""
+        if generation != self.generation:
+            if self.generation is not None:
+                self.forget()
+            self.generation = generation
+
+    def forget(self) -> None:
+        """Read every log afresh from now on."""
+        folder, run_id = self.folder, self.folder.name
+        self.events = Log(folder / EVENTS_FILE, EventsSeen)
+        self.ledger = Log(folder / EFFECTS_FILE, lambda: LedgerSeen(run_id, folder / EFFECTS_FILE))
+        self.keys = Log(folder / SNAPSHOT_KEYS_FILE, lambda: KeysSeen(folder / SNAPSHOT_KEYS_FILE))
+        self.nodes = Log(folder / MESSAGES_FILE, lambda: NodeWriter(folder / MESSAGES_FILE))
+
+    def snapshot(self, seq: int) -> Path:
+        return self.folder / SNAPSHOTS_DIR / f'{seq}.json'
 
 
 @dataclass(slots=True)
-class _StoredSnapshot:
-    seq: int
-    header: ContinuableSnapshot
-    head: int | None
-    length: int
+class _Tx:
+    """An open write (`repair`: the runs' exclusive locks are held) or read, with the message nodes read in it."""
+
+    repair: bool
+    nodes: dict[str, tuple[Nodes, int]] = field(default_factory=dict[str, tuple[Nodes, int]])
 
 
-class FileStepStore(StepStore):
+def _key_line(entry: dict[str, object]) -> bytes:
+    """One line of `snapshot-keys.jsonl`."""
+    return json.dumps(entry, separators=(',', ':'), ensure_ascii=False).encode() + b'\n'
+
+
+class FilePort(SyncPort):
+    """The engine's operations on run folders under `directory` (layout in `FileStepStore`).
+
+    A write holds, for each of its runs, this process's lock of the run and an exclusive `flock`
+    on the run's `.lock` file; a read holds a shared `flock`. Logs are only appended to, under the
+    exclusive lock, in whole lines.
+    """
+
+    name = 'file store'
+
+    def __init__(self, directory: Path, *, full: bool) -> None:
+        super().__init__(worker=WorkerThread('step-file'))
+        self.directory = directory
+        self._full = full
+        self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self._runs_lock = threading.Lock()
+
+    def describe(self) -> str:
+        return f'directory {str(self.directory)!r}'
+
+    def check_run_id(self, run_id: object) -> str:
+        return validate_path_safe_run_id(run_id)
+
+    def _run(self, run_id: str) -> _Run:
+        with self._runs_lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                run = self._runs[run_id] = _Run(self.directory / run_id)
+                while len(self._runs) > _MAX_CACHED_RUNS:
+                    self._runs.popitem(last=False)
+            else:
+                self._runs.move_to_end(run_id)
+            return run
+
+    def _prepare(self, run: _Run) -> None:
+        make_dir(self.directory)
+        make_dir(run.folder)
+        make_dir(run.folder / SNAPSHOTS_DIR)
+        run.ready = True
+
+    @contextlib.contextmanager
+    def transaction(self, runs: Sequence[str]) -> Iterator[_Tx]:
+        with contextlib.ExitStack() as stack:
+            for run_id in sorted(set(runs)):
+                run = self._run(run_id)
+                stack.enter_context(run.lock)
+                if not run.ready or not os.path.isdir(run.folder):
+                    self._prepare(run)
+                run.locked(
+                    stack.enter_context(
+                        run_lock(run.folder / LOCK_FILE, exclusive=True, prepare=lambda r=run: self._prepare(r))
+                    )
+                )
+            yield _Tx(repair=True)
+
+    @contextlib.contextmanager
+    def reading(self, run_id: str | None) -> Iterator[_Tx]:
+        if run_id is None:
+            yield _Tx(repair=False)
+            return
+        run = self._run(run_id)
+        with run.lock, run_lock(run.folder / LOCK_FILE, exclusive=False) as generation:
+            if generation:  # no lock file (nothing written yet, or deleted): the logs say so themselves
+                run.locked(generation)
+            yield _Tx(repair=False)
+
+    def close(self) -> None:
+        with self._runs_lock:
+            self._runs.clear()
+        super().close()
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    def insert_run(self, tx: _Tx, op: ops.InsertRun) -> ops.RunRow | None:
+        row = op.row
+        path = self._run(row.run_id).folder / RUN_FILE
+        existing = read_run(row.run_id, path)
+        if existing is not None:
+            return existing
+        tmp = write_temp(path, with_field(row.body, 'run_id', row.run_id))
+        try:
+            # A hard link never replaces an existing file: of several processes registering the
+            # same run id at once, exactly one creates run.json, always complete.
+            os.link(tmp, path)
+        except FileExistsError:
+            return read_run(row.run_id, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(path.parent)
+        return None
+
+    def get_run(self, tx: _Tx, op: ops.GetRun) -> ops.RunRow | None:
+        return read_run(op.run_id, self.directory / op.run_id / RUN_FILE)
+
+    def list_runs(self, tx: _Tx, op: ops.ListRuns) -> list[ops.RunRow]:
+        try:
+            names = sorted(e.name for e in os.scandir(self.directory) if e.is_dir() and not e.name.startswith('.'))
+        except FileNotFoundError:
+            return []
+        rows: list[ops.RunRow] = []
+        for name in names:
+            with contextlib.suppress(ValueError):
+                row = read_run(validate_path_safe_run_id(name), self.directory / name / RUN_FILE)
+                if row is not None:
+                    rows.append(row)
+        return rows
+
+    def delete_run(self, tx: _Tx, op: ops.DeleteRun) -> bool:
+        """Move the run's folder aside under a hidden name, then remove it (the run's lock is held)."""
+        folder = self._run(op.run_id).folder
+        existed = holds_records(folder)
+        with self._runs_lock:
+            self._runs.pop(op.run_id, None)
+        if folder.exists():
+            os.rename(folder, self.directory / f'.{op.run_id}.deleted.{uuid.uuid4().hex}')
+            fsync_dir(self.directory)
+        # This delete's folder, and any an interrupted delete of the same run id left behind.
+        for tombstone in self.directory.glob(f'.{op.run_id}.deleted.*'):
+            try:
+                shutil.rmtree(tombstone)
+            except OSError as exc:
+                logger.warning(
+                    'step_file: run %r is deleted but %s could not be removed (%s): remove it by hand',
+                    op.run_id,
+                    tombstone,
+                    exc,
+                )
+        return existed
+
+    # -- events and ledger --------------------------------------------------------------------
+
+    def put_events(self, tx: _Tx, op: ops.PutEvents) -> None:
+        log = self._run(op.run_id).events
+        with log.writing() as fd:
+            seen = log.seen
+            seq = seen.next_seq
+            added: set[str] = set()
+            lines: list[bytes] = []
+            for row in op.rows:
+                key = row.idempotency_key
+                if key is not None:
+                    if key in seen.keys or key in added:
+                        continue
+                    added.add(key)
+                lines.append(with_field(row.body, 'seq', seq) + b'\n')
+                seq += 1
+            if lines:
+                log.append(fd, b''.join(lines), sync=self._full)
+
+    def list_events(self, tx: _Tx, op: ops.ListEvents) -> list[ops.EventRow]:
+        rows: list[ops.EventRow] = []
+        for number, line in enumerate(self._run(op.run_id).events.lines(), 1):
+            data = json_object(line)
+            seq = data.get('seq') if data is not None else None
+            if data is None or not isinstance(seq, int):
+                rows.append(ops.EventRow(op.run_id, None, line, seq=number))  # the engine names and skips it
+                continue
+            key = data.get('idempotency_key')
+            rows.append(ops.EventRow(op.run_id, key if isinstance(key, str) else None, data, seq=seq))
+        return rows
+
+    def put_effects(self, tx: _Tx, op: ops.PutEffects) -> None:
+        by_run: dict[str, list[bytes]] = {}
+        for row in op.rows:
+            by_run.setdefault(row.run_id, []).append(as_bytes(row.body) + b'\n')
+        for run_id, lines in by_run.items():
+            log = self._run(run_id).ledger
+            with log.writing() as fd:
+                log.append(fd, b''.join(lines), sync=self._full)
+
+    def list_effects(self, tx: _Tx, op: ops.ListEffects) -> list[ops.EffectRow]:
+        rows = list(self._run(op.run_id).ledger.refresh(repair=tx.repair).entries.values())
+        # An unreadable entry (status '') goes with every answer: the engine refuses to read the ledger.
+        if op.tool_call_id is not None:
+            rows = [r for r in rows if r.tool_call_id == op.tool_call_id or not r.status]
+        if op.unresolved:
+            rows = [r for r in rows if r.status in (ToolEffectStatus.STARTED.value, '')]
+        return rows
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def snapshot_key_applied(self, tx: _Tx, op: ops.SnapshotKeyApplied) -> bool:
+        run = self._run(op.run_id)
+        if op.key in run.keys.refresh(repair=tx.repair).keys:
+            return True
+        return tx.repair and op.key in self._record_unrecorded(run)
+
+    def _record_unrecorded(self, run: _Run) -> set[str]:
+        """Append the key lines of snapshot files that have none (a save stopped between its file and
+        its key line), so retention knows them and a replayed save is suppressed; their keys.
+
+        Only files past the last key line can lack one: usually a single `stat` finds there are none.
+        """
+        found: set[str] = set()
+        with run.keys.writing() as keys_fd:
+            seq = run.keys.seen.next_seq
+            while os.path.exists(run.snapshot(seq)):
+                try:
+                    _, _, header = read_snapshot(run.snapshot(seq))
+                except (FileNotFoundError, ValueError):  # gone, never committed, or damaged: no key to keep
+                    header = {}
+                key = header.get('idempotency_key')
+                state = header.get('state')
+                line = {'seq': seq, 'state': state if state in STATES else None, 'key': key}
+                run.keys.append(keys_fd, _key_line(line), sync=self._full)
+                if isinstance(key, str):
+                    found.add(key)
+                seq += 1
+        return found
+
+    def node_exists(self, tx: _Tx, op: ops.NodeExists) -> bool:
+        return self._run(op.run_id).nodes.refresh(repair=tx.repair).holds(op.node)
+
+    def snapshot_states(self, tx: _Tx, op: ops.SnapshotStates) -> list[tuple[int, str]]:
+        return list(self._run(op.run_id).keys.refresh(repair=tx.repair).states.items())
+
+    def put_snapshot(self, tx: _Tx, op: ops.PutSnapshot) -> list[int]:
+        """The new message nodes, then the snapshot file (atomically), then the snapshot's key line."""
+        run = self._run(op.run_id)
+        with run.keys.writing() as keys_fd:
+            keys = run.keys.seen
+            if op.key is not None and op.key in keys.keys:
+                raise KeyConflict(op.key)
+            with run.nodes.writing() as nodes_fd:
+                writer = run.nodes.seen
+                data, ids, written = writer.encode(op.parent, op.bodies)
+                if ids:
+                    run.nodes.append(nodes_fd, data, sync=self._full)
+                    writer.commit(written)
+            self.boundary('put_snapshot:nodes')
+            seq = keys.next_seq
+            while os.path.exists(run.snapshot(seq)):  # left by a save that crashed before its key line
+                seq += 1
+            document = snapshot_document(ids[-1] if ids else op.parent, op.row.length, op.row.body, seq)
+            write_atomic(run.snapshot(seq), document, sync=self._full)
+            self.boundary('put_snapshot:file')
+            line = {'seq': seq, 'state': op.row.state, 'key': op.key}
+            run.keys.append(keys_fd, _key_line(line), sync=self._full)
+        return ids
+
+    def delete_snapshots(self, tx: _Tx, op: ops.DeleteSnapshots) -> None:
+        run = self._run(op.run_id)
+        for seq in op.seqs:
+            with contextlib.suppress(FileNotFoundError):
+                run.snapshot(seq).unlink()
+            run.keys.seen.states.pop(seq, None)
+
+    def list_snapshots(self, tx: _Tx, op: ops.ListSnapshots) -> list[ops.SnapshotRow]:
+        run = self._run(op.run_id)
+        try:
+            names = os.listdir(run.folder / SNAPSHOTS_DIR)
+        except FileNotFoundError:
+            return []
+        seqs = sorted(int(m.group(1)) for m in map(SNAPSHOT_NAME.fullmatch, names) if m is not None)
+        rows: list[ops.SnapshotRow] = []
+        for seq in reversed(seqs) if op.newest else seqs:
+            row = self._snapshot_row(tx, run, seq, complete_only=op.complete_only)
+            if row is None:
+                continue
+            rows.append(row)
+            if op.newest:
+                break
+        return rows
+
+    def _snapshot_row(self, tx: _Tx, run: _Run, seq: int, *, complete_only: bool) -> ops.SnapshotRow | None:
+        """Snapshot `seq`'s row; `None` when it is gone, was never committed (logged) or is not
+        complete while `complete_only`.
+
+        A damaged file gives a row with state `''` (unknown, so it is never filtered out) whose body
+        raises when read.
+        """
+        run_id, path = run.folder.name, run.snapshot(seq)
+        try:
+            head, length, header = read_snapshot(path)
+        except FileNotFoundError:
+            return None  # pruned meanwhile
+        except Uncommitted as exc:
+            logger.warning('step_file: passing over snapshot %s: %s', path, exc)
+            return None
+        except ValueError as exc:
+            return ops.SnapshotRow(run_id, '', None, 0, 0, ops.Unreadable(str(exc)), seq=seq)
+        state = header.get('state')
+        state = cast(str, state) if state in STATES else ''  # unknown: the engine reports it when read
+        if complete_only and state not in (SnapshotState.COMPLETE.value, ''):
+            return None
+        if head is not None and length:
+            end = self._nodes(tx, run)[1]
+            if head >= end:
+                logger.warning(
+                    'step_file: passing over snapshot %s: its messages are missing from %s (node %d, past its end '
+                    'at %d): they never reached the disk (an operating-system crash)',
+                    path,
+                    MESSAGES_FILE,
+                    head,
+                    end,
+                )
+                return None
+        return ops.SnapshotRow(run_id, state, head, length, 0, header, seq=seq)
+
+    def _nodes(self, tx: _Tx, run: _Run) -> tuple[Nodes, int]:
+        """The run's message nodes and their end, read once per read."""
+        found = tx.nodes.get(run.folder.name)
+        if found is None:
+            found = tx.nodes[run.folder.name] = parse_nodes(run.nodes.lines(), run.nodes.path)
+        return found
+
+    def get_nodes(self, tx: _Tx, op: ops.GetNodes) -> Nodes:
+        return self._nodes(tx, self._run(op.run_id))[0]
+
+
+class FileStepStore(EngineStore):
     """Stores each run in its own folder under `directory`.
 
     Layout of `<directory>/<run_id>/`:
@@ -222,10 +462,13 @@ class FileStepStore(StepStore):
     `media_threshold_bytes` or more) go to `media_store`, by default a `DiskMediaStore` in
     `<directory>/media`; pass `media_store=None` to keep them inline.
 
-    Several processes may share one directory: appends and seq allocation happen under an
-    exclusive `flock` on the run's `.lock` file, and registration creates `run.json` with an
-    atomic hard link. An incomplete last line left in a log by a crash is ignored when reading
-    and cut off before the next append.
+    Several processes may share one directory: every write to a run happens under an exclusive
+    `flock` on its `.lock` file, and registration creates `run.json` with an atomic hard link. A
+    save writes its new messages, then its snapshot file, then its key line; its ledger entries and
+    events follow. An incomplete last line left in a log by a crash is ignored when reading and cut
+    off before the next append. Files are `0600` and folders `0700`.
+
+    `durability='full'` also fsyncs every append and snapshot file (and its folder).
     """
 
     features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
@@ -242,549 +485,13 @@ class FileStepStore(StepStore):
         if durability not in _DURABILITY:
             raise ValueError(f'durability={durability!r} is not a durability level: use one of {_DURABILITY}')
         self.durability: Durability = durability
-        self._full = durability == 'full'
         self.directory = Path(directory)
-        self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
         if isinstance(media_store, _DefaultMedia):
             media_store = DiskMediaStore(self.directory / MEDIA_DIR)
-        self.media_store: MediaStore | None = media_store
         self.media_threshold_bytes = media_threshold_bytes
-        self._history = HistoryIndex(MediaWalker(media_store, media_threshold_bytes))
-        self._states: OrderedDict[str, _RunState] = OrderedDict()
-        self._states_lock = threading.Lock()
-        self._worker = WorkerThread('step-file')
-        """Where the store's file I/O runs, off the event loop, one call at a time."""
-
-    def __repr__(self) -> str:
-        return f'{type(self).__name__}({str(self.directory)!r})'
-
-    # -- per-run state ----------------------------------------------------------------------
-
-    def _state(self, run_id: str) -> _RunState:
-        with self._states_lock:
-            state = self._states.get(run_id)
-            if state is None:
-                state = self._states[run_id] = _RunState(_Paths.of(self._run_dir(run_id)))
-                while len(self._states) > _MAX_CACHED_RUNS:
-                    self._states.popitem(last=False)
-            else:
-                self._states.move_to_end(run_id)
-            return state
-
-    def _run_dir(self, run_id: str) -> Path:
-        return self.directory / run_id
-
-    def _prepare(self, state: _RunState) -> _Paths:
-        paths = state.paths
-        if not state.ready or not os.path.isdir(paths.run_dir):
-            make_dir(self.directory)
-            make_dir(paths.run_dir)
-            make_dir(paths.snapshots)
-            state.ready = True
-        return paths
-
-    @contextlib.contextmanager
-    def _writing(self, state: _RunState) -> Iterator[_Paths]:
-        """The run's files, with this process's state lock and the run's exclusive file lock held."""
-        with state.lock:
-            paths = self._prepare(state)
-            with run_lock(paths.lock, exclusive=True):
-                yield paths
-
-    @contextlib.contextmanager
-    def _reading(self, state: _RunState) -> Iterator[_Paths]:
-        """The run's files, with the state lock and a shared file lock (if the run has one) held."""
-        with state.lock, run_lock(state.paths.lock, exclusive=False):
-            yield state.paths
-
-    # -- runs -------------------------------------------------------------------------------
-
-    async def register_run(self, record: RunRecord) -> None:
-        run_id = validate_path_safe_run_id(record.run_id)
-        await self._worker.run(self._register_sync, run_id, record)
-
-    def _register_sync(self, run_id: str, record: RunRecord) -> None:
-        state = self._state(run_id)
-        with state.lock:
-            run_dir = self._prepare(state).run_dir
-        path = run_dir / RUN_FILE
-        if not check_registration(self._read_run(path), record):
-            return
-        tmp = write_temp(path, dump_record_json(record).encode())
-        try:
-            # A hard link never replaces an existing file: of several processes registering the
-            # same run id at once, exactly one creates run.json, always complete.
-            os.link(tmp, path)
-        except FileExistsError:
-            check_registration(self._read_run(path), record)  # raises unless it is a retry
-            return
-        finally:
-            tmp.unlink(missing_ok=True)
-        fsync_dir(run_dir)
-
-    @staticmethod
-    def _read_run(path: Path) -> RunRecord | None:
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            return load_record(RunRecord, raw)
-        except ValueError as exc:
-            raise ValueError(f'run record {str(path)!r} cannot be read: {exc}') from exc
-
-    async def get_run(self, run_id: str) -> RunRecord | None:
-        run_id = validate_path_safe_run_id(run_id)
-        return await self._worker.run(self._read_run, self._run_dir(run_id) / RUN_FILE)
-
-    async def list_runs(
-        self, *, conversation_id: str | None = None, parent_run_id: str | None = None
-    ) -> list[RunRecord]:
-        return await self._worker.run(self._list_runs_sync, conversation_id, parent_run_id)
-
-    def _list_runs_sync(self, conversation_id: str | None, parent_run_id: str | None) -> list[RunRecord]:
-        try:
-            entries = sorted(e.name for e in os.scandir(self.directory) if e.is_dir() and not e.name.startswith('.'))
-        except FileNotFoundError:
-            return []
-        found: list[RunRecord] = []
-        for name in entries:
-            path = self.directory / name / RUN_FILE
-            try:
-                record = self._read_run(path)
-            except ValueError as exc:
-                logger.warning('step_file: skipping run folder %s: %s', path.parent, exc)
-                continue
-            if record is None:
-                continue
-            if record.run_id != name:
-                logger.warning('step_file: skipping %s: it names run %r, not %r', path, record.run_id, name)
-                continue
-            if conversation_id is not None and record.conversation_id != conversation_id:
-                continue
-            if parent_run_id is not None and record.parent_run_id != parent_run_id:
-                continue
-            found.append(record)
-        found.sort(key=lambda r: _sort_time(r.started_at))
-        return found
-
-    # -- events -----------------------------------------------------------------------------
-
-    async def append_event(self, event: StepEvent) -> None:
-        run_id = validate_path_safe_run_id(event.run_id)
-        await self._worker.run(self._write_runs_sync, {run_id: [event]})
-
-    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
-        """Append events and ledger entries, then save `snapshot`, in order, in one thread hand-off.
-
-        Each run's writes are made under one hold of its lock: its events in one append to
-        `events.jsonl`, its ledger entries in one append to `tool_effects.jsonl`, then the snapshot.
-        Those are separate files, so a crash between them can keep one append and lose another, as
-        with separate calls. Every run id is checked before anything is written.
-        """
-        by_run: dict[str, list[StepWrite]] = {}
-        for write in check_writes(writes):
-            by_run.setdefault(validate_path_safe_run_id(write.run_id), []).append(write)
-        if snapshot is not None:
-            await self._save(snapshot, by_run)
-        elif by_run:
-            await self._worker.run(self._write_runs_sync, by_run)
-
-    def _write_runs_sync(self, by_run: dict[str, list[StepWrite]]) -> None:
-        for run_id, writes in by_run.items():
-            state = self._state(run_id)
-            with self._writing(state) as paths:
-                self._append_records(paths, state, writes)
-
-    def _append_records(self, paths: _Paths, state: _RunState, writes: Sequence[StepWrite]) -> None:
-        """One run's events and ledger entries, one append to each log (run's lock held)."""
-        if not writes:
-            return
-        events = [w for w in writes if isinstance(w, StepEvent)]
-        effects = [w for w in writes if isinstance(w, ToolEffectRecord)]
-        if isinstance(writes[0], ToolEffectRecord):
-            self._append_effects(paths, state, effects)
-            self._append_events(paths, state, events)
-        else:
-            self._append_events(paths, state, events)
-            self._append_effects(paths, state, effects)
-
-    def _append_events(self, paths: _Paths, state: _RunState, events: list[StepEvent]) -> None:
-        """Append `events` to the run's trail (run's lock held), skipping idempotency keys already applied."""
-        if not events:
-            return
-        path = paths.events
-        with opened_log(path) as fd:
-            self._catch_up_events(fd, path, state)
-            lines: list[bytes] = []
-            seq = state.next_event_seq
-            keys: set[str] = set()
-            for event in events:
-                key = event.idempotency_key
-                if key is not None and (key in state.event_keys or key in keys):
-                    continue
-                lines.append(dump_record_compact(event, exclude=_KEPT_BY_FOLDER, seq=seq) + b'\n')
-                seq += 1
-                if key is not None:
-                    keys.add(key)
-            if lines:
-                append_lines(fd, state.events, b''.join(lines), sync=self._full)
-                state.next_event_seq = seq
-                state.event_keys |= keys
-
-    @staticmethod
-    def _catch_up_events(fd: int, path: Path, state: _RunState) -> None:
-        lines, reset = catch_up(fd, path, state.events, repair=True)
-        if reset:
-            state.next_event_seq = 1
-            state.event_keys.clear()
-        for _, data in _json_objects(lines, path):
-            seq = data.get('seq')
-            if isinstance(seq, int) and seq >= state.next_event_seq:
-                state.next_event_seq = seq + 1
-            key = data.get('idempotency_key')
-            if isinstance(key, str):
-                state.event_keys.add(key)
-
-    async def list_events(self, run_id: str) -> list[StepEvent]:
-        run_id = validate_path_safe_run_id(run_id)
-        return await self._worker.run(self._list_events_sync, run_id)
-
-    def _list_events_sync(self, run_id: str) -> list[StepEvent]:
-        with run_lock(self._run_dir(run_id) / LOCK_FILE, exclusive=False):
-            path = self._run_dir(run_id) / EVENTS_FILE
-            lines = read_complete_lines(path)
-        return [load_record(StepEvent, data, run_id=run_id) for _, data in _json_objects(lines, path)]
-
-    # -- snapshots --------------------------------------------------------------------------
-
-    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        await self._save(snapshot, {})
-
-    async def _save(self, snapshot: ContinuableSnapshot, first: dict[str, list[StepWrite]]) -> None:
-        """Write the `first` records (see `write_batch`), then the snapshot, in one thread hand-off."""
-        run_id = validate_path_safe_run_id(snapshot.run_id)
-        state = self._state(run_id)
-        key = snapshot.idempotency_key
-        if key is not None and key in state.snapshot_keys:
-            # applied before (keys are never forgotten); re-checked under the lock otherwise
-            if first:
-                await self._worker.run(self._write_runs_sync, first)
-            return
-
-        def write(delta: HistoryDelta) -> list[NodeId] | None:
-            # On the worker thread, where the new messages were just found and encoded.
-            nonlocal first
-            header = dump_record(snapshot, exclude={'messages'})
-            records, first = first, {}  # written once, even when a stale history makes the snapshot retry
-            return self._records_then_snapshot_sync(records, run_id, state, key, snapshot.state, header, delta)
-
-        # A message log that lost nodes this process remembers (its folder was deleted or replaced)
-        # raises _StaleHistory: the history is then stored afresh.
-        await self._history.save_through(run_id, snapshot.messages, self._worker.run, write, stale=_StaleHistory)
-
-    def _records_then_snapshot_sync(
-        self,
-        first: dict[str, list[StepWrite]],
-        run_id: str,
-        state: _RunState,
-        key: str | None,
-        snapshot_state: SnapshotState,
-        header: dict[str, Any],
-        delta: HistoryDelta,
-    ) -> list[NodeId] | None:
-        # Other runs' records first; the snapshot's own run gets its records and the snapshot under
-        # one hold of its lock.
-        others = {other: writes for other, writes in first.items() if other != run_id}
-        if others:
-            self._write_runs_sync(others)
-        return self._save_snapshot_sync(
-            run_id, state, key, snapshot_state, header, delta, records=first.get(run_id, ())
+        super().__init__(
+            FilePort(self.directory, full=durability == 'full'),
+            max_snapshots_per_run=max_snapshots_per_run,
+            media_store=media_store,
+            media_threshold_bytes=media_threshold_bytes,
         )
-
-    def _save_snapshot_sync(
-        self,
-        run_id: str,
-        state: _RunState,
-        key: str | None,
-        snapshot_state: SnapshotState,
-        header: dict[str, Any],
-        delta: HistoryDelta,
-        *,
-        records: Sequence[StepWrite] = (),
-    ) -> list[NodeId] | None:
-        """Append `records` (the run's events and ledger entries), then save the snapshot, under one lock hold."""
-        with self._writing(state) as paths:
-            self._append_records(paths, state, records)
-            log_path = paths.snapshot_keys
-            with opened_log(log_path) as log_fd:
-                self._catch_up_snapshot_log(log_fd, log_path, state)
-                if key is not None and key in state.snapshot_keys:
-                    return None
-                # 1. the new messages, as nodes chained onto the reused prefix
-                new_nodes = self._append_nodes(paths.messages, state, delta.parent, delta.new_messages)
-                head = self._history.head(delta, new_nodes)
-                # 2. the snapshot file, atomically, under a seq no file uses yet
-                seq = state.next_snapshot_seq
-                while os.path.exists(paths.snapshot(seq)):  # left by a save that crashed before step 3
-                    seq += 1
-                document = {
-                    FORMAT_KEY: RECORD_FORMAT_VERSION,
-                    'head': head,
-                    'length': delta.total,
-                    'snapshot': _compact(header | {'seq': seq}),
-                }
-                path = paths.snapshot(seq)
-                write_atomic(
-                    path, json.dumps(document, separators=(',', ':'), ensure_ascii=False).encode(), sync=self._full
-                )
-                # 3. the save's log line: allocates the seq and records the idempotency key
-                entry: dict[str, Any] = {'seq': seq, 'state': snapshot_state.value, 'key': key}
-                append_lines(log_fd, state.snapshot_log, _line(entry), sync=self._full)
-                state.next_snapshot_seq = seq + 1
-                state.live_snapshots[seq] = snapshot_state
-                if key is not None:
-                    state.snapshot_keys.add(key)
-                # 4. retention: snapshot files only, never nodes or media
-                self._prune(paths, state)
-                return new_nodes
-
-    @staticmethod
-    def _catch_up_snapshot_log(fd: int, path: Path, state: _RunState) -> None:
-        lines, reset = catch_up(fd, path, state.snapshot_log, repair=True)
-        if reset:
-            state.next_snapshot_seq = 1
-            state.snapshot_keys.clear()
-            state.live_snapshots.clear()
-        for _, data in _json_objects(lines, path):
-            seq = data.get('seq')
-            if isinstance(seq, int):
-                state.next_snapshot_seq = max(state.next_snapshot_seq, seq + 1)
-                with contextlib.suppress(ValueError):
-                    state.live_snapshots[seq] = SnapshotState(data.get('state'))
-            key = data.get('key')
-            if isinstance(key, str):
-                state.snapshot_keys.add(key)
-
-    def _append_nodes(
-        self, path: Path, state: _RunState, parent: NodeId | None, bodies: Sequence[bytes]
-    ) -> list[NodeId]:
-        with opened_log(path) as fd:
-            lines, reset = catch_up(fd, path, state.nodes, repair=True)
-            if reset:
-                state.next_node = 0
-                state.node_writer.forget()
-            for line in lines:
-                node_id = node_id_of(line)
-                if node_id is None:
-                    logger.warning('step_file: skipping a damaged line in %s: %r', path, line[:200])
-                    continue
-                state.next_node = max(state.next_node, node_id + 1)
-            if parent is not None and cast(int, parent) >= state.next_node:
-                raise _StaleHistory(parent)
-            if not bodies:
-                return []
-            data, ids, written = state.node_writer.encode(state.next_node, cast(int | None, parent), bodies)
-            append_lines(fd, state.nodes, data, sync=self._full)
-            state.node_writer.commit(written)
-            state.next_node = ids[-1] + 1
-            return list(ids)
-
-    def _prune(self, paths: _Paths, state: _RunState) -> None:
-        for seq in snapshots_to_prune(state.live_snapshots.items(), self.max_snapshots_per_run):
-            with contextlib.suppress(FileNotFoundError):
-                paths.snapshot(seq).unlink()
-            del state.live_snapshots[seq]
-
-    async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
-        run_id = validate_path_safe_run_id(run_id)
-        found = await self._worker.run(self._latest_sync, run_id, include_interrupted)
-        if found is None:
-            return None
-        stored, bodies = found
-        return await self._decode(stored, bodies)
-
-    def _latest_sync(self, run_id: str, include_interrupted: bool) -> tuple[_StoredSnapshot, list[bytes]] | None:
-        run_dir = self._run_dir(run_id)
-        nodes: Nodes | None = None
-        with run_lock(run_dir / LOCK_FILE, exclusive=False):
-            for seq in reversed(self._snapshot_seqs(run_dir)):
-                path = run_dir / SNAPSHOTS_DIR / f'{seq}.json'
-                try:
-                    stored = self._parse_snapshot(path, path.read_bytes(), run_id)
-                    if not (include_interrupted or stored.header.state is SnapshotState.COMPLETE):
-                        continue
-                    if nodes is None:
-                        nodes = self._read_nodes(run_dir)
-                    return stored, self._chain(stored, nodes)
-                except FileNotFoundError:
-                    continue  # pruned meanwhile by another process
-                except _Uncommitted as exc:
-                    logger.warning('step_file: passing over snapshot %s: %s', path, exc)
-        return None
-
-    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
-        run_id = validate_path_safe_run_id(run_id)
-        stored, nodes = await self._worker.run(self._list_snapshots_sync, run_id)
-        snapshots: list[ContinuableSnapshot] = []
-        for item in stored:
-            try:
-                snapshots.append(await self._decode(item, self._chain(item, nodes)))
-            except ValueError as exc:
-                logger.warning('step_file: skipping snapshot %d of run %r: %s', item.seq, run_id, exc)
-        return snapshots
-
-    def _list_snapshots_sync(self, run_id: str) -> tuple[list[_StoredSnapshot], Nodes]:
-        run_dir = self._run_dir(run_id)
-        stored: list[_StoredSnapshot] = []
-        with run_lock(run_dir / LOCK_FILE, exclusive=False):
-            for seq in self._snapshot_seqs(run_dir):
-                path = run_dir / SNAPSHOTS_DIR / f'{seq}.json'
-                try:
-                    stored.append(self._parse_snapshot(path, path.read_bytes(), run_id))
-                except FileNotFoundError:
-                    continue
-                except ValueError as exc:
-                    logger.warning('step_file: skipping snapshot file %s: %s', path, exc)
-            nodes = self._read_nodes(run_dir) if stored else {}
-        return stored, nodes
-
-    @staticmethod
-    def _snapshot_seqs(run_dir: Path) -> list[int]:
-        try:
-            names = os.listdir(run_dir / SNAPSHOTS_DIR)
-        except FileNotFoundError:
-            return []
-        seqs: list[int] = []
-        for name in names:
-            match = _SNAPSHOT_NAME.fullmatch(name)
-            if match is not None:
-                seqs.append(int(match.group(1)))
-        seqs.sort()
-        return seqs
-
-    @staticmethod
-    def _parse_snapshot(path: Path, raw: bytes, run_id: str) -> _StoredSnapshot:
-        if not raw.strip(b'\x00'):
-            raise _Uncommitted(f'snapshot file {str(path)!r} is empty: its write never reached the disk')
-        try:
-            document: Any = json.loads(raw)
-        except ValueError as exc:
-            raise ValueError(
-                f'snapshot file {str(path)!r} is not valid JSON ({exc}): it is damaged; delete it to fall back '
-                'to the previous snapshot'
-            ) from None
-        if not isinstance(document, dict):
-            raise ValueError(f'snapshot file {str(path)!r} does not hold a JSON object: it is damaged; delete it')
-        content = cast(dict[str, Any], document)
-        check_format_version(content.get(FORMAT_KEY), what=f'snapshot file {str(path)!r}')
-        head, length, header = content.get('head'), content.get('length'), content.get('snapshot')
-        if (
-            not (head is None or (isinstance(head, int) and not isinstance(head, bool)))
-            or not isinstance(length, int)
-            or isinstance(length, bool)
-            or length < 0
-            or not isinstance(header, dict)
-        ):
-            raise ValueError(f'snapshot file {str(path)!r} lacks a valid head, length or snapshot: it is damaged')
-        try:
-            record = load_record(ContinuableSnapshot, cast(dict[str, Any], header), run_id=run_id)
-        except ValueError as exc:
-            raise ValueError(f'snapshot file {str(path)!r} cannot be read: {exc}') from exc
-        seq = record.seq if record.seq is not None else int(path.stem)
-        return _StoredSnapshot(seq=seq, header=record, head=head, length=length)
-
-    @staticmethod
-    def _read_nodes(run_dir: Path) -> Nodes:
-        path = run_dir / MESSAGES_FILE
-        return parse_nodes(read_complete_lines(path), path)
-
-    @staticmethod
-    def _chain(stored: _StoredSnapshot, nodes: Nodes) -> list[bytes]:
-        """The stored bodies of a snapshot's messages; `_Uncommitted` when some never reached the log."""
-
-        def lookup(node: NodeId) -> tuple[NodeId | None, bytes]:
-            found = nodes.get(cast(int, node))
-            if found is None:
-                raise LookupError(node)
-            return found
-
-        try:
-            return walk_chain(stored.head, stored.length, lookup)
-        except LookupError as exc:
-            raise _Uncommitted(
-                f'snapshot {stored.seq} of run {stored.header.run_id!r} references message nodes missing from '
-                f'{MESSAGES_FILE} ({exc}): its messages were lost (an operating-system crash before they '
-                'reached the disk) or the file was damaged'
-            ) from None
-
-    async def _decode(self, stored: _StoredSnapshot, bodies: list[bytes]) -> ContinuableSnapshot:
-        messages = await self._history.decode(bodies)
-        return stored.header.model_copy(update={'messages': messages, 'seq': stored.seq})
-
-    # -- tool effects -----------------------------------------------------------------------
-
-    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        run_id = validate_path_safe_run_id(record.run_id)
-        await self._worker.run(self._write_runs_sync, {run_id: [record]})
-
-    def _append_effects(self, paths: _Paths, state: _RunState, records: list[ToolEffectRecord]) -> None:
-        """Append ledger lines (run's lock held); the latest line of a tool call is its entry."""
-        if not records:
-            return
-        path = paths.effects
-        with opened_log(path) as fd:
-            self._catch_up_effects(fd, path, state, repair=True)
-            lines = [dump_record_compact(record, exclude=_KEPT_BY_FOLDER) + b'\n' for record in records]
-            append_lines(fd, state.effects, b''.join(lines), sync=self._full)
-            for record, line in zip(records, lines, strict=True):
-                state.effect_lines[record.tool_call_id] = line
-
-    @staticmethod
-    def _catch_up_effects(fd: int, path: Path, state: _RunState, *, repair: bool) -> None:
-        lines, reset = catch_up(fd, path, state.effects, repair=repair)
-        if reset:
-            state.effect_lines.clear()
-        for line, data in _json_objects(lines, path):
-            tool_call_id = data.get('tool_call_id')
-            if isinstance(tool_call_id, str):
-                state.effect_lines[tool_call_id] = line
-
-    def _effect_lines_sync(self, run_id: str, tool_call_id: str | None) -> list[bytes]:
-        """The latest ledger line of one tool call (or of every call when `tool_call_id` is None)."""
-        state = self._state(run_id)
-        with self._reading(state) as paths:
-            path = paths.effects
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                return []
-            try:
-                self._catch_up_effects(fd, path, state, repair=False)
-            finally:
-                os.close(fd)
-            if tool_call_id is None:
-                return list(state.effect_lines.values())
-            line = state.effect_lines.get(tool_call_id)
-            return [] if line is None else [line]
-
-    async def _effects(self, run_id: str, tool_call_id: str | None = None) -> list[ToolEffectRecord]:
-        lines = await self._worker.run(self._effect_lines_sync, run_id, tool_call_id)
-        return [load_record(ToolEffectRecord, line, run_id=run_id) for line in lines]
-
-    async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
-        run_id = validate_path_safe_run_id(run_id)
-        found = await self._effects(run_id, tool_call_id)
-        return found[0] if found else None
-
-    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        run_id = validate_path_safe_run_id(run_id)
-        return sorted(await self._effects(run_id), key=lambda r: _sort_time(r.started_at))
-
-    async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        return [r for r in await self.list_tool_effects(run_id) if r.status is ToolEffectStatus.STARTED]
-
-    async def aclose(self) -> None:
-        with self._states_lock:
-            self._states.clear()
-        self._worker.close()
