@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import LiteralString, TypeAlias
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from step_postgres import PostgresStepStore
 from step_postgres.schema import redact_dsn
+from stepcore import StepStore
 
 START_HINT = 'start a server with: export STEP_POSTGRES_URL="$(scripts/postgres-server.sh start)"'
 
@@ -66,3 +69,37 @@ def new_prefix(postgres_url: str) -> Iterator[Callable[[], str]]:
 def table_prefix(new_prefix: Callable[[], str]) -> str:
     """A fresh table prefix for one test; its tables are dropped afterwards."""
     return new_prefix()
+
+
+Damage: TypeAlias = Callable[[StepStore, str, str, int | str | None, bytes], Awaitable[None]]
+"""The kit's `damage` hook: `(store, kind, run_id, ident, replacement)`."""
+
+
+_DAMAGE: dict[str, LiteralString] = {
+    'run': 'UPDATE {runs} SET record = %s::json WHERE run_id = %s',
+    'event': 'UPDATE {events} SET record = %s::json WHERE run_id = %s AND seq = %s',
+    'effect': 'UPDATE {tool_effects} SET record = %s::json WHERE run_id = %s AND tool_call_id = %s',
+    'snapshot': 'UPDATE {snapshots} SET record = %s::json WHERE run_id = %s AND seq = %s',
+    'message': 'UPDATE {nodes} SET body = %s WHERE run_id = %s AND position(%s::bytea IN body) > 0',
+}
+
+
+@pytest.fixture
+def postgres_damage(postgres_url: str) -> Damage:
+    """Overwrites the stored body of records in the store's tables, bypassing the store.
+
+    Records keep their bodies in `json` columns (the replacement is written as that JSON); message
+    bodies are `bytea` node rows, each replaced whole when it contains the marker text.
+    """
+
+    async def damage(store: StepStore, kind: str, run_id: str, ident: int | str | None, replacement: bytes) -> None:
+        assert isinstance(store, PostgresStepStore)
+        if kind == 'message':
+            params: tuple[object, ...] = (replacement, run_id, str(ident).encode())
+        else:
+            params = (replacement.decode(), run_id, *(() if ident is None else (ident,)))
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+            cursor = await conn.execute(store.tables.query(_DAMAGE[kind]), params)
+            assert cursor.rowcount >= 1, f'no stored {kind} {ident!r} of run {run_id!r} to damage'
+
+    return damage

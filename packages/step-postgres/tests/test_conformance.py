@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -23,6 +23,11 @@ class TestPostgresStepStore(StepStoreConformance):
     @pytest.fixture
     def store_spec(self, postgres_url: str, table_prefix: str) -> dict[str, Any]:
         return {'backend': 'postgres', 'dsn': postgres_url, 'table_prefix': table_prefix}
+
+    @pytest.fixture
+    def damage(self, postgres_damage: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        """Record bodies are `json` columns (the kit's replacement is valid JSON); messages are `bytea` nodes."""
+        return postgres_damage
 
 
 class TestPostgresMediaStore(MediaStoreConformance):

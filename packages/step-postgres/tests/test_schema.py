@@ -251,3 +251,20 @@ async def test_the_longest_prefix_names_every_object_in_full(postgres_url: str, 
         }
     expected = set(Tables(prefix).identifiers())
     assert {name.removeprefix(prefix + '_') for name in names} >= expected
+
+
+async def test_an_index_built_beforehand_under_the_migration_name_is_kept(postgres_url: str, table_prefix: str) -> None:
+    tables = Tables(table_prefix)
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        assert await ensure_schema(conn, tables, STEPS, target=2) == 2
+        # What an operator runs on a large table before upgrading, without blocking writers.
+        await conn.execute(tables.query('CREATE INDEX CONCURRENTLY {nodes_run} ON {nodes} (run_id)'))
+    store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
+    try:
+        await store.register_run(RunRecord(run_id='r'))
+        assert await store.delete_run('r') is True
+    finally:
+        await store.aclose()
+    async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+        assert await schema_version(conn, tables, STEPS) == STEPS.latest == 3
+    assert 'nodes_run' in _indexes(postgres_url, table_prefix)

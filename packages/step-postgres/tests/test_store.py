@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic_ai.messages import (
@@ -24,7 +26,8 @@ from pydantic_ai.messages import (
 
 import stepcore
 from step_postgres import PostgresMediaStore, PostgresStepStore
-from step_postgres.schema import Tables
+from step_postgres.schema import STEPS, Tables, ensure_schema
+from step_postgres.store import PostgresPort
 from stepcore import (
     ContinuableSnapshot,
     EventKind,
@@ -34,6 +37,11 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
+from stepcore.codec import dump_record_json, encode_message
+from stepcore.engine import DamagedRecordError
+from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at
+
+Damage = Callable[..., Awaitable[None]]
 
 
 @pytest.fixture
@@ -245,10 +253,10 @@ async def test_unknown_marker_version_raises_on_latest_and_is_skipped_by_list(
     )
     with pytest.raises(ValueError, match='format 99'):
         await store.latest_snapshot('m')
-    with caplog.at_level(logging.ERROR, logger='step_postgres'):
+    with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
         listed = await store.list_snapshots('m')
     assert [s.seq for s in listed] == [1]
-    assert 'skipping snapshot seq=2' in caplog.text
+    assert "skipping a damaged record: snapshot seq=2 of run 'm'" in caplog.text
     assert 'format 99' in caplog.text
 
 
@@ -336,7 +344,10 @@ async def test_every_protocol_query_can_use_an_index(
     await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_exchange(0)))
     await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED))
     await store.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='c', tool_name='t'))
-    q = store._q
+    port = store.port
+    assert isinstance(port, PostgresPort)
+    q = port._q
+    snapshot = {'run': 'r', 'complete': 'complete'}
     checks: list[tuple[Any, Any]] = [
         (q.run_get, ('r',)),
         (q.runs_by_conversation, ('c',)),
@@ -344,19 +355,20 @@ async def test_every_protocol_query_can_use_an_index(
         (q.runs_by_both, ('c', 'p')),
         (q.runs_all, ()),
         (q.events_list, ('r',)),
-        (q.snapshots_list, ('r',)),
+        *((query, snapshot) for query in q.snapshots.values()),
         (q.snapshot_states, ('r',)),
-        (q.snapshot_nodes, ('r',)),
-        (q.latest_complete, {'run': 'r', 'complete': 'complete'}),
-        (q.latest_any, {'run': 'r', 'complete': 'complete'}),
+        (q.snapshot_key_applied, ('r', 'k')),
+        (q.node_exists, (1, 'r')),
+        (q.nodes_reach, {'run': 'r', 'heads': [1, 2]}),
         (q.effect_get, ('r', 'c')),
         (q.effects_list, ('r',)),
         (q.effects_by_status, ('r', 'started')),
+        (q.run_delete, {'run': 'r'}),
     ]
     async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
         await conn.execute('SET enable_seqscan = off')
         for query, params in checks:
-            cur = await conn.execute(psycopg.sql.SQL('EXPLAIN ') + query, params)
+            cur = await conn.execute(sql.SQL('EXPLAIN ') + query, params)
             plan = '\n'.join(str(row[0]) for row in await cur.fetchall())
             assert 'Seq Scan' not in plan, f'{query.as_string(conn)}\n{plan}'
 
@@ -374,3 +386,308 @@ async def test_nul_characters_in_record_fields_round_trip(store: PostgresStepSto
     assert latest is not None
     assert latest.messages == messages
     assert latest.metadata == {'k': '\x00'}
+
+
+_BAD_BODY = b'{"format":1,"metadata":17}'
+"""Valid JSON that is no valid record of any kind (nor a message)."""
+
+
+async def _damaged_run(store: PostgresStepStore) -> list[ModelMessage]:
+    """Run 'dmg' with two events, a ledger entry and two snapshots; run 'fine' beside it."""
+    await store.register_run(RunRecord(run_id='fine'))
+    await store.register_run(RunRecord(run_id='dmg'))
+    first: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('marker-a')])]
+    await store.write_batch(
+        [
+            StepEvent(run_id='dmg', kind=EventKind.RUN_STARTED),
+            ToolEffectRecord(run_id='dmg', tool_call_id='c1', tool_name='t'),
+            StepEvent(run_id='dmg', kind=EventKind.TOOL_CALL_STARTED, tool_call_id='c1'),
+        ],
+        snapshot=ContinuableSnapshot(run_id='dmg', messages=first),
+    )
+    second = [*first, ModelResponse(parts=[TextPart('marker-b')])]
+    await store.save_snapshot(ContinuableSnapshot(run_id='dmg', messages=second))
+    return second
+
+
+async def test_damaged_event_is_skipped_with_a_warning(
+    store: PostgresStepStore, postgres_damage: Damage, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _damaged_run(store)
+    await postgres_damage(store, 'event', 'dmg', 1, _BAD_BODY)
+    with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
+        events = await store.list_events('dmg')
+    assert [e.seq for e in events] == [2]
+    assert "skipping a damaged record: event seq=1 of run 'dmg'" in caplog.text
+
+
+async def test_damaged_ledger_entry_is_an_error_naming_the_run(
+    store: PostgresStepStore, postgres_damage: Damage
+) -> None:
+    await _damaged_run(store)
+    await postgres_damage(store, 'effect', 'dmg', 'c1', _BAD_BODY)
+    with pytest.raises(DamagedRecordError, match="ledger entry of tool call 'c1' of run 'dmg'"):
+        await store.list_tool_effects('dmg')
+    with pytest.raises(DamagedRecordError, match="of run 'dmg'"):
+        await store.list_unresolved_tool_effects('dmg')
+
+
+async def test_damaged_snapshot_header_is_an_error_alone_and_skipped_in_the_list(
+    store: PostgresStepStore, postgres_damage: Damage, caplog: pytest.LogCaptureFixture
+) -> None:
+    messages = await _damaged_run(store)
+    await postgres_damage(store, 'snapshot', 'dmg', 2, _BAD_BODY)
+    with pytest.raises(DamagedRecordError, match="snapshot seq=2 of run 'dmg'"):
+        await store.latest_snapshot('dmg')
+    with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
+        listed = await store.list_snapshots('dmg')
+    assert [(s.seq, s.messages) for s in listed] == [(1, messages[:1])]
+    assert "snapshot seq=2 of run 'dmg'" in caplog.text
+
+
+async def test_damaged_message_fails_only_the_snapshots_holding_it(
+    store: PostgresStepStore, postgres_damage: Damage
+) -> None:
+    messages = await _damaged_run(store)
+    await postgres_damage(store, 'message', 'dmg', 'marker-b', _BAD_BODY)
+    with pytest.raises(DamagedRecordError, match=r"snapshot seq=2 of run 'dmg' .*message 1 \(node \d+\) is damaged"):
+        await store.latest_snapshot('dmg')
+    assert [(s.seq, s.messages) for s in await store.list_snapshots('dmg')] == [(1, messages[:1])]
+
+
+async def test_damaged_run_record_leaves_only_that_run_out(store: PostgresStepStore, postgres_damage: Damage) -> None:
+    await _damaged_run(store)
+    await postgres_damage(store, 'run', 'dmg', None, _BAD_BODY)
+    assert [r.run_id for r in await store.list_runs()] == ['fine']
+    with pytest.raises(DamagedRecordError, match="run record of run 'dmg'"):
+        await store.get_run('dmg')
+    assert [e.seq for e in await store.list_events('dmg')] == [1, 2]
+
+
+_NUL_WRITES: dict[str, tuple[Callable[[PostgresStepStore], Awaitable[object]], str]] = {
+    'register_run': (lambda s: s.register_run(RunRecord(run_id='a\x00b')), "run_id 'a\\x00b'"),
+    'get_run': (lambda s: s.get_run('a\x00b'), "run_id 'a\\x00b'"),
+    'list_events': (lambda s: s.list_events('\x00'), "run_id '\\x00'"),
+    'event key': (
+        lambda s: s.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, idempotency_key='k\x00')),
+        "idempotency_key 'k\\x00'",
+    ),
+    'snapshot key': (
+        lambda s: s.save_snapshot(ContinuableSnapshot(run_id='r', idempotency_key='\x00snap')),
+        "idempotency_key '\\x00snap'",
+    ),
+    'tool_call_id': (
+        lambda s: s.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='c\x00', tool_name='t')),
+        "tool_call_id 'c\\x00'",
+    ),
+}
+
+
+@pytest.mark.parametrize('case', list(_NUL_WRITES))
+async def test_nul_in_a_run_id_or_key_is_refused_naming_it(
+    store: PostgresStepStore,
+    postgres_url: str,
+    table_prefix: str,
+    case: str,
+) -> None:
+    write, named = _NUL_WRITES[case]
+    with pytest.raises(ValueError, match=re.escape(named) + '.*without NUL characters'):
+        await write(store)
+    assert await store.list_runs() == []
+    assert _rows(postgres_url, table_prefix, 'SELECT count(*) FROM {events}') == [(0,)]
+
+
+async def test_delete_run_removes_every_row_of_the_run(
+    store: PostgresStepStore, postgres_url: str, table_prefix: str
+) -> None:
+    async def write(run_id: str) -> None:
+        await store.register_run(RunRecord(run_id=run_id))
+        await store.write_batch(
+            [
+                ToolEffectRecord(run_id=run_id, tool_call_id='c', tool_name='t'),
+                StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, idempotency_key='e'),
+            ],
+            snapshot=ContinuableSnapshot(run_id=run_id, messages=_exchange(0), idempotency_key='s'),
+        )
+
+    await write('gone')
+    await write('kept')
+    tables = ('runs', 'counters', 'events', 'event_keys', 'nodes', 'snapshots', 'snapshot_keys', 'tool_effects')
+
+    def counts(run_id: str) -> list[int]:
+        with psycopg.connect(postgres_url) as conn:
+            return [
+                conn.execute(
+                    sql.SQL('SELECT count(*) FROM {} WHERE run_id = %s').format(
+                        sql.Identifier(f'{table_prefix}_{table}')
+                    ),
+                    (run_id,),
+                ).fetchone()[0]  # type: ignore[index]
+                for table in tables
+            ]
+
+    before = counts('kept')
+    assert all(before)
+    assert counts('gone') == before
+    assert await store.delete_run('gone') is True
+    assert counts('gone') == [0] * len(tables)
+    assert counts('kept') == before
+    assert await store.delete_run('gone') is False
+    # A run written again under the same id starts afresh: seqs from 1, its keys not applied.
+    await write('gone')
+    assert [e.seq for e in await store.list_events('gone')] == [1]
+    assert [s.seq for s in await store.list_snapshots('gone')] == [1]
+
+
+async def test_a_snapshot_key_recorded_meanwhile_is_retried_not_written_twice(
+    store: PostgresStepStore, postgres_url: str, table_prefix: str
+) -> None:
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
+    await store.save_snapshot(ContinuableSnapshot(run_id='race', messages=messages))
+    raced: list[str] = []
+
+    def other_writer(boundary: str) -> None:
+        # Another writer (one that takes no run lock) records the key after the store checked it.
+        if boundary == 'put_snapshot' and not raced:
+            raced.append(boundary)
+            _execute(
+                postgres_url,
+                table_prefix,
+                'INSERT INTO {snapshot_keys} (run_id, idempotency_key) VALUES (%s, %s)',
+                ('race', 'k'),
+            )
+
+    longer = [*messages, *_exchange(1)]
+    with inject_faults(store, other_writer):
+        await store.save_snapshot(ContinuableSnapshot(run_id='race', messages=longer, idempotency_key='k'))
+    assert raced == ['put_snapshot']
+    assert [s.seq for s in await store.list_snapshots('race')] == [1]
+    assert _rows(postgres_url, table_prefix, 'SELECT count(*) FROM {nodes}') == [(1,)]
+    # The next save of the run still continues its history.
+    await store.save_snapshot(ContinuableSnapshot(run_id='race', messages=longer))
+    latest = await store.latest_snapshot('race')
+    assert latest is not None
+    assert (latest.seq, latest.messages) == (2, longer)
+
+
+async def test_a_batch_stopped_at_any_write_boundary_leaves_all_or_nothing(store: PostgresStepStore) -> None:
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')]), *_exchange(0)]
+
+    def batch(run_id: str) -> Callable[[], Awaitable[None]]:
+        def write() -> Awaitable[None]:
+            return store.write_batch(
+                [
+                    ToolEffectRecord(run_id=run_id, tool_call_id='call-0', tool_name='lookup').model_copy(
+                        update={'status': ToolEffectStatus.COMPLETED}
+                    ),
+                    StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_COMPLETED, tool_call_id='call-0'),
+                ],
+                snapshot=ContinuableSnapshot(run_id=run_id, messages=messages, idempotency_key='s1'),
+            )
+
+        return write
+
+    passed = await boundaries(store, batch('probe'))
+    assert passed[-2:] == ['commit', 'committed']
+    for index, boundary in enumerate(passed):
+        run_id = f'stop-{index}'
+        with inject_faults(store, stop_at(index)), pytest.raises(InjectedFault):
+            await batch(run_id)()
+        written = (
+            await store.latest_snapshot(run_id),
+            await store.list_tool_effects(run_id),
+            await store.list_events(run_id),
+        )
+        if boundary == 'committed':
+            assert written[0] is not None
+            assert written[0].messages == messages
+            assert [r.status for r in written[1]] == [ToolEffectStatus.COMPLETED]
+            assert len(written[2]) == 1
+        else:
+            assert written == (None, [], []), boundary
+
+
+async def test_a_given_pool_outside_autocommit_gets_its_connections_back_unchanged(
+    postgres_url: str, table_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with AsyncConnectionPool(postgres_url, min_size=1, max_size=1, open=False) as pool:
+        store = PostgresStepStore(pool=pool, table_prefix=table_prefix)
+        with caplog.at_level(logging.WARNING, logger='psycopg'):
+            await store.register_run(RunRecord(run_id='r'))
+            await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_exchange(0)))
+            assert await store.get_run('r') is not None
+        assert caplog.records == []  # no connection went back inside a transaction
+        async with pool.connection() as conn:
+            assert not conn.autocommit
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        await store.aclose()
+
+
+async def test_rows_of_the_previous_release_are_read_and_continued(postgres_url: str, table_prefix: str) -> None:
+    """Full records as JSON (events and snapshot headers without seq), schema version 2."""
+    tables = Tables(table_prefix)
+    run = RunRecord(run_id='old', conversation_id='c', registration_id='reg', metadata={'k': 'v'})
+    event = StepEvent(run_id='old', kind=EventKind.RUN_STARTED, idempotency_key='e1')
+    effect = ToolEffectRecord(run_id='old', tool_call_id='c1', tool_name='t', args={'x': 1})
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('hi')]), ModelResponse(parts=[TextPart('yo')])]
+    snapshot = ContinuableSnapshot(run_id='old', messages=messages, step_index=3, idempotency_key='s1')
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        await ensure_schema(conn, tables, STEPS, target=2)
+        q = tables.query
+        await conn.execute(
+            q(
+                """INSERT INTO {runs} (run_id, started_at, conversation_id, registration_id, record)
+                VALUES (%s, %s, %s, %s, %s::json)"""
+            ),
+            ('old', run.started_at, 'c', 'reg', dump_record_json(run)),
+        )
+        await conn.execute(q("INSERT INTO {counters} VALUES ('old', 'event', 1), ('old', 'snapshot', 1)"))
+        await conn.execute(q("INSERT INTO {event_keys} VALUES ('old', 'e1')"))
+        await conn.execute(q("INSERT INTO {snapshot_keys} VALUES ('old', 's1')"))
+        await conn.execute(
+            q("INSERT INTO {events} (run_id, seq, idempotency_key, record) VALUES ('old', 1, 'e1', %s::json)"),
+            (dump_record_json(event, exclude={'seq'}),),
+        )
+        await conn.execute(
+            q(
+                """INSERT INTO {tool_effects} (run_id, tool_call_id, status, started_at, record)
+                VALUES ('old', 'c1', 'started', %s, %s::json)"""
+            ),
+            (effect.started_at, dump_record_json(effect)),
+        )
+        head = None
+        for message in messages:
+            cursor = await conn.execute(
+                q("INSERT INTO {nodes} VALUES (nextval(%s::regclass), 'old', %s, %s) RETURNING node_id"),
+                (tables.name('node_ids'), head, encode_message(message)),
+            )
+            (head,) = cast(tuple[int], await cursor.fetchone())
+        await conn.execute(
+            q(
+                """INSERT INTO {snapshots} (run_id, seq, state, step_index, head, length, record)
+                VALUES ('old', 1, 'complete', 3, %s, 2, %s::json)"""
+            ),
+            (head, dump_record_json(snapshot, exclude={'messages', 'seq'})),
+        )
+
+    store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
+    try:
+        assert await store.get_run('old') == run
+        assert await store.list_runs(conversation_id='c') == [run]
+        await store.register_run(run.model_copy())  # the same registration, retried
+        assert await store.list_events('old') == [event.model_copy(update={'seq': 1})]
+        assert await store.get_tool_effect('old', 'c1') == effect
+        assert await store.list_unresolved_tool_effects('old') == [effect]
+        assert await store.latest_snapshot('old') == snapshot.model_copy(update={'seq': 1})
+        # Writing goes on where the previous release left off.
+        await store.append_event(event.model_copy())  # its key was applied: suppressed
+        await store.append_event(StepEvent(run_id='old', kind=EventKind.RUN_COMPLETED))
+        assert [e.seq for e in await store.list_events('old')] == [1, 2]
+        await store.save_snapshot(snapshot.model_copy())  # suppressed too
+        longer = [*messages, ModelResponse(parts=[TextPart('more')])]
+        await store.save_snapshot(ContinuableSnapshot(run_id='old', messages=longer))
+        assert [(s.seq, s.messages) for s in await store.list_snapshots('old')] == [(1, messages), (2, longer)]
+        assert await store.delete_run('old') is True
+        assert await store.list_runs() == []
+    finally:
+        await store.aclose()

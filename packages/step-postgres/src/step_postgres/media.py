@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
+from stepcore.features import PERSISTENT
 from stepcore.media import EMPTY_CONTEXT, MediaContext, PublicUrlResolver, digest_of_uri, media_uri, resolve_public_url
 from stepcore.setup_once import SetupOnce
 
@@ -26,6 +27,8 @@ class PostgresMediaStore:
     written again (its first `media_type` and metadata are kept), so concurrent writers of the same
     content never conflict.
     """
+
+    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT})
 
     def __init__(
         self,

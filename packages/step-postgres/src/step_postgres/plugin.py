@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.hookspecs import BackendInfo, hookimpl
 
-_STEP_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+
+def postgres_url_options(url: str) -> dict[str, str]:
+    """`postgresql://user@host:5432/db?sslmode=require` (or `postgres://`) -> `dsn=`, the URL as it is."""
+    return {'dsn': url.strip()}
 
 
 @hookimpl
@@ -14,7 +16,8 @@ def register_step_stores() -> list[BackendInfo]:
         BackendInfo(
             key='postgres',
             factory='step_postgres.store:PostgresStepStore',
-            features=_STEP_FEATURES,
+            schemes=('postgresql', 'postgres'),
+            url_options=postgres_url_options,
             summary='Tables in a PostgreSQL database, shared by many processes (psycopg 3, pooled).',
         )
     ]
@@ -26,7 +29,6 @@ def register_media_stores() -> list[BackendInfo]:
         BackendInfo(
             key='postgres',
             factory='step_postgres.media:PostgresMediaStore',
-            features=frozenset({PERSISTENT}),
             summary='Blobs in a table of a PostgreSQL database.',
         )
     ]

@@ -71,6 +71,7 @@ _TABLE_NAMES: tuple[LiteralString, ...] = (
     'runs_started',
     'snapshots_state',
     'tool_effects_status',
+    'nodes_run',
     'media',
 )
 
@@ -186,6 +187,9 @@ STEPS = Component(
             'CREATE INDEX {snapshots_state} ON {snapshots} (run_id, state, seq)',
             'CREATE INDEX {tool_effects_status} ON {tool_effects} (run_id, status, started_at, ord)',
         ),
+        # 3: message nodes by run, so deleting a run does not scan every run's nodes. (An index an
+        # operator built beforehand with CREATE INDEX CONCURRENTLY under this name is kept.)
+        ('CREATE INDEX IF NOT EXISTS {nodes_run} ON {nodes} (run_id)',),
     ),
 )
 

@@ -1,34 +1,39 @@
-"""`PostgresStepStore`: runs, events, snapshots and the tool-effect ledger in PostgreSQL."""
+"""`PostgresStepStore`: runs, events, snapshots and the tool-effect ledger in PostgreSQL.
+
+The store is the stepcore engine over `PostgresPort`, which answers the engine's operations with
+SQL on pooled connections. A write is one transaction on one connection in pipeline mode:
+statements whose answers the engine does not need are sent without waiting for them, so a write
+without a snapshot costs one round trip and a snapshot save two (its checks, then the writes and
+the commit).
+"""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-from typing import Any, ClassVar, Final, LiteralString, cast
+import hashlib
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, Generic, TypeAlias, TypeVar
 
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection, Error, errors, pq, sql
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from stepcore.codec import dump_record_json, load_record
+from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.history import HistoryIndex, walk_chain
 from stepcore.media import MediaStore
-from stepcore.models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, ToolEffectStatus
-from stepcore.protocols import StepStore, StepWrite
-from stepcore.registration import check_registration
-from stepcore.retention import check_max_snapshots, snapshots_to_prune
+from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.setup_once import SetupOnce
-from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
-from stepcore.writes import check_writes
+from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
 from .media import PostgresMediaStore
 from .schema import DEFAULT_TABLE_PREFIX, STEPS, Tables, ensure_schema
 
-__all__ = ('PostgresStepStore',)
+__all__ = ('DEFAULT_MEDIA', 'PostgresPort', 'PostgresStepStore')
 
-logger = logging.getLogger('step_postgres')
+T = TypeVar('T')
+Rows: TypeAlias = list[tuple[Any, ...]]
 
 
 class _DefaultMedia:
@@ -37,24 +42,399 @@ class _DefaultMedia:
 
 
 DEFAULT_MEDIA: Final = _DefaultMedia()
+"""`media_store=` default: a `PostgresMediaStore` on the store's pool and table prefix."""
 
-_SNAPSHOT_HEADER_EXCLUDE = {'messages', 'seq'}
-_SEQ_EXCLUDE = {'seq'}
+_NODE_ID_BLOCK: Final = 128
+"""Message node ids a port takes from the database's sequence at a time (see `PostgresPort`)."""
 
-
-def _event_params(event: StepEvent) -> dict[str, Any]:
-    return {
-        'run': event.run_id,
-        'key': event.idempotency_key,
-        'record': dump_record_json(event, exclude=_SEQ_EXCLUDE),
-    }
+_RUN_TABLES: Final = ('events', 'event_keys', 'counters', 'nodes', 'snapshots', 'snapshot_keys', 'tool_effects', 'runs')
 
 
-def _effect_params(record: ToolEffectRecord) -> tuple[Any, ...]:
-    return (record.run_id, record.tool_call_id, record.status.value, record.started_at, dump_record_json(record))
+@dataclass(frozen=True, slots=True)
+class _Ask(Generic[T]):
+    """A read: one statement, its parameters, and how its rows become the operation's answer."""
+
+    query: sql.Composed
+    params: Sequence[Any] | Mapping[str, Any]
+    answer: Callable[[Rows], T]
 
 
-class PostgresStepStore(StepStore):
+def _text(body: ops.Body) -> str:
+    """An engine-encoded body as the text of a `json` column."""
+    return body.decode() if isinstance(body, bytes) else str(body)
+
+
+def _run_row(row: tuple[Any, ...]) -> ops.RunRow:
+    return ops.RunRow(run_id=row[0], started_at=row[1], conversation_id=row[2], parent_run_id=row[3], body=row[4])
+
+
+def _effect_row(row: tuple[Any, ...]) -> ops.EffectRow:
+    return ops.EffectRow(run_id=row[0], tool_call_id=row[1], status=row[2], started_at=row[3], body=row[4])
+
+
+def _snapshot_row(row: tuple[Any, ...]) -> ops.SnapshotRow:
+    return ops.SnapshotRow(
+        run_id=row[0], state=row[1], head=row[2], length=row[3], step_index=row[4], body=row[5], seq=row[6]
+    )
+
+
+def _first_run(rows: Rows) -> ops.RunRow | None:
+    return _run_row(rows[0]) if rows else None
+
+
+def _flag(rows: Rows) -> bool:
+    return bool(rows[0][0])
+
+
+async def _fetch(tx: AsyncConnection[Any], ask: _Ask[T]) -> T:
+    cursor = tx.cursor(row_factory=tuple_row)
+    await cursor.execute(ask.query, ask.params)
+    return ask.answer(await cursor.fetchall())
+
+
+async def _roll_back(conn: AsyncConnection[Any]) -> None:
+    """End a transaction that did not commit; a broken connection is left to the pool to discard."""
+    if not conn.closed:
+        with suppress(Error):
+            await conn.rollback()
+
+
+class PostgresPort(AsyncPort):
+    """The engine's operations as SQL on `<prefix>_*` tables (schema in `schema.py`).
+
+    `transaction(runs)` is one connection in pipeline mode running `BEGIN`, a transaction-scoped
+    advisory lock per run (so the engine's checks and the writes that follow them are not
+    interleaved with another writer of the run, in any process), the operations, and `COMMIT`.
+    Only reads and the rare node id refill wait for answers. Message node ids are taken from the
+    table's sequence a block at a time and handed out from memory, so storing a snapshot needs no
+    answer; a snapshot key another writer recorded meanwhile then fails the commit on the key's
+    primary key, and the transaction raises `KeyConflict` for the engine to retry.
+    """
+
+    name = 'PostgreSQL store'
+
+    def __init__(self, handle: PoolHandle, tables: Tables) -> None:
+        self._handle = handle
+        self._tables = tables
+        self._q = _Queries(tables)
+        self._ensure = SetupOnce(self._create_schema)
+        self._spare_node_ids: list[int] = []
+
+    def describe(self) -> str:
+        return f"PostgreSQL tables '{self._tables.prefix}_*'"
+
+    async def _create_schema(self) -> None:
+        async with self._handle.connection() as conn:
+            await ensure_schema(conn, self._tables, STEPS)
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection in autocommit mode (the port opens its transactions itself)."""
+        await self._ensure()
+        async with self._handle.connection() as conn:
+            if conn.autocommit:
+                yield conn
+                return
+            await conn.set_autocommit(True)  # an application's pool: restored before it goes back
+            try:
+                yield conn
+            finally:
+                if not conn.closed and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                    await conn.set_autocommit(False)
+
+    def _lock_key(self, run_id: str) -> int:
+        digest = hashlib.blake2b(f'step_postgres:run:{self._tables.prefix}:{run_id}'.encode(), digest_size=8)
+        return int.from_bytes(digest.digest(), 'big', signed=True)
+
+    @asynccontextmanager
+    async def transaction(self, runs: Sequence[str]) -> AsyncIterator[AsyncConnection[Any]]:
+        async with self._connection() as conn:
+            try:
+                async with conn.pipeline():
+                    await conn.execute(b'BEGIN', prepare=False)
+                    for key in sorted({self._lock_key(run_id) for run_id in runs}):
+                        await conn.execute(self._q.lock, (key,))
+                    yield conn
+                    await conn.execute(b'COMMIT', prepare=False)
+            except BaseException as error:
+                await _roll_back(conn)
+                if isinstance(error, errors.UniqueViolation) and error.diag.table_name == self._tables.name(
+                    'snapshot_keys'
+                ):
+                    raise KeyConflict(f'snapshot key recorded meanwhile in {self.describe()}') from error
+                raise
+
+    @asynccontextmanager
+    async def reading(self, run_id: str | None) -> AsyncIterator[AsyncConnection[Any]]:
+        async with self._connection() as conn:
+            yield conn
+
+    async def run_group(self, tx: AsyncConnection[Any], ops: Sequence[ops.Op]) -> list[Any]:
+        """Send the group's reads together and wait once, inside a transaction's pipeline."""
+        if tx.pgconn.pipeline_status == pq.PipelineStatus.OFF:
+            return await super().run_group(tx, ops)
+        asks: list[_Ask[Any]] = [getattr(self, f'_ask_{op.method}')(op) for op in ops]
+        cursors = [tx.cursor(row_factory=tuple_row) for _ in asks]
+        for ask, cursor in zip(asks, cursors, strict=True):
+            await cursor.execute(ask.query, ask.params)
+        return [ask.answer(await cursor.fetchall()) for ask, cursor in zip(asks, cursors, strict=True)]
+
+    async def close(self) -> None:
+        await self._handle.close()
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    async def insert_run(self, tx: AsyncConnection[Any], op: ops.InsertRun) -> ops.RunRow | None:
+        row = op.row
+        params = (row.run_id, row.started_at, row.conversation_id, row.parent_run_id, _text(row.body))
+        if await _fetch(tx, _Ask(self._q.run_insert, params, bool)):
+            return None
+        existing = await self.get_run(tx, ops.GetRun(row.run_id))
+        if existing is None:  # pragma: no cover - deleted meanwhile by a writer without the run lock
+            raise RuntimeError(f'run {row.run_id!r} was neither inserted nor found in {self.describe()}: retry')
+        return existing
+
+    def _ask_get_run(self, op: ops.GetRun) -> _Ask[ops.RunRow | None]:
+        return _Ask(self._q.run_get, (op.run_id,), _first_run)
+
+    async def get_run(self, tx: AsyncConnection[Any], op: ops.GetRun) -> ops.RunRow | None:
+        return await _fetch(tx, self._ask_get_run(op))
+
+    def _ask_list_runs(self, op: ops.ListRuns) -> _Ask[list[ops.RunRow]]:
+        if op.conversation_id is not None and op.parent_run_id is not None:
+            query, params = self._q.runs_by_both, (op.conversation_id, op.parent_run_id)
+        elif op.conversation_id is not None:
+            query, params = self._q.runs_by_conversation, (op.conversation_id,)
+        elif op.parent_run_id is not None:
+            query, params = self._q.runs_by_parent, (op.parent_run_id,)
+        else:
+            query, params = self._q.runs_all, ()
+        return _Ask(query, params, lambda rows: [_run_row(r) for r in rows])
+
+    async def list_runs(self, tx: AsyncConnection[Any], op: ops.ListRuns) -> list[ops.RunRow]:
+        return await _fetch(tx, self._ask_list_runs(op))
+
+    async def delete_run(self, tx: AsyncConnection[Any], op: ops.DeleteRun) -> bool:
+        return await _fetch(tx, _Ask(self._q.run_delete, {'run': op.run_id}, _flag))
+
+    # -- events and ledger --------------------------------------------------------------------
+
+    async def put_events(self, tx: AsyncConnection[Any], op: ops.PutEvents) -> None:
+        params = [{'run': op.run_id, 'key': r.idempotency_key, 'record': _text(r.body)} for r in op.rows]
+        await tx.cursor().executemany(self._q.event_insert, params)
+
+    def _ask_list_events(self, op: ops.ListEvents) -> _Ask[list[ops.EventRow]]:
+        return _Ask(
+            self._q.events_list,
+            (op.run_id,),
+            lambda rows: [ops.EventRow(op.run_id, key, record, seq=seq) for seq, key, record in rows],
+        )
+
+    async def list_events(self, tx: AsyncConnection[Any], op: ops.ListEvents) -> list[ops.EventRow]:
+        return await _fetch(tx, self._ask_list_events(op))
+
+    async def put_effects(self, tx: AsyncConnection[Any], op: ops.PutEffects) -> None:
+        params = [(r.run_id, r.tool_call_id, r.status, r.started_at, _text(r.body)) for r in op.rows]
+        await tx.cursor().executemany(self._q.effect_upsert, params)
+
+    def _ask_list_effects(self, op: ops.ListEffects) -> _Ask[list[ops.EffectRow]]:
+        started = ToolEffectStatus.STARTED.value
+        if op.tool_call_id is not None:
+            query, params = self._q.effect_get, (op.run_id, op.tool_call_id)
+        elif op.unresolved:
+            query, params = self._q.effects_by_status, (op.run_id, started)
+        else:
+            query, params = self._q.effects_list, (op.run_id,)
+        return _Ask(
+            query, params, lambda rows: [r for r in map(_effect_row, rows) if not op.unresolved or r.status == started]
+        )
+
+    async def list_effects(self, tx: AsyncConnection[Any], op: ops.ListEffects) -> list[ops.EffectRow]:
+        return await _fetch(tx, self._ask_list_effects(op))
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def _ask_snapshot_key_applied(self, op: ops.SnapshotKeyApplied) -> _Ask[bool]:
+        return _Ask(self._q.snapshot_key_applied, (op.run_id, op.key), _flag)
+
+    async def snapshot_key_applied(self, tx: AsyncConnection[Any], op: ops.SnapshotKeyApplied) -> bool:
+        return await _fetch(tx, self._ask_snapshot_key_applied(op))
+
+    def _ask_node_exists(self, op: ops.NodeExists) -> _Ask[bool]:
+        return _Ask(self._q.node_exists, (op.node, op.run_id), _flag)
+
+    async def node_exists(self, tx: AsyncConnection[Any], op: ops.NodeExists) -> bool:
+        return await _fetch(tx, self._ask_node_exists(op))
+
+    def _ask_snapshot_states(self, op: ops.SnapshotStates) -> _Ask[list[tuple[int, str]]]:
+        return _Ask(self._q.snapshot_states, (op.run_id,), lambda rows: [(int(s), str(st)) for s, st in rows])
+
+    async def snapshot_states(self, tx: AsyncConnection[Any], op: ops.SnapshotStates) -> list[tuple[int, str]]:
+        return await _fetch(tx, self._ask_snapshot_states(op))
+
+    async def _node_ids(self, tx: AsyncConnection[Any], count: int) -> list[int]:
+        spare = self._spare_node_ids
+        while len(spare) < count:
+            params = (self._tables.name('node_ids'), count - len(spare) + _NODE_ID_BLOCK)
+            spare.extend(await _fetch(tx, _Ask(self._q.node_ids, params, lambda rows: [int(r[0]) for r in rows])))
+        taken = spare[:count]
+        del spare[:count]
+        return taken
+
+    async def put_snapshot(self, tx: AsyncConnection[Any], op: ops.PutSnapshot) -> list[int]:
+        nodes = await self._node_ids(tx, len(op.bodies))
+        row = op.row
+        params = {
+            'run': op.run_id,
+            'key': op.key,
+            'nodes': nodes,
+            'parents': [op.parent, *nodes[:-1]] if nodes else [],
+            'bodies': list(op.bodies),
+            'state': row.state,
+            'step_index': row.step_index,
+            'head': nodes[-1] if nodes else op.parent,
+            'length': row.length,
+            'record': _text(row.body),
+        }
+        await tx.execute(self._q.snapshot_insert, params)
+        return nodes
+
+    async def delete_snapshots(self, tx: AsyncConnection[Any], op: ops.DeleteSnapshots) -> None:
+        await tx.execute(self._q.snapshot_delete, (op.run_id, list(op.seqs)))
+
+    def _ask_list_snapshots(self, op: ops.ListSnapshots) -> _Ask[list[ops.SnapshotRow]]:
+        query = self._q.snapshots[op.newest, op.complete_only]
+        return _Ask(
+            query,
+            {'run': op.run_id, 'complete': SnapshotState.COMPLETE.value},
+            lambda rows: [_snapshot_row(r) for r in rows],
+        )
+
+    async def list_snapshots(self, tx: AsyncConnection[Any], op: ops.ListSnapshots) -> list[ops.SnapshotRow]:
+        return await _fetch(tx, self._ask_list_snapshots(op))
+
+    def _ask_get_nodes(self, op: ops.GetNodes) -> _Ask[dict[int, ops.Node]]:
+        return _Ask(
+            self._q.nodes_reach,
+            {'run': op.run_id, 'heads': [head for head, _ in op.chains]},
+            lambda rows: {int(n): (p, bytes(b)) for n, p, b in rows},
+        )
+
+    async def get_nodes(self, tx: AsyncConnection[Any], op: ops.GetNodes) -> dict[int, ops.Node]:
+        return await _fetch(tx, self._ask_get_nodes(op))
+
+
+class _Queries:
+    """Every statement the port runs, composed once with the prefix's identifiers."""
+
+    def __init__(self, tables: Tables) -> None:
+        q = tables.query
+        self.lock = q('SELECT pg_advisory_xact_lock(%s)')
+        run_columns = 'SELECT run_id, started_at, conversation_id, parent_run_id, record FROM {runs}'
+        self.run_insert = q(
+            """INSERT INTO {runs} (run_id, started_at, conversation_id, parent_run_id, record)
+            VALUES (%s, %s, %s, %s, %s::json) ON CONFLICT (run_id) DO NOTHING RETURNING true"""
+        )
+        self.run_get = q(run_columns + ' WHERE run_id = %s')
+        self.runs_all = q(run_columns + ' ORDER BY started_at, ord')
+        self.runs_by_conversation = q(run_columns + ' WHERE conversation_id = %s ORDER BY started_at, ord')
+        self.runs_by_parent = q(run_columns + ' WHERE parent_run_id = %s ORDER BY started_at, ord')
+        self.runs_by_both = q(
+            run_columns + ' WHERE conversation_id = %s AND parent_run_id = %s ORDER BY started_at, ord'
+        )
+        ids = tables.identifiers()
+        deleted = [sql.Identifier(f'd_{table}') for table in _RUN_TABLES]
+        self.run_delete = sql.SQL('WITH {deletes} SELECT {counts} > 0').format(
+            deletes=sql.SQL(', ').join(
+                sql.SQL('{} AS (DELETE FROM {} WHERE run_id = %(run)s RETURNING 1)').format(name, ids[table])
+                for name, table in zip(deleted, _RUN_TABLES, strict=True)
+            ),
+            counts=sql.SQL(' + ').join(sql.SQL('(SELECT count(*) FROM {})').format(name) for name in deleted),
+        )
+        # One statement per event: claim its idempotency key (a key applied before claims nothing
+        # and the rest does nothing), then bump the run's event counter, whose row lock orders
+        # writers of the run, and insert the event with the new seq.
+        self.event_insert = q(
+            """WITH claim AS (
+                INSERT INTO {event_keys} (run_id, idempotency_key)
+                SELECT %(run)s, %(key)s::text WHERE %(key)s::text IS NOT NULL
+                ON CONFLICT DO NOTHING RETURNING 1
+            ),
+            c AS (
+                INSERT INTO {counters} (run_id, kind, value)
+                SELECT %(run)s, 'event', 1 WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM claim)
+                ON CONFLICT (run_id, kind) DO UPDATE SET value = {counters}.value + 1
+                RETURNING value
+            )
+            INSERT INTO {events} (run_id, seq, idempotency_key, record)
+            SELECT %(run)s, c.value, %(key)s::text, %(record)s::json FROM c"""
+        )
+        self.events_list = q('SELECT seq, idempotency_key, record FROM {events} WHERE run_id = %s ORDER BY seq')
+        self.effect_upsert = q(
+            """INSERT INTO {tool_effects} (run_id, tool_call_id, status, started_at, record)
+            VALUES (%s, %s, %s, %s, %s::json)
+            ON CONFLICT (run_id, tool_call_id) DO UPDATE
+            SET status = EXCLUDED.status, started_at = EXCLUDED.started_at, record = EXCLUDED.record"""
+        )
+        effect_columns = 'SELECT run_id, tool_call_id, status, started_at, record FROM {tool_effects}'
+        self.effect_get = q(effect_columns + ' WHERE run_id = %s AND tool_call_id = %s')
+        self.effects_list = q(effect_columns + ' WHERE run_id = %s ORDER BY started_at, ord')
+        self.effects_by_status = q(effect_columns + ' WHERE run_id = %s AND status = %s ORDER BY started_at, ord')
+        self.snapshot_key_applied = q(
+            'SELECT EXISTS (SELECT 1 FROM {snapshot_keys} WHERE run_id = %s AND idempotency_key = %s)'
+        )
+        self.node_exists = q('SELECT EXISTS (SELECT 1 FROM {nodes} WHERE node_id = %s AND run_id = %s)')
+        self.snapshot_states = q('SELECT seq, state FROM {snapshots} WHERE run_id = %s ORDER BY seq')
+        self.node_ids = q('SELECT nextval(%s::regclass) FROM generate_series(1, %s)')
+        # The key is inserted without ON CONFLICT: a key recorded meanwhile fails the transaction.
+        # The new nodes (ids given) chain off %(parent)s in order; the snapshot row takes the run's
+        # next snapshot seq from its counter.
+        self.snapshot_insert = q(
+            """WITH claim AS (
+                INSERT INTO {snapshot_keys} (run_id, idempotency_key)
+                SELECT %(run)s, %(key)s::text WHERE %(key)s::text IS NOT NULL
+            ),
+            c AS (
+                INSERT INTO {counters} (run_id, kind, value) VALUES (%(run)s, 'snapshot', 1)
+                ON CONFLICT (run_id, kind) DO UPDATE SET value = {counters}.value + 1
+                RETURNING value
+            ),
+            new_nodes AS (
+                INSERT INTO {nodes} (node_id, run_id, parent, body)
+                SELECT t.node_id, %(run)s, t.parent, t.body
+                FROM unnest(%(nodes)s::bigint[], %(parents)s::bigint[], %(bodies)b::bytea[])
+                    AS t(node_id, parent, body)
+            )
+            INSERT INTO {snapshots} (run_id, seq, state, step_index, head, length, record)
+            SELECT %(run)s, c.value, %(state)s::text, %(step_index)s::bigint, %(head)s::bigint,
+                %(length)s::integer, %(record)s::json
+            FROM c"""
+        )
+        self.snapshot_delete = q('DELETE FROM {snapshots} WHERE run_id = %s AND seq = ANY(%s::bigint[])')
+        snapshot_columns = (
+            'SELECT run_id, state, head, length, step_index, record, seq FROM {snapshots} WHERE run_id = %(run)s'
+        )
+        complete = ' AND state = %(complete)s'
+        self.snapshots: dict[tuple[bool, bool], sql.Composed] = {
+            (False, False): q(snapshot_columns + ' ORDER BY seq'),
+            (False, True): q(snapshot_columns + complete + ' ORDER BY seq'),
+            (True, False): q(snapshot_columns + ' ORDER BY seq DESC LIMIT 1'),
+            (True, True): q(snapshot_columns + complete + ' ORDER BY seq DESC LIMIT 1'),
+        }
+        # Every node on the chains back from the heads, each once (a damaged, cyclic chain ends too).
+        self.nodes_reach = q(
+            """WITH RECURSIVE reach (node_id, parent) AS (
+                SELECT node_id, parent FROM {nodes}
+                WHERE node_id = ANY(%(heads)s::bigint[]) AND run_id = %(run)s
+                UNION
+                SELECT n.node_id, n.parent FROM reach r JOIN {nodes} n ON n.node_id = r.parent
+                WHERE n.run_id = %(run)s
+            )
+            SELECT n.node_id, n.parent, n.body FROM reach JOIN {nodes} n USING (node_id)"""
+        )
+
+
+class PostgresStepStore(EngineStore):
     """A step store in PostgreSQL tables named `<table_prefix>_<table>`.
 
     Connect with `pool=` (an `AsyncConnectionPool` you open and close; the store never closes it)
@@ -62,12 +442,13 @@ class PostgresStepStore(StepStore):
     created, or migrated, on first use under an advisory lock, so many processes may share one
     database and prefix.
 
+    Every write is one transaction: a batch's snapshot, ledger entries and events commit together.
     Snapshots are stored incrementally: each message is one row of a node table pointing at the
     message before it, and a snapshot row holds only its newest node and its length, so a save
-    sends the server just the messages that are new since the run's previous save (one batched
-    insert). `BinaryContent` data and strings of `media_threshold_bytes` or more go to
-    `media_store` (by default a `PostgresMediaStore` on the same pool and prefix; `None` keeps
-    everything inline).
+    sends the server just the messages that are new since the run's previous save.
+    `BinaryContent` data and strings of `media_threshold_bytes` or more go to `media_store` (by
+    default a `PostgresMediaStore` on the same pool and prefix; `None` keeps everything inline).
+    `max_snapshots_per_run` bounds the snapshots kept per run.
     """
 
     features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
@@ -85,310 +466,17 @@ class PostgresStepStore(StepStore):
     ) -> None:
         self.tables = Tables(table_prefix)
         self.table_prefix = table_prefix
-        self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
         self._handle = PoolHandle(pool=pool, dsn=dsn, owner='PostgresStepStore', connect_timeout=connect_timeout)
         if isinstance(media_store, _DefaultMedia):
             media_store = PostgresMediaStore(table_prefix=table_prefix, _handle=self._handle)
-        self.media_store: MediaStore | None = media_store
-        self._history = HistoryIndex(MediaWalker(media_store, media_threshold_bytes))
-        self._ensure = SetupOnce(self._create_schema)
-        self._q = _Queries(self.tables)
+        super().__init__(
+            PostgresPort(self._handle, self.tables),
+            max_snapshots_per_run=max_snapshots_per_run,
+            media_store=media_store,
+            media_threshold_bytes=media_threshold_bytes,
+        )
 
     @property
     def pool(self) -> AsyncConnectionPool[Any] | None:
         """The connection pool in use (`None` until a DSN-built pool is first opened)."""
         return self._handle.pool
-
-    async def _create_schema(self) -> None:
-        async with self._handle.connection() as conn:
-            await ensure_schema(conn, self.tables, STEPS)
-
-    async def _fetchall(self, query: sql.Composed, params: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
-        await self._ensure()
-        async with self._handle.connection() as conn:
-            cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute(query, params)
-            return await cur.fetchall()
-
-    # -- runs ---------------------------------------------------------------------------------
-
-    async def register_run(self, record: RunRecord) -> None:
-        await self._ensure()
-        async with self._handle.connection() as conn:
-            cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute(
-                self._q.run_insert,
-                (
-                    record.run_id,
-                    record.started_at,
-                    record.conversation_id,
-                    record.parent_run_id,
-                    record.registration_id,
-                    dump_record_json(record),
-                ),
-            )
-            if await cur.fetchone() is not None:
-                return
-            await cur.execute(self._q.run_get, (record.run_id,))
-            row = await cur.fetchone()
-        existing = load_record(RunRecord, row[0]) if row is not None else None
-        if check_registration(existing, record):  # pragma: no cover - the row vanished meanwhile
-            raise RuntimeError(f'run {record.run_id!r} was neither inserted nor found; retry the registration')
-
-    async def get_run(self, run_id: str) -> RunRecord | None:
-        rows = await self._fetchall(self._q.run_get, (run_id,))
-        return load_record(RunRecord, rows[0][0]) if rows else None
-
-    async def list_runs(
-        self, *, conversation_id: str | None = None, parent_run_id: str | None = None
-    ) -> list[RunRecord]:
-        if conversation_id is not None and parent_run_id is not None:
-            rows = await self._fetchall(self._q.runs_by_both, (conversation_id, parent_run_id))
-        elif conversation_id is not None:
-            rows = await self._fetchall(self._q.runs_by_conversation, (conversation_id,))
-        elif parent_run_id is not None:
-            rows = await self._fetchall(self._q.runs_by_parent, (parent_run_id,))
-        else:
-            rows = await self._fetchall(self._q.runs_all, ())
-        return [load_record(RunRecord, row[0]) for row in rows]
-
-    # -- events -------------------------------------------------------------------------------
-
-    async def append_event(self, event: StepEvent) -> None:
-        # One statement: claim the key, take the run's next seq, insert. A key applied before
-        # claims nothing, so no seq is taken and nothing is written.
-        await self._ensure()
-        async with self._handle.connection() as conn:
-            await conn.execute(self._q.event_insert, _event_params(event))
-
-    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
-        """Append events and upsert ledger entries in order, in one transaction sent as one pipeline;
-        then save `snapshot` (if given) as `save_snapshot` does."""
-        statements = [
-            (self._q.event_insert, _event_params(w))
-            if isinstance(w, StepEvent)
-            else (self._q.effect_upsert, _effect_params(w))
-            for w in check_writes(writes)
-        ]
-        if statements:
-            await self._ensure()
-            async with self._handle.connection() as conn, conn.pipeline(), conn.transaction():
-                for query, params in statements:
-                    await conn.execute(query, params)
-        if snapshot is not None:
-            await self.save_snapshot(snapshot)
-
-    async def list_events(self, run_id: str) -> list[StepEvent]:
-        rows = await self._fetchall(self._q.events_list, (run_id,))
-        return [load_record(StepEvent, record, seq=seq) for seq, record in rows]
-
-    # -- snapshots ----------------------------------------------------------------------------
-
-    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        await self._ensure()
-        delta = await self._history.delta(snapshot.run_id, snapshot.messages)
-        parent = delta.parent
-        params = {
-            'run': snapshot.run_id,
-            'key': snapshot.idempotency_key,
-            'seq_name': self.tables.name('node_ids'),
-            'bodies': delta.new_messages,
-            'parent': parent if isinstance(parent, int) else None,
-            'state': snapshot.state.value,
-            'step_index': snapshot.step_index,
-            'length': delta.total,
-            'record': dump_record_json(snapshot, exclude=_SNAPSHOT_HEADER_EXCLUDE),
-        }
-        async with self._handle.connection() as conn:
-            if self.max_snapshots_per_run is None:
-                row = await self._insert_snapshot(conn, params)
-            else:
-                async with conn.transaction():
-                    row = await self._insert_snapshot(conn, params)
-                    if row is not None:
-                        await self._prune(conn, snapshot.run_id, self.max_snapshots_per_run)
-        if row is not None:
-            self._history.commit(delta, [int(node) for node in cast(list[int], row[1])])
-
-    async def _insert_snapshot(self, conn: AsyncConnection[Any], params: dict[str, Any]) -> tuple[Any, ...] | None:
-        """Run the one-statement snapshot write; `None` when its idempotency key was applied before."""
-        cur = conn.cursor(row_factory=tuple_row)
-        await cur.execute(self._q.snapshot_insert, params)
-        return await cur.fetchone()
-
-    async def _prune(self, conn: AsyncConnection[Any], run_id: str, limit: int) -> None:
-        cur = conn.cursor(row_factory=tuple_row)
-        await cur.execute(self._q.snapshot_states, (run_id,))
-        retained = [(int(seq), str(state)) for seq, state in await cur.fetchall()]
-        doomed = snapshots_to_prune(retained, limit)
-        if doomed:
-            await cur.execute(self._q.snapshot_delete, (run_id, doomed))
-
-    async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
-        query = self._q.latest_any if include_interrupted else self._q.latest_complete
-        rows = await self._fetchall(query, {'run': run_id, 'complete': SnapshotState.COMPLETE.value})
-        if not rows:
-            return None
-        seq, length, record, bodies = rows[0]
-        stored = [bytes(b) for b in cast(list[bytes], bodies or [])]
-        if len(stored) != length:
-            raise LookupError(
-                f'snapshot seq={seq} of run {run_id!r} is broken: expected {length} messages, found {len(stored)}'
-            )
-        messages = await self._history.decode(stored)
-        return load_record(ContinuableSnapshot, record, seq=seq, messages=messages)
-
-    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
-        await self._ensure()
-        async with self._handle.connection() as conn:
-            cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute(self._q.snapshots_list, (run_id,))
-            headers = await cur.fetchall()
-            if not headers:
-                return []
-            await cur.execute(self._q.snapshot_nodes, (run_id,))
-            nodes: dict[int, tuple[int | None, bytes]] = {
-                int(node_id): (parent, bytes(body)) for node_id, parent, body in await cur.fetchall()
-            }
-        found: list[ContinuableSnapshot] = []
-        for seq, head, length, record in headers:
-            try:
-                bodies = walk_chain(head, length, lambda node: nodes[cast(int, node)])
-                messages = await self._history.decode(bodies)
-                found.append(load_record(ContinuableSnapshot, record, seq=seq, messages=messages))
-            except (ValueError, LookupError) as exc:
-                logger.error('skipping snapshot seq=%s of run %r that cannot be read: %s', seq, run_id, exc)
-        return found
-
-    # -- tool effects ---------------------------------------------------------------------------
-
-    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        await self._ensure()
-        async with self._handle.connection() as conn:
-            await conn.execute(self._q.effect_upsert, _effect_params(record))
-
-    async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
-        rows = await self._fetchall(self._q.effect_get, (run_id, tool_call_id))
-        return load_record(ToolEffectRecord, rows[0][0]) if rows else None
-
-    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        rows = await self._fetchall(self._q.effects_list, (run_id,))
-        return [load_record(ToolEffectRecord, row[0]) for row in rows]
-
-    async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        rows = await self._fetchall(self._q.effects_by_status, (run_id, ToolEffectStatus.STARTED.value))
-        return [load_record(ToolEffectRecord, row[0]) for row in rows]
-
-    async def aclose(self) -> None:
-        """Close the pool if this store opened it from `dsn=`; a given pool is left open."""
-        await self._handle.close()
-
-
-def _claim_key_and_seq(keys: LiteralString, kind: LiteralString) -> LiteralString:
-    """The `WITH` clause of a write that takes a per-run seq: CTE `claim` takes the idempotency key
-    in table `{keys}` (nothing when the key was applied before), CTE `c` then bumps the run's `kind`
-    counter and yields the new seq (no row when the claim failed)."""
-    return f"""WITH claim AS (
-                INSERT INTO {{{keys}}} (run_id, idempotency_key)
-                SELECT %(run)s, %(key)s::text WHERE %(key)s::text IS NOT NULL
-                ON CONFLICT DO NOTHING RETURNING 1
-            ),
-            c AS (
-                INSERT INTO {{counters}} (run_id, kind, value)
-                SELECT %(run)s, '{kind}', 1 WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM claim)
-                ON CONFLICT (run_id, kind) DO UPDATE SET value = {{counters}}.value + 1
-                RETURNING value
-            )"""
-
-
-class _Queries:
-    """Every statement the store runs, composed once with the prefix's identifiers."""
-
-    def __init__(self, tables: Tables) -> None:
-        q = tables.query
-        self.run_insert = q(
-            """INSERT INTO {runs} (run_id, started_at, conversation_id, parent_run_id, registration_id, record)
-            VALUES (%s, %s, %s, %s, %s, %s::json) ON CONFLICT (run_id) DO NOTHING RETURNING run_id"""
-        )
-        self.run_get = q('SELECT record FROM {runs} WHERE run_id = %s')
-        self.runs_all = q('SELECT record FROM {runs} ORDER BY started_at, ord')
-        self.runs_by_conversation = q('SELECT record FROM {runs} WHERE conversation_id = %s ORDER BY started_at, ord')
-        self.runs_by_parent = q('SELECT record FROM {runs} WHERE parent_run_id = %s ORDER BY started_at, ord')
-        self.runs_by_both = q(
-            """SELECT record FROM {runs} WHERE conversation_id = %s AND parent_run_id = %s
-            ORDER BY started_at, ord"""
-        )
-        # Writes that take a per-run seq are one statement each: claim the idempotency key (a key
-        # applied before claims nothing and the rest of the statement does nothing), then bump the
-        # run's counter row, whose row lock orders the writers of one run and nothing else.
-        self.event_insert = q(
-            _claim_key_and_seq('event_keys', 'event')
-            + """
-            INSERT INTO {events} (run_id, seq, idempotency_key, record)
-            SELECT %(run)s, c.value, %(key)s::text, %(record)s::json FROM c"""
-        )
-        self.events_list = q('SELECT seq, record FROM {events} WHERE run_id = %s ORDER BY seq')
-        # The new messages become nodes chained in order, the first hanging off %(parent)s; the
-        # snapshot row names the newest node (or the parent when nothing is new) and the length.
-        self.snapshot_insert = q(
-            _claim_key_and_seq('snapshot_keys', 'snapshot')
-            + """,
-            new AS MATERIALIZED (
-                SELECT t.ord, t.body, nextval(%(seq_name)s::regclass) AS node_id
-                FROM unnest(%(bodies)s::bytea[]) WITH ORDINALITY AS t(body, ord)
-                WHERE EXISTS (SELECT 1 FROM c)
-            ),
-            inserted AS (
-                INSERT INTO {nodes} (node_id, run_id, parent, body)
-                SELECT node_id, %(run)s, COALESCE(lag(node_id) OVER (ORDER BY ord), %(parent)s::bigint), body
-                FROM new
-            ),
-            snap AS (
-                INSERT INTO {snapshots} (run_id, seq, state, step_index, head, length, record)
-                SELECT %(run)s, c.value, %(state)s, %(step_index)s,
-                    COALESCE((SELECT node_id FROM new ORDER BY ord DESC LIMIT 1), %(parent)s::bigint),
-                    %(length)s, %(record)s::json
-                FROM c
-            )
-            SELECT c.value, ARRAY(SELECT node_id FROM new ORDER BY ord) FROM c"""
-        )
-        self.snapshot_states = q('SELECT seq, state FROM {snapshots} WHERE run_id = %s ORDER BY seq')
-        self.snapshot_delete = q('DELETE FROM {snapshots} WHERE run_id = %s AND seq = ANY(%s::bigint[])')
-        latest = """WITH RECURSIVE s AS (
-                SELECT seq, head, length, record FROM {snapshots}
-                WHERE run_id = %(run)s {filter} ORDER BY seq DESC LIMIT 1
-            ),
-            chain (node_id, parent, body, depth) AS (
-                SELECT n.node_id, n.parent, n.body, 1 FROM {nodes} n JOIN s ON n.node_id = s.head
-                UNION ALL
-                SELECT n.node_id, n.parent, n.body, c.depth + 1
-                FROM chain c JOIN {nodes} n ON n.node_id = c.parent CROSS JOIN s
-                WHERE c.depth < s.length
-            )
-            SELECT s.seq, s.length, s.record, (SELECT array_agg(body ORDER BY depth DESC) FROM chain) FROM s"""
-        self.latest_any = sql.SQL(latest).format(filter=sql.SQL(''), **tables.identifiers())
-        self.latest_complete = sql.SQL(latest).format(
-            filter=sql.SQL('AND state = %(complete)s'), **tables.identifiers()
-        )
-        self.snapshots_list = q('SELECT seq, head, length, record FROM {snapshots} WHERE run_id = %s ORDER BY seq')
-        # Every node reachable from a retained snapshot's head, each fetched once.
-        self.snapshot_nodes = q(
-            """WITH RECURSIVE reach (node_id, parent) AS (
-                SELECT n.node_id, n.parent FROM {nodes} n
-                WHERE n.node_id IN (SELECT head FROM {snapshots} WHERE run_id = %s AND head IS NOT NULL)
-                UNION
-                SELECT n.node_id, n.parent FROM reach r JOIN {nodes} n ON n.node_id = r.parent
-            )
-            SELECT n.node_id, n.parent, n.body FROM reach JOIN {nodes} n USING (node_id)"""
-        )
-        self.effect_upsert = q(
-            """INSERT INTO {tool_effects} (run_id, tool_call_id, status, started_at, record)
-            VALUES (%s, %s, %s, %s, %s::json)
-            ON CONFLICT (run_id, tool_call_id) DO UPDATE
-            SET status = EXCLUDED.status, started_at = EXCLUDED.started_at, record = EXCLUDED.record"""
-        )
-        self.effect_get = q('SELECT record FROM {tool_effects} WHERE run_id = %s AND tool_call_id = %s')
-        self.effects_list = q('SELECT record FROM {tool_effects} WHERE run_id = %s ORDER BY started_at, ord')
-        self.effects_by_status = q(
-            'SELECT record FROM {tool_effects} WHERE run_id = %s AND status = %s ORDER BY started_at, ord'
-        )
