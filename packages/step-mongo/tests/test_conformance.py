@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -21,6 +21,10 @@ class TestMongoStepStore(StepStoreConformance):
     @pytest.fixture
     def store_spec(self, mongo_url: str, db_name: str) -> dict[str, Any]:
         return {'backend': 'mongo', 'db_url': mongo_url, 'database': db_name}
+
+    @pytest.fixture
+    def damage(self, mongo_damage: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        return mongo_damage
 
 
 class TestMongoMediaStore(MediaStoreConformance):

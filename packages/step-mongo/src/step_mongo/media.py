@@ -14,13 +14,14 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from bson.binary import Binary
 from pymongo import ASCENDING, IndexModel
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
+from stepcore.features import PERSISTENT
 from stepcore.media import (
     EMPTY_CONTEXT,
     MediaContext,
@@ -51,6 +52,8 @@ class MongoMediaStore(ClientUser, MediaStore):
     connection string as `db_url=` (the store owns that client: `await store.aclose()`).
     Each blob is held whole in memory on put and get.
     """
+
+    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT})
 
     def __init__(
         self,

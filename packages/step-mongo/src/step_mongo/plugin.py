@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from urllib.parse import urlsplit, urlunsplit
+
 from stepcore.hookspecs import BackendInfo, hookimpl
 
-_STEP_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+
+def mongo_url_options(url: str) -> dict[str, str]:
+    """`mongodb://host:27017/mydb?authSource=admin` -> `db_url=` (without the database) and `database='mydb'`.
+
+    The query stays in `db_url`: it holds the client's connection options.
+    """
+    parts = urlsplit(url.strip())
+    database = parts.path.lstrip('/')
+    if not database or '/' in database:
+        raise ValueError(
+            f'store URL {url.strip()!r} names no database: add it as the path, e.g. mongodb://localhost/runs'
+        )
+    db_url = urlunsplit((parts.scheme, parts.netloc, '/', parts.query, ''))
+    return {'db_url': db_url, 'database': database}
 
 
 @hookimpl
@@ -14,7 +28,8 @@ def register_step_stores() -> list[BackendInfo]:
         BackendInfo(
             key='mongo',
             factory='step_mongo.store:MongoStepStore',
-            features=_STEP_FEATURES,
+            schemes=('mongodb', 'mongodb+srv'),
+            url_options=mongo_url_options,
             summary="MongoDB collections through pymongo's async client.",
         )
     ]
@@ -26,7 +41,6 @@ def register_media_stores() -> list[BackendInfo]:
         BackendInfo(
             key='mongo',
             factory='step_mongo.media:MongoMediaStore',
-            features=frozenset({PERSISTENT}),
             summary='Chunked, content-addressed blobs in MongoDB.',
         )
     ]
