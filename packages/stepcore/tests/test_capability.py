@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import pytest
 from pydantic_ai import Agent, ModelRetry, RunContext
+from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -18,6 +19,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models.test import TestModel
+from pydantic_ai.run import AgentRunResult
 from pydantic_ai.usage import RunUsage
 
 from stepcore import (
@@ -29,6 +31,7 @@ from stepcore import (
     ToolEffectStatus,
     continue_run,
     fork_run,
+    from_spec,
     inspect_recovery,
     is_provider_valid,
 )
@@ -235,12 +238,83 @@ async def test_retried_registration_is_idempotent_and_distinct_reuse_fails() -> 
         await capability._op_register_run(ctx, record.model_copy(update={'registration_id': other.registration_id}))  # pyright: ignore[reportPrivateUsage]
 
 
-def test_spec_schema_lists_the_from_spec_options() -> None:
+def test_spec_schema_lists_the_capability_options() -> None:
     from pydantic_ai.agent.spec import AgentSpec
 
     schema = json.dumps(AgentSpec.model_json_schema_with_capabilities(custom_capability_types=[StepPersistence]))
-    for option in ('backend', 'max_snapshots_per_run', 'database', 'directory', 'db_url', 'capture_frontier'):
+    for option in ('backend', 'agent_name', 'run_id', 'parent_run_id', 'metadata', 'capture_frontier'):
         assert f'"{option}"' in schema
+
+
+def _persistence_of(agent: Agent[Any, Any]) -> StepPersistence[Any]:
+    found: list[Any] = []
+    agent.root_capability.apply(found.append)
+    [capability] = [cast(StepPersistence[Any], c) for c in found if isinstance(c, StepPersistence)]
+    return capability
+
+
+async def test_agent_from_spec_passes_every_other_option_to_the_store(tmp_path: Path) -> None:
+    options = {'backend': 'memory', 'agent_name': 'spec_agent', 'capture_frontier': True, 'max_snapshots_per_run': 1}
+    agent = Agent.from_spec(
+        {'model': 'test', 'capabilities': [{'StepPersistence': options}]}, custom_capability_types=[StepPersistence]
+    )
+    capability = _persistence_of(agent)
+    assert (capability.agent_name, capability.capture_frontier) == ('spec_agent', True)
+    result = await agent.run('hi')
+    # the store prunes to one snapshot: the option reached it
+    assert len(await capability.store.list_snapshots(derive_run_id('spec_agent', result.run_id))) == 1
+
+    with pytest.raises(ValueError, match='colour'):
+        Agent.from_spec(
+            {'model': 'test', 'capabilities': [{'StepPersistence': {'backend': 'memory', 'colour': 'blue'}}]},
+            custom_capability_types=[StepPersistence],
+        )
+
+    if 'sqlite' not in get_registry().keys('step'):
+        return
+    spec = {'backend': 'sqlite', 'database': str(tmp_path / 'spec.db'), 'synchronous': 'FULL', 'run_id': 'from-spec'}
+    agent = Agent.from_spec(
+        {'model': 'test', 'capabilities': [{'StepPersistence': spec}]}, custom_capability_types=[StepPersistence]
+    )
+    store = _persistence_of(agent).store
+    try:
+        await agent.run('hi')
+    finally:
+        await store.aclose()
+    reopened = from_spec('sqlite', database=str(tmp_path / 'spec.db'))
+    try:
+        assert (await reopened.get_run('from-spec')) is not None
+    finally:
+        await reopened.aclose()
+
+
+# --- ordering ------------------------------------------------------------------------------------
+
+
+class _RewriteFinalHistory(AbstractCapability[Any]):
+    """Rewrites the final answer in `after_run`, as a compaction capability might."""
+
+    async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
+        response = result.all_messages()[-1]
+        assert isinstance(response, ModelResponse)
+        cast(list[Any], response.parts)[0] = TextPart('rewritten')
+        return result
+
+
+def test_step_persistence_declares_itself_outermost() -> None:
+    ordering = StepPersistence[None]().get_ordering()
+    assert ordering.position == 'outermost'
+
+
+async def test_the_final_snapshot_holds_a_rewrite_made_by_a_capability_listed_before_it() -> None:
+    store = InMemoryStepStore()
+    agent = Agent(
+        function_model(lambda messages, info: _text('original')),
+        capabilities=[_RewriteFinalHistory(), StepPersistence(store=store, run_id='rewritten')],
+    )
+    await agent.run('go')
+    history = await continue_run(store, run_id='rewritten')
+    assert history[-1].parts[0] == TextPart('rewritten')
 
 
 async def test_from_spec_builds_a_persistent_backend(tmp_path: Path) -> None:

@@ -1,4 +1,7 @@
-"""The capability conformance section, run against the in-memory store."""
+"""The kit's agent section, run against the in-memory store.
+
+The capability's own scenarios (every way a run can go) are in `test_capability_scenarios.py`.
+"""
 
 from __future__ import annotations
 

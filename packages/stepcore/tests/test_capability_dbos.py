@@ -184,3 +184,34 @@ async def test_interrupted_workflow_recovers_without_duplicates() -> None:
     # The start time is the journaled one from the interrupted execution.
     assert effect.started_at == started.started_at
     assert (await store.get_run(record.run_id)) == record
+
+
+async def test_the_journal_saves_a_cycle_snapshot_before_the_calls_it_settles() -> None:
+    """One durable operation per write: the snapshot holding a call's result is journaled before its completion."""
+    with SetWorkflowID('wf-order'):
+        assert await run_agent('go') == 'done'
+    steps = await DBOS.list_workflow_steps_async('wf-order', load_output=False)
+    prefix = 'durable_agent__capability__step_persistence.'
+    operations = [s['function_name'].removeprefix(prefix) for s in steps if s['function_name'].startswith(prefix)]
+    assert operations == [
+        'registration_identity',
+        'register_run',
+        'append_event',  # run_started
+        'append_event',  # model_request_started
+        'append_event',  # model_request_completed
+        'tool_effect_started',
+        'append_event',  # tool_call_started
+        'tool_effect_started',  # the tool's annotation
+        'save_snapshot',  # the cycle's snapshot, holding the tool's return
+        'tool_effect_finished',  # completed, only now
+        'append_event',  # tool_call_completed
+        'append_event',  # model_request_started
+        'append_event',  # model_request_completed
+        'save_snapshot',
+        'append_event',  # run_completed
+    ]
+    assert store.writes[store.writes.index('snapshot:complete') :][:3] == [
+        'snapshot:complete',
+        'effect:completed',
+        'event:tool_call_completed',
+    ]

@@ -1,4 +1,4 @@
-"""How StepPersistence hands its writes to the store: batched when it can, one call per write when it cannot."""
+"""How StepPersistence hands its writes to the store: in batches, deferred, and completions held for their snapshot."""
 
 from __future__ import annotations
 
@@ -19,11 +19,14 @@ from stepcore import (
     ContinuableSnapshot,
     EventKind,
     InMemoryStepStore,
+    RunRecord,
     SnapshotSaved,
     StepEvent,
     StepPersistence,
+    StepStore,
     ToolEffectRecord,
     ToolEffectStatus,
+    run_writer,
 )
 from stepcore.capability import DEFERRED_WRITE_DELAY
 from stepcore.protocols import StepWrite
@@ -31,43 +34,73 @@ from stepcore.writes import apply_writes, check_writes
 from stepcore_conformance.capability import function_model
 
 
+@pytest.fixture
+def no_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deferred writes wait for the run's next write however busy the machine is (the timer never fires first)."""
+    monkeypatch.setattr(run_writer, 'DEFERRED_WRITE_DELAY', 60.0)
+
+
+def _name(write: StepWrite | ContinuableSnapshot) -> str:
+    if isinstance(write, StepEvent):
+        return write.kind.value
+    if isinstance(write, ContinuableSnapshot):
+        return f'snapshot:{write.state.value}'
+    return f'effect:{write.status.value}'
+
+
 class _Recording(InMemoryStepStore):
-    """The in-memory store, noting each call the capability makes."""
+    """The in-memory store, noting each write call the capability makes (a snapshot first, as the store writes it)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[str, list[str]]] = []
 
-    @staticmethod
-    def _name(write: StepWrite) -> str:
-        if isinstance(write, StepEvent):
-            return write.kind.value
-        return f'effect:{write.status.value}'
+    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
+        self.calls.append(('write_batch', ([_name(snapshot)] if snapshot else []) + [_name(w) for w in writes]))
+        await super().write_batch(writes, snapshot=snapshot)
+
+
+class _PerRecord(StepStore):
+    """A store that leaves `write_batch` to the base class: one call per record, the snapshot first."""
+
+    def __init__(self) -> None:
+        self.inner = InMemoryStepStore()
+        self.calls: list[str] = []
+
+    async def register_run(self, record: RunRecord) -> None:
+        await self.inner.register_run(record)
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        return await self.inner.get_run(run_id)
+
+    async def list_runs(
+        self, *, conversation_id: str | None = None, parent_run_id: str | None = None
+    ) -> list[RunRecord]:
+        return await self.inner.list_runs(conversation_id=conversation_id, parent_run_id=parent_run_id)
+
+    async def delete_run(self, run_id: str) -> bool:
+        return await self.inner.delete_run(run_id)
 
     async def append_event(self, event: StepEvent) -> None:
-        self.calls.append(('append_event', [self._name(event)]))
-        await super().append_event(event)
+        self.calls.append(_name(event))
+        await self.inner.append_event(event)
 
-    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        self.calls.append(('record_tool_effect', [self._name(record)]))
-        await super().record_tool_effect(record)
-
-    async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
-        names = [self._name(w) for w in writes]
-        self.calls.append(('write_batch', names + ([f'snapshot:{snapshot.state.value}'] if snapshot else [])))
-        await InMemoryStepStore.write_batch(self, writes)
-        if snapshot is not None:
-            await InMemoryStepStore.save_snapshot(self, snapshot)
+    async def list_events(self, run_id: str) -> list[StepEvent]:
+        return await self.inner.list_events(run_id)
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        self.calls.append(('save_snapshot', [f'snapshot:{snapshot.state.value}']))
-        await super().save_snapshot(snapshot)
+        self.calls.append(_name(snapshot))
+        await self.inner.save_snapshot(snapshot)
 
+    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
+        return await self.inner.list_snapshots(run_id)
 
-class _Unbatched(_Recording):
-    """A store without `write_batch`, as a third-party store may be."""
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        self.calls.append(_name(record))
+        await self.inner.record_tool_effect(record)
 
-    write_batch = None  # type: ignore[assignment]
+    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        return await self.inner.list_tool_effects(run_id)
 
 
 def _one_tool_then_done(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -76,10 +109,12 @@ def _one_tool_then_done(messages: list[ModelMessage], info: AgentInfo) -> ModelR
     return ModelResponse(parts=[TextPart('done')])
 
 
-def _agent(store: InMemoryStepStore, *others: AbstractCapability[None]) -> Agent[None, str]:
+def _agent(store: StepStore, *others: AbstractCapability[None]) -> Agent[None, str]:
     """One tool call, then an answer; `others` are attached after `StepPersistence`."""
     agent: Agent[None, str] = Agent(
-        function_model(_one_tool_then_done), capabilities=[StepPersistence(store=store), *others]
+        function_model(_one_tool_then_done),
+        deps_type=type(None),
+        capabilities=[StepPersistence[None](store=store), *others],
     )
 
     @agent.tool_plain
@@ -89,7 +124,7 @@ def _agent(store: InMemoryStepStore, *others: AbstractCapability[None]) -> Agent
     return agent
 
 
-def _answering_agent(store: InMemoryStepStore) -> Agent[None, str]:
+def _answering_agent(store: StepStore) -> Agent[None, str]:
     """An agent whose model answers at once, with no tool call."""
     return Agent(
         function_model(lambda messages, info: ModelResponse(parts=[TextPart('answer')])),
@@ -97,18 +132,19 @@ def _answering_agent(store: InMemoryStepStore) -> Agent[None, str]:
     )
 
 
+@pytest.mark.usefixtures('no_timer')
 async def test_a_tool_call_is_one_batch_at_start_and_one_at_finish() -> None:
     store = _Recording()
     await _agent(store).run('go', run_id='batched')  # pyright: ignore[reportCallIssue]
     assert store.calls == [
-        ('append_event', ['run_started']),
-        ('append_event', ['model_request_started']),
+        ('write_batch', ['run_started']),
+        ('write_batch', ['model_request_started']),
         # the completed request travels with the tool call's ledger entry: one round trip
         ('write_batch', ['model_request_completed', 'effect:started', 'tool_call_started']),
-        # the finished call and the snapshot that settles it travel with the next request's start
-        ('write_batch', ['effect:completed', 'tool_call_completed', 'model_request_started', 'snapshot:complete']),
-        ('write_batch', ['model_request_completed', 'snapshot:complete']),
-        ('append_event', ['run_completed']),
+        # the finished call goes with the snapshot that holds its result, and with the next request's start
+        ('write_batch', ['snapshot:complete', 'effect:completed', 'tool_call_completed', 'model_request_started']),
+        ('write_batch', ['snapshot:complete', 'model_request_completed']),
+        ('write_batch', ['run_completed']),
     ]
 
 
@@ -128,7 +164,7 @@ async def test_the_tool_cycle_snapshot_holds_the_request_as_it_was_sent() -> Non
 
 async def test_a_tool_cycle_snapshot_is_written_on_its_own_when_the_next_request_is_slow_to_start() -> None:
     store = _Recording()
-    seen_while_preparing: list[int] = []
+    seen_while_preparing: list[tuple[int, ToolEffectStatus | None]] = []
     announced: list[SnapshotSaved] = []
     hooks = Hooks[Any]()
 
@@ -142,24 +178,27 @@ async def test_a_tool_cycle_snapshot_is_written_on_its_own_when_the_next_request
     async def slow_instructions(ctx: RunContext[None]) -> str:  # pyright: ignore[reportUnusedFunction]
         if ctx.run_step > 1:
             await asyncio.sleep(DEFERRED_WRITE_DELAY * 10)
-            seen_while_preparing.append(len(await store.list_snapshots('slow-start')))
+            effect = await store.get_tool_effect('slow-start', 'c1')
+            seen_while_preparing.append((len(await store.list_snapshots('slow-start')), effect and effect.status))
         return 'be brief'
 
     await agent.run('go', run_id='slow-start')  # pyright: ignore[reportCallIssue]
-    assert seen_while_preparing == [1]
-    assert ('write_batch', ['effect:completed', 'tool_call_completed', 'snapshot:complete']) in store.calls
+    # the snapshot went on its own, and the completed call with it
+    assert seen_while_preparing == [(1, ToolEffectStatus.COMPLETED)]
+    assert ('write_batch', ['snapshot:complete', 'effect:completed', 'tool_call_completed']) in store.calls
     snapshots = await store.list_snapshots('slow-start')
     assert [(e.step_index, e.state) for e in announced] == [(s.step_index, s.state) for s in snapshots]
 
 
+@pytest.mark.usefixtures('no_timer')
 async def test_a_failure_before_the_next_request_writes_the_pending_snapshot_first() -> None:
     store = _Recording()
     with pytest.raises(UsageLimitExceeded):
         await _agent(store).run('go', run_id='limited', usage_limits=UsageLimits(request_limit=1))  # pyright: ignore[reportCallIssue]
     assert store.calls[3:] == [
-        ('write_batch', ['effect:completed', 'tool_call_completed', 'snapshot:complete']),
-        ('save_snapshot', ['snapshot:complete']),
-        ('append_event', ['run_failed']),
+        ('write_batch', ['snapshot:complete', 'effect:completed', 'tool_call_completed']),
+        ('write_batch', ['snapshot:complete']),
+        ('write_batch', ['run_failed']),
     ]
     boundary, at_failure = await store.list_snapshots('limited')
     assert at_failure.messages == boundary.messages
@@ -167,18 +206,20 @@ async def test_a_failure_before_the_next_request_writes_the_pending_snapshot_fir
     assert effect.status is ToolEffectStatus.COMPLETED
 
 
-async def test_a_store_without_write_batch_gets_one_call_per_write_and_the_same_records() -> None:
-    batched, unbatched = _Recording(), _Unbatched()
+@pytest.mark.usefixtures('no_timer')
+async def test_a_store_without_its_own_write_batch_gets_one_call_per_record_and_the_same_records() -> None:
+    batched, per_record = _Recording(), _PerRecord()
     await _agent(batched).run('go', run_id='r')  # pyright: ignore[reportCallIssue]
-    await _agent(unbatched).run('go', run_id='r')  # pyright: ignore[reportCallIssue]
-    assert all(name != 'write_batch' for name, _ in unbatched.calls)
-    assert [w for _, ws in unbatched.calls for w in ws] == [w for _, ws in batched.calls for w in ws]
+    await _agent(per_record).run('go', run_id='r')  # pyright: ignore[reportCallIssue]
+    # the same records in the same order, the snapshot of each batch first
+    assert per_record.calls == [name for _, names in batched.calls for name in names]
+    assert per_record.calls.index('snapshot:complete') < per_record.calls.index('effect:completed')
 
     def trail(events: list[StepEvent]) -> list[tuple[EventKind, str | None, str | None]]:
         return [(e.kind, e.tool_call_id, e.idempotency_key) for e in events]
 
-    assert trail(await unbatched.list_events('r')) == trail(await batched.list_events('r'))
-    [effect] = await unbatched.list_tool_effects('r')
+    assert trail(await per_record.list_events('r')) == trail(await batched.list_events('r'))
+    [effect] = await per_record.list_tool_effects('r')
     assert effect.status is ToolEffectStatus.COMPLETED
     assert effect.args == {'q': 'x'}
 
@@ -193,6 +234,7 @@ async def test_events_are_stamped_in_the_order_they_happened() -> None:
     assert effect.started_at <= started.timestamp <= effect.updated_at
 
 
+@pytest.mark.usefixtures('no_timer')
 async def test_a_failure_right_after_a_response_still_writes_the_deferred_completion() -> None:
     """The completed-request event waits for the run's next write; the failure path is one."""
     store = _Recording()
@@ -213,8 +255,8 @@ async def test_a_failure_right_after_a_response_still_writes_the_deferred_comple
     ]
     # on_run_error saves the at-failure history (it holds a response): the deferred event goes with it
     assert store.calls[2:] == [
-        ('write_batch', ['model_request_completed', 'snapshot:complete']),
-        ('append_event', ['run_failed']),
+        ('write_batch', ['snapshot:complete', 'model_request_completed']),
+        ('write_batch', ['run_failed']),
     ]
 
 
@@ -227,39 +269,6 @@ async def test_apply_writes_refuses_other_records_before_writing() -> None:
     assert await store.list_events('r') == []
     with pytest.raises(TypeError, match='write_batch got str'):
         check_writes(bad)
-
-
-async def test_a_finished_call_is_written_on_its_own_while_a_sibling_still_runs() -> None:
-    """A deferred write waits for the run's next write at most `DEFERRED_WRITE_DELAY` seconds of free loop."""
-    store = _Recording()
-    seen_while_waiting: list[ToolEffectStatus] = []
-
-    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        if len(messages) == 1:
-            return ModelResponse(
-                parts=[ToolCallPart('fast', {}, tool_call_id='fast-1'), ToolCallPart('slow', {}, tool_call_id='slow-1')]
-            )
-        return ModelResponse(parts=[TextPart('done')])
-
-    agent: Agent[None, str] = Agent(function_model(respond), capabilities=[StepPersistence(store=store)])
-
-    @agent.tool_plain
-    async def fast() -> str:  # pyright: ignore[reportUnusedFunction]
-        await asyncio.sleep(0)  # let the slow sibling start first
-        return 'quick'
-
-    @agent.tool_plain
-    async def slow() -> str:  # pyright: ignore[reportUnusedFunction]
-        await asyncio.sleep(DEFERRED_WRITE_DELAY * 10)
-        effect = await store.get_tool_effect('siblings', 'fast-1')
-        assert effect is not None
-        seen_while_waiting.append(effect.status)
-        return 'late'
-
-    await agent.run('go', run_id='siblings')  # pyright: ignore[reportCallIssue]
-    assert seen_while_waiting == [ToolEffectStatus.COMPLETED]
-    # written on its own, by the timer, while the slow sibling was still running
-    assert ('write_batch', ['effect:completed', 'tool_call_completed']) in store.calls
 
 
 async def test_a_completed_request_is_written_while_a_slow_validator_runs() -> None:
@@ -283,11 +292,13 @@ async def test_a_failed_background_write_is_retried_by_the_next_write(caplog: py
     class Flaky(_Recording):
         failures = 1
 
-        async def append_event(self, event: StepEvent) -> None:
-            if event.kind is EventKind.MODEL_REQUEST_COMPLETED and self.failures:
+        async def write_batch(
+            self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None
+        ) -> None:
+            if snapshot is None and self.failures and any(_name(w) == 'model_request_completed' for w in writes):
                 self.failures -= 1
                 raise OSError('disk hiccup')
-            await super().append_event(event)
+            await super().write_batch(writes, snapshot=snapshot)
 
     store = Flaky()
     agent = _answering_agent(store)
@@ -297,9 +308,8 @@ async def test_a_failed_background_write_is_retried_by_the_next_write(caplog: py
         await asyncio.sleep(DEFERRED_WRITE_DELAY * 10)
         return output
 
-    store.write_batch = None  # type: ignore[assignment]  # one call per write, so the event fails alone
     await agent.run('go', run_id='flaky')  # pyright: ignore[reportCallIssue]
-    assert 'could not write 1 record(s) of run' in caplog.text
+    assert "could not write 1 record(s) of run 'flaky' yet (OSError: disk hiccup)" in caplog.text
     kinds = [e.kind for e in await store.list_events('flaky')]
     assert kinds == [
         EventKind.RUN_STARTED,

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart
 from pydantic_ai.tools import RunContext
 
+from .context import active_tool_call
 from .history import TAIL_RECHECK
 from .protocols import StepStore
 
@@ -107,8 +108,6 @@ async def annotate_tool_effect(
     `started` record of this tool call and kept when the call's terminal record is written. Outside
     a tool call wrapped by `StepPersistence` it does nothing.
     """
-    from .capability import active_tool_call
-
     active = active_tool_call()
     if active is None or ctx.tool_call_id is None or active.tool_call_id != ctx.tool_call_id:
         return

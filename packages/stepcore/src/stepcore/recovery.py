@@ -28,7 +28,8 @@ class RecoveryReport(BaseModel):
     settled_snapshot: ContinuableSnapshot | None = None
     """The newest `complete` snapshot: what `continue_run` returns by default."""
     unresolved_effects: list[ToolEffectRecord] = Field(default_factory=list[ToolEffectRecord])
-    """Tool calls with a `started` record and no terminal update."""
+    """Tool calls with a `started` record and no terminal update: cut short, or returned with their
+    result in no complete snapshot (continuing from `settled_snapshot` may run them again)."""
     completed_tools: list[str] = Field(default_factory=list[str])
     """Names of the tools with a `completed` record, in ledger order."""
     failed_tools: list[str] = Field(default_factory=list[str])
