@@ -7,14 +7,19 @@ Subclass a base class in your backend's tests and override one fixture::
         async def store(self, store_options):
             yield MyStore(**store_options)
 
-See the package README for the fixtures and the feature flags.
+See the package README for the fixtures (`store`, `store_spec`, `damage`), the feature flags and
+the verdicts the closing report gives.
 """
 
 from __future__ import annotations
 
+from ._support import Damage
 from .batches import BatchWritesConformance
 from .capability import CapabilityConformance
 from .concurrency import ConcurrencyConformance
+from .crash_window import CrashWindowConformance
+from .damage import DamageConformance
+from .delete import DeleteConformance
 from .effects import EffectsConformance
 from .events import EventsConformance
 from .externalization import MediaExternalizationConformance
@@ -31,6 +36,10 @@ __all__ = (
     'BatchWritesConformance',
     'CapabilityConformance',
     'ConcurrencyConformance',
+    'CrashWindowConformance',
+    'Damage',
+    'DamageConformance',
+    'DeleteConformance',
     'EffectsConformance',
     'EventsConformance',
     'FeaturesConformance',
@@ -54,10 +63,13 @@ class StepStoreConformance(
     HistoryConformance,
     EffectsConformance,
     BatchWritesConformance,
+    DeleteConformance,
     RetentionConformance,
     MediaExternalizationConformance,
     ConcurrencyConformance,
     PersistenceConformance,
+    CrashWindowConformance,
+    DamageConformance,
     CapabilityConformance,
 ):
-    """Every section of the step-store suite. Override `store` (and optionally `store_spec`)."""
+    """Every section of the step-store suite. Override `store` (and `store_spec` and `damage` where they apply)."""

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, TypeAlias, cast
 
 import pytest
 from pydantic_ai.messages import (
@@ -28,8 +28,11 @@ from stepcore import (
     StepStore,
 )
 
+from ._declared import declared, feature_gate, needs_feature, require_feature_declared
+
 __all__ = (
     'T0',
+    'Damage',
     'StoreFixtures',
     'at',
     'canonical',
@@ -71,11 +74,15 @@ def _options_id(param: OptionsParam) -> str:
     return ','.join(f'{k}={v!r}' for k, v in param.items()) or 'defaults'
 
 
+Damage: TypeAlias = Callable[[StepStore, str, str, int | str | None, bytes], Awaitable[None]]
+"""The `damage` fixture's callable: `damage(store, kind, run_id, ident, replacement)` (see `DamageConformance`)."""
+
+
 class StoreFixtures:
     """The fixtures every `StepStore` section uses.
 
-    A backend overrides `store` (required) and `store_spec` (optional); `store_options` is set by
-    the kit per test.
+    A backend overrides `store` (required), and `store_spec` and `damage` (optional);
+    `store_options` is set by the kit per test.
     """
 
     @pytest.fixture
@@ -95,54 +102,31 @@ class StoreFixtures:
 
     @pytest.fixture
     def stepcore_feature_gate(self, request: pytest.FixtureRequest) -> None:
-        """Skip a `needs_feature` test, with its reason, unless the store declares the feature."""
-        features = cast(tuple[str, ...], getattr(request.function, FEATURE_ATTRIBUTE))
-        feature = ' and '.join(repr(f) for f in features)
-        try:
-            store = request.getfixturevalue('store')
-        except NotImplementedError as error:
-            pytest.skip(f'needs feature {feature}: the store refused its options ({error})')
-        for needed in features:
-            require_feature_declared(store, needed)
+        """Skip a `needs_feature` test the store does not declare; fail one it declares but cannot run."""
+        feature_gate(request)
 
     @pytest.fixture
     def store_spec(self) -> dict[str, Any] | None:
         """Override this to enable cross-instance and cross-process tests.
 
         Return the keyword arguments of `stepcore.from_spec` (including `backend=`) that build
-        another store over the same data as the `store` fixture, or `None` (the default).
+        another store over the same data as the `store` fixture, or `None` (the default). A store
+        declaring `persistent` must provide it.
         """
         return None
 
+    @pytest.fixture
+    def damage(self) -> Damage | None:
+        """Override this to enable the damage section: an async callable damaging one stored record.
 
-FEATURE_ATTRIBUTE = '__stepcore_feature__'
-F = TypeVar('F', bound=Callable[..., Any])
-
-
-def needs_feature(*features: str) -> Callable[[F], F]:
-    """Run the decorated test only for a store that declares every one of `features`; skip it otherwise.
-
-    The check happens in the `stepcore_feature_gate` fixture, before the test body, so a store
-    that refuses the test's `store_options` (an undeclared feature's option) is skipped too
-    instead of erroring.
-    """
-
-    def decorate(test: F) -> F:
-        setattr(test, FEATURE_ATTRIBUTE, features)
-        return pytest.mark.usefixtures('stepcore_feature_gate')(test)
-
-    return decorate
-
-
-def declared(store: object) -> frozenset[str]:
-    """The features the store's class declares."""
-    return cast(frozenset[str], getattr(type(store), 'features', frozenset[str]()))
-
-
-def require_feature_declared(store: object, feature: str) -> None:
-    """Skip the calling test, with a reason shown by `pytest -rs`, unless the store declares `feature`."""
-    if feature not in declared(store):
-        pytest.skip(f'{type(store).__name__} does not declare feature {feature!r}')
+        `await damage(store, kind, run_id, ident, replacement)` overwrites, in the store's own
+        storage (not through the store API), the stored body of one record with `replacement`:
+        kind `'run'` (ident `None`), `'event'` (ident: its seq), `'effect'` (ident: the
+        tool_call_id), `'snapshot'` (ident: its seq; the header, not the messages) or `'message'`
+        (ident: a marker text; every stored message body containing it). `None` by default: the
+        damage section then fails for a store declaring `persistent` and is skipped for others.
+        """
+        return None
 
 
 def new_id(prefix: str) -> str:

@@ -1,4 +1,4 @@
-"""`write_batch`: several event and ledger writes in one call (optional, see `stepcore.protocols.BatchWriter`)."""
+"""`write_batch`: several event and ledger writes, and a snapshot, in one call (every `StepStore` has it)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,12 @@ from typing import Any
 import pytest
 
 from stepcore import EventKind, SnapshotState, StepEvent, StepStore, ToolEffectRecord, ToolEffectStatus
-from stepcore.protocols import BatchWriter, StepWrite
+from stepcore.protocols import StepWrite
 from stepcore.writes import apply_writes
 
 from ._support import StoreFixtures, at, canonical, conversation, event, register, snapshot
 
 __all__ = ('BatchWritesConformance',)
-
-
-def _batch_writer(store: StepStore) -> BatchWriter:
-    if not isinstance(store, BatchWriter):
-        pytest.skip(
-            f'{type(store).__name__} has no write_batch: StepPersistence makes one store call per write instead'
-        )
-    return store
 
 
 def _effect(
@@ -35,7 +27,6 @@ class BatchWritesConformance(StoreFixtures):
     """`write_batch` applies each write exactly as the single-record methods would."""
 
     async def test_mixed_batch_matches_single_writes(self, store: StepStore) -> None:
-        writer = _batch_writer(store)
         batched, single = await register(store), await register(store)
 
         def writes(run_id: str) -> list[StepWrite]:
@@ -47,7 +38,7 @@ class BatchWritesConformance(StoreFixtures):
                 event(run_id, 2, kind=EventKind.TOOL_CALL_COMPLETED, tool_call_id='call-1', metadata={'k': 'v'}),
             ]
 
-        await writer.write_batch(writes(batched))
+        await store.write_batch(writes(batched))
         for write in writes(single):
             if isinstance(write, StepEvent):
                 await store.append_event(write)
@@ -66,12 +57,11 @@ class BatchWritesConformance(StoreFixtures):
         assert await store.list_unresolved_tool_effects(batched) == []
 
     async def test_events_keep_order_and_seq_after_single_appends(self, store: StepStore) -> None:
-        writer = _batch_writer(store)
         run_id = await register(store)
         await store.append_event(event(run_id, 0))
-        await writer.write_batch([event(run_id, 1), event(run_id, 2)])
+        await store.write_batch([event(run_id, 1), event(run_id, 2)])
         await store.append_event(event(run_id, 3))
-        await writer.write_batch([event(run_id, 4)])
+        await store.write_batch([event(run_id, 4)])
         listed = await store.list_events(run_id)
         assert [e.step_index for e in listed] == [0, 1, 2, 3, 4]
         seqs = [e.seq or 0 for e in listed]
@@ -80,10 +70,9 @@ class BatchWritesConformance(StoreFixtures):
         assert len(set(seqs)) == 5, seqs
 
     async def test_idempotency_keys_within_and_across_batches(self, store: StepStore) -> None:
-        writer = _batch_writer(store)
         run_id = await register(store)
         await store.append_event(event(run_id, 0, idempotency_key='a'))
-        await writer.write_batch(
+        await store.write_batch(
             [
                 event(run_id, 1, idempotency_key='a'),  # applied before: suppressed
                 event(run_id, 2, idempotency_key='b'),
@@ -92,13 +81,12 @@ class BatchWritesConformance(StoreFixtures):
                 event(run_id, 5),  # None keys always append
             ]
         )
-        await writer.write_batch([event(run_id, 6, idempotency_key='b')])  # a replayed batch
+        await store.write_batch([event(run_id, 6, idempotency_key='b')])  # a replayed batch
         assert [e.step_index for e in await store.list_events(run_id)] == [0, 2, 4, 5]
 
     async def test_batch_spanning_runs(self, store: StepStore) -> None:
-        writer = _batch_writer(store)
         first, second = await register(store), await register(store)
-        await writer.write_batch(
+        await store.write_batch(
             [event(first, 0), _effect(second, 'c'), event(second, 1), event(first, 2), _effect(first, 'c')]
         )
         assert [e.step_index for e in await store.list_events(first)] == [0, 2]
@@ -107,17 +95,15 @@ class BatchWritesConformance(StoreFixtures):
         assert [r.run_id for r in await store.list_tool_effects(second)] == [second]
 
     async def test_empty_batch_writes_nothing(self, store: StepStore) -> None:
-        writer = _batch_writer(store)
         run_id = await register(store)
-        await writer.write_batch([])
+        await store.write_batch([])
         assert await store.list_events(run_id) == []
         assert await store.list_tool_effects(run_id) == []
 
     async def test_other_records_are_refused_before_anything_is_written(self, store: StepStore) -> None:
-        writer = _batch_writer(store)
         run_id = await register(store)
         with pytest.raises(TypeError, match='write_batch got'):
-            await writer.write_batch([event(run_id, 0), 'not a record'])  # pyright: ignore[reportArgumentType]
+            await store.write_batch([event(run_id, 0), 'not a record'])  # pyright: ignore[reportArgumentType]
         assert await store.list_events(run_id) == []
 
     async def test_apply_writes_helper_uses_the_same_semantics(self, store: StepStore) -> None:
@@ -128,18 +114,17 @@ class BatchWritesConformance(StoreFixtures):
         assert [e.step_index for e in await store.list_events(run_id)] == [0]
         assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id)] == ['x']
 
-    async def test_batch_with_a_snapshot_saves_it_after_the_records(self, store: StepStore) -> None:
-        writer = _batch_writer(store)
+    async def test_batch_with_a_snapshot_saves_snapshot_and_records(self, store: StepStore) -> None:
         run_id = await register(store)
         first, second = conversation(1), conversation(2)
-        await writer.write_batch([event(run_id, 0)], snapshot=snapshot(run_id, first, 1, idempotency_key='s:1'))
-        await writer.write_batch(
+        await store.write_batch([event(run_id, 0)], snapshot=snapshot(run_id, first, 1, idempotency_key='s:1'))
+        await store.write_batch(
             [_effect(run_id, 'c', ToolEffectStatus.COMPLETED), event(run_id, 1)],
             snapshot=snapshot(run_id, second, 2, SnapshotState.INTERRUPTED, idempotency_key='s:2'),
         )
-        await writer.write_batch([], snapshot=snapshot(run_id, second, 3, idempotency_key='s:3'))
+        await store.write_batch([], snapshot=snapshot(run_id, second, 3, idempotency_key='s:3'))
         # a replayed batch: its records are applied as usual, its snapshot key is suppressed
-        await writer.write_batch(
+        await store.write_batch(
             [event(run_id, 2)], snapshot=snapshot(run_id, conversation(3), 4, idempotency_key='s:1')
         )
         snapshots = await store.list_snapshots(run_id)

@@ -202,6 +202,7 @@ class MediaExternalizationConformance(StoreFixtures):
         messages = _media_messages()
         await store.save_snapshot(snapshot(run_id, messages, step_index=0))
         stored = dict(media.blobs)
+        assert stored, 'the save externalized nothing to the media store it was given'
         for step in range(1, 4):
             await store.save_snapshot(snapshot(run_id, [*messages, *tool_exchange(step)], step_index=step))
         assert [s.step_index for s in await store.list_snapshots(run_id)] == [3]

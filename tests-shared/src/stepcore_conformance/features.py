@@ -10,13 +10,14 @@ from stepcore import StepStore
 from stepcore.features import ALL_FEATURES, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
 from stepcore.registry import get_registry
 
-from ._support import StoreFixtures, declared, options
+from ._declared import declared, declared_by, refusing_class
+from ._support import StoreFixtures, options
 
 __all__ = ('FeaturesConformance',)
 
 
 def _refused(request: pytest.FixtureRequest, feature: str, option: str) -> None:
-    """Build the store with an option of `feature`: it must raise `NotImplementedError` unless declared."""
+    """Build the store with an option of `feature`: refused (`NotImplementedError`) exactly when undeclared."""
     refusal: NotImplementedError | None = None
     try:
         store = request.getfixturevalue('store')
@@ -24,6 +25,12 @@ def _refused(request: pytest.FixtureRequest, feature: str, option: str) -> None:
         refusal = error
         store = None
     if refusal is not None:
+        cls = refusing_class(refusal)
+        if cls is not None and feature in declared_by(cls):
+            pytest.fail(
+                f'{cls.__name__} declares feature {feature!r} but refused {option}: {refusal}. Support the option '
+                'or remove the feature from features'
+            )
         assert option in str(refusal), f'the refusal does not name {option!r}: {refusal}'
         return
     if feature in declared(store):
@@ -56,11 +63,13 @@ class FeaturesConformance(StoreFixtures):
     ) -> None:
         _refused(request, MEDIA_EXTERNALIZATION, 'media_threshold_bytes')
 
-    async def test_plugin_declares_the_same_features(self, store: StepStore, store_spec: dict[str, Any] | None) -> None:
+    async def test_plugin_names_this_store_class(self, store: StepStore, store_spec: dict[str, Any] | None) -> None:
+        """Features are declared once, on the class: the plugin entry must lead to that class."""
         if store_spec is None:
             pytest.skip(f'{type(self).__name__} has no store_spec fixture: the plugin entry cannot be found without it')
         backend = get_registry().get('step', str(store_spec.get('backend', 'memory')))
-        assert backend.info.features == type(store).features, (
-            f'plugin {backend.distribution!r} declares {sorted(backend.info.features)} for backend '
-            f'{backend.info.key!r} but {type(store).__name__}.features is {sorted(type(store).features)}'
+        assert backend.features() == type(store).features, (
+            f'plugin {backend.distribution!r} registers backend {backend.info.key!r} as {backend.info.factory!r}, '
+            f'whose features are {sorted(backend.features())}, but the store under test is '
+            f'{type(store).__name__} with {sorted(type(store).features)}: point the plugin at the class you test'
         )

@@ -15,14 +15,13 @@ from stepcore.features import PERSISTENT
 from ._support import StoreFixtures, at, conversation, event, needs_feature, new_id, snapshot, tool_exchange
 from .effects import effect
 
-__all__ = ('PersistenceConformance',)
+__all__ = ('PersistenceConformance', 'second_store')
 
 
 @asynccontextmanager
-async def _second_store(store: StepStore, spec: dict[str, Any] | None, owner: object) -> AsyncIterator[StepStore]:
-    assert PERSISTENT in type(store).features
-    if spec is None:
-        pytest.skip(f'{type(owner).__name__} has no store_spec fixture: tests with a second store need one')
+async def second_store(spec: dict[str, Any] | None) -> AsyncIterator[StepStore]:
+    """Another store over the same data, built from `store_spec` (the feature gate made sure there is one)."""
+    assert spec is not None
     other = cast(StepStore, stepcore.from_spec(**spec))
     try:
         yield other
@@ -35,7 +34,7 @@ class PersistenceConformance(StoreFixtures):
 
     @needs_feature(PERSISTENT)
     async def test_a_new_store_reads_everything(self, store: StepStore, store_spec: dict[str, Any] | None) -> None:
-        async with _second_store(store, store_spec, self) as other:
+        async with second_store(store_spec) as other:
             record = RunRecord(
                 run_id=new_id('run'), conversation_id=new_id('conv'), metadata={'k': 'v'}, started_at=at(1)
             )
@@ -62,7 +61,7 @@ class PersistenceConformance(StoreFixtures):
     async def test_history_continued_by_another_store(
         self, store: StepStore, store_spec: dict[str, Any] | None
     ) -> None:
-        async with _second_store(store, store_spec, self) as other:
+        async with second_store(store_spec) as other:
             run_id = new_id('run')
             await store.register_run(RunRecord(run_id=run_id, started_at=at(0)))
             live = conversation(3)

@@ -2,29 +2,63 @@
 
 Loaded through the `pytest11` entry point whenever stepcore-conformance is installed; it prints
 nothing unless kit tests ran. For every test class built on the kit it lists the sections with
-their outcomes and, for each optional feature, whether its tests passed, failed or were skipped,
-so an undeclared feature can never be mistaken for a passing one.
+their outcomes and a verdict per optional feature, taken from what the store declares:
+
+- declared, and every test of the feature passed: `passed`;
+- declared, and a test of it failed or was skipped: `FAILED`, naming those tests;
+- not declared: `not declared` (its tests were skipped, never counted as passing).
+
+It also adds a hint to the error of a store class that leaves an abstract `StepStore` method
+unimplemented, and prints the lines kit tests attach to their report (the crash-window kill count).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import pytest
 
-__all__ = ('FEATURE_SECTIONS', 'pytest_runtest_makereport', 'pytest_terminal_summary')
+from stepcore.features import ALL_FEATURES, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+
+from ._declared import declared_by, features_of_test, refusing_class
+
+__all__ = (
+    'FEATURES',
+    'SUMMARY_PROPERTY',
+    'pytest_fixture_setup',
+    'pytest_runtest_makereport',
+    'pytest_terminal_summary',
+)
 
 _PACKAGE = 'stepcore_conformance.'
-FEATURE_SECTIONS = {
-    'retention': 'snapshot_retention',
-    'externalization': 'media_externalization',
-    'persistence': 'persistent',
-    'batches': 'write_batch',
-}
-"""Kit module -> the feature (or optional method, `write_batch`) its tests belong to."""
+_FIRST = (SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT)
+FEATURES = (*_FIRST, *sorted(ALL_FEATURES - set(_FIRST)))
+"""The optional features the report gives a verdict on, in this order."""
 
-_RESULTS = pytest.StashKey[dict[str, dict[str, Counter[str]]]]()
+SUMMARY_PROPERTY = 'stepcore_conformance_summary'
+"""A kit test calls `record_property(SUMMARY_PROPERTY, line)` to print `line` in the report."""
+
+_NAMES_SHOWN = 4
+
+
+@dataclass
+class _Target:
+    """What the kit tests of one test class showed."""
+
+    sections: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter[str]))
+    feature_tests: list[tuple[tuple[str, ...], str, str]] = field(
+        default_factory=list[tuple[tuple[str, ...], str, str]]
+    )
+    """`(features, outcome, test name)` of every test of optional features."""
+    declared: frozenset[str] | None = None
+    store_class: str | None = None
+    notes: list[str] = field(default_factory=list[str])
+
+
+_TARGETS = pytest.StashKey[dict[str, _Target]]()
 
 
 def _section(item: pytest.Item) -> str | None:
@@ -33,6 +67,48 @@ def _section(item: pytest.Item) -> str | None:
     if not module.startswith(_PACKAGE):
         return None
     return module[len(_PACKAGE) :]
+
+
+def _target(item: pytest.Item) -> _Target:
+    owner = item.nodeid.split('::')
+    name = '::'.join(owner[:2]) if len(owner) > 2 else owner[0]
+    targets = item.config.stash.setdefault(_TARGETS, {})
+    return targets.setdefault(name, _Target())
+
+
+def _remember_store_class(item: pytest.Item, cls: type) -> None:
+    target = _target(item)
+    if target.declared is None:
+        target.declared = declared_by(cls)
+        target.store_class = cls.__name__
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(
+    fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+) -> Generator[None, Any, Any]:
+    """Note the class of the store a kit test builds; explain an abstract store class."""
+    item: object = getattr(request, 'node', None)
+    if fixturedef.argname != 'store' or not isinstance(item, pytest.Item) or _section(item) is None:
+        return (yield)
+    try:
+        value = yield
+    except NotImplementedError as error:
+        cls = refusing_class(error)
+        if cls is not None:
+            _remember_store_class(item, cls)
+        raise
+    except TypeError as error:
+        if 'abstract' not in str(error):
+            raise
+        raise TypeError(
+            f'{error}. A StepStore implements every abstract method of stepcore.StepStore (delete_run included); '
+            'subclass stepcore.engine.EngineStore to have them all implemented over a small port'
+        ) from error
+    built: type = type(cast(object, value))
+    if isinstance(getattr(built, 'features', None), frozenset):
+        _remember_store_class(item, built)
+    return value
 
 
 @pytest.hookimpl(wrapper=True)
@@ -44,41 +120,65 @@ def pytest_runtest_makereport(
     if section is None:
         return report
     if report.when == 'call' or (report.when == 'setup' and report.outcome != 'passed'):
-        owner = item.nodeid.split('::')
-        target = '::'.join(owner[:2]) if len(owner) > 2 else owner[0]
-        results = item.config.stash.setdefault(_RESULTS, defaultdict(lambda: defaultdict(Counter[str])))
-        results[target][section][report.outcome] += 1
+        target = _target(item)
+        target.sections[section][report.outcome] += 1
+        features = features_of_test(getattr(item, 'function', None))
+        if features:
+            target.feature_tests.append((features, report.outcome, item.name))
+        for name, value in report.user_properties:
+            if name == SUMMARY_PROPERTY:
+                target.notes.append(str(value))
     return report
 
 
-def _verdict(counts: Counter[str], feature: str) -> str:
-    if counts['failed']:
-        return 'FAILED'
-    if feature == 'write_batch':
-        # the section's apply_writes checks run on every store; the others need the method itself
-        return 'skipped (not implemented)' if counts['skipped'] else 'passed'
-    if counts['passed']:
-        return 'passed'
-    return 'skipped (not declared)'
+def _names(names: list[str]) -> str:
+    shown = ', '.join(names[:_NAMES_SHOWN])
+    return shown + (f' and {len(names) - _NAMES_SHOWN} more' if len(names) > _NAMES_SHOWN else '')
+
+
+def verdict(target: _Target, feature: str) -> str:
+    """The verdict on `feature` for one test class (see the module docstring)."""
+    if target.declared is None:
+        return 'unknown (no store was built)'
+    if feature not in target.declared:
+        return 'not declared'
+    # A test of several features counts once the store declares them all (else it is skipped for another).
+    outcomes: defaultdict[str, list[str]] = defaultdict(list[str])
+    for features, outcome, name in target.feature_tests:
+        if feature in features and target.declared.issuperset(features):
+            outcomes[outcome].append(name)
+    if not outcomes:
+        return 'declared, not exercised by this class'
+    failed, skipped = outcomes['failed'], outcomes['skipped']
+    if failed or skipped:
+        why = [
+            f'{len(names)} {word}: {_names(names)}'
+            for word, names in (('failed', failed), ('skipped', skipped))
+            if names
+        ]
+        return f'FAILED ({"; ".join(why)})'
+    passed = len(outcomes['passed'])
+    return f'passed ({passed} test{"" if passed == 1 else "s"})'
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    results = config.stash.get(_RESULTS, None)
-    if not results:
+    targets = config.stash.get(_TARGETS, None)
+    if not targets:
         return
     terminalreporter.section('stepcore conformance')
-    for target in sorted(results):
-        sections = results[target]
+    for name in sorted(targets):
+        target = targets[name]
+        if not target.sections:
+            continue
         parts = [
-            f'{name} ' + '/'.join(f'{n} {outcome}' for outcome, n in sorted(counts.items()))
-            for name, counts in sorted(sections.items())
+            f'{section} ' + '/'.join(f'{n} {outcome}' for outcome, n in sorted(counts.items()))
+            for section, counts in sorted(target.sections.items())
         ]
-        terminalreporter.write_line(f'{target}')
+        terminalreporter.write_line(name + (f' ({target.store_class})' if target.store_class else ''))
         terminalreporter.write_line('  sections: ' + '; '.join(parts))
-        features = [
-            f'{feature}: {_verdict(sections[module], feature)}'
-            for module, feature in FEATURE_SECTIONS.items()
-            if module in sections
-        ]
-        if features:
-            terminalreporter.write_line('  features: ' + ', '.join(features))
+        if set(target.sections) - {'media'}:  # a step store's class (a media store has no features)
+            terminalreporter.write_line(
+                '  features: ' + ', '.join(f'{feature}: {verdict(target, feature)}' for feature in FEATURES)
+            )
+        for note in target.notes:
+            terminalreporter.write_line(f'  {note}')

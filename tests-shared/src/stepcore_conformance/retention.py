@@ -10,6 +10,7 @@ import pytest
 from stepcore import SnapshotState, StepStore
 from stepcore.features import SNAPSHOT_RETENTION
 
+from ._declared import feature_test, refusal_verdict
 from ._support import StoreFixtures, conversation, needs_feature, options, register, snapshot
 
 __all__ = ('RetentionConformance', 'expected_retained')
@@ -139,13 +140,14 @@ class RetentionConformance(StoreFixtures):
         assert [s.messages for s in listed] == [conversation(8), [*conversation(8), *conversation(1, tag='more')]]
 
     @options({'max_snapshots_per_run': 0}, {'max_snapshots_per_run': -1})
+    @feature_test(SNAPSHOT_RETENTION)
     def test_invalid_bound_is_rejected(self, request: pytest.FixtureRequest, store_options: dict[str, Any]) -> None:
         bound = store_options['max_snapshots_per_run']
         rejection: ValueError | None = None
         try:
             request.getfixturevalue('store')
         except NotImplementedError as error:
-            pytest.skip(f'the backend refuses max_snapshots_per_run altogether ({error})')
+            refusal_verdict(error, (SNAPSHOT_RETENTION,), 'feature')
         except ValueError as error:
             rejection = error
         if rejection is None:

@@ -23,10 +23,12 @@ from stepcore import (
     StepStore,
     ToolEffectRecord,
     ToolEffectStatus,
+    inspect_recovery,
 )
 
 __all__ = (
     'ONE_TOOL_CALL_RUN_EVENTS',
+    'check_crash_rule',
     'check_tool_steps',
     'kill_when_ready',
     'write_tool_steps',
@@ -127,3 +129,40 @@ async def check_tool_steps(store: StepStore, run_id: str, steps: int) -> None:
     assert len(latest.messages) == 1 + 2 * steps
     assert all(f'{run_id} result' in str(m) for m in latest.messages[2::2])
     assert f'{run_id} result {steps - 1}' in str(latest.messages[-1])
+
+
+async def check_crash_rule(store: StepStore, run_id: str, *, context: str = '') -> list[ToolEffectRecord]:
+    """Assert the crash rule on what `store` holds for `run_id`; returns the run's ledger entries.
+
+    Every `completed` ledger entry's call has its tool return in the messages of
+    `latest_snapshot(run_id)` (the newest complete snapshot); every entry that is not is still
+    `started`, and `list_unresolved_tool_effects` and `inspect_recovery` both report it. Call it on
+    whatever a crash left behind (`context` is added to a failure message, e.g. where it stopped).
+    """
+    where = f' ({context})' if context else ''
+    effects = await store.list_tool_effects(run_id)
+    latest = await store.latest_snapshot(run_id)
+    returned = {
+        part.tool_call_id
+        for message in (latest.messages if latest is not None else [])
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    }
+    unresolved = {e.tool_call_id for e in await store.list_unresolved_tool_effects(run_id)}
+    recovery = await inspect_recovery(store=store, run_id=run_id)
+    reported = {e.tool_call_id for e in recovery.unresolved_effects}
+    for entry in effects:
+        call = entry.tool_call_id
+        if entry.status is ToolEffectStatus.COMPLETED:
+            assert call in returned, (
+                f'run {run_id!r}{where}: tool call {call!r} is recorded completed but its result is not in the latest '
+                f'complete snapshot (seq {latest.seq if latest else None}): a completed entry must be written with or '
+                'after the snapshot holding the result'
+            )
+        elif entry.status is ToolEffectStatus.STARTED:
+            assert call in unresolved, (
+                f'run {run_id!r}{where}: started call {call!r} missing from list_unresolved_tool_effects'
+            )
+            assert call in reported, f'run {run_id!r}{where}: started call {call!r} missing from inspect_recovery'
+    return effects
