@@ -275,14 +275,20 @@ async def test_busy_while_a_live_local_writer_holds_it(conversations: SqliteConv
     summary = await conversations.save(summary=new('c'), messages=turn('a', 'b'), in_progress=True)
     assert summary.busy
     assert summary.writer_pid == os.getpid()
-    done = await conversations.save(summary=summary, messages=turn('a', 'c'))
+    assert summary.outcome == 'running'
+    still = await conversations.save(summary=summary, messages=turn('a', 'c'))
+    assert (still.busy, still.outcome, still.writer_pid) == (True, 'running', os.getpid()), 'kept as the summary says'
+    done = await conversations.save(summary=still, messages=turn('a', 'd'), in_progress=False)
     assert not done.busy
     assert done.writer_pid is None
+    assert done.outcome == 'ready'
 
     finished = await anyio.run_process([sys.executable, '-c', 'import os; print(os.getpid())'])
     dead_pid = int(finished.stdout)
     with sqlite3.connect(db_path) as raw:
-        raw.execute("UPDATE conversations SET writer_pid = ? WHERE conversation_id = 'c'", (dead_pid,))
+        raw.execute(
+            "UPDATE conversations SET owner_pid = ?, outcome = 'running' WHERE conversation_id = 'c'", (dead_pid,)
+        )
     (listed,) = await conversations.listing()
     assert listed.writer_pid == dead_pid
     assert not listed.busy

@@ -6,11 +6,12 @@ revision: a writer saves on top of the revision it read, and a writer that read 
 is refused with `ConversationConflict` instead of silently overwriting newer content.
 
 Names (title, subtitle, tags) are a separate revision line, so naming a conversation never races
-its content and never changes when it was last active.
+its content and never changes when it was last active. Archiving is a mark beside both.
 
-Busy detection is local only: a conversation saved with `in_progress=True` records the writer's
-process id and reads as busy while a process with that id is alive on this machine (a reused id
-counts as alive). It is not a lease and the database must not be shared between hosts.
+Ownership is local only: a conversation saved as `'running'` by a process (`in_progress=True`)
+belongs to that process while it is alive on this machine (a reused id counts as alive);
+`ensure_inactive` and `save` refuse to take it from a live owner. It is not a lease and the
+database must not be shared between hosts.
 """
 
 from __future__ import annotations
@@ -18,20 +19,12 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, Literal, TypeVar, cast
+from pathlib import Path
+from typing import Any, TypeVar, cast
 
-from pydantic import BaseModel, Field
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    TextContent,
-    TextPart,
-    UserPromptPart,
-    post_compaction_window,
-)
+from pydantic_ai.messages import ModelMessage, ModelResponse
 
 from stepcore.codec import check_format_version, decode_messages, encode_message
 from stepcore.media import MediaStore
@@ -40,102 +33,40 @@ from stepcore.protocols import StepStore
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 
 from .connection import Database, write_transaction
+from .conversation_models import (
+    ConversationConflict,
+    ConversationSummary,
+    GitCheckout,
+    Outcome,
+    SavedConversation,
+    TitleSource,
+)
+from .conversation_owner import ensure_inactive, running_owner
+from .conversation_text import conversation_text, names_text, searchable_text
 from .schema import STEPS, Component, ensure_schema, read_version
 
 __all__ = (
     'METADATA_SCHEMA_VERSION',
     'ConversationConflict',
     'ConversationSummary',
+    'GitCheckout',
+    'Outcome',
     'SavedConversation',
     'SqliteConversationStore',
+    'TitleSource',
+    'conversation_text',
+    'ensure_inactive',
+    'searchable_text',
 )
 
 METADATA_SCHEMA_VERSION = 1
-"""Version of the stored conversation metadata (names, tags, metadata mapping)."""
+"""Version of the stored conversation metadata (names, tags, workspace, metadata mapping...)."""
 
-TitleSource = Literal['generated', 'manual']
 T = TypeVar('T')
 _UNSET: Any = object()
 
 
-class ConversationConflict(Exception):
-    """A save, name or delete was based on a revision that is no longer current (or deleted)."""
-
-    def __init__(self, conversation_id: str, message: str) -> None:
-        super().__init__(f'conversation {conversation_id!r}: {message}')
-        self.conversation_id = conversation_id
-
-
-class ConversationSummary(BaseModel):
-    """What a listing shows of a conversation, and the revisions a writer bases its next write on."""
-
-    conversation_id: str
-    revision: int = 0
-    """Content revision; 0 for a conversation that has never been saved."""
-    name_revision: int = 0
-    """Revision of the name (title, subtitle, tags), separate from content."""
-    named_at_revision: int | None = None
-    """Content revision the current name was made for."""
-    title: str | None = None
-    subtitle: str | None = None
-    tags: list[str] = Field(default_factory=list[str])
-    title_source: TitleSource | None = None
-    metadata: dict[str, str] = Field(default_factory=dict[str, str])
-    message_count: int = 0
-    created_at: datetime | None = None
-    updated_at: datetime | None = None
-    """Last content change (naming does not move it)."""
-    writer_pid: int | None = None
-    busy: bool = False
-    """A live local process is still writing this conversation."""
-
-
-class SavedConversation(BaseModel):
-    """A conversation head with its messages."""
-
-    summary: ConversationSummary
-    messages: list[ModelMessage]
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else: conservatively alive
-    except OSError:
-        return True
-    return True
-
-
-def searchable_text(messages: Sequence[ModelMessage], metadata: Mapping[str, str] | None = None) -> str:
-    """User and assistant text after the latest compaction, plus metadata values, case-folded.
-
-    Tool calls and returns, reasoning, and history before a compaction are left out.
-    """
-    pieces: list[str] = []
-    for message in post_compaction_window(messages):
-        if isinstance(message, ModelRequest):
-            for part in message.parts:
-                if isinstance(part, UserPromptPart):
-                    content = part.content
-                    if isinstance(content, str):
-                        pieces.append(content)
-                    else:
-                        for item in content:
-                            if isinstance(item, str):
-                                pieces.append(item)
-                            elif isinstance(item, TextContent):
-                                pieces.append(item.content)
-        elif isinstance(message, ModelResponse):  # pyright: ignore[reportUnnecessaryIsInstance]
-            pieces.extend(part.content for part in message.parts if isinstance(part, TextPart))
-    if metadata:
-        pieces.extend(metadata.values())
-    return '\n'.join(pieces).casefold()
-
+# -- tables ----------------------------------------------------------------------------------
 
 _SCHEMA_V1 = """
 CREATE TABLE conversations (
@@ -163,10 +94,44 @@ def _create_v1(connection: sqlite3.Connection) -> None:
             connection.execute(statement)
 
 
+def _stored_names(meta: str) -> str:
+    try:
+        info = cast(dict[str, Any], json.loads(meta))
+        return names_text(info.get('title'), info.get('subtitle'), info.get('tags') or ())
+    except (ValueError, TypeError, AttributeError):
+        return ''  # unreadable metadata is reported when the conversation is read, not here
+
+
+def _v1_to_v2(connection: sqlite3.Connection) -> None:
+    """Version 2: an outcome beside the owner's process id, an archive mark, names in the search.
+
+    A conversation an older release saved with a writer process id was in progress: it becomes
+    `'running'` with that owner, so it stays busy exactly while that process is alive.
+    """
+    connection.execute('ALTER TABLE conversations RENAME COLUMN writer_pid TO owner_pid')
+    connection.execute("ALTER TABLE conversations ADD COLUMN outcome TEXT NOT NULL DEFAULT 'ready'")
+    connection.execute("UPDATE conversations SET outcome = 'running' WHERE owner_pid IS NOT NULL")
+    connection.execute('ALTER TABLE conversations ADD COLUMN archived_at TEXT')
+    connection.execute(
+        'CREATE VIRTUAL TABLE conversations_search_v2 '
+        "USING fts5(conversation_id UNINDEXED, body, names, tokenize = 'trigram')"
+    )
+    rows = connection.execute(
+        'SELECT s.conversation_id, s.body, c.meta FROM conversations_search s '
+        'JOIN conversations c ON c.conversation_id = s.conversation_id'
+    ).fetchall()
+    connection.executemany(
+        'INSERT INTO conversations_search_v2 (conversation_id, body, names) VALUES (?, ?, ?)',
+        [(conversation_id, body, _stored_names(meta)) for conversation_id, body, meta in rows],
+    )
+    connection.execute('DROP TABLE conversations_search')
+    connection.execute('ALTER TABLE conversations_search_v2 RENAME TO conversations_search')
+
+
 CONVERSATIONS = Component(
     name='conversations',
     create=_create_v1,
-    migrations={},
+    migrations={1: _v1_to_v2},
     tables=('conversations', 'conversations_search'),
 )
 """The conversation-head tables, versioned like the step tables."""
@@ -174,8 +139,14 @@ CONVERSATIONS = Component(
 
 _COLUMNS = (
     'conversation_id, revision, name_revision, named_at_revision, meta_version, meta, message_count, '
-    'created_at, updated_at, writer_pid'
+    'created_at, updated_at, owner_pid, outcome, archived_at'
 )
+_REVISION = 1
+"""Index of the content revision in a row of `_COLUMNS`."""
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 class SqliteConversationStore:
@@ -212,6 +183,21 @@ class SqliteConversationStore:
             step_store = SqliteStepStore.on_database(self._db)
         self._steps: StepStore | None = step_store
 
+    @property
+    def database(self) -> Path | None:
+        """The database file, or `None` for a store on a shared connection."""
+        return None if self._db.path is None else Path(self._db.path)
+
+    @property
+    def media_store(self) -> MediaStore | None:
+        """Where large parts of saved messages go (`None`: kept inline)."""
+        return self._walker.media_store
+
+    @property
+    def media(self) -> MediaStore | None:
+        """The same as `media_store` (the name pydantic-ai-harness uses)."""
+        return self._walker.media_store
+
     # -- plumbing ---------------------------------------------------------------------------
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -226,35 +212,63 @@ class SqliteConversationStore:
 
     @staticmethod
     def _summary(row: Sequence[Any]) -> ConversationSummary:
-        (conversation_id, revision, name_revision, named_at, meta_version, meta, count, created, updated, pid) = row
+        (
+            conversation_id,
+            revision,
+            name_revision,
+            named_at,
+            meta_version,
+            meta,
+            count,
+            created,
+            updated,
+            pid,
+            outcome,
+            archived,
+        ) = row
         if meta_version > METADATA_SCHEMA_VERSION:
             raise ValueError(
                 f'conversation {conversation_id!r} has metadata schema version {meta_version}, newer than this '
                 f'step-sqlite reads (up to {METADATA_SCHEMA_VERSION}): upgrade step-sqlite'
             )
         info = cast(dict[str, Any], json.loads(meta))
-        return ConversationSummary(
-            conversation_id=conversation_id,
-            revision=revision,
-            name_revision=name_revision,
-            named_at_revision=named_at,
-            title=info.get('title'),
-            subtitle=info.get('subtitle'),
-            tags=info.get('tags', []),
-            title_source=info.get('title_source'),
-            metadata=info.get('metadata', {}),
-            message_count=count,
-            created_at=datetime.fromisoformat(created),
-            updated_at=datetime.fromisoformat(updated),
-            writer_pid=pid,
-            busy=pid is not None and _pid_alive(pid),
+        summary = ConversationSummary.model_validate(
+            {
+                'conversation_id': conversation_id,
+                'workspace': info.get('workspace', ''),
+                'checkout': info.get('checkout'),
+                'revision': revision,
+                'name_revision': name_revision,
+                'named_at_revision': named_at,
+                'title': info.get('title'),
+                'subtitle': info.get('subtitle'),
+                'tags': info.get('tags', []),
+                'title_source': info.get('title_source'),
+                'metadata': info.get('metadata', {}),
+                'model': info.get('model'),
+                'outcome': outcome,
+                'run_id': info.get('run_id'),
+                'writer_pid': pid,
+                'message_count': count,
+                'total_tokens': info.get('total_tokens', 0),
+                'naming_tokens': info.get('naming_tokens', 0),
+                'created_at': created,
+                'updated_at': updated,
+                'archived_at': archived,
+            }
         )
+        summary.busy = running_owner(summary) is not None
+        return summary
 
     @staticmethod
     def _fetch(conn: sqlite3.Connection, conversation_id: str) -> tuple[Any, ...] | None:
         return conn.execute(
             f'SELECT {_COLUMNS} FROM conversations WHERE conversation_id = ?', (conversation_id,)
         ).fetchone()
+
+    def _current(self, conn: sqlite3.Connection, conversation_id: str) -> ConversationSummary | None:
+        row = self._fetch(conn, conversation_id)
+        return None if row is None else self._summary(row)
 
     @staticmethod
     def _meta(summary: ConversationSummary) -> str:
@@ -268,30 +282,58 @@ class SqliteConversationStore:
                 'tags': list(summary.tags),
                 'title_source': summary.title_source,
                 'metadata': dict(summary.metadata),
+                'workspace': summary.workspace,
+                'checkout': None if summary.checkout is None else summary.checkout.model_dump(),
+                'model': summary.model,
+                'run_id': summary.run_id,
+                'total_tokens': summary.total_tokens,
+                'naming_tokens': summary.naming_tokens,
             },
             ensure_ascii=False,
+        )
+
+    def _put_meta(self, conn: sqlite3.Connection, summary: ConversationSummary) -> None:
+        conn.execute(
+            'UPDATE conversations SET meta_version = ?, meta = ? WHERE conversation_id = ?',
+            (METADATA_SCHEMA_VERSION, self._meta(summary), summary.conversation_id),
         )
 
     # -- content ----------------------------------------------------------------------------
 
     async def save(
-        self, *, summary: ConversationSummary, messages: Sequence[ModelMessage], in_progress: bool = False
+        self,
+        *,
+        summary: ConversationSummary,
+        messages: Sequence[ModelMessage],
+        in_progress: bool | None = None,
     ) -> ConversationSummary:
         """Commit `messages` as the conversation's head on top of `summary.revision`.
 
         A new conversation is saved from a summary with `revision=0`. Raises `ConversationConflict`
-        when the stored revision differs (another writer saved first) or the conversation was
-        deleted. `in_progress=True` marks it busy for this process until a later save without it.
+        when the stored revision differs (another writer saved first), when the conversation was
+        deleted, or when this save would take a conversation running in another live process.
         Returns the committed summary; base the next save on it.
+
+        The summary's `outcome` and `owner_pid` are stored as given. `in_progress=True` takes the
+        conversation for this process (`'running'`, owner this process id); `in_progress=False`
+        lets it go (no owner; `'running'` becomes `'ready'`). The stored name (title, subtitle,
+        tags, naming tokens) is kept, so a name committed meanwhile is not overwritten; an archived
+        conversation is listed again. `message_count` and `total_tokens` are counted from `messages`.
         """
         if not summary.conversation_id:
             raise ValueError('summary.conversation_id must be a non-empty string')
-        meta = self._meta(summary)
+        outcome, owner = summary.outcome, summary.writer_pid
+        if in_progress:
+            outcome, owner = 'running', os.getpid()
+        elif in_progress is not None:
+            outcome, owner = ('ready' if outcome == 'running' else outcome), None
+        total_tokens = sum(m.usage.total_tokens for m in messages if isinstance(m, ModelResponse))
+        wanted = summary.model_copy(update={'outcome': outcome, 'writer_pid': owner, 'total_tokens': total_tokens})
+        meta = self._meta(wanted)
         stored = [await self._walker.externalize(encode_message(m)) for m in messages]
-        body = b'[' + b','.join(stored) + b']'
-        search = searchable_text(messages, summary.metadata)
+        body = (b'[' + b','.join(stored) + b']').decode()
+        search = '\n'.join(p for p in (searchable_text(messages, summary.metadata), summary.workspace.casefold()) if p)
         now = utcnow().isoformat()
-        pid = os.getpid() if in_progress else None
         conversation_id = summary.conversation_id
 
         def write(conn: sqlite3.Connection) -> tuple[Any, ...]:
@@ -303,47 +345,69 @@ class SqliteConversationStore:
                     )
                 conn.execute(
                     'INSERT INTO conversations (conversation_id, revision, name_revision, meta_version, meta, '
-                    'messages_format, messages, message_count, created_at, updated_at, writer_pid) '
-                    'VALUES (?, 1, 0, ?, ?, ?, ?, ?, ?, ?, ?)',
+                    'messages_format, messages, message_count, created_at, updated_at, owner_pid, outcome, '
+                    'archived_at) VALUES (?, 1, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
                     (
                         conversation_id,
                         METADATA_SCHEMA_VERSION,
                         meta,
                         RECORD_FORMAT_VERSION,
-                        body.decode(),
+                        body,
                         len(messages),
                         now,
                         now,
-                        pid,
+                        owner,
+                        outcome,
+                        _iso(summary.archived_at),
                     ),
                 )
+                names = names_text(summary.title, summary.subtitle, summary.tags)
             else:
-                if row[1] != summary.revision:
+                if row[_REVISION] != summary.revision:
                     raise ConversationConflict(
                         conversation_id,
-                        f'the save was based on revision {summary.revision} but revision {row[1]} is stored: '
-                        'reload it with get() and apply your change again',
+                        f'the save was based on revision {summary.revision} but revision {row[_REVISION]} is '
+                        'stored: reload it with get() and apply your change again',
                     )
-                if row[4] > METADATA_SCHEMA_VERSION:
-                    self._summary(row)  # raises the schema-version error
+                current = self._summary(row)  # raises on a metadata version this release does not read
+                holder = running_owner(current)
+                if holder is not None and outcome == 'running' and owner is not None and owner != holder:
+                    raise ConversationConflict(
+                        conversation_id,
+                        f'it is running in process {holder} on this machine: this save would take it for '
+                        f'process {owner}; wait for process {holder} to finish or stop it, then read the '
+                        'conversation again',
+                    )
+                kept = wanted.model_copy(
+                    update={
+                        'title': current.title,
+                        'subtitle': current.subtitle,
+                        'tags': current.tags,
+                        'title_source': current.title_source,
+                        'naming_tokens': current.naming_tokens,
+                    }
+                )
                 conn.execute(
                     'UPDATE conversations SET revision = revision + 1, meta_version = ?, meta = ?, '
-                    'messages_format = ?, messages = ?, message_count = ?, updated_at = ?, writer_pid = ? '
-                    'WHERE conversation_id = ?',
+                    'messages_format = ?, messages = ?, message_count = ?, updated_at = ?, owner_pid = ?, '
+                    'outcome = ?, archived_at = NULL WHERE conversation_id = ?',
                     (
                         METADATA_SCHEMA_VERSION,
-                        meta,
+                        self._meta(kept),
                         RECORD_FORMAT_VERSION,
-                        body.decode(),
+                        body,
                         len(messages),
                         now,
-                        pid,
+                        owner,
+                        outcome,
                         conversation_id,
                     ),
                 )
                 conn.execute('DELETE FROM conversations_search WHERE conversation_id = ?', (conversation_id,))
+                names = names_text(current.title, current.subtitle, current.tags)
             conn.execute(
-                'INSERT INTO conversations_search (conversation_id, body) VALUES (?, ?)', (conversation_id, search)
+                'INSERT INTO conversations_search (conversation_id, body, names) VALUES (?, ?, ?)',
+                (conversation_id, search, names),
             )
             result = self._fetch(conn, conversation_id)
             assert result is not None
@@ -376,38 +440,54 @@ class SqliteConversationStore:
         ]
         return SavedConversation(summary=summary, messages=decode_messages(encoded))
 
-    async def listing(self, *, query: str | None = None, limit: int = 50, offset: int = 0) -> list[ConversationSummary]:
+    async def listing(
+        self,
+        *,
+        query: str | None = None,
+        limit: int = 200,
+        offset: int = 0,
+        archived: bool | None = None,
+    ) -> list[ConversationSummary]:
         """Summaries, most recently active first, without loading messages.
 
-        `query` matches user and assistant text (after the latest compaction) and metadata values,
-        case-insensitively with Unicode case folding.
+        `query` matches user and assistant text (after the latest compaction), the title, subtitle
+        and tags, the workspace and metadata values, case-insensitively with Unicode case folding.
+        `archived=False` leaves archived conversations out, `True` lists only those, `None` both.
         """
         if limit < 0 or offset < 0:
             raise ValueError(f'limit={limit!r} and offset={offset!r} must be >= 0')
+        if archived is not None and not isinstance(archived, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'archived={archived!r} must be True, False or None')
         needle = query.casefold() if query else None
+        where: list[str] = []
+        args: list[object] = []
+        if archived is not None:
+            where.append('archived_at IS NOT NULL' if archived else 'archived_at IS NULL')
+        if needle is not None:
+            if len(needle) >= 3:
+                where.append(
+                    'conversation_id IN (SELECT conversation_id FROM conversations_search WHERE conversations_search '
+                    'MATCH ?)'
+                )
+                args.append('"' + needle.replace('"', '""') + '"')
+            else:  # the trigram index needs three characters; short queries scan
+                where.append(
+                    'conversation_id IN (SELECT conversation_id FROM conversations_search '
+                    'WHERE instr(body, ?) > 0 OR instr(names, ?) > 0)'
+                )
+                args.extend((needle, needle))
+        condition = f'WHERE {" AND ".join(where)} ' if where else ''
+        sql = (
+            f'SELECT {_COLUMNS} FROM conversations {condition}'
+            'ORDER BY updated_at DESC, conversation_id LIMIT ? OFFSET ?'
+        )
 
         def read(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
-            if needle is None:
-                return conn.execute(
-                    f'SELECT {_COLUMNS} FROM conversations ORDER BY updated_at DESC, conversation_id LIMIT ? OFFSET ?',
-                    (limit, offset),
-                ).fetchall()
-            if len(needle) >= 3:
-                phrase = '"' + needle.replace('"', '""') + '"'
-                match_ids = 'SELECT conversation_id FROM conversations_search WHERE body MATCH ?'
-                arg = phrase
-            else:  # the trigram index needs three characters; short queries scan
-                match_ids = 'SELECT conversation_id FROM conversations_search WHERE instr(body, ?) > 0'
-                arg = needle
-            return conn.execute(
-                f'SELECT {_COLUMNS} FROM conversations WHERE conversation_id IN ({match_ids}) '
-                'ORDER BY updated_at DESC, conversation_id LIMIT ? OFFSET ?',
-                (arg, limit, offset),
-            ).fetchall()
+            return conn.execute(sql, (*args, limit, offset)).fetchall()
 
         return [self._summary(row) for row in await self._run(read)]
 
-    # -- names ------------------------------------------------------------------------------
+    # -- names and archive ------------------------------------------------------------------
 
     async def name(
         self,
@@ -417,23 +497,30 @@ class SqliteConversationStore:
         subtitle: str | None = None,
         tags: Iterable[str] = (),
         manual: bool = False,
+        tokens: int = 0,
     ) -> ConversationSummary | None:
         """Set the conversation's name, based on the summary it was made from.
 
         Returns the updated summary, or `None` when the name was not applied: a generated name
         (`manual=False`) is refused when the content moved past `source.revision`, when another
         name was written after `source.name_revision`, or when the title was set manually; a
-        manual name is refused only when another name was written after `source`. The activity
-        timestamp (`updated_at`) is not changed. `ConversationConflict` if the conversation is gone.
+        manual name is refused only when another name was written after `source`; nothing is
+        applied to a deleted conversation. `tokens` (spent producing the name) is added to the
+        conversation's `naming_tokens` even when the name is refused, as long as it exists. The
+        activity timestamp (`updated_at`) is not changed.
         """
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'tokens={tokens!r} must be a whole number of tokens >= 0')
         tag_list = list(tags)
         conversation_id = source.conversation_id
 
         def write(conn: sqlite3.Connection) -> tuple[Any, ...] | None:
-            row = self._fetch(conn, conversation_id)
-            if row is None:
-                raise ConversationConflict(conversation_id, 'it was deleted; nothing to name')
-            current = self._summary(row)
+            current = self._current(conn, conversation_id)
+            if current is None:
+                return None
+            if tokens:
+                current = current.model_copy(update={'naming_tokens': current.naming_tokens + tokens})
+                self._put_meta(conn, current)
             if current.name_revision != source.name_revision:
                 return None
             if not manual and (current.revision != source.revision or current.title_source == 'manual'):
@@ -446,15 +533,48 @@ class SqliteConversationStore:
                     'title_source': 'manual' if manual else 'generated',
                 }
             )
+            self._put_meta(conn, updated)
             conn.execute(
-                'UPDATE conversations SET name_revision = name_revision + 1, named_at_revision = revision, '
-                'meta_version = ?, meta = ? WHERE conversation_id = ?',
-                (METADATA_SCHEMA_VERSION, self._meta(updated), conversation_id),
+                'UPDATE conversations SET name_revision = name_revision + 1, named_at_revision = revision '
+                'WHERE conversation_id = ?',
+                (conversation_id,),
+            )
+            conn.execute(
+                'UPDATE conversations_search SET names = ? WHERE conversation_id = ?',
+                (names_text(title, subtitle, tag_list), conversation_id),
             )
             return self._fetch(conn, conversation_id)
 
         row = await self._write(write)
         return self._summary(row) if row is not None else None
+
+    async def set_archived(self, *, conversation_id: str, archived: bool) -> ConversationSummary:
+        """Archive or unarchive a conversation and return its summary.
+
+        Its messages, revisions and activity time stay as they are; archiving one already archived
+        keeps the first time. `LookupError` when there is no such conversation.
+        """
+        if not isinstance(archived, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'archived={archived!r} must be True or False')
+        when = utcnow().isoformat()
+
+        def write(conn: sqlite3.Connection) -> tuple[Any, ...]:
+            row = self._fetch(conn, conversation_id)
+            if row is None:
+                raise LookupError(
+                    f'no conversation {conversation_id!r} to {"archive" if archived else "unarchive"}: '
+                    'check the id with listing()'
+                )
+            conn.execute(
+                'UPDATE conversations SET archived_at = CASE WHEN ? THEN COALESCE(archived_at, ?) END '
+                'WHERE conversation_id = ?',
+                (archived, when, conversation_id),
+            )
+            result = self._fetch(conn, conversation_id)
+            assert result is not None
+            return result
+
+        return self._summary(await self._write(write))
 
     # -- deletion ---------------------------------------------------------------------------
 
@@ -462,9 +582,10 @@ class SqliteConversationStore:
         """Remove the conversation, then its runs through the step store's `delete_run`.
 
         Media blobs are kept (they are content-addressed and may be shared). Raises
-        `ConversationConflict` when the content moved past `source.revision` or it is already gone.
-        The head goes first, in one transaction with the revision check; a run the process did not
-        get to delete stays listed by `list_runs(conversation_id=...)` and can be deleted later.
+        `ConversationConflict` when the content moved past `source.revision`, when it is already
+        gone, or when it is running in a process still alive on this machine (`ensure_inactive`).
+        The head goes first, in one transaction with those checks; a run the process did not get
+        to delete stays listed by `list_runs(conversation_id=...)` and can be deleted later.
         """
         conversation_id = source.conversation_id
 
@@ -472,11 +593,12 @@ class SqliteConversationStore:
             row = self._fetch(conn, conversation_id)
             if row is None:
                 raise ConversationConflict(conversation_id, 'it was already deleted')
-            if row[1] != source.revision:
+            if row[_REVISION] != source.revision:
                 raise ConversationConflict(
                     conversation_id,
-                    f'the delete was based on revision {source.revision} but revision {row[1]} is stored',
+                    f'the delete was based on revision {source.revision} but revision {row[_REVISION]} is stored',
                 )
+            ensure_inactive(self._summary(row))
             conn.execute('DELETE FROM conversations_search WHERE conversation_id = ?', (conversation_id,))
             conn.execute('DELETE FROM conversations WHERE conversation_id = ?', (conversation_id,))
             return read_version(conn, STEPS.name) is not None

@@ -1,0 +1,205 @@
+"""What a conversation head is made of: its summary, its messages, and the conflict a stale writer gets.
+
+`ConversationSummary` carries our field names and, for code written against pydantic-ai-harness,
+that library's names too: `id` for `conversation_id`, `owner_pid` for `writer_pid`,
+`naming_version` for `name_revision` and `named_revision` for `named_at_revision`. Either name
+is accepted when a summary is built or validated, and both read back.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import uuid4
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic_ai.messages import ModelMessage
+
+__all__ = (
+    'ConversationConflict',
+    'ConversationSummary',
+    'GitCheckout',
+    'Outcome',
+    'SavedConversation',
+    'TitleSource',
+)
+
+TitleSource = Literal['generated', 'manual']
+"""Who named a conversation: a naming model, or a person (`None` while it has no name)."""
+
+Outcome = Literal['ready', 'running', 'completed', 'failed', 'cancelled']
+"""Where a conversation's latest run stands, as the application reports it when it saves.
+
+`'running'` together with an owner process id is what `ensure_inactive` checks.
+"""
+
+_TITLE_SOURCE_SPELLINGS: dict[str, TitleSource | None] = {'user': 'manual', 'fallback': None}
+"""pydantic-ai-harness spells a person's title `'user'` and the unnamed state `'fallback'`."""
+
+_UNSET: Any = object()
+
+_SPELLINGS = (
+    ('conversation_id', 'id'),
+    ('writer_pid', 'owner_pid'),
+    ('name_revision', 'naming_version'),
+    ('named_at_revision', 'named_revision'),
+)
+"""Our field names and pydantic-ai-harness's names for the same fields."""
+
+
+class ConversationConflict(ValueError):
+    """A save, name, delete or take-over that the stored conversation refuses.
+
+    Raised when the write was based on a revision that is no longer current, when the
+    conversation was deleted, or when it is running in another live process on this machine.
+    Read the conversation again before writing.
+    """
+
+    def __init__(self, conversation_id: str, message: str) -> None:
+        super().__init__(f'conversation {conversation_id!r}: {message}')
+        self.conversation_id = conversation_id
+
+
+class GitCheckout(BaseModel):
+    """The Git checkout a conversation's workspace was in, so it can be grouped after the folder is gone."""
+
+    model_config = ConfigDict(frozen=True)
+
+    repository: str
+    """The repository's common Git directory (the same for all of its worktrees)."""
+    name: str
+    """The repository's display name."""
+    root: str
+    """The checkout's top-level folder."""
+    branch: str = ''
+    """The checked-out branch, or a label for a detached checkout."""
+
+
+def _new_id() -> str:
+    return str(uuid4())
+
+
+class ConversationSummary(BaseModel):
+    """What a listing shows of a conversation, and the revisions a writer bases its next write on.
+
+    Content (`save`), names (`name`) and archiving (`set_archived`) move independently: naming and
+    archiving change neither `revision` nor `updated_at`.
+    """
+
+    schema_version: Literal[1] = 1
+    """Version of the summary's layout; a summary of an unknown version is refused."""
+    conversation_id: str = Field(default_factory=_new_id, validation_alias=AliasChoices('conversation_id', 'id'))
+    """The conversation's id (also `id`); a new summary gets a random UUID when none is given."""
+    workspace: str = ''
+    """The folder the conversation worked in, as the application records it ('' when none)."""
+    checkout: GitCheckout | None = None
+    """The Git checkout `workspace` was in when saved, when the application records one."""
+    revision: int = 0
+    """Content revision; 0 for a conversation that has never been saved."""
+    name_revision: int = Field(default=0, validation_alias=AliasChoices('name_revision', 'naming_version'))
+    """Revision of the name (title, subtitle, tags), separate from content (also `naming_version`)."""
+    named_at_revision: int | None = Field(
+        default=None, validation_alias=AliasChoices('named_at_revision', 'named_revision')
+    )
+    """Content revision the current name was made for (`named_revision` reads it as 0 when unnamed)."""
+    title: str | None = None
+    subtitle: str | None = None
+    tags: list[str] = Field(default_factory=list[str])
+    title_source: TitleSource | None = None
+    """`'manual'` for a title a person set (harness spelling `'user'`), `None` while unnamed."""
+    metadata: dict[str, str] = Field(default_factory=dict[str, str])
+    """Application values, searched by `listing(query=...)`."""
+    model: str | None = None
+    """The model the conversation runs on, as the application records it."""
+    outcome: Outcome = 'ready'
+    run_id: str | None = None
+    """The step-persistence run the conversation's latest turn ran as, when the application records it."""
+    writer_pid: int | None = Field(default=None, validation_alias=AliasChoices('writer_pid', 'owner_pid'))
+    """Process id of the local process that owns the conversation while it runs (also `owner_pid`)."""
+    busy: bool = False
+    """When read: `outcome` is `'running'` and the owner process was alive on this machine."""
+    message_count: int = 0
+    total_tokens: int = 0
+    """Tokens the saved model responses report having used."""
+    naming_tokens: int = 0
+    """Tokens spent naming the conversation, kept apart from `total_tokens`."""
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    """Last content change (naming and archiving do not move it)."""
+    archived_at: datetime | None = None
+    """When the conversation was archived; `listing(archived=False)` leaves it out. A content save clears it."""
+
+    def __init__(
+        self,
+        *,
+        schema_version: Literal[1] = _UNSET,
+        conversation_id: str = _UNSET,
+        id: str = _UNSET,
+        workspace: str = _UNSET,
+        checkout: GitCheckout | None = _UNSET,
+        revision: int = _UNSET,
+        name_revision: int = _UNSET,
+        naming_version: int = _UNSET,
+        named_at_revision: int | None = _UNSET,
+        named_revision: int | None = _UNSET,
+        title: str | None = _UNSET,
+        subtitle: str | None = _UNSET,
+        tags: list[str] | tuple[str, ...] = _UNSET,
+        title_source: TitleSource | Literal['user', 'fallback'] | None = _UNSET,
+        metadata: dict[str, str] = _UNSET,
+        model: str | None = _UNSET,
+        outcome: Outcome = _UNSET,
+        run_id: str | None = _UNSET,
+        writer_pid: int | None = _UNSET,
+        owner_pid: int | None = _UNSET,
+        busy: bool = _UNSET,
+        message_count: int = _UNSET,
+        total_tokens: int = _UNSET,
+        naming_tokens: int = _UNSET,
+        created_at: datetime | None = _UNSET,
+        updated_at: datetime | None = _UNSET,
+        archived_at: datetime | None = _UNSET,
+    ) -> None:
+        """Build a summary; each field may be given by our name or by its pydantic-ai-harness name."""
+        given = {name: value for name, value in locals().items() if name not in ('self', '__class__')}
+        for ours, theirs in _SPELLINGS:
+            if given[ours] is not _UNSET and given[theirs] is not _UNSET and given[ours] != given[theirs]:
+                raise ValueError(
+                    f'{ours}={given[ours]!r} and {theirs}={given[theirs]!r} name the same field with different '
+                    f'values: pass only one of them'
+                )
+        super().__init__(**{name: value for name, value in given.items() if value is not _UNSET})
+
+    @field_validator('title_source', mode='before')
+    @classmethod
+    def _harness_title_source(cls, value: object) -> object:
+        if isinstance(value, str) and value in _TITLE_SOURCE_SPELLINGS:
+            return _TITLE_SOURCE_SPELLINGS[value]
+        return value
+
+    @property
+    def id(self) -> str:
+        """The conversation's id (`conversation_id`)."""
+        return self.conversation_id
+
+    @property
+    def owner_pid(self) -> int | None:
+        """Process id of the owning local process (`writer_pid`)."""
+        return self.writer_pid
+
+    @property
+    def naming_version(self) -> int:
+        """Revision of the name (`name_revision`)."""
+        return self.name_revision
+
+    @property
+    def named_revision(self) -> int:
+        """Content revision the current name was made for; 0 while the conversation has no name."""
+        return self.named_at_revision or 0
+
+
+class SavedConversation(BaseModel):
+    """A conversation head with its messages."""
+
+    summary: ConversationSummary
+    messages: list[ModelMessage]
