@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import inspect
+import ast
 import json
 import os
 import signal
@@ -39,6 +39,7 @@ from step_sqlite import (
     GitCheckout,
     SqliteConversationStore,
     SqliteStepStore,
+    conversation_models,
     conversation_text,
     ensure_inactive,
 )
@@ -141,11 +142,18 @@ def test_two_spellings_with_different_values_are_refused() -> None:
         ConversationSummary.model_validate({'schema_version': 2, 'id': 'c'})
 
 
-def test_the_constructor_takes_every_field_by_name() -> None:
-    parameters = set(inspect.signature(ConversationSummary.__init__).parameters) - {'self'}
+def test_the_constructor_type_checkers_see_takes_every_field_by_name() -> None:
+    tree = ast.parse(Path(conversation_models.__file__).read_text(encoding='utf-8'))
+    summary_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == 'ConversationSummary')
+    init = next(n for n in ast.walk(summary_class) if isinstance(n, ast.FunctionDef) and n.name == '__init__')
+    parameters = {a.arg for a in init.args.kwonlyargs}
     fields = set(ConversationSummary.model_fields)
     harness_only = set(HARNESS_SUMMARY_FIELDS) - fields
     assert parameters == fields | harness_only, 'a field was added without its constructor parameter'
+    # and pydantic's own constructor takes each of them
+    for name in harness_only:
+        value = 'x' if name == 'id' else 1
+        assert getattr(ConversationSummary.model_validate({name: value}), name) == value
 
 
 # -- saving what the harness saves -----------------------------------------------------------

@@ -9,10 +9,10 @@ is accepted when a summary is built or validated, and both read back.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, cast
 from uuid import uuid4
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_ai.messages import ModelMessage
 
 __all__ = (
@@ -35,8 +35,6 @@ Outcome = Literal['ready', 'running', 'completed', 'failed', 'cancelled']
 
 _TITLE_SOURCE_SPELLINGS: dict[str, TitleSource | None] = {'user': 'manual', 'fallback': None}
 """pydantic-ai-harness spells a person's title `'user'` and the unnamed state `'fallback'`."""
-
-_UNSET: Any = object()
 
 _SPELLINGS = (
     ('conversation_id', 'id'),
@@ -129,46 +127,53 @@ class ConversationSummary(BaseModel):
     archived_at: datetime | None = None
     """When the conversation was archived; `listing(archived=False)` leaves it out. A content save clears it."""
 
-    def __init__(
-        self,
-        *,
-        schema_version: Literal[1] = _UNSET,
-        conversation_id: str = _UNSET,
-        id: str = _UNSET,
-        workspace: str = _UNSET,
-        checkout: GitCheckout | None = _UNSET,
-        revision: int = _UNSET,
-        name_revision: int = _UNSET,
-        naming_version: int = _UNSET,
-        named_at_revision: int | None = _UNSET,
-        named_revision: int | None = _UNSET,
-        title: str | None = _UNSET,
-        subtitle: str | None = _UNSET,
-        tags: list[str] | tuple[str, ...] = _UNSET,
-        title_source: TitleSource | Literal['user', 'fallback'] | None = _UNSET,
-        metadata: dict[str, str] = _UNSET,
-        model: str | None = _UNSET,
-        outcome: Outcome = _UNSET,
-        run_id: str | None = _UNSET,
-        writer_pid: int | None = _UNSET,
-        owner_pid: int | None = _UNSET,
-        busy: bool = _UNSET,
-        message_count: int = _UNSET,
-        total_tokens: int = _UNSET,
-        naming_tokens: int = _UNSET,
-        created_at: datetime | None = _UNSET,
-        updated_at: datetime | None = _UNSET,
-        archived_at: datetime | None = _UNSET,
-    ) -> None:
-        """Build a summary; each field may be given by our name or by its pydantic-ai-harness name."""
-        given = {name: value for name, value in locals().items() if name not in ('self', '__class__')}
-        for ours, theirs in _SPELLINGS:
-            if given[ours] is not _UNSET and given[theirs] is not _UNSET and given[ours] != given[theirs]:
-                raise ValueError(
-                    f'{ours}={given[ours]!r} and {theirs}={given[theirs]!r} name the same field with different '
-                    f'values: pass only one of them'
-                )
-        super().__init__(**{name: value for name, value in given.items() if value is not _UNSET})
+    if TYPE_CHECKING:
+        # What type checkers see; at run time pydantic's constructor takes each field by either spelling.
+        def __init__(
+            self,
+            *,
+            schema_version: Literal[1] = ...,
+            conversation_id: str = ...,
+            id: str = ...,
+            workspace: str = ...,
+            checkout: GitCheckout | None = ...,
+            revision: int = ...,
+            name_revision: int = ...,
+            naming_version: int = ...,
+            named_at_revision: int | None = ...,
+            named_revision: int | None = ...,
+            title: str | None = ...,
+            subtitle: str | None = ...,
+            tags: list[str] | tuple[str, ...] = ...,
+            title_source: TitleSource | Literal['user', 'fallback'] | None = ...,
+            metadata: dict[str, str] = ...,
+            model: str | None = ...,
+            outcome: Outcome = ...,
+            run_id: str | None = ...,
+            writer_pid: int | None = ...,
+            owner_pid: int | None = ...,
+            busy: bool = ...,
+            message_count: int = ...,
+            total_tokens: int = ...,
+            naming_tokens: int = ...,
+            created_at: datetime | None = ...,
+            updated_at: datetime | None = ...,
+            archived_at: datetime | None = ...,
+        ) -> None:
+            """Build a summary; each field may be given by our name or by its pydantic-ai-harness name."""
+
+    @model_validator(mode='before')
+    @classmethod
+    def _one_value_per_field(cls, data: object) -> object:
+        if isinstance(data, dict):
+            given = cast(dict[str, object], data)
+            for ours, theirs in _SPELLINGS:
+                if ours in given and theirs in given and given[ours] != given[theirs]:
+                    raise ValueError(
+                        f'{ours}={given[ours]!r} and {theirs}={given[theirs]!r} name the same field with different '
+                        'values: pass only one of them'
+                    )
+        return data
 
     @field_validator('title_source', mode='before')
     @classmethod
