@@ -115,6 +115,7 @@ class SqlitePort(SyncPort):
     """The engine's operations as SQL on one database (schema in `schema.py`)."""
 
     name = 'SQLite store'
+    group_commit = True
 
     def __init__(self, db: Database) -> None:
         super().__init__(worker=None)
@@ -145,6 +146,17 @@ class SqlitePort(SyncPort):
         connection = self._conn()
         with write_transaction(connection):
             yield connection
+
+    @contextmanager
+    def savepoint(self, tx: sqlite3.Connection) -> Iterator[None]:
+        tx.execute('SAVEPOINT step_sqlite_write')
+        try:
+            yield
+        except BaseException:
+            tx.execute('ROLLBACK TO step_sqlite_write')
+            tx.execute('RELEASE step_sqlite_write')
+            raise
+        tx.execute('RELEASE step_sqlite_write')
 
     @contextmanager
     def reading(self, run_id: str | None) -> Iterator[sqlite3.Connection]:

@@ -119,6 +119,10 @@ class Port:
 class SyncPort(Port):
     """A port doing blocking I/O, on a thread of its own (or inline, when `worker` is `None`)."""
 
+    group_commit: ClassVar[bool] = False
+    """Whether `savepoint` can isolate one write inside a transaction, so the engine may carry out
+    the writes waiting for the port's thread in one transaction (`stepcore.engine.group`)."""
+
     def __init__(self, *, worker: WorkerThread | None = None) -> None:
         self.worker = worker
 
@@ -135,6 +139,10 @@ class SyncPort(Port):
     def reading(self, run_id: str | None) -> AbstractContextManager[Any]:
         """A consistent read of one run (`None`: of the run list); yields what the methods take as `tx`."""
         return _nothing()
+
+    def savepoint(self, tx: Any) -> AbstractContextManager[Any]:
+        """Inside `transaction()`: a part that a failure rolls back alone (with `group_commit`)."""
+        raise NotImplementedError(f'{type(self).__name__} does not group writes (group_commit is False)')
 
     def run(self, tx: Any, op: ops.Op) -> Any:
         """Carry out one operation."""

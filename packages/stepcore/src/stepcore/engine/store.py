@@ -25,6 +25,7 @@ from ..registration import check_registration
 from ..retention import check_max_snapshots
 from ..walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 from .damage import DamagedRecordError, decoded, skip_damaged
+from .group import NOT_PREPARED, WriteGroups
 from .ops import (
     Body,
     DeleteRun,
@@ -170,6 +171,7 @@ class EngineStore(StepStore):
         self.media_store: MediaStore | None = media_store
         threshold = DEFAULT_MEDIA_THRESHOLD_BYTES if media_threshold_bytes is None else media_threshold_bytes
         self._history = HistoryIndex(MediaWalker(media_store, threshold), max_runs=history_runs)
+        self._groups = WriteGroups(port) if isinstance(port, SyncPort) and port.group_commit else None
 
     def __repr__(self) -> str:
         return f'<{type(self).__name__} on {self.port.describe()}>'
@@ -187,6 +189,11 @@ class EngineStore(StepStore):
         port = self.port
         try:
             if isinstance(port, SyncPort):
+                if self._groups is not None and port.fault_hook is None:
+                    # under fault injection each write keeps a transaction of its own, so a fault
+                    # stops exactly the write it is aimed at
+                    outcome = await self._groups.write(runs, prepare, lambda tx: _drive_sync(port, tx, make_plan()))
+                    return _NEEDS_WALK if outcome is NOT_PREPARED else cast(T, outcome)
 
                 def job() -> T | _NeedsWalk:
                     if prepare is not None and not prepare():

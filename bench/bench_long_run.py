@@ -1,0 +1,149 @@
+"""Whether persistence's cost per step stays flat as one run grows to 10,000 steps.
+
+Not a test: run `uv run python bench/bench_long_run.py [--steps 10000] [--backends memory sqlite file]`.
+
+One agent run of N tool steps (the workload of `bench_steps.py`: a real `Agent` on a
+`FunctionModel`, one tool call per step, 2 KB tool returns; the model reports its usage, as a real
+one does, so pydantic-ai does not estimate tokens over the whole history at every step). What is
+measured is persistence's own time per step: the time spent inside `StepPersistence`'s hooks,
+store writes included (`hook_timer.py`), since pydantic-ai's own cost per step grows with the
+history. At each mark (steps 100, 1,000, 10,000) the table gives the median of the hook time of
+the `--window` steps up to the mark, its ratio to the first mark, and the bytes the store holds
+on disk at that step, per step stored. Each backend runs in a fresh interpreter; with `--rounds`
+above 1 backends are interleaved and medians over rounds are given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import RequestUsage, UsageLimits
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_steps import BACKENDS, available, tool_text
+from hook_timer import TimedPersistence
+
+RESULTS = Path(__file__).with_name('results-long-run.md')
+
+
+def _dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob('*') if p.is_file())
+
+
+async def run_once(backend_name: str, steps: int, marks: list[int], window: int) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix=f'bench-long-{backend_name}-'))
+    try:
+        backend = BACKENDS[backend_name](tmp)
+        assert backend.store is not None
+        sink: list[list[float]] = []
+        timed = TimedPersistence(store=backend.store)
+        timed.sink = sink
+        sizes: dict[int, int] = {}
+        calls = 0
+
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            nonlocal calls
+            calls += 1
+            if calls - 1 in marks and backend_name in ('sqlite', 'file'):
+                sizes[calls - 1] = _dir_size(tmp)  # what steps 1..calls-1 left on disk
+            usage = RequestUsage(input_tokens=10, output_tokens=5)
+            if calls <= steps:
+                return ModelResponse(parts=[ToolCallPart('fetch', {'i': calls}, tool_call_id=f'c{calls}')], usage=usage)
+            return ModelResponse(parts=[TextPart('done')], usage=usage)
+
+        agent: Agent[None, str] = Agent(FunctionModel(model), capabilities=[timed])
+
+        @agent.tool_plain
+        def fetch(i: int) -> str:  # pyright: ignore[reportUnusedFunction]
+            return tool_text(i)
+
+        await backend.store.list_runs()
+        result = await agent.run('go', usage_limits=UsageLimits(request_limit=None))
+        if result.output != 'done':
+            raise RuntimeError('unexpected output')
+        await backend.close()
+        per_step = sink[0]
+        out: dict[str, Any] = {}
+        for mark in marks:
+            chunk = per_step[max(0, mark - window) : mark]
+            out[str(mark)] = {'median': statistics.median(chunk), 'bytes': sizes.get(mark)}
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_cell(backend_name: str, steps: int, marks: list[int], window: int) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, '--cell', backend_name, str(steps), ','.join(map(str, marks)), str(window)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f'{backend_name} failed:\n{out.stderr}')
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument('--steps', type=int, default=10_000)
+    parser.add_argument('--marks', type=int, nargs='+', default=[100, 1_000, 10_000])
+    parser.add_argument('--window', type=int, default=50)
+    parser.add_argument('--rounds', type=int, default=1)
+    parser.add_argument('--backends', nargs='+', default=['memory', 'sqlite', 'file'])
+    parser.add_argument('--no-write', action='store_true')
+    parser.add_argument('--cell', nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.cell:
+        name, steps, marks, window = args.cell
+        cell = asyncio.run(run_once(name, int(steps), [int(m) for m in marks.split(',')], int(window)))
+        print(json.dumps(cell))
+        return
+    marks = [m for m in args.marks if m <= args.steps]
+    backends = [b for b in available(args.backends) if b != 'none']
+    cells: dict[str, list[dict[str, Any]]] = {b: [] for b in backends}
+    for _ in range(args.rounds):
+        for name in backends:
+            cells[name].append(run_cell(name, args.steps, marks, args.window))
+            print(f'{name}: {cells[name][-1]}', flush=True)
+    rows: list[str] = []
+    for name in backends:
+        first = statistics.median(c[str(marks[0])]['median'] for c in cells[name])
+        for mark in marks:
+            median = statistics.median(c[str(mark)]['median'] for c in cells[name])
+            sizes = [c[str(mark)]['bytes'] for c in cells[name] if c[str(mark)]['bytes'] is not None]
+            per_step = f'{statistics.median(sizes) / mark:,.0f} B' if sizes else '-'
+            rows.append(f'| {name} | {mark:,} | {median * 1000:.3f} ms | {median / first:.2f}x | {per_step} |')
+    table = '\n'.join(
+        [
+            '| backend | step | persistence time per step (median) | vs first mark | bytes on disk per step |',
+            '|---|---|---|---|---|',
+            *rows,
+        ]
+    )
+    print(table)
+    if not args.no_write:
+        RESULTS.write_text(
+            f'# bench_long_run results\n\n`uv run python bench/bench_long_run.py {" ".join(sys.argv[1:])}`\n\n'
+            f'Python {platform.python_version()}, {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs. '
+            f'{args.rounds} round(s), window of {args.window} steps.\n\n{table}\n'
+        )
+
+
+if __name__ == '__main__':
+    main()

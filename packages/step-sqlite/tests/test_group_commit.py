@@ -1,0 +1,124 @@
+"""Writes of many runs waiting at once share one transaction; each is durable before it returns."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
+
+from step_sqlite import SqliteStepStore
+from step_sqlite.store import SqlitePort
+from stepcore import ContinuableSnapshot, EventKind, RunRecord, SnapshotState, StepEvent
+
+
+def _count_transactions(store: SqliteStepStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the write transactions the store's port opens (how many runs each one covered)."""
+    port = store.port
+    assert isinstance(port, SqlitePort)
+    opened: list[int] = []
+    original = port.transaction
+
+    @contextmanager
+    def counted(runs: Sequence[str]) -> Iterator[Any]:
+        opened.append(len(runs))
+        with original(runs) as tx:
+            yield tx
+
+    monkeypatch.setattr(port, 'transaction', counted)
+    return opened
+
+
+def _snapshot(run_id: str, i: int) -> ContinuableSnapshot:
+    return ContinuableSnapshot(
+        run_id=run_id,
+        step_index=1,
+        state=SnapshotState.COMPLETE,
+        messages=[
+            ModelRequest(parts=[UserPromptPart(f'question {i}')]),
+            ModelResponse(parts=[TextPart(f'answer {i}')]),
+        ],
+    )
+
+
+async def test_concurrent_writes_of_many_runs_commit_together_and_are_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / 'runs.db'
+    store = SqliteStepStore(database=path)
+    await store.list_runs()
+    opened = _count_transactions(store, monkeypatch)
+    runs = [f'run-{i}' for i in range(20)]
+    snapshots = [_snapshot(run_id, i) for i, run_id in enumerate(runs)]
+    await asyncio.gather(*(store.register_run(RunRecord(run_id=run_id)) for run_id in runs))
+    await asyncio.gather(
+        *(
+            store.write_batch(
+                [StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, idempotency_key='start')],
+                snapshot=snapshots[i],
+            )
+            for i, run_id in enumerate(runs)
+        )
+    )
+    # 40 writes; far fewer transactions, some covering many runs
+    assert len(opened) < 40
+    assert max(opened) > 1
+    # every write was committed before its call returned: another connection sees all of them
+    other = SqliteStepStore(database=path)
+    assert sorted(run.run_id for run in await other.list_runs()) == sorted(runs)
+    for i, run_id in enumerate(runs):
+        latest = await other.latest_snapshot(run_id)
+        assert latest is not None
+        assert latest.messages == snapshots[i].messages
+        assert [event.kind for event in await other.list_events(run_id)] == [EventKind.RUN_STARTED]
+    await other.aclose()
+    await store.aclose()
+
+
+async def test_a_failing_write_fails_alone_and_the_others_in_its_transaction_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / 'runs.db'
+    store = SqliteStepStore(database=path)
+    await store.register_run(RunRecord(run_id='taken'))
+    opened = _count_transactions(store, monkeypatch)
+    good = [f'good-{i}' for i in range(5)]
+    outcomes = await asyncio.gather(
+        *(store.register_run(RunRecord(run_id=run_id)) for run_id in good[:2]),
+        store.register_run(RunRecord(run_id='taken')),  # a second registration of a stored run
+        *(store.register_run(RunRecord(run_id=run_id)) for run_id in good[2:]),
+        return_exceptions=True,
+    )
+    assert len(opened) == 1  # all six shared one transaction
+    errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    assert len(errors) == 1
+    assert isinstance(errors[0], ValueError)
+    assert "'taken'" in str(errors[0])
+    await store.aclose()
+    reopened = SqliteStepStore(database=path)
+    assert sorted(run.run_id for run in await reopened.list_runs()) == sorted(['taken', *good])
+    await reopened.aclose()
+
+
+async def test_a_lone_write_takes_one_transaction_without_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SqliteStepStore(database=tmp_path / 'runs.db')
+    await store.list_runs()
+    opened = _count_transactions(store, monkeypatch)
+    for i in range(3):
+        await store.register_run(RunRecord(run_id=f'r{i}'))
+    assert opened == [1, 1, 1]
+    await store.aclose()
+
+
+async def test_writes_queued_on_a_closed_store_fail_with_a_clear_error(tmp_path: Path) -> None:
+    store = SqliteStepStore(database=tmp_path / 'runs.db')
+    await store.list_runs()
+    await store.aclose()
+    with pytest.raises(RuntimeError, match='closed'):
+        await asyncio.gather(*(store.register_run(RunRecord(run_id=f'r{i}')) for i in range(3)))
