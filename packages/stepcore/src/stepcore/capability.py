@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, cast
 
-from pydantic_ai import ModelRequestNode
+from pydantic_ai import ModelRequestNode, UserPromptNode
 from pydantic_ai.capabilities.abstract import (
     AgentNode,
     CapabilityOrdering,
@@ -53,9 +53,12 @@ class StepPersistence(StepOperations[AgentDepsT]):
     - at the end of the run when the final history differs from the newest boundary snapshot
       (`run_stream`'s closing response, a rewrite by another capability, a run with no boundary);
     - when the run fails: the history as it stood, `complete` if every tool call was answered and
-      `interrupted` otherwise, whenever it holds a model response;
+      `interrupted` otherwise, whenever it holds a model response. When the run's first model
+      request fails, that is the history the run was given, without its unanswered new prompt;
     - with `capture_frontier=True`, also the accepted request history before each model request
-      and the proposed tool calls before they execute (both `interrupted`).
+      (so a first request that fails leaves its prompt in a `complete` snapshot) and the proposed
+      tool calls before they execute (`interrupted`), and at a failure even a history without a
+      model response.
 
     After each snapshot write it emits `SnapshotSaved`.
 
@@ -210,7 +213,9 @@ class StepPersistence(StepOperations[AgentDepsT]):
             return await handler()
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
-        await self.journal_registration(ctx, self._run().run_record())
+        run = self._run()
+        run.given = list(ctx.messages)
+        await self.journal_registration(ctx, run.run_record())
         await self._event(ctx, EventKind.RUN_STARTED)
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
@@ -224,7 +229,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
         run = self._run()
         try:
-            if (messages := points.at_failure(run)) is not None:
+            if (messages := points.at_failure(run, capture_frontier=self.capture_frontier)) is not None:
                 await self._save(ctx, messages, run.state_of(messages))
             await self._event(ctx, EventKind.RUN_FAILED, error=error)
         except Exception as store_error:
@@ -239,13 +244,14 @@ class StepPersistence(StepOperations[AgentDepsT]):
     ) -> AgentNode[AgentDepsT]:
         run = self._run(ctx)
         if self.capture_frontier and (messages := points.proposed_calls(run, ctx, node)) is not None:
-            await self._save(ctx, messages, SnapshotState.INTERRUPTED)
+            await self._save(ctx, messages, run.state_of(messages))
         return node
 
     async def after_node_run(
         self, ctx: RunContext[AgentDepsT], *, node: AgentNode[AgentDepsT], result: NodeResult[AgentDepsT]
     ) -> NodeResult[AgentDepsT]:
         run = self._run(ctx)
+        run.progressed = run.progressed or not isinstance(node, UserPromptNode)
         if (messages := points.settled_tool_cycle(run, ctx, node, result)) is not None:
             # Before another model request the snapshot goes with that request's started event.
             await self._save(ctx, messages, SnapshotState.COMPLETE, defer=isinstance(result, ModelRequestNode))
@@ -257,7 +263,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
         run = self._run(ctx)
         await self._event(ctx, EventKind.MODEL_REQUEST_STARTED)
         if self.capture_frontier and (messages := points.accepted_requests(run, ctx)) is not None:
-            await self._save(ctx, messages, SnapshotState.INTERRUPTED)
+            await self._save(ctx, messages, run.state_of(messages))
         return request_context
 
     async def after_model_request(
