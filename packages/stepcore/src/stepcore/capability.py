@@ -75,8 +75,10 @@ class StepPersistence(StepOperations[AgentDepsT]):
 
     Run id: an explicit `run_id` is used as is (single use: a second run of the same instance
     fails with `ValueError`); with `agent_name` the id is `stepcore.ids.derive_run_id(agent_name,
-    ctx.run_id)`; otherwise `ctx.run_id`. `parent_run_id` defaults to the run id of the enclosing
-    `StepPersistence` run in this context (in-process delegation).
+    ctx.run_id)` (an `sp-` id, the same pydantic-ai-harness derives); otherwise `ctx.run_id`.
+    `parent_run_id` defaults to the run id of the enclosing `StepPersistence` run in this context
+    (in-process delegation). The copy `for_run` returns carries the resolved values in `run_id`,
+    `parent_run_id` and `agent_name`.
     """
 
     store: StepStore = field(default_factory=InMemoryStepStore)
@@ -146,8 +148,12 @@ class StepPersistence(StepOperations[AgentDepsT]):
         return CapabilityOrdering(position='outermost')
 
     def compaction_transcript_handle(self) -> str | None:
-        """This run's id in the store (for compaction receipts); `None` before the run started."""
-        return self.resolved_run_id
+        """This run's id in the store (for compaction receipts).
+
+        That is `run_id`: the resolved id on the copy `for_run` returns; on the instance attached to
+        the agent, the explicit `run_id` or `None`.
+        """
+        return self.run_id
 
     @property
     def resolved_run_id(self) -> str | None:
@@ -155,15 +161,18 @@ class StepPersistence(StepOperations[AgentDepsT]):
         return self._state.run_id if self._state is not None else None
 
     async def for_run(self, ctx: RunContext[AgentDepsT]) -> StepPersistence[AgentDepsT]:
+        """The copy that records this run: its `run_id`, `parent_run_id` and `agent_name` are the resolved ones."""
         run_id = resolve_run_id(ctx, run_id=self.run_id, agent_name=self.agent_name)
-        copy = replace(self)
         agent = ctx.agent
+        parent_run_id = self.parent_run_id if self.parent_run_id is not None else active_run_id()
+        agent_name = self.agent_name if self.agent_name is not None else (agent.name if agent is not None else None)
+        copy = replace(self, run_id=run_id, parent_run_id=parent_run_id, agent_name=agent_name)
         # Inside a durable container the operations are journaled: one per write, nothing batched.
         writer = RunWriter(self.store, copy, journaled=ctx.in_durable_context, run_id=run_id)
         copy._state = RunState(
             run_id=run_id,
-            parent_run_id=self.parent_run_id if self.parent_run_id is not None else active_run_id(),
-            agent_name=self.agent_name if self.agent_name is not None else (agent.name if agent is not None else None),
+            parent_run_id=parent_run_id,
+            agent_name=agent_name,
             conversation_id=ctx.conversation_id,
             metadata=dict(self.metadata),
             writer=writer,

@@ -19,6 +19,7 @@ from pydantic_ai.tools import RunContext
 
 from .context import active_tool_call
 from .history import TAIL_RECHECK
+from .ids import dotted_run_id
 from .protocols import StepStore
 
 __all__ = ('annotate_tool_effect', 'continue_run', 'fork_run', 'is_provider_valid', 'unanswered_tool_calls')
@@ -109,15 +110,27 @@ async def continue_run(store: StepStore, *, run_id: str, include_interrupted: bo
     """The messages of the run's newest settled snapshot, to pass as `message_history=`.
 
     With `include_interrupted=True` the newest snapshot of any state is used (check
-    `store.list_unresolved_tool_effects(run_id)` first). Raises `LookupError` when the run has no
-    matching snapshot.
+    `store.list_unresolved_tool_effects(run_id)` first). Raises `LookupError` ("no continuable
+    snapshot for run_id ...") when the run has no matching snapshot.
     """
     snapshot = await store.latest_snapshot(run_id, include_interrupted=include_interrupted)
     if snapshot is None:
-        which = 'snapshot' if include_interrupted else 'complete snapshot'
-        hint = '' if include_interrupted else ' (pass include_interrupted=True to consider interrupted ones)'
-        raise LookupError(f'run {run_id!r} has no {which} in {type(store).__name__}{hint}')
+        raise LookupError(await _no_snapshot_message(store, run_id, include_interrupted=include_interrupted))
     return snapshot.messages
+
+
+async def _no_snapshot_message(store: StepStore, run_id: str, *, include_interrupted: bool) -> str:
+    which = 'snapshot' if include_interrupted else 'complete snapshot'
+    message = f'no continuable snapshot for run_id {run_id!r}: the run has no {which} in {type(store).__name__}'
+    older = dotted_run_id(run_id)
+    if older is not None and await store.get_run(older) is not None:
+        return (
+            f'{message}. This agent run was recorded by stepcore 0.1 under run_id {older!r}: '
+            f'pass run_id={older!r} to read it'
+        )
+    if not include_interrupted:
+        message += ' (pass include_interrupted=True to consider interrupted ones)'
+    return message
 
 
 async def fork_run(store: StepStore, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:
