@@ -33,10 +33,18 @@ __all__ = (
     'CAPABILITY_ID',
     'DEFERRED_WRITE_DELAY',
     'OPERATION_NAMES',
+    'SPEC_DEFAULTS',
     'ActiveToolCall',
     'StepPersistence',
     'active_tool_call',
 )
+
+SPEC_DEFAULTS: dict[str, dict[str, Any]] = {
+    'file': {'directory': '.step-persistence'},
+    'sqlite': {'database': '.step-persistence.db'},
+}
+"""Where `StepPersistence.from_spec` keeps a backend's data when the spec does not say (relative to the
+current directory), as pydantic-ai-harness does."""
 
 
 @dataclass
@@ -129,10 +137,18 @@ class StepPersistence(StepOperations[AgentDepsT]):
         keyword that is not one of the capability's own fields is an option of that backend's store
         (`max_snapshots_per_run`, `database`, `directory`, ...) and is passed to
         `stepcore.registry.store_from_spec(backend, **store_options)` unchanged: the backend decides
-        which options it takes. An unknown backend raises `ValueError`: there is no fallback to memory.
+        which options it takes. An unknown backend raises `ValueError` ("unknown backend ..."): there
+        is no fallback to memory.
+
+        Without a location, `backend='file'` uses the folder `.step-persistence` and `backend='sqlite'`
+        the database `.step-persistence.db`. Both are relative paths, so they are found in the
+        current directory when the store is first used, not when the spec is read.
         """
         from .registry import store_from_spec
 
+        defaults = SPEC_DEFAULTS.get(backend, {})
+        if not any(name in store_options for name in (*defaults, 'connection')):
+            store_options = {**defaults, **store_options}
         store = cast(StepStore, store_from_spec(backend, **store_options))
         return StepPersistence[Any](
             store=store,
