@@ -233,7 +233,7 @@ class TestCapabilityScenarios:
         assert is_provider_valid(settled)
         assert [p.tool_call_id for p in settled[-1].parts if isinstance(p, ToolReturnPart)] == ['c1']
         report = await inspect_recovery(store=store, run_id='tool-raises')
-        assert report.failed_tools == ['boom']
+        assert report.failed_tools == ('boom',)
         assert 'ok' in report.completed_tools
         # c2 returned, but its result is in no complete snapshot: it stays to be checked.
         assert [e.tool_call_id for e in report.unresolved_effects] == ['c2']
