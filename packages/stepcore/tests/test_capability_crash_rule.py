@@ -92,8 +92,8 @@ async def test_a_run_whose_second_call_raises_leaves_the_first_started() -> None
     report = await inspect_recovery(store=store, run_id='broken-sibling')
     # `fast` returned, but its result is in no complete snapshot: resuming may run it again, so it is unknown
     assert [e.tool_call_id for e in report.unresolved_effects] == ['fast-1']
-    assert report.completed_tools == []
-    assert report.failed_tools == ['slow']
+    assert report.completed_tools == ()
+    assert report.failed_tools == ('slow',)
     assert report.settled_snapshot is None
     assert report.newest_snapshot is not None
     assert report.newest_snapshot.state is SnapshotState.INTERRUPTED
@@ -132,7 +132,7 @@ async def test_a_completion_whose_snapshot_write_failed_goes_with_the_failure_sn
     with pytest.raises(OSError, match='disk full'):
         await agent.run('go')
     report = await inspect_recovery(store=store, run_id='f')
-    assert report.completed_tools == ['lookup']
+    assert report.completed_tools == ('lookup',)
     assert report.unresolved_effects == []
     assert report.settled_snapshot is not None
     assert _returns(report.settled_snapshot) == ['c1']

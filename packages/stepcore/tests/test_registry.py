@@ -64,7 +64,7 @@ def test_backends_are_listed_by_kind_and_plugin() -> None:
 
 def test_unknown_key_names_the_known_keys() -> None:
     registry = Registry(manager_with(('dist-a', plugin_module('dist_a', step=[info('alpha'), info('beta')]))))
-    with pytest.raises(ValueError, match="unknown step store backend 'dynamo'") as raised:
+    with pytest.raises(ValueError, match="unknown backend 'dynamo' for a step store") as raised:
         registry.get('step', 'dynamo')
     assert "'alpha', 'beta'" in str(raised.value)
     assert 'pip install' not in str(raised.value)
@@ -154,7 +154,7 @@ def test_from_spec_builds_a_store_with_options() -> None:
 
 
 def test_from_spec_never_falls_back_to_memory() -> None:
-    with pytest.raises(ValueError, match="unknown step store backend 'nonexistent'"):
+    with pytest.raises(ValueError, match="unknown backend 'nonexistent' for a step store"):
         stepcore.from_spec('nonexistent')
 
 

@@ -202,7 +202,7 @@ class CapabilityConformance(StoreFixtures):
         assert is_provider_valid(settled)
         assert _returns(settled[-1]) == ['c1']
         report = await inspect_recovery(store=store, run_id=run_id)
-        assert report.failed_tools == ['boom']
+        assert report.failed_tools == ('boom',)
         assert report.interrupted
 
     async def test_snapshot_saved_is_delivered_for_every_snapshot(self, store: StepStore) -> None:
@@ -275,7 +275,7 @@ class CapabilityConformance(StoreFixtures):
             assert EventKind.RUN_FAILED not in kinds
             report = await inspect_recovery(store=fresh, run_id=run_id)
             assert report.interrupted
-            assert report.completed_tools == ['read']
+            assert report.completed_tools == ('read',)
         finally:
             await fresh.aclose()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, cast
 
-from pydantic_ai import ModelRequestNode
+from pydantic_ai import ModelRequestNode, UserPromptNode
 from pydantic_ai.capabilities.abstract import (
     AgentNode,
     CapabilityOrdering,
@@ -33,10 +33,18 @@ __all__ = (
     'CAPABILITY_ID',
     'DEFERRED_WRITE_DELAY',
     'OPERATION_NAMES',
+    'SPEC_DEFAULTS',
     'ActiveToolCall',
     'StepPersistence',
     'active_tool_call',
 )
+
+SPEC_DEFAULTS: dict[str, dict[str, Any]] = {
+    'file': {'directory': '.step-persistence'},
+    'sqlite': {'database': '.step-persistence.db'},
+}
+"""Where `StepPersistence.from_spec` keeps a backend's data when the spec does not say (relative to the
+current directory), as pydantic-ai-harness does."""
 
 
 @dataclass
@@ -53,9 +61,12 @@ class StepPersistence(StepOperations[AgentDepsT]):
     - at the end of the run when the final history differs from the newest boundary snapshot
       (`run_stream`'s closing response, a rewrite by another capability, a run with no boundary);
     - when the run fails: the history as it stood, `complete` if every tool call was answered and
-      `interrupted` otherwise, whenever it holds a model response;
+      `interrupted` otherwise, whenever it holds a model response. When the run's first model
+      request fails, that is the history the run was given, without its unanswered new prompt;
     - with `capture_frontier=True`, also the accepted request history before each model request
-      and the proposed tool calls before they execute (both `interrupted`).
+      (so a first request that fails leaves its prompt in a `complete` snapshot) and the proposed
+      tool calls before they execute (`interrupted`), and at a failure even a history without a
+      model response.
 
     After each snapshot write it emits `SnapshotSaved`.
 
@@ -72,8 +83,10 @@ class StepPersistence(StepOperations[AgentDepsT]):
 
     Run id: an explicit `run_id` is used as is (single use: a second run of the same instance
     fails with `ValueError`); with `agent_name` the id is `stepcore.ids.derive_run_id(agent_name,
-    ctx.run_id)`; otherwise `ctx.run_id`. `parent_run_id` defaults to the run id of the enclosing
-    `StepPersistence` run in this context (in-process delegation).
+    ctx.run_id)` (an `sp-` id, the same pydantic-ai-harness derives); otherwise `ctx.run_id`.
+    `parent_run_id` defaults to the run id of the enclosing `StepPersistence` run in this context
+    (in-process delegation). The copy `for_run` returns carries the resolved values in `run_id`,
+    `parent_run_id` and `agent_name`.
     """
 
     store: StepStore = field(default_factory=InMemoryStepStore)
@@ -124,10 +137,18 @@ class StepPersistence(StepOperations[AgentDepsT]):
         keyword that is not one of the capability's own fields is an option of that backend's store
         (`max_snapshots_per_run`, `database`, `directory`, ...) and is passed to
         `stepcore.registry.store_from_spec(backend, **store_options)` unchanged: the backend decides
-        which options it takes. An unknown backend raises `ValueError`: there is no fallback to memory.
+        which options it takes. An unknown backend raises `ValueError` ("unknown backend ..."): there
+        is no fallback to memory.
+
+        Without a location, `backend='file'` uses the folder `.step-persistence` and `backend='sqlite'`
+        the database `.step-persistence.db`. Both are relative paths, so they are found in the
+        current directory when the store is first used, not when the spec is read.
         """
         from .registry import store_from_spec
 
+        defaults = SPEC_DEFAULTS.get(backend, {})
+        if not any(name in store_options for name in (*defaults, 'connection')):
+            store_options = {**defaults, **store_options}
         store = cast(StepStore, store_from_spec(backend, **store_options))
         return StepPersistence[Any](
             store=store,
@@ -143,8 +164,12 @@ class StepPersistence(StepOperations[AgentDepsT]):
         return CapabilityOrdering(position='outermost')
 
     def compaction_transcript_handle(self) -> str | None:
-        """This run's id in the store (for compaction receipts); `None` before the run started."""
-        return self.resolved_run_id
+        """This run's id in the store (for compaction receipts).
+
+        That is `run_id`: the resolved id on the copy `for_run` returns; on the instance attached to
+        the agent, the explicit `run_id` or `None`.
+        """
+        return self.run_id
 
     @property
     def resolved_run_id(self) -> str | None:
@@ -152,15 +177,18 @@ class StepPersistence(StepOperations[AgentDepsT]):
         return self._state.run_id if self._state is not None else None
 
     async def for_run(self, ctx: RunContext[AgentDepsT]) -> StepPersistence[AgentDepsT]:
+        """The copy that records this run: its `run_id`, `parent_run_id` and `agent_name` are the resolved ones."""
         run_id = resolve_run_id(ctx, run_id=self.run_id, agent_name=self.agent_name)
-        copy = replace(self)
         agent = ctx.agent
+        parent_run_id = self.parent_run_id if self.parent_run_id is not None else active_run_id()
+        agent_name = self.agent_name if self.agent_name is not None else (agent.name if agent is not None else None)
+        copy = replace(self, run_id=run_id, parent_run_id=parent_run_id, agent_name=agent_name)
         # Inside a durable container the operations are journaled: one per write, nothing batched.
         writer = RunWriter(self.store, copy, journaled=ctx.in_durable_context, run_id=run_id)
         copy._state = RunState(
             run_id=run_id,
-            parent_run_id=self.parent_run_id if self.parent_run_id is not None else active_run_id(),
-            agent_name=self.agent_name if self.agent_name is not None else (agent.name if agent is not None else None),
+            parent_run_id=parent_run_id,
+            agent_name=agent_name,
             conversation_id=ctx.conversation_id,
             metadata=dict(self.metadata),
             writer=writer,
@@ -210,7 +238,9 @@ class StepPersistence(StepOperations[AgentDepsT]):
             return await handler()
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
-        await self.journal_registration(ctx, self._run().run_record())
+        run = self._run()
+        run.given = list(ctx.messages)
+        await self.journal_registration(ctx, run.run_record())
         await self._event(ctx, EventKind.RUN_STARTED)
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
@@ -224,7 +254,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
         run = self._run()
         try:
-            if (messages := points.at_failure(run)) is not None:
+            if (messages := points.at_failure(run, capture_frontier=self.capture_frontier)) is not None:
                 await self._save(ctx, messages, run.state_of(messages))
             await self._event(ctx, EventKind.RUN_FAILED, error=error)
         except Exception as store_error:
@@ -239,13 +269,14 @@ class StepPersistence(StepOperations[AgentDepsT]):
     ) -> AgentNode[AgentDepsT]:
         run = self._run(ctx)
         if self.capture_frontier and (messages := points.proposed_calls(run, ctx, node)) is not None:
-            await self._save(ctx, messages, SnapshotState.INTERRUPTED)
+            await self._save(ctx, messages, run.state_of(messages))
         return node
 
     async def after_node_run(
         self, ctx: RunContext[AgentDepsT], *, node: AgentNode[AgentDepsT], result: NodeResult[AgentDepsT]
     ) -> NodeResult[AgentDepsT]:
         run = self._run(ctx)
+        run.progressed = run.progressed or not isinstance(node, UserPromptNode)
         if (messages := points.settled_tool_cycle(run, ctx, node, result)) is not None:
             # Before another model request the snapshot goes with that request's started event.
             await self._save(ctx, messages, SnapshotState.COMPLETE, defer=isinstance(result, ModelRequestNode))
@@ -257,7 +288,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
         run = self._run(ctx)
         await self._event(ctx, EventKind.MODEL_REQUEST_STARTED)
         if self.capture_frontier and (messages := points.accepted_requests(run, ctx)) is not None:
-            await self._save(ctx, messages, SnapshotState.INTERRUPTED)
+            await self._save(ctx, messages, run.state_of(messages))
         return request_context
 
     async def after_model_request(

@@ -6,18 +6,33 @@ import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelRequestPart,
+    ModelResponse,
+    RetryPromptPart,  # pyright: ignore[reportDeprecated]
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.tools import RunContext
 
 from .context import active_tool_call
 from .history import TAIL_RECHECK
+from .ids import dotted_run_id
 from .protocols import StepStore
 
 __all__ = ('annotate_tool_effect', 'continue_run', 'fork_run', 'is_provider_valid', 'unanswered_tool_calls')
 
 
-def _scan_tool_calls(messages: Iterable[ModelMessage], pending: dict[str, ToolCallPart]) -> None:
-    """Add the tool calls of `messages` to `pending` and drop those a later request answers."""
+def _scan_tool_calls(messages: Iterable[ModelMessage], pending: dict[str, ToolCallPart]) -> bool:
+    """Add the tool calls of `messages` to `pending` and drop those a later request answers.
+
+    `pending` holds the open calls in the order they were made; the first answer to a call consumes
+    it. Returns False when a request answers a call that is not open (never made, or answered
+    already), True otherwise.
+    """
+    paired = True
     for message in messages:
         if isinstance(message, ModelResponse):
             for part in message.parts:
@@ -25,9 +40,19 @@ def _scan_tool_calls(messages: Iterable[ModelMessage], pending: dict[str, ToolCa
                     pending[part.tool_call_id] = part
         elif isinstance(message, ModelRequest):  # pyright: ignore[reportUnnecessaryIsInstance]
             for part in message.parts:
-                call_id: Any = getattr(part, 'tool_call_id', None)
-                if isinstance(call_id, str):
-                    pending.pop(call_id, None)
+                call_id = _answered_call(part)
+                if call_id is not None and pending.pop(call_id, None) is None:
+                    paired = False
+    return paired
+
+
+def _answered_call(part: ModelRequestPart) -> str | None:
+    """The id of the tool call `part` answers: a tool return, or a retry prompt bound to a tool."""
+    if isinstance(part, ToolReturnPart):
+        return part.tool_call_id
+    if isinstance(part, RetryPromptPart) and part.tool_name is not None:  # pyright: ignore[reportDeprecated]
+        return part.tool_call_id
+    return None
 
 
 def unanswered_tool_calls(messages: Sequence[ModelMessage]) -> list[ToolCallPart]:
@@ -41,49 +66,71 @@ class SettledTracker:
     """`is_provider_valid` for one run's growing history, scanning only what is new at each call.
 
     It remembers the message objects it scanned, short of the newest `history.TAIL_RECHECK` (which
-    pydantic-ai may still change in place), and the calls left unanswered after them. When a later history
-    starts with those very objects only the rest is scanned; any other history is scanned whole.
+    pydantic-ai may still change in place), the calls left open after them and whether an answer
+    among them had no open call. When a later history starts with those very objects only the rest
+    is scanned; any other history is scanned whole.
     """
 
     def __init__(self) -> None:
         self._scanned: list[ModelMessage] = []
         self._pending: dict[str, ToolCallPart] = {}
+        self._paired = True
 
     def is_provider_valid(self, messages: Sequence[ModelMessage]) -> bool:
         start = len(self._scanned)
         if start and not (len(messages) >= start and all(map(operator.is_, messages[:start], self._scanned))):
-            self._scanned, self._pending, start = [], {}, 0
+            self._scanned, self._pending, self._paired, start = [], {}, True, 0
         boundary = max(start, len(messages) - TAIL_RECHECK)
-        _scan_tool_calls(messages[start:boundary], self._pending)
+        self._paired = _scan_tool_calls(messages[start:boundary], self._pending) and self._paired
         self._scanned.extend(messages[start:boundary])
+        if not self._paired:
+            return False
         tail = dict(self._pending)
-        _scan_tool_calls(messages[boundary:], tail)
-        return not tail
+        return _scan_tool_calls(messages[boundary:], tail) and not tail
 
 
 def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
-    """True when every tool call in `messages` has a matching result (return or retry) after it.
+    """True when every tool call in `messages` is answered once, after it, and every answer has its call.
+
+    Calls are matched by `tool_call_id`, in order: a `ToolReturnPart` (a retried call's included)
+    or a tool-bound `RetryPromptPart` answers the open call with its id and closes it. A history
+    is invalid when a call is left open, or when an answer finds no open call: one whose call was
+    never made, comes later, or was answered already. A `RetryPromptPart` without `tool_name`
+    answers no call and is always fine.
 
     This is what makes a snapshot `complete`: a provider accepts the history as it stands and no
     tool work is left unsettled. Native (provider-run) tool calls are settled inside their own
     response and are not counted.
     """
-    return not unanswered_tool_calls(messages)
+    pending: dict[str, ToolCallPart] = {}
+    return _scan_tool_calls(messages, pending) and not pending
 
 
 async def continue_run(store: StepStore, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:
     """The messages of the run's newest settled snapshot, to pass as `message_history=`.
 
     With `include_interrupted=True` the newest snapshot of any state is used (check
-    `store.list_unresolved_tool_effects(run_id)` first). Raises `LookupError` when the run has no
-    matching snapshot.
+    `store.list_unresolved_tool_effects(run_id)` first). Raises `LookupError` ("no continuable
+    snapshot for run_id ...") when the run has no matching snapshot.
     """
     snapshot = await store.latest_snapshot(run_id, include_interrupted=include_interrupted)
     if snapshot is None:
-        which = 'snapshot' if include_interrupted else 'complete snapshot'
-        hint = '' if include_interrupted else ' (pass include_interrupted=True to consider interrupted ones)'
-        raise LookupError(f'run {run_id!r} has no {which} in {type(store).__name__}{hint}')
+        raise LookupError(await _no_snapshot_message(store, run_id, include_interrupted=include_interrupted))
     return snapshot.messages
+
+
+async def _no_snapshot_message(store: StepStore, run_id: str, *, include_interrupted: bool) -> str:
+    which = 'snapshot' if include_interrupted else 'complete snapshot'
+    message = f'no continuable snapshot for run_id {run_id!r}: the run has no {which} in {type(store).__name__}'
+    older = dotted_run_id(run_id)
+    if older is not None and await store.get_run(older) is not None:
+        return (
+            f'{message}. This agent run was recorded by stepcore 0.1 under run_id {older!r}: '
+            f'pass run_id={older!r} to read it'
+        )
+    if not include_interrupted:
+        message += ' (pass include_interrupted=True to consider interrupted ones)'
+    return message
 
 
 async def fork_run(store: StepStore, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:

@@ -2,56 +2,92 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from .models import ContinuableSnapshot, RunRecord, ToolEffectRecord, ToolEffectStatus
+from .models import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
 from .protocols import StepStore
 
-__all__ = ('RecoveryReport', 'inspect_recovery')
+__all__ = ('RecoveryInspection', 'RecoveryReport', 'inspect_recovery')
 
 
 class RecoveryReport(BaseModel):
     """The state of one run as needed to decide how to resume it.
 
-    It reports; it does not decide. A tool in `unresolved_effects` may or may not have run, and a
-    tool in `failed_tools` may have made partial changes: whether replaying is safe is for the
-    caller (and the tool's own idempotency) to judge.
+    It reports; it does not decide. A tool in `unresolved` may or may not have run, a tool in
+    `failed_tools` may have made partial changes, and a tool in `completed_tools` may have
+    returned a result that no snapshot holds: whether replaying is safe is for the caller (and the
+    tool's own idempotency) to judge.
+
+    `latest`, `settled`, `unresolved`, `completed_tools` and `failed_tools` are the fields of
+    pydantic-ai-harness's report; `run_id` and `run` are stepcore's. The names stepcore 0.1 used
+    (`newest_snapshot`, `settled_snapshot`, `unresolved_effects`) still read and construct.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, populate_by_name=True)
 
     run_id: str
     run: RunRecord | None = None
     """The run's record, or `None` when the store never registered it."""
-    newest_snapshot: ContinuableSnapshot | None = None
+    latest: ContinuableSnapshot | None = Field(default=None, validation_alias=AliasChoices('latest', 'newest_snapshot'))
     """The newest snapshot of any state (may be `interrupted`)."""
-    settled_snapshot: ContinuableSnapshot | None = None
+    settled: ContinuableSnapshot | None = Field(
+        default=None, validation_alias=AliasChoices('settled', 'settled_snapshot')
+    )
     """The newest `complete` snapshot: what `continue_run` returns by default."""
-    unresolved_effects: list[ToolEffectRecord] = Field(default_factory=list[ToolEffectRecord])
-    """Tool calls with a `started` record and no terminal update: cut short, or returned with their
-    result in no complete snapshot (continuing from `settled_snapshot` may run them again)."""
-    completed_tools: list[str] = Field(default_factory=list[str])
-    """Names of the tools with a `completed` record, in ledger order."""
-    failed_tools: list[str] = Field(default_factory=list[str])
-    """Names of the tools with a `failed` record, in ledger order."""
+    unresolved: tuple[ToolEffectRecord, ...] = Field(
+        default=(), validation_alias=AliasChoices('unresolved', 'unresolved_effects')
+    )
+    """Ledger entries still `started`: calls cut short, or returned with their result in no complete
+    snapshot (continuing from `settled` may run them again)."""
+    completed_tools: tuple[str, ...] = ()
+    """Names of the tools with a completed call, each once, in the order of their first completion."""
+    failed_tools: tuple[str, ...] = ()
+    """Names of the tools with a failed call, each once, in the order of their first failure."""
+
+    @property
+    def newest_snapshot(self) -> ContinuableSnapshot | None:
+        """`latest`, by its stepcore 0.1 name."""
+        return self.latest
+
+    @property
+    def settled_snapshot(self) -> ContinuableSnapshot | None:
+        """`settled`, by its stepcore 0.1 name."""
+        return self.settled
+
+    @property
+    def unresolved_effects(self) -> list[ToolEffectRecord]:
+        """`unresolved` as a list, by its stepcore 0.1 name."""
+        return list(self.unresolved)
 
     @property
     def interrupted(self) -> bool:
         """True when the newest snapshot is newer than the settled one (or there is no settled one)."""
-        if self.newest_snapshot is None:
+        if self.latest is None:
             return False
-        return self.settled_snapshot is None or self.newest_snapshot.seq != self.settled_snapshot.seq
+        return self.settled is None or self.latest.seq != self.settled.seq
+
+
+RecoveryInspection = RecoveryReport
+"""The report's name in pydantic-ai-harness."""
+
+
+def _tools(events: list[StepEvent], kind: EventKind) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(e.tool_name for e in events if e.kind is kind and e.tool_name))
 
 
 async def inspect_recovery(*, store: StepStore, run_id: str) -> RecoveryReport:
-    """Gather the run record, newest and settled snapshots and the tool-effect ledger of `run_id`."""
-    effects = await store.list_tool_effects(run_id)
+    """Gather the run record, newest and settled snapshots, unresolved ledger entries and tool outcomes of `run_id`.
+
+    Nothing is executed or rewritten. The tools that completed or failed come from the run's events,
+    so a call id that failed and later completed counts in both.
+    """
+    events = await store.list_events(run_id)
     return RecoveryReport(
         run_id=run_id,
         run=await store.get_run(run_id),
-        newest_snapshot=await store.latest_snapshot(run_id, include_interrupted=True),
-        settled_snapshot=await store.latest_snapshot(run_id),
-        unresolved_effects=[e for e in effects if e.status is ToolEffectStatus.STARTED],
-        completed_tools=[e.tool_name for e in effects if e.status is ToolEffectStatus.COMPLETED],
-        failed_tools=[e.tool_name for e in effects if e.status is ToolEffectStatus.FAILED],
+        latest=await store.latest_snapshot(run_id, include_interrupted=True),
+        settled=await store.latest_snapshot(run_id),
+        unresolved=tuple(await store.list_unresolved_tool_effects(run_id)),
+        completed_tools=_tools(events, EventKind.TOOL_CALL_COMPLETED),
+        failed_tools=_tools(events, EventKind.TOOL_CALL_FAILED),
     )

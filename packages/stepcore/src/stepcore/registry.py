@@ -179,7 +179,7 @@ class Registry:
         if backend is not None:
             return backend
         known = ', '.join(repr(k) for k in self.keys(kind)) or 'none'
-        message = f'unknown {_noun(kind)} backend {key!r}; installed backends: {known}'
+        message = f'unknown backend {key!r} for a {_noun(kind)}; installed backends: {known}'
         package = KNOWN_PACKAGES.get((kind, key))
         if package is not None:
             message += f'. Install it with: pip install {package}'

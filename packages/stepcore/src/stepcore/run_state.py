@@ -55,6 +55,10 @@ class RunState:
     settled: SettledTracker = field(default_factory=SettledTracker)
     live: list[ModelMessage] | None = None
     """The live history, as the last node or model hook saw it (the run-level ctx goes stale)."""
+    given: list[ModelMessage] | None = None
+    """The history the run was started with (`message_history=`), as `before_run` saw it."""
+    progressed: bool = False
+    """Whether a node after the user prompt has finished: until then the run added nothing but its prompt."""
     in_flight: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
     """The `started` entry of each tool call being executed, as stored."""
 

@@ -75,7 +75,18 @@ def final_history(run: RunState, result: AgentRunResult[Any]) -> list[ModelMessa
     return final if final and run.content.differs(final) else None
 
 
-def at_failure(run: RunState) -> list[ModelMessage] | None:
-    """When the run fails: the live history as it stood, once it holds a model response."""
-    live = run.live
-    return list(live) if live is not None and _has_response(live) else None
+def at_failure(run: RunState, *, capture_frontier: bool) -> list[ModelMessage] | None:
+    """When the run fails: the history to resume from, once it holds a model response.
+
+    That is the live history as it stood, unless the run failed before any node after its user
+    prompt finished (its first model request raised): then it is the history the run was given,
+    without the new prompt that no model answered, so a caller who resumes from it and sends the
+    prompt again does not send it twice. With `capture_frontier` a history without a model
+    response is saved too (a fresh run's own prompt is already in the snapshot taken before the
+    request).
+    """
+    if run.progressed or run.given is None:
+        messages = list(run.live) if run.live is not None else []
+    else:
+        messages = list(run.given)
+    return messages if messages and (capture_frontier or _has_response(messages)) else None

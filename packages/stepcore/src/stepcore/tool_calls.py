@@ -29,7 +29,8 @@ async def record_tool_call(
 
     The `started` entry and event are written before the tool runs. A call that returns is
     `completed`, held until a complete snapshot holds its result; one that raises anything
-    (`ModelRetry`, a deferral, an error) is `failed` with the exception named in `error`. A call cut
+    (`ModelRetry`, a deferral, an error) is `failed` with the exception's type and message in
+    `error`, and its `repr` in `effect_summary` unless the tool annotated a summary. A call cut
     short by cancellation or a crash stays `started`.
     """
     call_id = call.tool_call_id
@@ -53,18 +54,28 @@ async def record_tool_call(
         with inside_tool_call(ActiveToolCall(capability=capability, run_id=run.run_id, tool_call_id=call_id)):
             result = await execute()
     except Exception as error:
-        await _finish(run, ctx, call, ToolEffectStatus.FAILED, error=describe_error(error))
+        await _finish(run, ctx, call, ToolEffectStatus.FAILED, error=describe_error(error), summary=repr(error))
         raise
     await _finish(run, ctx, call, ToolEffectStatus.COMPLETED)
     return result
 
 
 async def _finish(
-    run: RunState, ctx: RunContext[Any], call: ToolCallPart, status: ToolEffectStatus, *, error: str | None = None
+    run: RunState,
+    ctx: RunContext[Any],
+    call: ToolCallPart,
+    status: ToolEffectStatus,
+    *,
+    error: str | None = None,
+    summary: str | None = None,
 ) -> None:
+    """Record the call's outcome; `summary` fills `effect_summary` when the tool did not annotate one."""
     call_id = call.tool_call_id
     current = run.in_flight.pop(call_id)
-    finished = current.model_copy(update={'status': status, 'error': error, 'updated_at': utcnow()})
+    update: dict[str, Any] = {'status': status, 'error': error, 'updated_at': utcnow()}
+    if current.effect_summary is None and summary is not None:
+        update['effect_summary'] = summary
+    finished = current.model_copy(update=update)
     if status is ToolEffectStatus.COMPLETED:
         event = run.event(
             EventKind.TOOL_CALL_COMPLETED, discriminator=call_id, tool_name=call.tool_name, tool_call_id=call_id

@@ -29,20 +29,13 @@ def _snap(snapshot: ContinuableSnapshot | None) -> dict[str, Any] | None:
 def recovery_json(report: RecoveryReport) -> dict[str, Any]:
     return {
         'run_id': report.run_id,
-        'newest_snapshot': _snap(report.newest_snapshot),
-        'settled_snapshot': _snap(report.settled_snapshot),
+        'newest_snapshot': _snap(report.latest),
+        'settled_snapshot': _snap(report.settled),
         'interrupted': report.interrupted,
-        'unresolved_effects': [dump_record(e) for e in report.unresolved_effects],
-        'completed_tools': report.completed_tools,
-        'failed_tools': report.failed_tools,
+        'unresolved_effects': [dump_record(e) for e in report.unresolved],
+        'completed_tools': list(report.completed_tools),
+        'failed_tools': list(report.failed_tools),
     }
-
-
-def _counted(names: list[str]) -> str:
-    counts: dict[str, int] = {}
-    for name in names:
-        counts[name] = counts.get(name, 0) + 1
-    return ', '.join(name if n == 1 else f'{name} (x{n})' for name, n in counts.items())
 
 
 def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
@@ -52,8 +45,8 @@ def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
     def say(text: str, style: str = '') -> None:
         lines.append(Text(text, style=style))
 
-    settled = report.settled_snapshot
-    newest = report.newest_snapshot
+    settled = report.settled
+    newest = report.latest
     if settled is not None:
         say(
             f'Settled snapshot: seq {settled.seq} at step {settled.step_index}, {len(settled.messages)} messages; '
@@ -69,12 +62,12 @@ def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
             'yellow',
         )
     if report.completed_tools:
-        say(f'Completed tool calls: {_counted(report.completed_tools)}.')
+        say(f'Tools with completed calls: {", ".join(report.completed_tools)}.')
     if report.failed_tools:
-        say(f'Failed tool calls (may have made partial changes): {_counted(report.failed_tools)}.', 'red')
-    if report.unresolved_effects:
+        say(f'Tools with failed calls (may have made partial changes): {", ".join(report.failed_tools)}.', 'red')
+    if report.unresolved:
         say('Unresolved tool calls: started, never finished. Each may or may not have had its effect:', 'bold yellow')
-        for effect in report.unresolved_effects:
+        for effect in report.unresolved:
             detail = f'- {effect.tool_name} ({effect.tool_call_id})'
             if effect.effect_summary:
                 detail += f': {effect.effect_summary}'
