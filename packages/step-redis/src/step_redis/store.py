@@ -30,7 +30,7 @@ from stepcore.retention import check_max_snapshots
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 
 from .client import ClientUser
-from .keys import DEFAULT_KEY_PREFIX, EPOCH, Keys, check_key_prefix, moment, pack, text, unpack
+from .keys import DEFAULT_KEY_PREFIX, EPOCH, Keys, moment, pack, text, unpack
 from .media import RedisMediaStore
 from .scripts import COMMIT, DELETE_RUN, GET_NODES, INSERT_RUN, LIST_RUNS, LIST_SNAPSHOTS
 
@@ -300,7 +300,7 @@ class RedisPort(AsyncPort):
 
     async def _node_ids(self, count: int) -> list[int]:
         spare = self._spare_node_ids
-        if len(spare) < count:
+        while len(spare) < count:  # concurrent saves of this store may take ids meanwhile: look again
             block = count - len(spare) + _NODE_ID_BLOCK
             last = int(await self._client.incrby(self.keys.nodeids, block))
             spare.extend(range(last - block + 1, last + 1))
@@ -388,7 +388,7 @@ class RedisStepStore(ClientUser, EngineStore):
         max_snapshots_per_run: int | None = None,
     ) -> None:
         # options are checked before a client is created, so a bad one leaves nothing to close
-        keys = Keys(check_key_prefix(key_prefix))
+        keys = Keys(key_prefix)
         check_max_snapshots(max_snapshots_per_run)
         MediaWalker(None, media_threshold_bytes)
         self._use_client('RedisStepStore', client, url)
