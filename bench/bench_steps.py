@@ -14,8 +14,9 @@ and once it is closed, and how much the process's resident memory grew at its pe
 run. Results are printed as a Markdown table and written to `bench/results.md`.
 
 Backends are a dict of small factories; a backend whose package or server is absent is skipped
-with a printed note. MongoDB and PostgreSQL are used when `STEP_MONGO_URL` / `STEP_POSTGRES_URL`
-point at a server (see `scripts/`).
+with a printed note. MongoDB, PostgreSQL and Redis are used when `STEP_MONGO_URL` /
+`STEP_POSTGRES_URL` / `STEP_REDIS_URL` point at a server (see `scripts/`); Redis's size is the
+server memory its keys take.
 """
 
 from __future__ import annotations
@@ -201,6 +202,37 @@ def make_postgres(tmp: Path) -> Backend:
     return Backend(store, size, close)
 
 
+def make_redis(tmp: Path) -> Backend:
+    url = _server_url('STEP_REDIS_URL', 'redis-server.sh')
+    from step_redis import RedisStepStore  # pyright: ignore[reportMissingImports, reportUnknownVariableType]
+
+    prefix = f'bench_{uuid.uuid4().hex[:10]}'
+    store: Any = RedisStepStore(url=url, key_prefix=prefix)
+
+    async def keys() -> list[Any]:
+        return [key async for key in store.client.scan_iter(match=f'{prefix}:*', count=1000)]
+
+    async def size() -> int | None:
+        """Bytes of the server's memory the prefix's keys take (Redis keeps its data in memory)."""
+        try:
+            total = 0
+            for key in await keys():
+                total += int(await store.client.memory_usage(key) or 0)
+            return total
+        except Exception:
+            return None
+
+    async def close() -> None:
+        try:
+            found = await keys()
+            if found:
+                await store.client.delete(*found)
+        finally:
+            await store.aclose()
+
+    return Backend(store, size, close)
+
+
 BACKENDS: dict[str, Callable[[Path], Backend]] = {
     'none': make_none,
     'memory': make_memory,
@@ -208,6 +240,7 @@ BACKENDS: dict[str, Callable[[Path], Backend]] = {
     'file': make_file,
     'mongo': make_mongo,
     'postgres': make_postgres,
+    'redis': make_redis,
 }
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the whole test suite: install the workspace, start the servers the backends are tested
-# against (PostgreSQL, a MongoDB-protocol server, an S3-compatible server) on loopback, run
+# against (PostgreSQL, Redis, a MongoDB-protocol server, an S3-compatible server) on loopback, run
 # pytest, and stop the servers again. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,7 @@ start_service() {  # name env-var
     export "$var=$url"
     echo "started $name: $var=$url"
 }
-for svc in postgres:STEP_POSTGRES_URL mongo:STEP_MONGO_URL s3:STEP_S3_ENDPOINT; do
+for svc in postgres:STEP_POSTGRES_URL redis:STEP_REDIS_URL mongo:STEP_MONGO_URL s3:STEP_S3_ENDPOINT; do
     name=${svc%%:*}
     if [ -f "scripts/$name-server.sh" ]; then
         start_service "$name" "${svc##*:}"

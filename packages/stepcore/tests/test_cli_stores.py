@@ -57,7 +57,7 @@ def test_memory_opens_as_a_library_call_but_not_on_the_command_line() -> None:
     ('url', 'message'),
     [
         ('memory://', 'cannot be inspected'),
-        ('redis://localhost', "unknown store URL scheme 'redis'"),
+        ('etcd://localhost', "unknown store URL scheme 'etcd'"),
         ('runs.db', 'is not a URL'),
         ('sqlite://', 'names no database file'),
         ('file://', 'names no folder'),

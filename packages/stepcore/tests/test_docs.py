@@ -26,7 +26,13 @@ from stepcore.cli import app
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / 'docs'
 NO_RUN = '<!-- no-run -->'
-TESTED_ELSEWHERE = {'performance.md', 'backends/mongo.md', 'backends/s3.md', 'backends/postgres.md'}
+TESTED_ELSEWHERE = {
+    'performance.md',
+    'backends/mongo.md',
+    'backends/s3.md',
+    'backends/postgres.md',
+    'backends/redis.md',
+}
 
 _FENCE = re.compile(r'^```python[^\n]*\n(.*?)^```\s*$', re.MULTILINE | re.DOTALL)
 

@@ -69,7 +69,7 @@ def test_url_table(url: str, backend: str, options: dict[str, Any]) -> None:
         ('file://', 'names no folder: use file:///path/to/runs'),
         ('mongodb://localhost:27017', 'names no database: add it as the path'),
         ('mongodb://localhost/a/b', 'names no database'),
-        ('redis://localhost', "unknown store URL scheme 'redis'"),
+        ('etcd://localhost', "unknown store URL scheme 'etcd'"),
         ('memory://?a=1&a=2', "gives option 'a' twice"),
     ],
 )
@@ -79,10 +79,11 @@ def test_refused_urls(url: str, message: str) -> None:
 
 
 def test_unknown_scheme_lists_what_is_installed() -> None:
-    with pytest.raises(ValueError, match="unknown store URL scheme 'redis'") as raised:
-        stepcore.open_store('redis://localhost/0')
+    with pytest.raises(ValueError, match="unknown store URL scheme 'etcd'") as raised:
+        stepcore.open_store('etcd://localhost:2379')
     text = str(raised.value)
-    for scheme in ('sqlite://', 'file://', 'mongodb://', 'mongodb+srv://', 'postgresql://', 'postgres://'):
+    schemes = ('sqlite://', 'file://', 'mongodb://', 'mongodb+srv://', 'postgresql://', 'postgres://', 'redis://')
+    for scheme in (*schemes, 'rediss://'):
         assert scheme in text
     assert 'KEY://?option=value' in text
     assert 'pip install' not in text
@@ -94,6 +95,8 @@ def test_scheme_of_a_backend_not_installed_names_its_package() -> None:
         registry.for_url('step', 'mongodb+srv://cluster0.example.net/agents')
     with pytest.raises(ValueError, match='pip install step-postgres'):
         registry.for_url('step', 'postgresql://u@localhost/db')
+    with pytest.raises(ValueError, match='For rediss:// install: pip install step-redis'):
+        registry.for_url('step', 'rediss://cache.example.net:6380/0')
 
 
 def test_keyword_options_merge_with_the_url() -> None:

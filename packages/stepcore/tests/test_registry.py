@@ -249,7 +249,7 @@ def test_features_of_a_backend_whose_driver_is_missing_raise_import_error() -> N
 
 def test_every_installed_step_backend_declares_its_features_on_the_class() -> None:
     registry = get_registry()
-    for key in ('file', 'sqlite', 'mongo', 'postgres'):
+    for key in ('file', 'sqlite', 'mongo', 'postgres', 'redis'):
         backend = registry.get('step', key)
         assert backend.features() == {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT}, key
         assert backend.features() == backend.load().features

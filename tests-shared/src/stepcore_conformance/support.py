@@ -63,6 +63,9 @@ async def kill_when_ready(
             await asyncio.sleep(0.05)
         if not ready.exists():
             assert process.stderr is not None
+            if process.returncode is None:
+                process.kill()  # its stderr ends only when it does
+                await process.wait()
             detail = (await process.stderr.read()).decode()[-stderr_tail:]
             pytest.fail(f'{failure}: {detail}')
         os.kill(process.pid, signal.SIGKILL)

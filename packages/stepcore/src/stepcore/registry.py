@@ -39,11 +39,13 @@ KNOWN_PACKAGES: dict[tuple[Kind, str], str] = {
     ('step', 'sqlite'): 'step-sqlite',
     ('step', 'mongo'): 'step-mongo',
     ('step', 'postgres'): 'step-postgres',
+    ('step', 'redis'): 'step-redis',
     ('media', 'disk'): 'media-disk',
     ('media', 'sqlite'): 'step-sqlite',
     ('media', 'mongo'): 'step-mongo',
     ('media', 's3'): 'media-s3',
     ('media', 'postgres'): 'step-postgres',
+    ('media', 'redis'): 'step-redis',
 }
 """Our own backends and the distribution that provides each, for install hints."""
 
@@ -54,6 +56,8 @@ KNOWN_SCHEMES: dict[str, str] = {
     'mongodb+srv': 'mongo',
     'postgresql': 'postgres',
     'postgres': 'postgres',
+    'redis': 'redis',
+    'rediss': 'redis',
 }
 """URL schemes of our own step-store backends and the key each names, for install hints."""
 

@@ -9,6 +9,7 @@ built-in ones:
 | `file:///abs/runs`, `file:runs` (relative) | `file` | `directory=<path>` |
 | `mongodb://host:27017/mydb`, `mongodb+srv://...` | `mongo` | `db_url=<url without the db>`, `database=mydb` |
 | `postgresql://...`, `postgres://...` | `postgres` | `dsn=<the URL>` |
+| `redis://host:6379/0`, `rediss://...` | `redis` | `url=<the URL less store options>`, `key_prefix=` from the query |
 | `KEY://?option=value` | any installed plugin key | the query string, as keyword options |
 
 On top of that, the command line checks what a reading command needs: `memory://` is refused

@@ -1,0 +1,414 @@
+"""`RedisStepStore`: runs, events, snapshots and the tool-effect ledger in Redis.
+
+The store is the stepcore engine over `RedisPort`. Key layout and row format: `keys.py`; the
+server-side scripts: `scripts.py`.
+
+A write is one Lua script. The engine's reads before a save (is the snapshot key applied, does the
+node the new messages hang off exist, which snapshots does the run hold) go in one pipelined round
+trip; the writes are collected and sent at commit as one `EVALSHA` of `COMMIT`, which checks the key
+and the node again on the server and then writes the snapshot, the pruning, the ledger entries and
+the events, all or nothing. A key recorded meanwhile makes it answer `conflict` (the engine runs its
+plan again and finds the key applied), a node deleted meanwhile `stale` (the engine stores the
+history whole). No lock is held, so a writer killed at any moment blocks nobody. Registering and
+deleting a run are one script each, run at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final, Generic, TypeVar, cast
+
+from redis.asyncio import Redis
+
+from stepcore.engine import AsyncPort, EngineStore, KeyConflict, StaleHistory, ops
+from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.media import MediaStore
+from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.retention import check_max_snapshots
+from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+
+from .client import ClientUser
+from .keys import DEFAULT_KEY_PREFIX, EPOCH, Keys, moment, pack, text, unpack
+from .media import RedisMediaStore
+from .scripts import COMMIT, DELETE_RUN, GET_NODES, INSERT_RUN, LIST_RUNS, LIST_SNAPSHOTS
+
+__all__ = ('RedisPort', 'RedisStepStore')
+
+T = TypeVar('T')
+
+_NODE_ID_BLOCK: Final = 128
+"""Message node ids a port takes from `<prefix>:nodeids` at a time."""
+_COMPLETE: Final = SnapshotState.COMPLETE.value
+_STATES: Final = frozenset(s.value for s in SnapshotState)
+
+
+def _bytes(body: ops.Body) -> bytes:
+    """An engine-encoded body as stored bytes (the engine hands over bytes when it writes)."""
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode()
+    raise TypeError(f'step-redis stores encoded bodies, got {type(body).__name__}')
+
+
+def _unreadable(error: ValueError) -> ops.Unreadable:
+    return ops.Unreadable(f'the stored row cannot be split into its fields: {error}')
+
+
+def _run_row(run_id: str, value: bytes) -> ops.RunRow:
+    try:
+        started, conversation, parent, body = unpack(value, 4)
+        return ops.RunRow(run_id, moment(started), text(conversation), text(parent), body)
+    except ValueError as error:
+        return ops.RunRow(run_id, EPOCH, None, None, _unreadable(error))
+
+
+def _effect_row(run_id: str, tool_call_id: str, value: bytes) -> ops.EffectRow:
+    try:
+        status, started, body = unpack(value, 3)
+        return ops.EffectRow(run_id, tool_call_id, status.decode(), moment(started), body)
+    except ValueError as error:
+        return ops.EffectRow(run_id, tool_call_id, '', EPOCH, _unreadable(error))
+
+
+def _event_row(run_id: str, seq: int, value: bytes) -> ops.EventRow:
+    try:
+        key, body = unpack(value, 2)
+        return ops.EventRow(run_id, text(key), body, seq=seq)
+    except ValueError as error:
+        return ops.EventRow(run_id, None, _unreadable(error), seq=seq)
+
+
+def _snapshot_row(run_id: str, seq: bytes, state: bytes, value: bytes) -> ops.SnapshotRow:
+    try:
+        head, length, step_index, body = unpack(value, 4)
+        return ops.SnapshotRow(
+            run_id, state.decode(), int(head) if head else None, int(length), int(step_index), body, seq=int(seq)
+        )
+    except ValueError as error:
+        return ops.SnapshotRow(run_id, state.decode(errors='replace'), None, 0, 0, _unreadable(error), seq=int(seq))
+
+
+def _pairs(flat: Sequence[Any]) -> list[tuple[bytes, bytes]]:
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask(Generic[T]):
+    """A read of plain commands (sent in a pipeline) and how their replies become the answer."""
+
+    commands: Sequence[tuple[Any, ...]]
+    answer: Callable[[list[Any]], T]
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One transaction: the runs it writes and the operations collected for `COMMIT`."""
+
+    runs: list[str]
+    keys: list[bytes]
+    args: list[bytes | str | int] = field(default_factory=list[bytes | str | int])
+
+    def run(self, run_id: str) -> int:
+        try:
+            return self.runs.index(run_id)
+        except ValueError:
+            raise RuntimeError(f'run {run_id!r} is written outside its transaction (runs {self.runs})') from None
+
+
+class RedisPort(AsyncPort):
+    """The engine's operations as Redis commands and scripts under one key prefix (see the module docstring)."""
+
+    name = 'Redis store'
+
+    def __init__(self, client: Redis, keys: Keys) -> None:
+        self._client = client
+        self.keys = keys
+        self._commit = client.register_script(COMMIT)
+        self._insert_run = client.register_script(INSERT_RUN)
+        self._list_runs = client.register_script(LIST_RUNS)
+        self._delete_run = client.register_script(DELETE_RUN)
+        self._list_snapshots = client.register_script(LIST_SNAPSHOTS)
+        self._get_nodes = client.register_script(GET_NODES)
+        self._spare_node_ids: list[int] = []
+
+    def describe(self) -> str:
+        kwargs = self._client.connection_pool.connection_kwargs
+        where = kwargs.get('path') or f'{kwargs.get("host", "?")}:{kwargs.get("port", "?")}'
+        return f"Redis keys '{self.keys.prefix}:*' in database {kwargs.get('db', 0)} at {where}"
+
+    async def _script(self, script: Any, keys: Sequence[bytes], args: Sequence[bytes | str | int]) -> Any:
+        return await script(keys=list(keys), args=list(args))
+
+    async def _fetch(self, asks: Sequence[_Ask[Any]]) -> list[Any]:
+        """Send the asks' commands in one pipeline; their answers, in order."""
+        pipe = self._client.pipeline(transaction=False)
+        for ask in asks:
+            for command in ask.commands:
+                pipe.execute_command(*command)  # pyright: ignore[reportUnknownMemberType]
+        replies: list[Any] = list(await pipe.execute())
+        answers: list[Any] = []
+        for ask in asks:
+            count = len(ask.commands)
+            answers.append(ask.answer(replies[:count]))
+            del replies[:count]
+        return answers
+
+    async def _one(self, ask: _Ask[T]) -> T:
+        return cast(T, (await self._fetch([ask]))[0])
+
+    @asynccontextmanager
+    async def transaction(self, runs: Sequence[str]) -> AsyncIterator[_Batch]:
+        """Collect the writes; on leaving, send them as one `COMMIT` (nothing is sent when the block raises)."""
+        batch = _Batch(list(runs), [key for run_id in runs for key in self.keys.run(run_id)])
+        yield batch
+        if not batch.args:
+            return
+        answer = await self._script(self._commit, batch.keys, batch.args)
+        if answer == b'conflict':
+            raise KeyConflict(f'snapshot key recorded meanwhile in {self.describe()}')
+        if answer == b'stale':
+            raise StaleHistory(', '.join(batch.runs))
+        if answer != b'ok':  # pragma: no cover - the script answers nothing else
+            raise RuntimeError(f'unexpected answer {answer!r} from the commit script in {self.describe()}')
+
+    @asynccontextmanager
+    async def reading(self, run_id: str | None) -> AsyncIterator[None]:
+        yield None
+
+    async def run_group(self, tx: Any, ops: Sequence[ops.Op]) -> list[Any]:
+        """Independent reads in one pipelined round trip."""
+        makers: list[Callable[[Any], _Ask[Any]] | None] = [getattr(self, f'_ask_{op.method}', None) for op in ops]
+        asks = [make(op) for make, op in zip(makers, ops, strict=True) if make is not None]
+        if len(asks) < len(ops):
+            return await super().run_group(tx, ops)
+        return await self._fetch(asks)
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    async def insert_run(self, tx: Any, op: ops.InsertRun) -> ops.RunRow | None:
+        row = op.row
+        value = pack(row.started_at.isoformat(), row.conversation_id, row.parent_run_id, _bytes(row.body))
+        keys = self.keys
+        index = [
+            keys.conversation(row.conversation_id) if row.conversation_id is not None else keys.runorder,
+            keys.parent(row.parent_run_id) if row.parent_run_id is not None else keys.runorder,
+        ]
+        flags = ['1' if row.conversation_id is not None else '', '1' if row.parent_run_id is not None else '']
+        existing = await self._script(
+            self._insert_run, [keys.runs, keys.runorder, keys.runseq, *index], [row.run_id, value, *flags]
+        )
+        return _run_row(row.run_id, existing) if existing is not None else None
+
+    async def get_run(self, tx: Any, op: ops.GetRun) -> ops.RunRow | None:
+        value = await self._client.hget(self.keys.runs, op.run_id)
+        return _run_row(op.run_id, cast(bytes, value)) if value is not None else None
+
+    async def list_runs(self, tx: Any, op: ops.ListRuns) -> list[ops.RunRow]:
+        keys = self.keys
+        if op.conversation_id is not None:
+            index = keys.conversation(op.conversation_id)
+        elif op.parent_run_id is not None:
+            index = keys.parent(op.parent_run_id)
+        else:
+            index = keys.runorder
+        found = await self._script(self._list_runs, [index, keys.runs], [])
+        return [_run_row(run_id.decode(), value) for run_id, value in _pairs(found)]
+
+    async def delete_run(self, tx: Any, op: ops.DeleteRun) -> bool:
+        keys = self.keys
+        for _ in range(10):
+            value = cast(bytes | None, await self._client.hget(keys.runs, op.run_id))
+            row = _run_row(op.run_id, value) if value is not None else None
+            conversation = row.conversation_id if row is not None else None
+            parent = row.parent_run_id if row is not None else None
+            index = [
+                keys.conversation(conversation) if conversation is not None else keys.runorder,
+                keys.parent(parent) if parent is not None else keys.runorder,
+            ]
+            removed = int(
+                await self._script(
+                    self._delete_run,
+                    [keys.runs, keys.runorder, *index, *keys.run(op.run_id)],
+                    [op.run_id, value or b''],
+                )
+            )
+            if removed >= 0:
+                return removed > 0
+        raise RuntimeError(f'run {op.run_id!r} kept changing while it was being deleted in {self.describe()}: retry')
+
+    # -- events and ledger --------------------------------------------------------------------
+
+    async def put_events(self, tx: _Batch, op: ops.PutEvents) -> None:
+        run = tx.run(op.run_id)
+        for row in op.rows:
+            tx.args += ['E', run, row.idempotency_key or '', pack(row.idempotency_key, _bytes(row.body))]
+
+    async def list_events(self, tx: Any, op: ops.ListEvents) -> list[ops.EventRow]:
+        values = cast(list[bytes], await self._client.lrange(self.keys.run(op.run_id).ev, 0, -1))
+        return [_event_row(op.run_id, seq, value) for seq, value in enumerate(values, start=1)]
+
+    async def put_effects(self, tx: _Batch, op: ops.PutEffects) -> None:
+        for row in op.rows:
+            value = pack(row.status, row.started_at.isoformat(), _bytes(row.body))
+            tx.args += ['F', tx.run(row.run_id), row.tool_call_id, value]
+
+    async def list_effects(self, tx: Any, op: ops.ListEffects) -> list[ops.EffectRow]:
+        run = self.keys.run(op.run_id)
+        if op.tool_call_id is not None:
+            value = cast(bytes | None, await self._client.hget(run.fx, op.tool_call_id))
+            return [_effect_row(op.run_id, op.tool_call_id, value)] if value is not None else []
+        order, rows = await self._one(
+            _Ask([('LRANGE', run.fxorder, 0, -1), ('HGETALL', run.fx)], lambda replies: (replies[0], replies[1]))
+        )
+        by_id = cast(dict[bytes, bytes], rows)
+        found = [
+            _effect_row(op.run_id, call.decode(), by_id[call]) for call in cast(list[bytes], order) if call in by_id
+        ]
+        if op.unresolved:  # a row that cannot be read stays: leaving it out could hide an effect in flight
+            started = ToolEffectStatus.STARTED.value
+            found = [row for row in found if row.status == started or isinstance(row.body, ops.Unreadable)]
+        return found
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def _ask_snapshot_key_applied(self, op: ops.SnapshotKeyApplied) -> _Ask[bool]:
+        return _Ask([('SISMEMBER', self.keys.run(op.run_id).snapkeys, op.key)], lambda r: bool(r[0]))
+
+    async def snapshot_key_applied(self, tx: Any, op: ops.SnapshotKeyApplied) -> bool:
+        return await self._one(self._ask_snapshot_key_applied(op))
+
+    def _ask_node_exists(self, op: ops.NodeExists) -> _Ask[bool]:
+        return _Ask([('HEXISTS', self.keys.run(op.run_id).node, op.node)], lambda r: bool(r[0]))
+
+    async def node_exists(self, tx: Any, op: ops.NodeExists) -> bool:
+        return await self._one(self._ask_node_exists(op))
+
+    def _ask_snapshot_states(self, op: ops.SnapshotStates) -> _Ask[list[tuple[int, str]]]:
+        def answer(replies: list[Any]) -> list[tuple[int, str]]:
+            states = cast(dict[bytes, bytes], replies[0])
+            # A state that is no known one (a damaged entry) is left to stay, never pruned by mistake.
+            found = [(int(seq), state.decode(errors='replace')) for seq, state in states.items()]
+            return sorted((seq, state) for seq, state in found if state in _STATES)
+
+        return _Ask([('HGETALL', self.keys.run(op.run_id).snapstate)], answer)
+
+    async def snapshot_states(self, tx: Any, op: ops.SnapshotStates) -> list[tuple[int, str]]:
+        return await self._one(self._ask_snapshot_states(op))
+
+    async def _node_ids(self, count: int) -> list[int]:
+        spare = self._spare_node_ids
+        while len(spare) < count:  # concurrent saves of this store may take ids meanwhile: look again
+            block = count - len(spare) + _NODE_ID_BLOCK
+            last = int(await self._client.incrby(self.keys.nodeids, block))
+            spare.extend(range(last - block + 1, last + 1))
+        taken = spare[:count]
+        del spare[:count]
+        return taken
+
+    async def put_snapshot(self, tx: _Batch, op: ops.PutSnapshot) -> list[int]:
+        nodes = await self._node_ids(len(op.bodies))
+        row = op.row
+        head = nodes[-1] if nodes else op.parent
+        tx.args += [
+            'S',
+            tx.run(op.run_id),
+            op.key or '',
+            '' if op.parent is None else op.parent,
+            row.state,
+            '1' if row.state == _COMPLETE else '',
+            pack('' if head is None else str(head), str(row.length), str(row.step_index), _bytes(row.body)),
+            len(nodes),
+        ]
+        parent = op.parent
+        for node, body in zip(nodes, op.bodies, strict=True):
+            tx.args += [node, pack('' if parent is None else str(parent), body)]
+            parent = node
+        return nodes
+
+    async def delete_snapshots(self, tx: _Batch, op: ops.DeleteSnapshots) -> None:
+        tx.args += ['D', tx.run(op.run_id), len(op.seqs), *op.seqs]
+
+    async def list_snapshots(self, tx: Any, op: ops.ListSnapshots) -> list[ops.SnapshotRow]:
+        run = self.keys.run(op.run_id)
+        index = run.snapdone if op.complete_only else run.snapseq
+        flat = await self._script(self._list_snapshots, [index, run.snap, run.snapstate], ['1' if op.newest else ''])
+        return [_snapshot_row(op.run_id, flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+
+    async def get_nodes(self, tx: Any, op: ops.GetNodes) -> Mapping[int, ops.Node]:
+        args = [value for head, length in op.chains for value in (head, length)]
+        found: dict[int, ops.Node] = {}
+        for node, value in _pairs(await self._script(self._get_nodes, [self.keys.run(op.run_id).node], args)):
+            try:
+                parent, body = unpack(value, 2)
+                found[int(node)] = (int(parent) if parent else None, body)
+            except ValueError:
+                continue  # a node that cannot be split is missing to the engine, which reports the chain
+        return found
+
+
+class _DefaultMedia:
+    def __repr__(self) -> str:
+        return '<RedisMediaStore on the same client and key prefix>'
+
+
+_DEFAULT_MEDIA: Final = _DefaultMedia()
+
+
+class RedisStepStore(ClientUser, EngineStore):
+    """Step persistence in Redis through redis-py's asyncio client.
+
+    Pass a Redis URL as `url=` (the store opens its own client and closes it in `aclose()`) or a
+    shared `redis.asyncio.Redis` as `client=` (never closed by the store; it must answer bytes,
+    i.e. be built without `decode_responses=True`). Every key starts with `key_prefix:`, so
+    several applications can share one server.
+
+    Every write is one Lua script: a batch's snapshot, ledger entries and events are stored
+    together or not at all. How durable a returned write is depends on the server's persistence
+    settings: see the documentation (`appendonly yes` with `appendfsync always` makes it durable
+    before the call returns).
+
+    By default, binary content and strings of `media_threshold_bytes` or more go to a
+    `RedisMediaStore` on the same client and prefix; `media_store=None` keeps them inline.
+    `max_snapshots_per_run` bounds the snapshots kept per run.
+    """
+
+    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        client: Redis | None = None,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        media_store: MediaStore | _DefaultMedia | None = _DEFAULT_MEDIA,
+        media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
+        max_snapshots_per_run: int | None = None,
+    ) -> None:
+        # options are checked before a client is created, so a bad one leaves nothing to close
+        keys = Keys(key_prefix)
+        check_max_snapshots(max_snapshots_per_run)
+        MediaWalker(None, media_threshold_bytes)
+        self._use_client('RedisStepStore', client, url)
+        self.key_prefix = key_prefix
+        if isinstance(media_store, _DefaultMedia):
+            media_store = RedisMediaStore(client=self._client, key_prefix=key_prefix)
+        super().__init__(
+            RedisPort(self._client, keys),
+            max_snapshots_per_run=max_snapshots_per_run,
+            media_store=media_store,
+            media_threshold_bytes=media_threshold_bytes,
+        )
+
+    @property
+    def keys(self) -> Keys:
+        """The names of the keys this store uses (see `step_redis.keys`)."""
+        port = self.port
+        assert isinstance(port, RedisPort)
+        return port.keys
+
+    async def aclose(self) -> None:
+        """Close the client if this store created it from `url`; a given client stays open."""
+        await ClientUser.aclose(self)

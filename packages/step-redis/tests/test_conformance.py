@@ -1,0 +1,38 @@
+"""The stepcore conformance suite against the Redis server at STEP_REDIS_URL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from step_redis import RedisMediaStore, RedisStepStore
+from stepcore_conformance import Damage, MediaStoreConformance, StepStoreConformance
+
+
+class TestRedisStepStore(StepStoreConformance):
+    @pytest.fixture
+    async def store(
+        self, redis_url: str, key_prefix: str, store_options: dict[str, Any]
+    ) -> AsyncIterator[RedisStepStore]:
+        store = RedisStepStore(url=redis_url, key_prefix=key_prefix, **store_options)
+        yield store
+        await store.aclose()
+
+    @pytest.fixture
+    def store_spec(self, redis_url: str, key_prefix: str) -> dict[str, Any]:
+        return {'backend': 'redis', 'url': redis_url, 'key_prefix': key_prefix}
+
+    @pytest.fixture
+    def damage(self, redis_damage: Damage) -> Damage:
+        """Rows keep their fields NUL-separated: the hook replaces the body, the last field."""
+        return redis_damage
+
+
+class TestRedisMediaStore(MediaStoreConformance):
+    @pytest.fixture
+    async def media_store(self, redis_url: str, key_prefix: str) -> AsyncIterator[RedisMediaStore]:
+        store = RedisMediaStore(url=redis_url, key_prefix=key_prefix)
+        yield store
+        await store.aclose()
