@@ -116,8 +116,9 @@ def stop_ui(ui: Ui) -> None:
         ui.proc.stdout.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope='session')
 def serve() -> Iterator[Callable[..., Ui]]:
+    """Start `stepcore ui ARGS` (stopped at the end of the session)."""
     started: list[Ui] = []
 
     def start(*args: str) -> Ui:
@@ -142,10 +143,8 @@ def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope='session')
-def demo_ui(demo_db: Path) -> Iterator[Ui]:
-    ui = start_ui('--store', f'sqlite:///{demo_db}')
-    yield ui
-    stop_ui(ui)
+def demo_ui(demo_db: Path, serve: Callable[..., Ui]) -> Ui:
+    return serve('--store', f'sqlite:///{demo_db}')
 
 
 def _hostile_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -191,10 +190,8 @@ def hostile_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope='session')
-def hostile_ui(hostile_db: Path) -> Iterator[Ui]:
-    ui = start_ui('--store', f'sqlite:///{hostile_db}')
-    yield ui
-    stop_ui(ui)
+def hostile_ui(hostile_db: Path, serve: Callable[..., Ui]) -> Ui:
+    return serve('--store', f'sqlite:///{hostile_db}')
 
 
 # -- the browser ------------------------------------------------------------------------------------

@@ -59,10 +59,11 @@ def test_runs_to_run_to_snapshot(browser: Any, demo_ui: Any, shoot: Callable[[st
     shoot('3-timeline')
 
     # the settled snapshot: a conversation with the chart inline and what changed since the one before
-    browser.find_element(By.LINK_TEXT, 'overview').click()
-    _wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, '#snapshots table')))
-    links = browser.find_elements(By.CSS_SELECTOR, '#snapshots tbody a')
-    links[-1].click()
+    browser.find_element(By.LINK_TEXT, 'snapshots').click()
+    table = _wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, '#snapshots table')))
+    assert [r.text.split()[2] for r in table.find_elements(By.CSS_SELECTOR, 'tbody tr')] == ['complete', 'complete']
+    shoot('4-snapshots')
+    table.find_elements(By.CSS_SELECTOR, 'tbody a')[-1].click()
     heading = _wait(browser).until(ec.presence_of_element_located((By.TAG_NAME, 'h1')))
     assert 'complete' in heading.text
     assert 'settled' in heading.text
@@ -75,14 +76,14 @@ def test_runs_to_run_to_snapshot(browser: Any, demo_ui: Any, shoot: Callable[[st
     assert [a.get_attribute('id') for a in added] == ['m3', 'm4']
     calls = browser.find_elements(By.CSS_SELECTOR, '.part-tool-call')
     assert any('"question": "What happened this week?"' in c.text for c in calls)
-    shoot('4-snapshot')
+    shoot('5-snapshot')
 
 
 def test_stored_markup_is_shown_as_text(browser: Any, hostile_ui: Any, shoot: Callable[[str], Path]) -> None:
     browser.get(hostile_ui.base + '/runs/hostile-1')
-    _wait(browser).until(ec.presence_of_element_located((By.ID, 'snapshots')))
-    assert '<i>scraper</i>' in browser.find_element(By.CSS_SELECTOR, '.facts').text
-    browser.find_elements(By.CSS_SELECTOR, '#snapshots tbody a')[-1].click()
+    facts = _wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, '.facts')))
+    assert '<i>scraper</i>' in facts.text
+    browser.find_element(By.PARTIAL_LINK_TEXT, 'seq ').click()  # the newest snapshot
     _wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, '.conversation')))
     returns = browser.find_elements(By.CSS_SELECTOR, '.part-tool-return')
     assert any('<script>document.body.dataset.pwned = "script"</script>' in r.text for r in returns)
@@ -96,4 +97,4 @@ def test_stored_markup_is_shown_as_text(browser: Any, hostile_ui: Any, shoot: Ca
     assert 'image/svg+xml' in browser.find_element(By.CSS_SELECTOR, '.conversation').text
     # the retry the model was asked for
     assert any('the page was still loading' in r.text for r in browser.find_elements(By.CSS_SELECTOR, '.part-retry'))
-    shoot('5-escaped')
+    shoot('6-escaped')

@@ -277,7 +277,6 @@ def create_app(
         report = await inspect_recovery(store=store, run_id=run_id)
         effects = await store.list_tool_effects(run_id)
         ledger_page = queries.page_of(_int_param(request, 'ledger'), LEDGER_PER_PAGE, len(effects))
-        snapshots = await queries.all_snapshots(store, run_id)
         family = await queries.lineage(store, record, status, len(report.unresolved_effects))
         return render(
             request,
@@ -291,8 +290,6 @@ def create_app(
             unresolved=report.unresolved_effects,
             effects=queries.unresolved_first(effects)[ledger_page.start : ledger_page.end],
             ledger_page=ledger_page,
-            snapshots=snapshots,
-            settled_seq=report.settled_snapshot.seq if report.settled_snapshot else None,
             lineage=family,
         )
 
@@ -301,7 +298,7 @@ def create_app(
         record = await _record(run_id)
         events = await store.list_events(run_id)
         page = queries.page_of(_int_param(request, 'page'), queries.EVENTS_PER_PAGE, len(events))
-        rows = queries.timeline(events)[page.start : page.end]
+        rows = queries.timeline(events, page.start, page.end)
         return render(
             request,
             'timeline.html',
@@ -310,6 +307,20 @@ def create_app(
             rows=rows,
             page=page,
             span=queries.span(events),
+        )
+
+    async def snapshots(request: Request) -> Response:
+        run_id = request.path_params['run_id']
+        record = await _record(run_id)
+        retained = await queries.all_snapshots(store, run_id)
+        settled = next((s.seq for s in reversed(retained) if s.state is SnapshotState.COMPLETE), None)
+        return render(
+            request,
+            'snapshots.html',
+            record=record,
+            status=queries.run_status(await store.list_events(run_id)),
+            snapshots=retained,
+            settled_seq=settled,
         )
 
     async def snapshot(request: Request) -> Response:
@@ -384,6 +395,7 @@ def create_app(
         Route('/', runs, methods=['GET']),
         Route('/runs/{run_id}', run, methods=['GET']),
         Route('/runs/{run_id}/timeline', timeline, methods=['GET']),
+        Route('/runs/{run_id}/snapshots', snapshots, methods=['GET']),
         Route('/runs/{run_id}/snapshots/{seq:int}', snapshot, methods=['GET']),
         Route('/runs/{run_id}/snapshots/{seq:int}/media/{message:int}/{part:int}/{item:int}', media, methods=['GET']),
         Mount('/static', app=StaticFiles(packages=[('stepcore.ui', 'static')]), name='static'),

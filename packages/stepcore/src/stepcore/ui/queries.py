@@ -229,41 +229,48 @@ _ENDS = {
 }
 
 
-def _key(event: StepEvent, kind: EventKind) -> tuple[object, ...]:
-    if kind is EventKind.TOOL_CALL_STARTED:
-        return (kind, event.tool_call_id)
-    return (kind,)
+_STARTS = frozenset(_ENDS.values())
 
 
-def timeline(events: Sequence[StepEvent]) -> list[TimelineRow]:
-    """The events with their offset from the first, each end paired with its start for a duration."""
+def timeline(events: Sequence[StepEvent], start: int = 0, end: int | None = None) -> list[TimelineRow]:
+    """Rows for `events[start:end]`: each event's offset from the first, and on an end the time since its start.
+
+    Ends are paired with their starts over the whole trail (a start may sit on an earlier page),
+    in one pass that only compares kinds and tool call ids; times are computed for the slice only.
+    """
     if not events:
         return []
-    first = sort_time(events[0].timestamp)
-    starts = frozenset(_ENDS.values())
-    waiting: dict[tuple[object, ...], int] = {}
+    end = len(events) if end is None else end
+    waiting: dict[object, int] = {}
+    start_of: dict[int, int] = {}
     closed: set[int] = set()
-    ends: dict[int, tuple[timedelta, int | None]] = {}
     for index, event in enumerate(events):
-        if event.kind in starts:
-            waiting[_key(event, event.kind)] = index
+        kind = event.kind
+        if kind in _STARTS:
+            waiting[(kind, event.tool_call_id) if kind is EventKind.TOOL_CALL_STARTED else kind] = index
             continue
-        start_kind = _ENDS.get(event.kind)
-        begin = None if start_kind is None else waiting.pop(_key(event, start_kind), None)
+        opener = _ENDS.get(kind)
+        if opener is None:
+            continue
+        key = (opener, event.tool_call_id) if opener is EventKind.TOOL_CALL_STARTED else opener
+        begin = waiting.pop(key, None)
         if begin is not None:
-            opened = events[begin]
-            ends[index] = (sort_time(event.timestamp) - sort_time(opened.timestamp), opened.seq)
             closed.add(begin)
+            if start <= index < end:
+                start_of[index] = begin
+    first = sort_time(events[0].timestamp)
     rows: list[TimelineRow] = []
-    for index, event in enumerate(events):
-        pair = ends.get(index)
+    for index in range(start, min(end, len(events))):
+        event = events[index]
+        moment = sort_time(event.timestamp)
+        begin = start_of.get(index)
         rows.append(
             TimelineRow(
                 event=event,
-                offset=sort_time(event.timestamp) - first,
-                duration=None if pair is None else pair[0],
-                ends_seq=None if pair is None else pair[1],
-                open=event.kind in starts and index not in closed,
+                offset=moment - first,
+                duration=None if begin is None else moment - sort_time(events[begin].timestamp),
+                ends_seq=None if begin is None else events[begin].seq,
+                open=event.kind in _STARTS and index not in closed,
             )
         )
     return rows
