@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 from step_sqlite import SqliteStepStore
-from stepcore import EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
+from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 from stepcore.cli._loop import run_coroutine
 from stepcore.ui.app import SECURITY_HEADERS
 
@@ -79,8 +80,21 @@ async def _fill_many(database: Path) -> None:
         await store.record_tool_effect(
             ToolEffectRecord(run_id='job-02', tool_call_id='pay-1', tool_name='pay', status=ToolEffectStatus.STARTED)
         )
+        # job-03: a history rewritten between two snapshots, as a compacting history processor does
+        earlier = [_ask('plan the week'), _say('step 1'), _ask('and then?'), _say('step 2')]
+        compacted = [_ask('summary: a plan was made'), _ask('and then?'), _say('step 2'), _say('step 3')]
+        await store.save_snapshot(ContinuableSnapshot(run_id='job-03', step_index=2, messages=earlier))
+        await store.save_snapshot(ContinuableSnapshot(run_id='job-03', step_index=3, messages=compacted))
     finally:
         await store.aclose()
+
+
+def _ask(text: str) -> ModelRequest:
+    return ModelRequest(parts=[UserPromptPart(text)])
+
+
+def _say(text: str) -> ModelResponse:
+    return ModelResponse(parts=[TextPart(text)])
 
 
 @pytest.fixture(scope='module')
@@ -232,6 +246,21 @@ def test_run_overview_lineage_and_unresolved_ledger(many_ui: Any) -> None:
     assert 'may or may not have run' in child
     assert 'No settled snapshot' in child
     assert 'class="snippet"' not in child  # no snapshot: no code to continue from
+
+
+def test_snapshot_diff_after_a_history_rewrite(many_ui: Any) -> None:
+    listing = many_ui.get('/runs/job-03/snapshots').text
+    first, second = (int(s) for s in re.findall(r'/runs/job-03/snapshots/(\d+)"', listing))
+    page = many_ui.get(f'/runs/job-03/snapshots/{second}').text
+    assert f'Against snapshot {first}:</strong> 2 kept, 1 added, 1 changed, 1 removed.' in page
+    removed = page[page.index('<details class="removed"') : page.index('</details>')]
+    assert 'step 1' in removed
+    assert 'plan the week' not in removed  # replaced in place: counted as changed, not removed
+    marked = dict(re.findall(r'<article class="msg msg-\w+ change-(\w+)" id="m(\d+)">', page))
+    assert marked == {'changed': '0', 'added': '3'}
+    only = many_ui.get(f'/runs/job-03/snapshots/{second}?only=changes').text
+    assert re.findall(r'<article [^>]* id="m(\d+)">', only.split('</details>')[1]) == ['0', '3']
+    assert 'The first retained snapshot' in many_ui.get(f'/runs/job-03/snapshots/{first}').text
 
 
 def test_missing_things_are_named(many_ui: Any) -> None:
