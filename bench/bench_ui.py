@@ -3,8 +3,12 @@
 Not a test: run `uv run python bench/bench_ui.py [--events 10000] [--repeat 15]`. It runs a real
 agent (pydantic-ai `FunctionModel`, several tool calls per step, `StepPersistence` on SQLite with
 `max_snapshots_per_run=20`) until the run has at least the asked number of events, adds 300 short
-runs around it, starts `stepcore ui --port 0` in a child process and times GET requests for each
-page over HTTP, reporting the median and the slowest of the repeats in milliseconds.
+runs around it, then sends GET requests for each page through the app's ASGI interface (what
+uvicorn calls; loopback HTTP adds about a millisecond) and reports, per page, the median wall time,
+the median CPU time of the process (all threads, the SQLite one included: what the page costs when
+the machine is not shared) and the slowest wall time. `--database PATH` keeps the database to
+measure again without rebuilding it (the build takes minutes: pydantic-ai's own per-step work
+grows with the history).
 """
 
 from __future__ import annotations
@@ -12,14 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+from typing import Any
 
 from pydantic_ai import Agent, UsageLimits
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
@@ -27,6 +28,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from step_sqlite import SqliteStepStore
 from stepcore import StepPersistence
+from stepcore.ui import create_app
 
 CALLS_PER_STEP = 8
 RUN_ID = 'long-run'
@@ -46,7 +48,8 @@ def _model(steps: int):  # type: ignore[no-untyped-def]
         if step >= steps:
             return ModelResponse(parts=[TextPart(f'finished after {step} steps')])
         calls = [
-            ToolCallPart('measure', {'probe': f'p{step}-{i}'}, tool_call_id=f'c{step}-{i}') for i in range(CALLS_PER_STEP)
+            ToolCallPart('measure', {'probe': f'p{step}-{i}'}, tool_call_id=f'c{step}-{i}')
+            for i in range(CALLS_PER_STEP)
         ]
         return ModelResponse(parts=calls)
 
@@ -79,27 +82,80 @@ async def build(database: Path, events: int) -> None:
         await store.aclose()
 
 
-def start_ui(database: Path) -> tuple[subprocess.Popen[str], str]:
-    command = [sys.executable, '-m', 'stepcore.cli', 'ui', '--store', f'sqlite:///{database}', '--port', '0']
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    found = re.search(r'http://\S+/', line)
-    if not found:
-        proc.kill()
-        raise SystemExit(f'stepcore ui did not start: {line}{proc.stdout.read()}')
-    return proc, found.group(0).rstrip('/')
+async def get(app: Any, path: str) -> tuple[int, bytes]:
+    """One GET through the app's ASGI interface, as uvicorn would send it (no network in between)."""
+    raw_path, _, query = path.partition('?')
+    scope = {
+        'type': 'http',
+        'asgi': {'version': '3.0'},
+        'http_version': '1.1',
+        'method': 'GET',
+        'scheme': 'http',
+        'path': raw_path,
+        'raw_path': raw_path.encode(),
+        'query_string': query.encode(),
+        'root_path': '',
+        'headers': [(b'host', b'127.0.0.1:8765')],
+        'client': ('127.0.0.1', 50000),
+        'server': ('127.0.0.1', 8765),
+    }
+    status = 0
+    body: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        return {'type': 'http.request', 'body': b'', 'more_body': False}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message['type'] == 'http.response.start':
+            status = message['status']
+        elif message['type'] == 'http.response.body':
+            body.append(message.get('body', b''))
+
+    await app(scope, receive, send)
+    return status, b''.join(body)
 
 
-def timed(url: str, repeat: int) -> tuple[float, float, int]:
-    samples: list[float] = []
+async def timed(app: Any, path: str, repeat: int) -> tuple[float, float, float, int]:
+    """Median wall ms, median CPU ms (this process, all threads), slowest wall ms, and the page size."""
+    walls: list[float] = []
+    cpus: list[float] = []
     size = 0
     for _ in range(repeat):
-        start = time.perf_counter()
-        with urllib.request.urlopen(url) as response:
-            size = len(response.read())
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples), max(samples), size
+        wall, cpu = time.perf_counter(), time.process_time()
+        status, body = await get(app, path)
+        cpus.append((time.process_time() - cpu) * 1000)
+        walls.append((time.perf_counter() - wall) * 1000)
+        assert status == 200, (path, status, body[:300])
+        size = len(body)
+    return statistics.median(walls), statistics.median(cpus), max(walls), size
+
+
+async def measure(database: Path, repeat: int) -> list[tuple[str, tuple[float, float, float, int]]]:
+    store = SqliteStepStore(database=database)
+    app = create_app(store, store_url=f'sqlite:///{database}')
+    try:
+        total = len(await store.list_events(RUN_ID))
+        last = -(-total // 100)
+        newest = await store.latest_snapshot(RUN_ID, include_interrupted=True)
+        assert newest is not None
+        pages = [
+            (f'runs, first page ({len(await store.list_runs())} runs)', '/'),
+            ('runs, filtered by agent (the long run only)', '/?agent=prober'),
+            ('runs, filtered by status (reads every run)', '/?status=completed'),
+            ('run overview (recovery, ledger page of 200, lineage)', f'/runs/{RUN_ID}'),
+            (f'timeline, first page of 100 of {total} events', f'/runs/{RUN_ID}/timeline'),
+            ('timeline, middle page', f'/runs/{RUN_ID}/timeline?page={last // 2}'),
+            ('timeline, last page', f'/runs/{RUN_ID}/timeline?page={last}'),
+            ('snapshot list (20 retained)', f'/runs/{RUN_ID}/snapshots'),
+            (
+                f'newest snapshot ({len(newest.messages)} messages, 200 shown, diff)',
+                f'/runs/{RUN_ID}/snapshots/{newest.seq}',
+            ),
+        ]
+        return [(label, await timed(app, path, repeat)) for label, path in pages]
+    finally:
+        await store.aclose()
 
 
 def main() -> None:
@@ -114,35 +170,16 @@ def main() -> None:
         if not database.exists():
             asyncio.run(build(database, args.events))
         built = time.perf_counter() - start
-        proc, base = start_ui(database)
-        try:
-            with urllib.request.urlopen(f'{base}/runs/{RUN_ID}/timeline') as response:
-                page = response.read().decode()
-            total = int(re.search(r'(\d+) events over', page).group(1))  # type: ignore[union-attr]
-            last = -(-total // 100)
-            with urllib.request.urlopen(f'{base}/runs/{RUN_ID}') as response:
-                seqs = [int(s) for s in re.findall(rf'/runs/{RUN_ID}/snapshots/(\d+)"', response.read().decode())]
-            pages = [
-                ('runs, first page (301 runs)', '/'),
-                ('runs, filtered by agent', '/?agent=prober'),
-                ('runs, filtered by status (reads every run)', '/?status=completed'),
-                ('run overview (ledger page of 200, lineage, recovery)', f'/runs/{RUN_ID}'),
-                ('timeline, first page of 100 events', f'/runs/{RUN_ID}/timeline'),
-                ('timeline, middle page', f'/runs/{RUN_ID}/timeline?page={last // 2}'),
-                ('timeline, last page', f'/runs/{RUN_ID}/timeline?page={last}'),
-                ('newest snapshot (last 200 messages, diff)', f'/runs/{RUN_ID}/snapshots/{max(seqs)}'),
-            ]
-            print(f'SQLite, one run of {total} events ({CALLS_PER_STEP} tool calls per step, 20 snapshots kept)')
-            print(f'plus 300 short runs; built in {built:.1f} s; {args.repeat} GETs per page, {os.cpu_count()} CPUs')
-            print()
-            print('| page | median ms | slowest ms | HTML KiB |')
-            print('|---|---:|---:|---:|')
-            for label, path in pages:
-                median, worst, size = timed(base + path, args.repeat)
-                print(f'| {label} | {median:.0f} | {worst:.0f} | {size / 1024:.0f} |')
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+        rows = asyncio.run(measure(database, args.repeat))
+        load = os.getloadavg()[0]
+        print(f'SQLite: one run of {args.events}+ events ({CALLS_PER_STEP} tool calls per step, 20 snapshots kept)')
+        print(f'and 300 short runs; built in {built:.0f} s. {args.repeat} GETs per page; {os.cpu_count()} CPUs,')
+        print(f'load average {load:.1f} at the end (CPU ms is what a page costs whatever else the machine runs)')
+        print()
+        print('| page | median wall ms | median CPU ms | slowest wall ms | HTML KiB |')
+        print('|---|---:|---:|---:|---:|')
+        for label, (wall, cpu, worst, size) in rows:
+            print(f'| {label} | {wall:.0f} | {cpu:.0f} | {worst:.0f} | {size / 1024:.0f} |')
 
 
 if __name__ == '__main__':
