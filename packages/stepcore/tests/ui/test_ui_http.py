@@ -6,10 +6,13 @@ Each test talks to `stepcore ui` running in a child process (see conftest.py).
 from __future__ import annotations
 
 import re
+import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -271,6 +274,24 @@ def test_missing_things_are_named(many_ui: Any) -> None:
     assert snap.status == 404
     assert 'its retained snapshots: none' in snap.text
     assert many_ui.get('/no/such/page').status == 404
+
+
+def test_a_damaged_record_is_named_and_the_rest_still_reads(
+    demo_db: Path, tmp_path: Path, serve: Callable[..., Any]
+) -> None:
+    copy = tmp_path / 'damaged.db'
+    shutil.copy(demo_db, copy)
+    with closing(sqlite3.connect(copy)) as connection, connection:
+        connection.execute("UPDATE runs SET record = '{not json' WHERE run_id = 'report-run-2'")
+    ui = serve('--store', f'sqlite:///{copy}')
+    listing = ui.get('/')
+    assert listing.status == 200
+    assert _run_ids(listing.text) == ['report-run-1.research', 'report-run-1']  # skipped, with a warning
+    page = ui.get('/runs/report-run-2')
+    assert page.status == 500
+    assert 'report-run-2' in page.text
+    assert 'run record' in page.text
+    assert ui.get('/runs/report-run-1').status == 200
 
 
 # -- the command ----------------------------------------------------------------------------------------
