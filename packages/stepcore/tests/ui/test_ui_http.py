@@ -18,10 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
+from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, UserPromptPart
 
 from step_sqlite import SqliteStepStore
-from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
+from stepcore import (
+    ContinuableSnapshot,
+    EventKind,
+    RunRecord,
+    SnapshotState,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
 from stepcore.cli._loop import run_coroutine
 from stepcore.ui.app import SECURITY_HEADERS
 
@@ -88,6 +96,15 @@ async def _fill_many(database: Path) -> None:
         compacted = [_ask('summary: a plan was made'), _ask('and then?'), _say('step 2'), _say('step 3')]
         await store.save_snapshot(ContinuableSnapshot(run_id='job-03', step_index=2, messages=earlier))
         await store.save_snapshot(ContinuableSnapshot(run_id='job-03', step_index=3, messages=compacted))
+        # then a crash in the middle of a tool call
+        cut = [
+            *compacted,
+            ModelResponse(parts=[ToolCallPart('deploy', {'service': 'web'}, tool_call_id='call-deploy')]),
+            ModelRequest(parts=[], state='interrupted'),
+        ]
+        await store.save_snapshot(
+            ContinuableSnapshot(run_id='job-03', step_index=4, messages=cut, state=SnapshotState.INTERRUPTED)
+        )
     finally:
         await store.aclose()
 
@@ -253,7 +270,7 @@ def test_run_overview_lineage_and_unresolved_ledger(many_ui: Any) -> None:
 
 def test_snapshot_diff_after_a_history_rewrite(many_ui: Any) -> None:
     listing = many_ui.get('/runs/job-03/snapshots').text
-    first, second = (int(s) for s in re.findall(r'/runs/job-03/snapshots/(\d+)"', listing))
+    first, second, third = (int(s) for s in re.findall(r'/runs/job-03/snapshots/(\d+)"', listing))
     page = many_ui.get(f'/runs/job-03/snapshots/{second}').text
     assert f'Against snapshot {first}:</strong> 2 kept, 1 added, 1 changed, 1 removed.' in page
     removed = page[page.index('<details class="removed"') : page.index('</details>')]
@@ -264,6 +281,15 @@ def test_snapshot_diff_after_a_history_rewrite(many_ui: Any) -> None:
     only = many_ui.get(f'/runs/job-03/snapshots/{second}?only=changes').text
     assert re.findall(r'<article [^>]* id="m(\d+)">', only.split('</details>')[1]) == ['0', '3']
     assert 'The first retained snapshot' in many_ui.get(f'/runs/job-03/snapshots/{first}').text
+    assert listing.count('<span class="badge state-complete">complete</span>') == 2
+    assert '<span class="badge state-interrupted">interrupted</span>' in listing
+    assert f'<tr class="state-complete">\n    <td class="num"><a href="/runs/job-03/snapshots/{second}">' in listing
+    assert '<span class="badge settled">settled</span>' in listing
+    cut = many_ui.get(f'/runs/job-03/snapshots/{third}').text
+    assert 'holds tool calls without results' in cut
+    assert 'interrupted request' in cut
+    assert '2 added' in cut
+    assert '&#34;service&#34;: &#34;web&#34;' in cut or '&quot;service&quot;: &quot;web&quot;' in cut
 
 
 def test_missing_things_are_named(many_ui: Any) -> None:
