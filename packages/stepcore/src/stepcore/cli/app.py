@@ -476,7 +476,7 @@ def ui(
         raise
     try:
         serve(resolve_store_url(store), host=host, port=port, open_browser=open_browser, media_url=media)
-    except (UiError, StoreError, ValueError) as exc:
+    except (UiError, StoreError, ValueError, OSError) as exc:
         _fail(_error_text(exc))
     except KeyboardInterrupt:
         pass
