@@ -50,6 +50,7 @@ def test_demo_kills_inspects_and_resumes(tmp_path: Path) -> None:
         'assistant: The weekly report is written and was emailed to team@example.com.',
         'Unresolved tool calls in report-run-2: 0. Outbox: 1 email(s) sent.',
         f'stepcore tree report-run-1 --store sqlite:///{database}',
+        f'stepcore ui --store sqlite:///{database} --open',
     ]
     positions = [out.find(m) for m in markers]
     assert all(p >= 0 for p in positions), [m for m, p in zip(markers, positions, strict=True) if p < 0]
@@ -62,6 +63,7 @@ def test_demo_kills_inspects_and_resumes(tmp_path: Path) -> None:
         assert conn.execute('pragma integrity_check').fetchone() == ('ok',)
     files = tmp_path / 'demo-files'
     assert (files / 'weekly-report.md').read_text().startswith('# Weekly report')
+    assert (files / 'export-times.png').read_bytes().startswith(b'\x89PNG')
     outbox = [json.loads(line) for line in (files / 'outbox.jsonl').read_text().splitlines()]
     assert [m['to'] for m in outbox] == ['team@example.com']  # sent exactly once across crash and resume
     result = CliRunner().invoke(

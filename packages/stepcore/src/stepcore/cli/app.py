@@ -449,5 +449,38 @@ def import_command(
     _err().print(f'imported {len(runs_in)} run(s): {escape(names)}', highlight=False)
 
 
+# --- ui ------------------------------------------------------------------------------------------
+
+_UI_PACKAGES = ('starlette', 'jinja2', 'markupsafe', 'uvicorn')
+
+
+@app.command()
+def ui(
+    store: StoreOption = None,
+    host: Annotated[
+        str, typer.Option(help='Address to listen on. Anything but loopback lets others on the network read the runs.')
+    ] = '127.0.0.1',
+    port: Annotated[int, typer.Option(help='Port to listen on (0: any free port).')] = 8765,
+    open_browser: Annotated[bool, typer.Option('--open', help='Open the page in a web browser.')] = False,
+    media: Annotated[
+        str | None,
+        typer.Option(help='The media store of the runs, as KEY://?option=value (e.g. disk://?directory=DIR).'),
+    ] = None,
+) -> None:
+    """Browse the stored runs in a local, read-only web page."""
+    try:
+        from ..ui.server import UiError, serve
+    except ImportError as exc:
+        if exc.name and exc.name.split('.')[0] in _UI_PACKAGES:
+            _fail(f'stepcore ui needs the ui extra ({exc.name} is not installed): pip install "stepcore[ui]"')
+        raise
+    try:
+        serve(resolve_store_url(store), host=host, port=port, open_browser=open_browser, media_url=media)
+    except (UiError, StoreError, ValueError, OSError) as exc:
+        _fail(_error_text(exc))
+    except KeyboardInterrupt:
+        pass
+
+
 def main() -> None:
     app()

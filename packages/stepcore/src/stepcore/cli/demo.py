@@ -21,12 +21,13 @@ from ..registry import get_registry, store_from_spec
 from . import render
 from ._loop import run_coroutine
 from .demo_agents import CONVERSATION_ID, FIRST_RUN_ID, OUTBOX_FILE, REPORT_FILE, RESUMED_RUN_ID, build_agents
+from .demo_chart import CHART_FILE
 from .recovery_view import describe_recovery
 
 __all__ = ('DemoError', 'run_demo')
 
 _MARKER = '.send_email.started'
-_DEMO_FILES = {REPORT_FILE, OUTBOX_FILE, _MARKER}
+_DEMO_FILES = {REPORT_FILE, CHART_FILE, OUTBOX_FILE, _MARKER}
 _WORKER_TIMEOUT = 120.0
 
 
@@ -238,3 +239,10 @@ def run_demo(database: Path, *, console: Console) -> None:
         f'stepcore export {FIRST_RUN_ID} --with-delegates --store {store_url} -o report-run-1.json',
     ):
         console.print(f'  {escape(command)}', highlight=False, soft_wrap=True)
+    console.print(
+        'Or browse the same database in a web page: the run tree, the timeline, the ledger with the '
+        'unresolved send_email, and each snapshot as a conversation, chart included '
+        + escape('(needs the ui extra: pip install "stepcore[ui]"):'),
+        highlight=False,
+    )
+    console.print(f'  {escape(f"stepcore ui --store {store_url} --open")}', highlight=False, soft_wrap=True)

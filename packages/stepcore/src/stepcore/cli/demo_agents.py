@@ -2,7 +2,8 @@
 
 The models are pydantic-ai `FunctionModel`s that pick the next step from the history, so the demo
 needs no API key and prints the same thing every time. Tool side effects are real and visible: a
-report file is written and "sent" emails are appended to an outbox file.
+report file and its chart are written, and "sent" emails are appended to an outbox file. The
+report tool returns the chart image, so the stored history holds media as well as text.
 """
 
 from __future__ import annotations
@@ -12,14 +13,24 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic_ai import Agent, RunContext, Tool
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.messages import (
+    BinaryContent,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from ..capability import StepPersistence
 from ..helpers import annotate_tool_effect
 from ..protocols import StepStore
+from .demo_chart import CHART_FILE, chart_png
 
 __all__ = (
     'CONVERSATION_ID',
@@ -39,6 +50,8 @@ EMAIL_TO = 'team@example.com'
 EMAIL_KEY = f'email::{EMAIL_TO}::weekly-report'
 REPORT_FILE = 'weekly-report.md'
 OUTBOX_FILE = 'outbox.jsonl'
+
+_binary: Callable[..., Any] = BinaryContent  # a pydantic dataclass: its constructor is not visible to type checkers
 
 _FACTS = {
     'releases': 'v2.3 shipped on Tuesday; v2.4 is in review.',
@@ -74,7 +87,7 @@ def assistant_model(messages: list[ModelMessage], info: AgentInfo) -> ModelRespo
         return ModelResponse(parts=[call])
     if 'write_report' not in done:
         findings = _tool_return(messages, 'ask_researcher')
-        content = f'# Weekly report\n\n{findings}\n'
+        content = f'# Weekly report\n\n{findings}\n\n![Nightly export times]({CHART_FILE})\n'
         call = ToolCallPart('write_report', {'filename': REPORT_FILE, 'content': content}, tool_call_id='call-write')
         return ModelResponse(parts=[call])
     if 'send_email' not in done:
@@ -139,12 +152,15 @@ def build_agents(
         result = await researcher.run(question, run_id=f'{ctx.run_id}.research')
         return result.output
 
-    def write_report(filename: str, content: str) -> str:
-        """Write the report file."""
+    def write_report(filename: str, content: str) -> list[str | BinaryContent]:
+        """Write the report file and its chart of the nightly export times; return the chart to look at."""
         path = workdir / filename
         path.write_text(content, encoding='utf-8')
-        say(f'wrote {filename} ({len(content)} bytes)')
-        return f'wrote {filename}'
+        chart = chart_png()
+        (workdir / CHART_FILE).write_bytes(chart)
+        say(f'wrote {filename} ({len(content)} bytes) and {CHART_FILE} ({len(chart)} bytes)')
+        image: BinaryContent = _binary(chart, media_type='image/png')
+        return [f'wrote {filename} with the chart {CHART_FILE}', image]
 
     async def send_email(ctx: RunContext[None], to: str, subject: str, attachment: str) -> str:
         """Email the report, at most once per recipient and subject."""

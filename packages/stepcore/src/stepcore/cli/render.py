@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from pydantic_ai.messages import (
+    BinaryContent,
+    FileUrl,
     ModelMessage,
     ModelRequest,
     ModelResponse,
@@ -251,14 +253,28 @@ def _args_text(part: ToolCallPart) -> str:
     return json.dumps(args, ensure_ascii=False, default=str)
 
 
+def _size(n: int) -> str:
+    return f'{n} bytes' if n < 1024 else f'{n / 1024:.1f} KiB'
+
+
+def _item_text(item: object) -> str:
+    if isinstance(item, str):
+        return item
+    if isinstance(item, BinaryContent):
+        binary: Any = item  # a pydantic dataclass, which type checkers see only as such
+        return f'[{binary.media_type}, {_size(len(binary.data))}]'
+    if isinstance(item, FileUrl):
+        link: Any = item
+        return f'[{link.url}]'
+    return f'<{type(item).__name__}>'
+
+
 def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
+    if isinstance(content, str | BinaryContent | FileUrl):
+        return _item_text(content)
     if isinstance(content, Iterable) and not isinstance(content, bytes | dict):
-        pieces: list[str] = []
-        for item in content:  # pyright: ignore[reportUnknownVariableType]
-            pieces.append(item if isinstance(item, str) else f'<{type(item).__name__}>')  # pyright: ignore[reportUnknownArgumentType]
-        return ' '.join(pieces)
+        items = cast(Iterable[object], content)
+        return ' '.join(_item_text(item) for item in items)
     value = cast(object, content)
     try:
         return json.dumps(value, ensure_ascii=False, default=str)

@@ -78,8 +78,8 @@ def resolve_store_url(url: str | None) -> str:
     raise StoreError(f'no store given: pass --store URL or set {ENV_VAR} (e.g. {ENV_VAR}=sqlite:///runs.db)')
 
 
-def open_store(url: str, *, must_exist: bool = True) -> StepStore:
-    """Build the store a URL names, through `stepcore.open_store`.
+def open_store(url: str, *, must_exist: bool = True, **options: Any) -> StepStore:
+    """Build the store a URL names, through `stepcore.open_store` (given `options` too, e.g. `media_store=`).
 
     With `must_exist`, a local database file or folder that is not there is an error rather than
     an empty store created as a side effect of looking.
@@ -98,7 +98,7 @@ def open_store(url: str, *, must_exist: bool = True) -> StepStore:
     if target.backend == 'file' and path is not None and path.exists() and not path.is_dir():
         raise StoreError(f'{str(path)!r} is a file, not a folder of runs: for a SQLite database use sqlite://')
     try:
-        return registry.open_store(url)
+        return registry.open_store(url, **options)
     except TypeError as exc:
         raise StoreError(f'cannot open a {target.backend} store with options {sorted(target.options)}: {exc}') from None
 

@@ -1,0 +1,302 @@
+"""What the pages show, read through the public `StepStore` methods only.
+
+`list_runs` has no paging in the store API, so runs are filtered and paged here; a run's events
+are read once and sliced into pages.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from ..models import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
+from ..protocols import StepStore, sort_time
+
+__all__ = (
+    'EVENTS_PER_PAGE',
+    'LINEAGE_LIMIT',
+    'RUNS_PER_PAGE',
+    'STATUSES',
+    'Lineage',
+    'LineageNode',
+    'Page',
+    'RunFilter',
+    'RunRow',
+    'TimelineRow',
+    'all_snapshots',
+    'lineage',
+    'page_of',
+    'run_status',
+    'runs_page',
+    'timeline',
+)
+
+RUNS_PER_PAGE = 50
+EVENTS_PER_PAGE = 100
+LINEAGE_LIMIT = 200
+"""Most runs shown in one lineage tree; a larger family is cut with a note."""
+STATUSES = ('completed', 'failed', 'unfinished')
+
+
+def run_status(events: Sequence[StepEvent]) -> str:
+    """`completed`, `failed`, or `unfinished` (still running, or its process died), from the run's events."""
+    for event in reversed(events):
+        if event.kind is EventKind.RUN_COMPLETED:
+            return 'completed'
+        if event.kind is EventKind.RUN_FAILED:
+            return 'failed'
+    return 'unfinished'
+
+
+@dataclass(frozen=True, kw_only=True)
+class Page:
+    """Where a slice sits in a longer list (pages count from 1)."""
+
+    number: int
+    size: int
+    total: int
+
+    @property
+    def count(self) -> int:
+        return max(1, -(-self.total // self.size))
+
+    @property
+    def start(self) -> int:
+        return (self.number - 1) * self.size
+
+    @property
+    def end(self) -> int:
+        return min(self.total, self.start + self.size)
+
+
+def page_of(number: int, size: int, total: int) -> Page:
+    """A page, clamped into range so that a stale link lands on the last page rather than an empty one."""
+    count = max(1, -(-total // size))
+    return Page(number=min(max(1, number), count), size=size, total=total)
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFilter:
+    agent: str | None = None
+    conversation: str | None = None
+    parent: str | None = None
+    status: str | None = None
+    prefix: str | None = None
+    """Runs whose id starts with this."""
+
+    @property
+    def active(self) -> bool:
+        return any((self.agent, self.conversation, self.parent, self.status, self.prefix))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRow:
+    record: RunRecord
+    status: str
+    unresolved: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunsPage:
+    rows: list[RunRow]
+    page: Page
+    agents: list[str]
+    """Every agent name in the store, for the filter's choices."""
+
+
+async def runs_page(store: StepStore, where: RunFilter, number: int, size: int = RUNS_PER_PAGE) -> RunsPage:
+    """One page of the runs matching `where`, newest first."""
+    found = await store.list_runs(conversation_id=where.conversation or None, parent_run_id=where.parent or None)
+    agents = sorted({r.agent_name for r in found if r.agent_name})
+    if where.conversation or where.parent:
+        agents = sorted({r.agent_name for r in await store.list_runs() if r.agent_name})
+    if where.agent:
+        found = [r for r in found if r.agent_name == where.agent]
+    if where.prefix:
+        found = [r for r in found if r.run_id.startswith(where.prefix)]
+    found.reverse()
+    statuses: dict[str, str] = {}
+    if where.status:
+        kept: list[RunRecord] = []
+        for record in found:
+            status = run_status(await store.list_events(record.run_id))
+            statuses[record.run_id] = status
+            if status == where.status:
+                kept.append(record)
+        found = kept
+    page = page_of(number, size, len(found))
+    rows: list[RunRow] = []
+    for record in found[page.start : page.end]:
+        status = statuses.get(record.run_id) or run_status(await store.list_events(record.run_id))
+        unresolved = len(await store.list_unresolved_tool_effects(record.run_id))
+        rows.append(RunRow(record=record, status=status, unresolved=unresolved))
+    return RunsPage(rows=rows, page=page, agents=agents)
+
+
+# -- lineage ------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class LineageNode:
+    record: RunRecord
+    status: str
+    unresolved: int
+    current: bool = False
+    children: list[LineageNode] = field(default_factory=list['LineageNode'])
+
+
+@dataclass(kw_only=True)
+class Lineage:
+    ancestors: list[RunRecord]
+    """The parent, its parent, and so on (nearest first)."""
+    tree: LineageNode
+    """The delegation tree from the topmost ancestor, with the run marked `current`."""
+    siblings: list[RunRecord]
+    """The runs of the same conversation, oldest first (the run itself included)."""
+    cut: bool = False
+    """True when the tree had more than `LINEAGE_LIMIT` runs and was cut."""
+    missing_parent: str | None = None
+    """A parent run id the store does not have (deleted, or never registered)."""
+
+
+async def lineage(store: StepStore, record: RunRecord, status: str, unresolved: int) -> Lineage:
+    ancestors: list[RunRecord] = []
+    seen = {record.run_id}
+    missing: str | None = None
+    parent_id = record.parent_run_id
+    while parent_id and parent_id not in seen and len(ancestors) < LINEAGE_LIMIT:
+        parent = await store.get_run(parent_id)
+        if parent is None:
+            missing = parent_id
+            break
+        ancestors.append(parent)
+        seen.add(parent_id)
+        parent_id = parent.parent_run_id
+    top = ancestors[-1] if ancestors else record
+    budget = [LINEAGE_LIMIT]
+
+    async def node(run: RunRecord, visited: set[str]) -> LineageNode:
+        budget[0] -= 1
+        if run.run_id == record.run_id:
+            made = LineageNode(record=run, status=status, unresolved=unresolved, current=True)
+        else:
+            made = LineageNode(
+                record=run,
+                status=run_status(await store.list_events(run.run_id)),
+                unresolved=len(await store.list_unresolved_tool_effects(run.run_id)),
+            )
+        visited.add(run.run_id)
+        for child in await store.list_runs(parent_run_id=run.run_id):
+            if child.run_id in visited or budget[0] <= 0:
+                continue
+            made.children.append(await node(child, visited))
+        return made
+
+    tree = await node(top, set())
+    siblings = await store.list_runs(conversation_id=record.conversation_id) if record.conversation_id else [record]
+    return Lineage(ancestors=ancestors, tree=tree, siblings=siblings, cut=budget[0] <= 0, missing_parent=missing)
+
+
+# -- timeline -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineRow:
+    event: StepEvent
+    offset: timedelta | None
+    """Time since the run's first event."""
+    duration: timedelta | None = None
+    """On an event that ends something (a model request, a tool call, the run): how long it took."""
+    ends_seq: int | None = None
+    """The seq of the event it ends."""
+    open: bool = False
+    """A start that nothing ended: still going, or cut short by a crash."""
+
+
+_ENDS = {
+    EventKind.MODEL_REQUEST_COMPLETED: EventKind.MODEL_REQUEST_STARTED,
+    EventKind.MODEL_REQUEST_FAILED: EventKind.MODEL_REQUEST_STARTED,
+    EventKind.TOOL_CALL_COMPLETED: EventKind.TOOL_CALL_STARTED,
+    EventKind.TOOL_CALL_FAILED: EventKind.TOOL_CALL_STARTED,
+    EventKind.RUN_COMPLETED: EventKind.RUN_STARTED,
+    EventKind.RUN_FAILED: EventKind.RUN_STARTED,
+}
+
+
+_STARTS = frozenset(_ENDS.values())
+
+
+def timeline(events: Sequence[StepEvent], start: int = 0, end: int | None = None) -> list[TimelineRow]:
+    """Rows for `events[start:end]`: each event's offset from the first, and on an end the time since its start.
+
+    Ends are paired with their starts over the whole trail (a start may sit on an earlier page),
+    in one pass that only compares kinds and tool call ids; times are computed for the slice only.
+    """
+    if not events:
+        return []
+    end = len(events) if end is None else end
+    waiting: dict[object, int] = {}
+    start_of: dict[int, int] = {}
+    closed: set[int] = set()
+    for index, event in enumerate(events):
+        kind = event.kind
+        if kind in _STARTS:
+            waiting[(kind, event.tool_call_id) if kind is EventKind.TOOL_CALL_STARTED else kind] = index
+            continue
+        opener = _ENDS.get(kind)
+        if opener is None:
+            continue
+        key = (opener, event.tool_call_id) if opener is EventKind.TOOL_CALL_STARTED else opener
+        begin = waiting.pop(key, None)
+        if begin is not None:
+            closed.add(begin)
+            if start <= index < end:
+                start_of[index] = begin
+    first = sort_time(events[0].timestamp)
+    rows: list[TimelineRow] = []
+    for index in range(start, min(end, len(events))):
+        event = events[index]
+        moment = sort_time(event.timestamp)
+        begin = start_of.get(index)
+        rows.append(
+            TimelineRow(
+                event=event,
+                offset=moment - first,
+                duration=None if begin is None else moment - sort_time(events[begin].timestamp),
+                ends_seq=None if begin is None else events[begin].seq,
+                open=event.kind in _STARTS and index not in closed,
+            )
+        )
+    return rows
+
+
+# -- snapshots ----------------------------------------------------------------------------------
+
+
+async def all_snapshots(store: StepStore, run_id: str) -> list[ContinuableSnapshot]:
+    """Every retained snapshot of the run, interrupted ones included, oldest first.
+
+    Stores that take `include_interrupted=` on `list_snapshots` are asked for all of them; others
+    return all of them already.
+    """
+    method = store.list_snapshots
+    if 'include_interrupted' in inspect.signature(method).parameters:
+        return await cast(Any, method)(run_id, include_interrupted=True)
+    return await method(run_id)
+
+
+def unresolved_first(effects: Sequence[ToolEffectRecord]) -> list[ToolEffectRecord]:
+    """The ledger with entries still `started` on top, each group in ledger order."""
+    return [e for e in effects if e.unresolved] + [e for e in effects if not e.unresolved]
+
+
+def span(events: Sequence[StepEvent]) -> tuple[datetime, datetime] | None:
+    if not events:
+        return None
+    return sort_time(events[0].timestamp), sort_time(events[-1].timestamp)

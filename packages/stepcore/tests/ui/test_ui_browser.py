@@ -1,0 +1,100 @@
+"""The inspector in a real headless Chromium: runs -> run -> snapshot on the demo's database.
+
+Screenshots of each page are saved as build output (see conftest.py); they are not committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+
+def _wait(browser: Any) -> WebDriverWait[Any]:
+    return WebDriverWait(browser, 60)
+
+
+def _image_loaded(browser: Any, image: Any) -> bool:
+    return bool(browser.execute_script('return arguments[0].complete && arguments[0].naturalWidth > 0', image))
+
+
+def test_runs_to_run_to_snapshot(browser: Any, demo_ui: Any, shoot: Callable[[str], Path]) -> None:
+    browser.get(demo_ui.base + '/')
+    rows = _wait(browser).until(ec.presence_of_all_elements_located((By.CSS_SELECTOR, 'table.runs tbody tr')))
+    listed = {row.find_element(By.CSS_SELECTOR, 'a.run-id').text: row for row in rows}
+    assert set(listed) == {'report-run-1', 'report-run-1.research', 'report-run-2'}
+    assert 'unfinished' in listed['report-run-1'].text
+    assert '1 unresolved' in listed['report-run-1'].text
+    shoot('1-runs')
+
+    # the run: its unresolved send_email stands out in the ledger, with its key and summary
+    listed['report-run-1'].find_element(By.LINK_TEXT, 'report-run-1').click()
+    ledger = _wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, '#ledger table')))
+    highlighted = ledger.find_elements(By.CSS_SELECTOR, 'tr.unresolved')
+    assert len(highlighted) == 1
+    row = highlighted[0]
+    assert 'send_email' in row.text
+    assert 'email::team@example.com::weekly-report' in row.text
+    assert "email 'Weekly report' to team@example.com" in row.text
+    background = row.value_of_css_property('background-color')
+    plain = ledger.find_element(By.XPATH, ".//tr[contains(., 'write_report')]").value_of_css_property(
+        'background-color'
+    )
+    assert background != plain  # highlighted, not only labelled
+    tree = browser.find_element(By.CSS_SELECTOR, '#lineage .tree')
+    assert 'report-run-1.research' in tree.text
+    snippet = browser.find_element(By.ID, 'snippet-1').text
+    assert "history = await continue_run(store, run_id='report-run-1')" in snippet
+    assert "fork_run(store, run_id='report-run-1')" in browser.find_element(By.ID, 'snippet-2').text
+    shoot('2-run')
+
+    # the timeline: the send_email call started and never ended
+    browser.find_element(By.LINK_TEXT, 'timeline').click()
+    open_calls = _wait(browser).until(ec.presence_of_all_elements_located((By.CSS_SELECTOR, 'table.timeline tr.open')))
+    assert any('send_email' in r.text for r in open_calls)
+    shoot('3-timeline')
+
+    # the settled snapshot: a conversation with the chart inline and what changed since the one before
+    browser.find_element(By.LINK_TEXT, 'snapshots').click()
+    table = _wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, '#snapshots table')))
+    assert [r.text.split()[2] for r in table.find_elements(By.CSS_SELECTOR, 'tbody tr')] == ['complete', 'complete']
+    shoot('4-snapshots')
+    table.find_elements(By.CSS_SELECTOR, 'tbody a')[-1].click()
+    heading = _wait(browser).until(ec.presence_of_element_located((By.TAG_NAME, 'h1')))
+    assert 'complete' in heading.text
+    assert 'settled' in heading.text
+    image = _wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, 'figure.media img')))
+    _wait(browser).until(lambda _: _image_loaded(browser, image))
+    assert browser.execute_script('return arguments[0].naturalWidth', image) == 224
+    assert 'image/png' in browser.find_element(By.CSS_SELECTOR, 'figure.media figcaption').text
+    assert '3 kept, 2 added' in browser.find_element(By.ID, 'diff').text
+    added = browser.find_elements(By.CSS_SELECTOR, 'article.change-added')
+    assert [a.get_attribute('id') for a in added] == ['m3', 'm4']
+    calls = browser.find_elements(By.CSS_SELECTOR, '.part-tool-call')
+    assert any('"question": "What happened this week?"' in c.text for c in calls)
+    shoot('5-snapshot')
+
+
+def test_stored_markup_is_shown_as_text(browser: Any, hostile_ui: Any, shoot: Callable[[str], Path]) -> None:
+    browser.get(hostile_ui.base + '/runs/hostile-1')
+    facts = _wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, '.facts')))
+    assert '<i>scraper</i>' in facts.text
+    browser.find_element(By.PARTIAL_LINK_TEXT, 'seq ').click()  # the newest snapshot
+    _wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, '.conversation')))
+    returns = browser.find_elements(By.CSS_SELECTOR, '.part-tool-return')
+    assert any('<script>document.body.dataset.pwned = "script"</script>' in r.text for r in returns)
+    assert browser.execute_script('return document.body.dataset.pwned') is None
+    assert browser.find_elements(By.CSS_SELECTOR, '.conversation script') == []
+    assert browser.find_elements(By.CSS_SELECTOR, '.conversation b') == []
+    # the chart came back from the media store; the SVG is only offered as a download
+    images = browser.find_elements(By.CSS_SELECTOR, 'figure.media img')
+    assert len(images) == 1
+    _wait(browser).until(lambda _: _image_loaded(browser, images[0]))
+    assert 'image/svg+xml' in browser.find_element(By.CSS_SELECTOR, '.conversation').text
+    # the retry the model was asked for
+    assert any('the page was still loading' in r.text for r in browser.find_elements(By.CSS_SELECTOR, '.part-retry'))
+    shoot('6-escaped')
