@@ -67,6 +67,19 @@ class SnapshotsConformance(StoreFixtures):
         listed = await store.list_snapshots(run_id)
         assert listed == [latest]
 
+    async def test_snapshot_read_back_equals_the_snapshot_written(self, store: StepStore) -> None:
+        # The store assigns `seq`; `==` leaves it out, so a read-back record equals what was written.
+        run_id = await register(store)
+        saved = snapshot(run_id, conversation(2), step_index=3, metadata={'k': 'v'}, idempotency_key='eq-1')
+        await store.save_snapshot(saved)
+        latest = await store.latest_snapshot(run_id)
+        assert latest is not None
+        assert saved.seq is None
+        assert isinstance(latest.seq, int)
+        assert latest == saved
+        assert await store.list_snapshots(run_id) == [saved]
+        assert latest != saved.model_copy(update={'step_index': 4}), '== must still compare the other fields'
+
     async def test_reads_of_unknown_run(self, store: StepStore) -> None:
         missing = new_id('missing')
         assert await store.latest_snapshot(missing) is None
