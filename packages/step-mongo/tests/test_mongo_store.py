@@ -233,7 +233,7 @@ async def test_media_store_none_keeps_bytes_inline(mongo_client: MongoClient, db
 async def test_a_retried_registration_is_accepted_and_a_duplicate_refused(store: MongoStepStore):
     await store.register_run(RunRecord(run_id='r1', registration_id='reg-1'))
     await store.register_run(RunRecord(run_id='r1', registration_id='reg-1'))
-    with pytest.raises(ValueError, match="run_id 'r1' is already registered"):
+    with pytest.raises(ValueError, match="run_id 'r1' is already in the store"):
         await store.register_run(RunRecord(run_id='r1', registration_id='reg-2'))
 
 

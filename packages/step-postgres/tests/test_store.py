@@ -332,7 +332,7 @@ async def test_registration_retry_and_duplicate(store: PostgresStepStore) -> Non
     record = RunRecord(run_id='dup', registration_id='reg-1', metadata={'k': 'v'})
     await store.register_run(record)
     await store.register_run(record.model_copy())  # the same registration retried
-    with pytest.raises(ValueError, match="run_id 'dup' is already registered"):
+    with pytest.raises(ValueError, match="run_id 'dup' is already in the store"):
         await store.register_run(RunRecord(run_id='dup', registration_id='reg-2'))
     assert await store.get_run('dup') == record
 

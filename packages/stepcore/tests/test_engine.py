@@ -59,7 +59,7 @@ async def test_a_backend_error_carries_a_note_naming_the_store_and_the_run() -> 
 async def test_errors_of_the_contract_get_no_note() -> None:
     store = InMemoryStepStore()
     await store.register_run(RunRecord(run_id='r1'))
-    with pytest.raises(ValueError, match='already registered') as caught:
+    with pytest.raises(ValueError, match='is already in the store') as caught:
         await store.register_run(RunRecord(run_id='r1'))
     assert not hasattr(caught.value, '__notes__')
 
