@@ -163,7 +163,7 @@ async def test_rewritten_history_is_stored_exactly(store: FileStepStore) -> None
     await store.save_snapshot(snap('rw', messages, 3))
     compacted: list[ModelMessage] = [messages[0], ModelResponse(parts=[TextPart('summary of three steps')])]
     await store.save_snapshot(snap('rw', compacted, 4))
-    snapshots = await store.list_snapshots('rw')
+    snapshots = await store.list_snapshots('rw', include_interrupted=True)
     assert [s.messages for s in snapshots] == [messages, compacted]
 
 
@@ -181,7 +181,7 @@ def _calls(store: FileStepStore, run_id: str) -> list[Callable[[], Awaitable[Any
         lambda: store.save_snapshot(snap(run_id, history(1))),
         lambda: store.latest_snapshot(run_id),
         lambda: store.latest_snapshot(run_id, include_interrupted=True),
-        lambda: store.list_snapshots(run_id),
+        lambda: store.list_snapshots(run_id, include_interrupted=True),
         lambda: store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id='c', tool_name='t')),
         lambda: store.get_tool_effect(run_id, 'c'),
         lambda: store.list_tool_effects(run_id),
@@ -207,7 +207,7 @@ async def test_reads_of_unknown_runs_create_nothing(store: FileStepStore, root: 
     assert await store.get_run('missing') is None
     assert await store.list_events('missing') == []
     assert await store.latest_snapshot('missing') is None
-    assert await store.list_snapshots('missing') == []
+    assert await store.list_snapshots('missing', include_interrupted=True) == []
     assert await store.get_tool_effect('missing', 'c') is None
     assert await store.list_tool_effects('missing') == []
     assert await store.list_runs() == []
@@ -280,7 +280,10 @@ async def test_torn_message_and_key_lines_are_repaired(store: FileStepStore, roo
     ids = [n['id'] for n in lines(root / 'nodes' / 'messages.jsonl')]
     assert ids == list(range(ids[0], ids[0] + 8))
     assert [k['key'] for k in lines(root / 'nodes' / 'snapshot-keys.jsonl')] == ['k1', 'k2']
-    assert [s.messages for s in await store.list_snapshots('nodes')] == [messages[:3], messages]
+    assert [s.messages for s in await store.list_snapshots('nodes', include_interrupted=True)] == [
+        messages[:3],
+        messages,
+    ]
 
 
 def _bad_json(path: Path) -> None:
@@ -318,7 +321,7 @@ async def test_damaged_snapshot_file_is_skipped_by_list_and_raised_by_latest(
     damage(root / 'bad' / 'snapshots' / '2.json')
 
     with caplog.at_level(logging.WARNING):
-        listed = await store.list_snapshots('bad')
+        listed = await store.list_snapshots('bad', include_interrupted=True)
     assert [s.seq for s in listed] == [1]
     assert '2.json' in caplog.text
     assert words in caplog.text
@@ -346,7 +349,7 @@ async def test_snapshot_of_a_newer_record_format_is_refused(store: FileStepStore
     path.write_text(json.dumps(document))
     with pytest.raises(ValueError, match='format version 99'):
         await store.latest_snapshot('newer')
-    assert await store.list_snapshots('newer') == []
+    assert await store.list_snapshots('newer', include_interrupted=True) == []
 
 
 async def test_unknown_media_marker_version(store: FileStepStore, root: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -358,7 +361,7 @@ async def test_unknown_media_marker_version(store: FileStepStore, root: Path, ca
     with pytest.raises(ValueError, match='format 42'):
         await store.latest_snapshot('marker')
     with caplog.at_level(logging.WARNING):
-        assert await store.list_snapshots('marker') == []
+        assert await store.list_snapshots('marker', include_interrupted=True) == []
     assert 'format 42' in caplog.text
     assert "snapshot seq=1 of run 'marker'" in caplog.text
 
@@ -378,7 +381,7 @@ async def test_snapshots_whose_writes_never_landed_are_passed_over(
 
     with caplog.at_level(logging.WARNING, logger='step_file'):
         latest = await FileStepStore(root).latest_snapshot('lost')
-        listed = await FileStepStore(root).list_snapshots('lost')
+        listed = await FileStepStore(root).list_snapshots('lost', include_interrupted=True)
     assert latest is not None
     assert (latest.seq, latest.messages) == (1, messages[:3])
     assert [s.seq for s in listed] == [1]
@@ -416,7 +419,7 @@ async def test_retention_deletes_snapshot_files_only(root: Path) -> None:
     assert len(list((root / 'media').iterdir())) == 1, 'media is never pruned'
     # A pruned snapshot's key still suppresses a replayed save.
     await store.save_snapshot(snap('keep', messages[:5], 2, idempotency_key='k2'))
-    assert [s.seq for s in await store.list_snapshots('keep')] == [1, 4, 5]
+    assert [s.seq for s in await store.list_snapshots('keep', include_interrupted=True)] == [1, 4, 5]
     latest = await FileStepStore(root).latest_snapshot('keep', include_interrupted=True)
     assert latest is not None
     assert latest.messages == messages

@@ -79,7 +79,7 @@ async def test_none_idempotency_keys_append(store: MongoStepStore):
         await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED))
         await store.save_snapshot(ContinuableSnapshot(run_id='r1'))
     assert [e.seq for e in await store.list_events('r1')] == [1, 2, 3]
-    assert [s.seq for s in await store.list_snapshots('r1')] == [1, 2, 3]
+    assert [s.seq for s in await store.list_snapshots('r1', include_interrupted=True)] == [1, 2, 3]
 
 
 ODD_KEYS = {'a.b': '1', '$where': '2', 'nul\x00byte': '3', 'ünï': '4'}
@@ -167,7 +167,7 @@ async def test_snapshots_store_each_message_once(store: MongoStepStore, mongo_cl
     snapshot_docs = [d async for d in db['snapshots'].find({'run_id': 'r1'}, sort=[('seq', 1)])]
     assert [d['length'] for d in snapshot_docs] == [2, 4, 6, 8, 10]
     assert all('messages' not in d for d in snapshot_docs)
-    listed = await store.list_snapshots('r1')
+    listed = await store.list_snapshots('r1', include_interrupted=True)
     assert [len(s.messages) for s in listed] == [2, 4, 6, 8, 10]
     assert listed[-1].messages == history
 
@@ -382,4 +382,4 @@ async def test_delete_run_removes_its_documents_from_every_collection(
 
     await _fill(store, 'r1')  # the id starts afresh: seqs from 1, the snapshot key is not applied
     assert [e.seq for e in await store.list_events('r1')] == [1]
-    assert [s.seq for s in await store.list_snapshots('r1')] == [1]
+    assert [s.seq for s in await store.list_snapshots('r1', include_interrupted=True)] == [1]

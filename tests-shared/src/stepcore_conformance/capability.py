@@ -226,7 +226,7 @@ class CapabilityConformance(StoreFixtures):
             return 'fine'
 
         await agent.run('go')
-        snapshots = await store.list_snapshots(run_id)
+        snapshots = await store.list_snapshots(run_id, include_interrupted=True)
         assert snapshots
         assert [(e.persistence_run_id, e.step_index, e.state) for e in seen] == [
             (run_id, s.step_index, s.state) for s in snapshots

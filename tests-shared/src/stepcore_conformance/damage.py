@@ -79,7 +79,7 @@ async def _write(store: StepStore) -> _Runs:
         await store.save_snapshot(
             snapshot(run_id, [*second, *tool_exchange(8)[:1]], step_index=3, state=SnapshotState.INTERRUPTED)
         )
-    seqs = [s.seq for s in await store.list_snapshots(target)]
+    seqs = [s.seq for s in await store.list_snapshots(target, include_interrupted=True)]
     known = [s for s in seqs if s is not None]
     assert len(known) == 3, f'snapshots of {target!r} must carry their seq: {seqs}'
     return _Runs(target, other, conversation_id, f'{marker} in {target}', known)
@@ -116,7 +116,7 @@ async def _other_run_reads(store: StepStore, runs: _Runs) -> None:
     assert await store.get_run(runs.other) is not None
     assert len(await store.list_events(runs.other)) == 3
     assert [e.tool_call_id for e in await store.list_tool_effects(runs.other)] == ['c1', 'c2']
-    assert [s.step_index for s in await store.list_snapshots(runs.other)] == [1, 2, 3]
+    assert [s.step_index for s in await store.list_snapshots(runs.other, include_interrupted=True)] == [1, 2, 3]
     latest = await store.latest_snapshot(runs.other)
     assert latest is not None
     assert latest.step_index == 2
@@ -141,7 +141,7 @@ class DamageConformance(StoreFixtures):
         _check_error(raised.value, runs.target, 'run')
         # The run's other records do not need its record.
         assert len(await store.list_events(runs.target)) == 3
-        assert len(await store.list_snapshots(runs.target)) == 3
+        assert len(await store.list_snapshots(runs.target, include_interrupted=True)) == 3
         await _other_run_reads(store, runs)
 
     async def test_damaged_event(
@@ -186,8 +186,12 @@ class DamageConformance(StoreFixtures):
         assert newest is not None, 'the interrupted snapshot after the damaged one must still read'
         assert newest.seq == third
         with _warnings(caplog) as found:
-            listed = [s.seq for s in await store.list_snapshots(runs.target)]
+            listed = [s.seq for s in await store.list_snapshots(runs.target, include_interrupted=True)]
         assert listed == [first, third], f'list_snapshots must skip only the damaged snapshot (seq {second}): {listed}'
+        _check_warned(found, runs.target, 1, 'list_snapshots')
+        with _warnings(caplog) as found:
+            listed = [s.seq for s in await store.list_snapshots(runs.target)]
+        assert listed == [first], f'list_snapshots must skip the damaged snapshot (seq {second}): {listed}'
         _check_warned(found, runs.target, 1, 'list_snapshots')
         await _other_run_reads(store, runs)
 
@@ -203,7 +207,7 @@ class DamageConformance(StoreFixtures):
             await store.latest_snapshot(runs.target, include_interrupted=True)
         _check_error(raised.value, runs.target, 'snapshot', str(third))
         with _warnings(caplog) as found:
-            listed = [s.seq for s in await store.list_snapshots(runs.target)]
+            listed = [s.seq for s in await store.list_snapshots(runs.target, include_interrupted=True)]
         # Both later snapshots hold the damaged message; the first does not.
         assert listed == [first], f'list_snapshots must skip the snapshots holding the damaged message: {listed}'
         _check_warned(found, runs.target, 2, 'list_snapshots')

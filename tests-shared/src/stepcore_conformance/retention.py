@@ -41,7 +41,7 @@ class RetentionConformance(StoreFixtures):
             await store.save_snapshot(snapshot(run_id, conversation(step), step_index=step, state=state, **fields))
 
     async def _retained_steps(self, store: StepStore, run_id: str) -> list[int]:
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id, include_interrupted=True)
         for s in listed:
             assert s.messages == conversation(s.step_index), f'snapshot of step {s.step_index} changed after pruning'
         return [s.step_index for s in listed]

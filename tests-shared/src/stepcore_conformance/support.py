@@ -117,7 +117,7 @@ async def check_tool_steps(store: StepStore, run_id: str, steps: int) -> None:
     assert [e.tool_call_id for e in effects] == [f'{run_id}-{i}' for i in range(steps)]
     assert all(e.status is ToolEffectStatus.COMPLETED for e in effects)
     assert await store.list_unresolved_tool_effects(run_id) == []
-    snapshots = await store.list_snapshots(run_id)
+    snapshots = await store.list_snapshots(run_id, include_interrupted=True)
     seqs = [s.seq for s in snapshots if s.seq is not None]
     assert len(seqs) == len(snapshots)  # every listed snapshot carries its store-assigned seq
     assert seqs == sorted(set(seqs))  # increasing per run; gapless is a backend's own promise, if it makes it

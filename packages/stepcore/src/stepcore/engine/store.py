@@ -461,9 +461,11 @@ class EngineStore(StepStore):
             return None
         return await self._materialize(rows[-1], nodes)
 
-    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
+    async def list_snapshots(self, run_id: str, *, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         run_id = self._run_id(run_id)
-        rows, nodes = await self._read(run_id, read_snapshots(run_id, newest=False, complete_only=False))
+        rows, nodes = await self._read(
+            run_id, read_snapshots(run_id, newest=False, complete_only=not include_interrupted)
+        )
         found: list[ContinuableSnapshot] = []
         for row in rows:
             try:
