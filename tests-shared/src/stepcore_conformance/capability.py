@@ -250,7 +250,7 @@ class CapabilityConformance(StoreFixtures):
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
-        await kill_when_ready(child, ready, polls=600, failure='the child process never reached the tool call')
+        await kill_when_ready(child, ready, polls=2400, failure='the child process never reached the tool call')
 
         from stepcore import from_spec
 

@@ -62,9 +62,14 @@ async def kill_when_ready(
                 break
             await asyncio.sleep(0.05)
         if not ready.exists():
+            # Stop it first: a process still on its way would keep its stderr open, and reading to
+            # the end would wait for it forever.
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
             assert process.stderr is not None
             detail = (await process.stderr.read()).decode()[-stderr_tail:]
-            pytest.fail(f'{failure}: {detail}')
+            pytest.fail(f'{failure} (within {polls * 0.05:.0f} s): {detail}')
         os.kill(process.pid, signal.SIGKILL)
         assert await process.wait() == -signal.SIGKILL
     finally:
