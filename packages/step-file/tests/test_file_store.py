@@ -37,7 +37,8 @@ from stepcore import (
 from stepcore.engine import DamagedRecordError
 from stepcore.media import digest_of_uri, media_uri
 
-IMAGE = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 4
+IMAGE = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 260
+"""An image over the default 64 KiB media threshold."""
 
 
 def history(steps: int, *, image: bool = False) -> list[ModelMessage]:
@@ -436,6 +437,19 @@ async def test_binary_content_goes_to_the_default_disk_media_store(store: FileSt
     assert blob.read_bytes() == IMAGE
     assert 'media+sha256://' in (root / 'img' / 'messages.jsonl').read_text()
     latest = await FileStepStore(root).latest_snapshot('img')
+    assert latest is not None
+    assert latest.messages == messages
+
+
+async def test_binary_content_below_the_threshold_stays_inline(store: FileStepStore, root: Path) -> None:
+    thumbnail = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 4  # 1 KiB; the threshold is 64 KiB
+    messages: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart(['look at this', BinaryImage(data=thumbnail, media_type='image/png')])])
+    ]
+    await store.save_snapshot(snap('thumb', messages))
+    assert not (root / 'media').exists(), 'a 1 KiB image was written to the media store'
+    assert 'media+sha256://' not in (root / 'thumb' / 'messages.jsonl').read_text()
+    latest = await FileStepStore(root).latest_snapshot('thumb')
     assert latest is not None
     assert latest.messages == messages
 

@@ -203,7 +203,7 @@ async def test_binary_content_goes_to_the_media_store_on_the_same_client(
 ):
     assert isinstance(store.media_store, MongoMediaStore)
     assert store.media_store.client is store.client
-    image = BinaryContent(data=b'\x89PNG' + bytes(range(256)) * 10, media_type='image/png')
+    image = BinaryContent(data=b'\x89PNG' + bytes(range(256)) * 260, media_type='image/png')  # over 64 KiB
     messages = [ModelRequest(parts=[UserPromptPart(['look', image])])]
     await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages))
     db = mongo_client[db_name]
@@ -311,7 +311,7 @@ def test_constructor_errors_say_what_to_pass():
         MongoStepStore()
     with pytest.raises(ValueError, match="expected a 'mongodb://'"):
         MongoStepStore(db_url='postgres://x')
-    with pytest.raises(ValueError, match='max_snapshots_per_run=0'):
+    with pytest.raises(ValueError, match='max_snapshots_per_run must be >= 1 or None, got 0'):
         MongoStepStore(db_url='mongodb://127.0.0.1:1', max_snapshots_per_run=0)
     with pytest.raises(ValueError, match='media_threshold_bytes=0'):
         MongoStepStore(db_url='mongodb://127.0.0.1:1', media_threshold_bytes=0)

@@ -458,8 +458,8 @@ class FileStepStore(EngineStore):
       snapshots are pruned, so a replayed save stays suppressed.
 
     Saving a step appends only the messages that are new since the previous save (see
-    `stepcore.history`), so bytes grow linearly with the run. Bytes (`BinaryContent` and strings of
-    `media_threshold_bytes` or more) go to `media_store`, by default a `DiskMediaStore` in
+    `stepcore.history`), so bytes grow linearly with the run. Payloads of `media_threshold_bytes` or
+    more (`BinaryContent` data and strings) go to `media_store`, by default a `DiskMediaStore` in
     `<directory>/media`; pass `media_store=None` to keep them inline.
 
     Several processes may share one directory: every write to a run happens under an exclusive
