@@ -308,8 +308,8 @@ def _a_directory(path: Path) -> None:
     ('damage', 'words'),
     [
         (_bad_json, 'unparsable'),
-        (_not_an_object, 'unreadable'),
-        (_bad_head, 'unreadable'),
+        (_not_an_object, 'unparsable'),
+        (_bad_head, 'unparsable'),
         (_a_directory, 'unreadable'),
     ],
 )
@@ -321,15 +321,43 @@ async def test_damaged_snapshot_file_is_skipped_by_list_and_raised_by_latest(
     await store.save_snapshot(snap('bad', messages, 2))
     damage(root / 'bad' / 'snapshots' / '2.json')
 
-    with caplog.at_level(logging.WARNING):
-        listed = await store.list_snapshots('bad', include_interrupted=True)
-    assert [s.seq for s in listed] == [1]
-    assert '2.json' in caplog.text
-    assert words in caplog.text
+    other = 'unreadable' if words == 'unparsable' else 'unparsable'
+    for include_interrupted in (False, True):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
+            listed = await store.list_snapshots('bad', include_interrupted=include_interrupted)
+        assert [s.seq for s in listed] == [1]
+        [warning] = [r.getMessage() for r in caplog.records if r.name == 'stepcore.engine']
+        assert warning.startswith(f'skipping an {words} record: snapshot seq=2 of run ')
+        assert '2.json' in warning
+        assert other not in warning
     # Its state is unknown: it may be the newest complete one, so neither read passes over it.
     for include_interrupted in (False, True):
-        with pytest.raises(DamagedRecordError, match=rf"snapshot seq=2 of run 'bad'.*2\.json.* is {words}"):
+        with pytest.raises(DamagedRecordError, match=rf"snapshot seq=2 of run 'bad'.*2\.json.* is {words}") as raised:
             await store.latest_snapshot('bad', include_interrupted=include_interrupted)
+        assert raised.value.kind == words
+    # Later saves go on around it, and read back.
+    await store.save_snapshot(snap('bad', messages, 3))
+    assert [s.seq for s in await store.list_snapshots('bad')] == [1, 3]
+
+
+async def test_an_unreadable_snapshot_that_retention_prunes_does_not_fail_the_save(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FileStepStore(root, max_snapshots_per_run=1)
+    messages = history(3)
+    await store.save_snapshot(snap('dir', messages[:3], 1))
+    _a_directory(root / 'dir' / 'snapshots' / '1.json')
+    with caplog.at_level(logging.WARNING):
+        await store.write_batch(
+            [StepEvent(run_id='dir', kind=EventKind.TOOL_CALL_COMPLETED)], snapshot=snap('dir', messages, 2)
+        )
+    assert 'cannot be removed' in caplog.text
+    assert 'unreadable' in caplog.text
+    # The save and the records after it are all written.
+    assert [e.kind for e in await store.list_events('dir')] == [EventKind.TOOL_CALL_COMPLETED]
+    assert [s.seq for s in await store.list_snapshots('dir')] == [2]
+    await store.aclose()
 
 
 async def test_an_older_damaged_snapshot_does_not_hide_the_newest(store: FileStepStore, root: Path) -> None:

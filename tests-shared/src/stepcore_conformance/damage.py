@@ -1,8 +1,10 @@
 """Damaged records: what cannot be read is reported, never hidden, and costs only what needs it.
 
 The policy (`stepcore.engine.damage`): reading a damaged record on its own raises
-`DamagedRecordError` (a `ValueError`) naming the run and the record; the listings `list_runs`,
-`list_events` and `list_snapshots` skip it with one WARNING on the logger `stepcore.engine`; the
+`DamagedRecordError` (a `ValueError`) naming the run and the record and saying whether it is
+`unreadable` (its bytes cannot be had) or `unparsable` (they do not decode: the kit's damage); the
+listings `list_runs`, `list_events` and `list_snapshots` skip it with one WARNING on the logger
+`stepcore.engine` saying the same; the
 ledger is never skipped (a damaged entry raises, since leaving it out could hide an effect in
 flight); every record that is not damaged still reads.
 
@@ -101,10 +103,13 @@ def _check_warned(found: list[logging.LogRecord], run_id: str, count: int, listi
     )
     for record in found:
         assert run_id in record.getMessage(), f'the warning does not name run {run_id!r}: {record.getMessage()}'
+        # The kit's damage is bytes that read but do not decode: unparsable, not unreadable.
+        assert 'unparsable' in record.getMessage(), f'the warning does not say "unparsable": {record.getMessage()}'
 
 
 def _check_error(error: DamagedRecordError, run_id: str, *names: str) -> None:
     assert error.run_id == run_id, f'DamagedRecordError.run_id is {error.run_id!r}, not {run_id!r}: {error}'
+    assert error.kind == 'unparsable', f'DamagedRecordError.kind is {error.kind!r}, not unparsable: {error}'
     assert run_id in str(error), f'the error does not name run {run_id!r}: {error}'
     for name in names:
         found = re.search(rf'\b{re.escape(name)}\b', error.record) if name.isdigit() else name in error.record
