@@ -204,7 +204,10 @@ class MediaExternalizationConformance(StoreFixtures):
             ModelRequest(
                 parts=[
                     UserPromptPart(
-                        content=[_binary(data=small, media_type='image/png'), _binary(data=large, media_type='image/png')],
+                        content=[
+                            _binary(data=small, media_type='image/png'),
+                            _binary(data=large, media_type='image/png'),
+                        ],
                         timestamp=at(0),
                     )
                 ]

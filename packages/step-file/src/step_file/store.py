@@ -386,7 +386,8 @@ class FilePort(SyncPort):
                 pass
             except OSError as exc:
                 logger.warning(
-                    'step_file: snapshot %s is pruned but cannot be removed (%s: %s): it is unreadable; remove it by hand',
+                    'step_file: snapshot %s is pruned but cannot be removed (%s: %s): it is unreadable; '
+                    'remove it by hand',
                     path,
                     type(exc).__name__,
                     exc.strerror,
