@@ -245,7 +245,8 @@ async def test_unknown_marker_version_raises_on_latest_and_is_skipped_by_list(
     await store.save_snapshot(ContinuableSnapshot(run_id='m', messages=good))
     image: list[ModelMessage] = [
         *good,
-        ModelRequest(parts=[UserPromptPart(['look', BinaryContent(b'\x89PNG' * 10, media_type='image/png')])]),
+        # over the 64 KiB threshold, so the image is stored as a marker
+        ModelRequest(parts=[UserPromptPart(['look', BinaryContent(b'\x89PNG' * 17_000, media_type='image/png')])]),
     ]
     await store.save_snapshot(ContinuableSnapshot(run_id='m', messages=image))
     # A newer writer's marker format in the stored node of the image message.
@@ -260,7 +261,7 @@ async def test_unknown_marker_version_raises_on_latest_and_is_skipped_by_list(
     with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
         listed = await store.list_snapshots('m', include_interrupted=True)
     assert [s.seq for s in listed] == [1]
-    assert "skipping a damaged record: snapshot seq=2 of run 'm'" in caplog.text
+    assert "skipping an unparsable record: snapshot seq=2 of run 'm'" in caplog.text
     assert 'format 99' in caplog.text
 
 
@@ -280,14 +281,14 @@ async def test_media_is_externalized_to_the_same_database(
     store: PostgresStepStore, postgres_url: str, table_prefix: str
 ) -> None:
     big = 'y' * (70 * 1024)
-    data = bytes(range(256)) * 8
+    data = bytes(range(256)) * 300  # 75 KiB: binary content goes out from the 64 KiB threshold on
     messages: list[ModelMessage] = [
         ModelRequest(parts=[UserPromptPart(['pic', BinaryContent(data, media_type='image/png')])]),
         ModelRequest(parts=[ToolReturnPart('dump', big, tool_call_id='c')]),
     ]
     await store.save_snapshot(ContinuableSnapshot(run_id='media', messages=messages))
     blobs = _rows(postgres_url, table_prefix, 'SELECT media_type, length(data) FROM {media} ORDER BY 2')
-    assert blobs == [('image/png', len(data)), ('text/plain; charset=utf-8', len(big))]
+    assert blobs == [('text/plain; charset=utf-8', len(big)), ('image/png', len(data))]
     (longest,) = _rows(postgres_url, table_prefix, 'SELECT max(length(body)) FROM {nodes}')[0]
     assert longest < 2048  # the node rows hold markers, not the payloads
     latest = await store.latest_snapshot('media')
@@ -422,7 +423,7 @@ async def test_damaged_event_is_skipped_with_a_warning(
     with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
         events = await store.list_events('dmg')
     assert [e.seq for e in events] == [2]
-    assert "skipping a damaged record: event seq=1 of run 'dmg'" in caplog.text
+    assert "skipping an unparsable record: event seq=1 of run 'dmg'" in caplog.text
 
 
 async def test_damaged_ledger_entry_is_an_error_naming_the_run(

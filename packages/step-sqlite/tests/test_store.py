@@ -238,7 +238,7 @@ async def test_tool_effects_upsert_keeps_one_row_with_the_latest_state(tmp_path:
 
 async def test_binary_content_goes_to_the_media_table_of_the_same_database(tmp_path: Path) -> None:
     db = tmp_path / 'runs.db'
-    image = bytes(range(256)) * 4
+    image = bytes(range(256)) * 260  # over the 64 KiB threshold
     store = SqliteStepStore(database=db)
     messages: list[ModelMessage] = [
         ModelRequest(parts=[UserPromptPart(['look', BinaryContent(image, media_type='image/png')])])
@@ -297,7 +297,7 @@ async def test_an_explicit_media_store_receives_the_blobs(tmp_path: Path) -> Non
     media = SqliteMediaStore(database=tmp_path / 'media.db')
     store = SqliteStepStore(database=tmp_path / 'runs.db', media_store=media)
     try:
-        msg = ModelRequest(parts=[UserPromptPart([BinaryContent(b'abc', media_type='audio/wav')])])
+        msg = ModelRequest(parts=[UserPromptPart([BinaryContent(b'abc' * 30_000, media_type='audio/wav')])])
         await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=[msg]))
         assert _count(tmp_path / 'media.db', 'SELECT COUNT(*) FROM media') == 1
         with sqlite3.connect(tmp_path / 'runs.db') as raw:
@@ -316,7 +316,7 @@ async def test_unknown_marker_version_fails_latest_and_is_skipped_by_list(
     first: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('plain')])]
     second: list[ModelMessage] = [
         *first,
-        ModelRequest(parts=[UserPromptPart([BinaryContent(b'img', media_type='image/png')])]),
+        ModelRequest(parts=[UserPromptPart([BinaryContent(b'img' * 30_000, media_type='image/png')])]),
     ]
     try:
         await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=0, messages=first))
@@ -330,7 +330,7 @@ async def test_unknown_marker_version_fails_latest_and_is_skipped_by_list(
         with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
             listed = await store.list_snapshots('r', include_interrupted=True)
         assert [s.step_index for s in listed] == [0]
-        assert "skipping a damaged record: snapshot seq=2 of run 'r'" in caplog.text
+        assert "skipping an unparsable record: snapshot seq=2 of run 'r'" in caplog.text
         assert 'format 99' in caplog.text
     finally:
         await store.aclose()
@@ -386,7 +386,7 @@ async def test_a_shared_connection_is_used_off_the_loop_and_left_open(tmp_path: 
         await store.save_snapshot(
             ContinuableSnapshot(
                 run_id='r',
-                messages=[ModelRequest(parts=[UserPromptPart([BinaryContent(b'z', media_type='image/png')])])],
+                messages=[ModelRequest(parts=[UserPromptPart([BinaryContent(b'z' * 70_000, media_type='image/png')])])],
             )
         )
         assert threads
