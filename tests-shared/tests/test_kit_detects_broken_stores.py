@@ -37,6 +37,7 @@ from stepcore_conformance import (
     PersistenceConformance,
     RetentionConformance,
     RunsConformance,
+    SnapshotsConformance,
 )
 
 
@@ -147,14 +148,19 @@ class NoDelete(StepStore):
     async def save_snapshot(self, snapshot):
         await self.inner.save_snapshot(snapshot)
 
-    async def list_snapshots(self, run_id):
-        return await self.inner.list_snapshots(run_id)
+    async def list_snapshots(self, run_id, *, include_interrupted=False):
+        return await self.inner.list_snapshots(run_id, include_interrupted=include_interrupted)
 
     async def record_tool_effect(self, record):
         await self.inner.record_tool_effect(record)
 
     async def list_tool_effects(self, run_id):
         return await self.inner.list_tool_effects(run_id)
+
+
+class ListsInterruptedByDefault(InMemoryStepStore):
+    async def list_snapshots(self, run_id, *, include_interrupted=False):
+        return await super().list_snapshots(run_id, include_interrupted=True)
 
 
 class BatchesOutOfOrder(InMemoryStepStore):
@@ -212,6 +218,10 @@ class TestNoDelete(Built, DeleteConformance):
     store_class = NoDelete
 
 
+class TestListsInterruptedByDefault(Built, SnapshotsConformance):
+    store_class = ListsInterruptedByDefault
+
+
 class TestBatchesOutOfOrder(Built, BatchWritesConformance):
     store_class = BatchesOutOfOrder
 
@@ -245,6 +255,8 @@ def _broken_guarantees_fail(outcome: pytest.RunResult) -> None:
     lines(['FAILED*TestRunsInInsertionOrder::test_list_runs_orders_by_started_at_ascending*'])
     # A batch applied out of order fails the batch section (every store has write_batch).
     lines(['FAILED*TestBatchesOutOfOrder::test_events_keep_order_and_seq_after_single_appends*'])
+    # A store listing interrupted snapshots without being asked fails the snapshot section.
+    lines(['FAILED*TestListsInterruptedByDefault::test_list_snapshots_gives_complete_ones_unless_asked*'])
     # A subclass without a `store` fixture is told what to write.
     lines(['*TestForgotTheFixture must override the `store` fixture*'])
 

@@ -37,7 +37,7 @@ async def test_agent_run_round_trips_and_stores_each_tool_return_once(tmp_path: 
 
     fresh = FileStepStore(tmp_path)
     assert await continue_run(fresh, run_id='agent-run') == result.all_messages()
-    snapshots = await fresh.list_snapshots('agent-run')
+    snapshots = await fresh.list_snapshots('agent-run', include_interrupted=True)
     assert len(snapshots) >= STEPS
     assert [len(s.messages) for s in snapshots] == sorted(len(s.messages) for s in snapshots)
 

@@ -40,7 +40,7 @@ async def reads(store: FileStepStore) -> dict[str, Any]:
         'events': [e.model_dump(mode='json') for e in await store.list_events('old')],
         'effects': [e.model_dump(mode='json') for e in await store.list_tool_effects('old')],
         'unresolved': [e.tool_call_id for e in await store.list_unresolved_tool_effects('old')],
-        'snapshots': [s.model_dump(mode='json') for s in await store.list_snapshots('old')],
+        'snapshots': [s.model_dump(mode='json') for s in await store.list_snapshots('old', include_interrupted=True)],
         'latest': latest.model_dump(mode='json'),
         'latest_any': latest_any.model_dump(mode='json'),
     }

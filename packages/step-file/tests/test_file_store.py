@@ -37,7 +37,8 @@ from stepcore import (
 from stepcore.engine import DamagedRecordError
 from stepcore.media import digest_of_uri, media_uri
 
-IMAGE = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 4
+IMAGE = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 260
+"""An image over the default 64 KiB media threshold."""
 
 
 def history(steps: int, *, image: bool = False) -> list[ModelMessage]:
@@ -163,7 +164,7 @@ async def test_rewritten_history_is_stored_exactly(store: FileStepStore) -> None
     await store.save_snapshot(snap('rw', messages, 3))
     compacted: list[ModelMessage] = [messages[0], ModelResponse(parts=[TextPart('summary of three steps')])]
     await store.save_snapshot(snap('rw', compacted, 4))
-    snapshots = await store.list_snapshots('rw')
+    snapshots = await store.list_snapshots('rw', include_interrupted=True)
     assert [s.messages for s in snapshots] == [messages, compacted]
 
 
@@ -181,7 +182,7 @@ def _calls(store: FileStepStore, run_id: str) -> list[Callable[[], Awaitable[Any
         lambda: store.save_snapshot(snap(run_id, history(1))),
         lambda: store.latest_snapshot(run_id),
         lambda: store.latest_snapshot(run_id, include_interrupted=True),
-        lambda: store.list_snapshots(run_id),
+        lambda: store.list_snapshots(run_id, include_interrupted=True),
         lambda: store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id='c', tool_name='t')),
         lambda: store.get_tool_effect(run_id, 'c'),
         lambda: store.list_tool_effects(run_id),
@@ -207,7 +208,7 @@ async def test_reads_of_unknown_runs_create_nothing(store: FileStepStore, root: 
     assert await store.get_run('missing') is None
     assert await store.list_events('missing') == []
     assert await store.latest_snapshot('missing') is None
-    assert await store.list_snapshots('missing') == []
+    assert await store.list_snapshots('missing', include_interrupted=True) == []
     assert await store.get_tool_effect('missing', 'c') is None
     assert await store.list_tool_effects('missing') == []
     assert await store.list_runs() == []
@@ -280,7 +281,10 @@ async def test_torn_message_and_key_lines_are_repaired(store: FileStepStore, roo
     ids = [n['id'] for n in lines(root / 'nodes' / 'messages.jsonl')]
     assert ids == list(range(ids[0], ids[0] + 8))
     assert [k['key'] for k in lines(root / 'nodes' / 'snapshot-keys.jsonl')] == ['k1', 'k2']
-    assert [s.messages for s in await store.list_snapshots('nodes')] == [messages[:3], messages]
+    assert [s.messages for s in await store.list_snapshots('nodes', include_interrupted=True)] == [
+        messages[:3],
+        messages,
+    ]
 
 
 def _bad_json(path: Path) -> None:
@@ -304,8 +308,8 @@ def _a_directory(path: Path) -> None:
     ('damage', 'words'),
     [
         (_bad_json, 'unparsable'),
-        (_not_an_object, 'unreadable'),
-        (_bad_head, 'unreadable'),
+        (_not_an_object, 'unparsable'),
+        (_bad_head, 'unparsable'),
         (_a_directory, 'unreadable'),
     ],
 )
@@ -317,15 +321,43 @@ async def test_damaged_snapshot_file_is_skipped_by_list_and_raised_by_latest(
     await store.save_snapshot(snap('bad', messages, 2))
     damage(root / 'bad' / 'snapshots' / '2.json')
 
-    with caplog.at_level(logging.WARNING):
-        listed = await store.list_snapshots('bad')
-    assert [s.seq for s in listed] == [1]
-    assert '2.json' in caplog.text
-    assert words in caplog.text
+    other = 'unreadable' if words == 'unparsable' else 'unparsable'
+    for include_interrupted in (False, True):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
+            listed = await store.list_snapshots('bad', include_interrupted=include_interrupted)
+        assert [s.seq for s in listed] == [1]
+        [warning] = [r.getMessage() for r in caplog.records if r.name == 'stepcore.engine']
+        assert warning.startswith(f'skipping an {words} record: snapshot seq=2 of run ')
+        assert '2.json' in warning
+        assert other not in warning
     # Its state is unknown: it may be the newest complete one, so neither read passes over it.
     for include_interrupted in (False, True):
-        with pytest.raises(DamagedRecordError, match=rf"snapshot seq=2 of run 'bad'.*2\.json.* is {words}"):
+        with pytest.raises(DamagedRecordError, match=rf"snapshot seq=2 of run 'bad'.*2\.json.* is {words}") as raised:
             await store.latest_snapshot('bad', include_interrupted=include_interrupted)
+        assert raised.value.kind == words
+    # Later saves go on around it, and read back.
+    await store.save_snapshot(snap('bad', messages, 3))
+    assert [s.seq for s in await store.list_snapshots('bad')] == [1, 3]
+
+
+async def test_an_unreadable_snapshot_that_retention_prunes_does_not_fail_the_save(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FileStepStore(root, max_snapshots_per_run=1)
+    messages = history(3)
+    await store.save_snapshot(snap('dir', messages[:3], 1))
+    _a_directory(root / 'dir' / 'snapshots' / '1.json')
+    with caplog.at_level(logging.WARNING):
+        await store.write_batch(
+            [StepEvent(run_id='dir', kind=EventKind.TOOL_CALL_COMPLETED)], snapshot=snap('dir', messages, 2)
+        )
+    assert 'cannot be removed' in caplog.text
+    assert 'unreadable' in caplog.text
+    # The save and the records after it are all written.
+    assert [e.kind for e in await store.list_events('dir')] == [EventKind.TOOL_CALL_COMPLETED]
+    assert [s.seq for s in await store.list_snapshots('dir')] == [2]
+    await store.aclose()
 
 
 async def test_an_older_damaged_snapshot_does_not_hide_the_newest(store: FileStepStore, root: Path) -> None:
@@ -346,7 +378,7 @@ async def test_snapshot_of_a_newer_record_format_is_refused(store: FileStepStore
     path.write_text(json.dumps(document))
     with pytest.raises(ValueError, match='format version 99'):
         await store.latest_snapshot('newer')
-    assert await store.list_snapshots('newer') == []
+    assert await store.list_snapshots('newer', include_interrupted=True) == []
 
 
 async def test_unknown_media_marker_version(store: FileStepStore, root: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -358,7 +390,7 @@ async def test_unknown_media_marker_version(store: FileStepStore, root: Path, ca
     with pytest.raises(ValueError, match='format 42'):
         await store.latest_snapshot('marker')
     with caplog.at_level(logging.WARNING):
-        assert await store.list_snapshots('marker') == []
+        assert await store.list_snapshots('marker', include_interrupted=True) == []
     assert 'format 42' in caplog.text
     assert "snapshot seq=1 of run 'marker'" in caplog.text
 
@@ -378,7 +410,7 @@ async def test_snapshots_whose_writes_never_landed_are_passed_over(
 
     with caplog.at_level(logging.WARNING, logger='step_file'):
         latest = await FileStepStore(root).latest_snapshot('lost')
-        listed = await FileStepStore(root).list_snapshots('lost')
+        listed = await FileStepStore(root).list_snapshots('lost', include_interrupted=True)
     assert latest is not None
     assert (latest.seq, latest.messages) == (1, messages[:3])
     assert [s.seq for s in listed] == [1]
@@ -416,7 +448,7 @@ async def test_retention_deletes_snapshot_files_only(root: Path) -> None:
     assert len(list((root / 'media').iterdir())) == 1, 'media is never pruned'
     # A pruned snapshot's key still suppresses a replayed save.
     await store.save_snapshot(snap('keep', messages[:5], 2, idempotency_key='k2'))
-    assert [s.seq for s in await store.list_snapshots('keep')] == [1, 4, 5]
+    assert [s.seq for s in await store.list_snapshots('keep', include_interrupted=True)] == [1, 4, 5]
     latest = await FileStepStore(root).latest_snapshot('keep', include_interrupted=True)
     assert latest is not None
     assert latest.messages == messages
@@ -433,6 +465,19 @@ async def test_binary_content_goes_to_the_default_disk_media_store(store: FileSt
     assert blob.read_bytes() == IMAGE
     assert 'media+sha256://' in (root / 'img' / 'messages.jsonl').read_text()
     latest = await FileStepStore(root).latest_snapshot('img')
+    assert latest is not None
+    assert latest.messages == messages
+
+
+async def test_binary_content_below_the_threshold_stays_inline(store: FileStepStore, root: Path) -> None:
+    thumbnail = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 4  # 1 KiB; the threshold is 64 KiB
+    messages: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart(['look at this', BinaryImage(data=thumbnail, media_type='image/png')])])
+    ]
+    await store.save_snapshot(snap('thumb', messages))
+    assert not (root / 'media').exists(), 'a 1 KiB image was written to the media store'
+    assert 'media+sha256://' not in (root / 'thumb' / 'messages.jsonl').read_text()
+    latest = await FileStepStore(root).latest_snapshot('thumb')
     assert latest is not None
     assert latest.messages == messages
 

@@ -58,7 +58,7 @@ async def test_processes_sharing_a_directory(tmp_path: Path) -> None:
         run_id = f'run-{tag}'
         assert [e.seq for e in await store.list_events(run_id)] == list(range(1, STEPS + 1))
         assert len(await store.list_tool_effects(run_id)) == STEPS
-        snapshots = await store.list_snapshots(run_id)
+        snapshots = await store.list_snapshots(run_id, include_interrupted=True)
         assert [s.seq for s in snapshots] == list(range(1, STEPS + 1))
         assert [len(s.messages) for s in snapshots] == [3 + 2 * n for n in range(STEPS)]
         assert len((tmp_path / run_id / 'messages.jsonl').read_text().splitlines()) == 1 + 2 * STEPS

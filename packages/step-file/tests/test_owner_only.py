@@ -14,7 +14,7 @@ from step_file import FileStepStore
 from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
 from stepcore.media import digest_of_uri, media_uri
 
-IMAGE = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 4
+IMAGE = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 260  # over the 64 KiB media threshold
 
 
 @pytest.fixture(params=[0o022, 0o000], ids=['umask-022', 'umask-000'])

@@ -79,7 +79,7 @@ async def test_a_damaged_snapshot_header_fails_its_read_and_is_skipped_in_the_li
         await store.latest_snapshot('r1')
     assert raised.value.record == 'snapshot seq=3'
     with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
-        listed = await store.list_snapshots('r1')
+        listed = await store.list_snapshots('r1', include_interrupted=True)
     assert [s.seq for s in listed] == [1, 2]
     assert len(listed[1].messages) == 2
     (warning,) = _skipped(caplog)
@@ -93,7 +93,7 @@ async def test_a_damaged_message_fails_every_snapshot_that_holds_it(
     with pytest.raises(DamagedRecordError, match=r"snapshot seq=3 of run 'r1'.*message 1 \(node 2\) is damaged"):
         await store.latest_snapshot('r1')
     with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
-        listed = await store.list_snapshots('r1')
+        listed = await store.list_snapshots('r1', include_interrupted=True)
     assert [s.seq for s in listed] == [1]
     assert len(_skipped(caplog)) == 2
 

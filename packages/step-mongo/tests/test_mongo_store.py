@@ -79,7 +79,7 @@ async def test_none_idempotency_keys_append(store: MongoStepStore):
         await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED))
         await store.save_snapshot(ContinuableSnapshot(run_id='r1'))
     assert [e.seq for e in await store.list_events('r1')] == [1, 2, 3]
-    assert [s.seq for s in await store.list_snapshots('r1')] == [1, 2, 3]
+    assert [s.seq for s in await store.list_snapshots('r1', include_interrupted=True)] == [1, 2, 3]
 
 
 ODD_KEYS = {'a.b': '1', '$where': '2', 'nul\x00byte': '3', 'ünï': '4'}
@@ -167,7 +167,7 @@ async def test_snapshots_store_each_message_once(store: MongoStepStore, mongo_cl
     snapshot_docs = [d async for d in db['snapshots'].find({'run_id': 'r1'}, sort=[('seq', 1)])]
     assert [d['length'] for d in snapshot_docs] == [2, 4, 6, 8, 10]
     assert all('messages' not in d for d in snapshot_docs)
-    listed = await store.list_snapshots('r1')
+    listed = await store.list_snapshots('r1', include_interrupted=True)
     assert [len(s.messages) for s in listed] == [2, 4, 6, 8, 10]
     assert listed[-1].messages == history
 
@@ -203,7 +203,7 @@ async def test_binary_content_goes_to_the_media_store_on_the_same_client(
 ):
     assert isinstance(store.media_store, MongoMediaStore)
     assert store.media_store.client is store.client
-    image = BinaryContent(data=b'\x89PNG' + bytes(range(256)) * 10, media_type='image/png')
+    image = BinaryContent(data=b'\x89PNG' + bytes(range(256)) * 260, media_type='image/png')  # over 64 KiB
     messages = [ModelRequest(parts=[UserPromptPart(['look', image])])]
     await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages))
     db = mongo_client[db_name]
@@ -233,7 +233,7 @@ async def test_media_store_none_keeps_bytes_inline(mongo_client: MongoClient, db
 async def test_a_retried_registration_is_accepted_and_a_duplicate_refused(store: MongoStepStore):
     await store.register_run(RunRecord(run_id='r1', registration_id='reg-1'))
     await store.register_run(RunRecord(run_id='r1', registration_id='reg-1'))
-    with pytest.raises(ValueError, match="run_id 'r1' is already registered"):
+    with pytest.raises(ValueError, match="run_id 'r1' is already in the store"):
         await store.register_run(RunRecord(run_id='r1', registration_id='reg-2'))
 
 
@@ -311,7 +311,7 @@ def test_constructor_errors_say_what_to_pass():
         MongoStepStore()
     with pytest.raises(ValueError, match="expected a 'mongodb://'"):
         MongoStepStore(db_url='postgres://x')
-    with pytest.raises(ValueError, match='max_snapshots_per_run=0'):
+    with pytest.raises(ValueError, match='max_snapshots_per_run must be >= 1 or None, got 0'):
         MongoStepStore(db_url='mongodb://127.0.0.1:1', max_snapshots_per_run=0)
     with pytest.raises(ValueError, match='media_threshold_bytes=0'):
         MongoStepStore(db_url='mongodb://127.0.0.1:1', media_threshold_bytes=0)
@@ -382,4 +382,4 @@ async def test_delete_run_removes_its_documents_from_every_collection(
 
     await _fill(store, 'r1')  # the id starts afresh: seqs from 1, the snapshot key is not applied
     assert [e.seq for e in await store.list_events('r1')] == [1]
-    assert [s.seq for s in await store.list_snapshots('r1')] == [1]
+    assert [s.seq for s in await store.list_snapshots('r1', include_interrupted=True)] == [1]

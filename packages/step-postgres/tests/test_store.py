@@ -146,7 +146,7 @@ async def test_messages_are_stored_once_per_run(store: PostgresStepStore, postgr
     assert latest is not None
     assert latest.messages == messages
     assert latest.seq == 40
-    listed = await store.list_snapshots('long')
+    listed = await store.list_snapshots('long', include_interrupted=True)
     assert [len(s.messages) for s in listed] == [1 + 2 * (i + 1) for i in range(40)]
     assert listed[9].messages == messages[:21]
 
@@ -164,7 +164,11 @@ async def test_history_rewrite_keeps_every_snapshot_exact(store: PostgresStepSto
     # A fresh store (no memory of earlier saves) continues the compacted history.
     continued = [*compacted, *_exchange(3)]
     await store.save_snapshot(ContinuableSnapshot(run_id='rw', messages=continued))
-    assert [s.messages for s in await store.list_snapshots('rw')] == [first, compacted, continued]
+    assert [s.messages for s in await store.list_snapshots('rw', include_interrupted=True)] == [
+        first,
+        compacted,
+        continued,
+    ]
 
 
 async def test_a_fresh_store_continues_a_run(postgres_url: str, table_prefix: str) -> None:
@@ -177,8 +181,8 @@ async def test_a_fresh_store_continues_a_run(postgres_url: str, table_prefix: st
         await b.save_snapshot(ContinuableSnapshot(run_id='r', messages=longer))
         branch = [*base, *_exchange(7)]
         await a.save_snapshot(ContinuableSnapshot(run_id='r', messages=branch))
-        assert [s.messages for s in await b.list_snapshots('r')] == [base, longer, branch]
-        assert [s.seq for s in await a.list_snapshots('r')] == [1, 2, 3]
+        assert [s.messages for s in await b.list_snapshots('r', include_interrupted=True)] == [base, longer, branch]
+        assert [s.seq for s in await a.list_snapshots('r', include_interrupted=True)] == [1, 2, 3]
     finally:
         await a.aclose()
         await b.aclose()
@@ -195,7 +199,7 @@ async def test_pruning_deletes_snapshot_rows_only(postgres_url: str, table_prefi
                 ContinuableSnapshot(run_id='p', messages=list(messages), state=SnapshotState.INTERRUPTED)
             )
         # Kept: the newest two and the newest complete one (seq 1).
-        assert [s.seq for s in await store.list_snapshots('p')] == [1, 5, 6]
+        assert [s.seq for s in await store.list_snapshots('p', include_interrupted=True)] == [1, 5, 6]
         assert _rows(postgres_url, table_prefix, 'SELECT count(*) FROM {nodes}') == [(11,)]
         complete = await store.latest_snapshot('p')
         assert complete is not None
@@ -214,7 +218,7 @@ async def test_snapshot_keys_stay_applied_after_pruning(postgres_url: str, table
         msgs: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
         for key in ('k1', 'k2', 'k1'):
             await store.save_snapshot(ContinuableSnapshot(run_id='k', messages=msgs, idempotency_key=key))
-        assert [s.seq for s in await store.list_snapshots('k')] == [2]
+        assert [s.seq for s in await store.list_snapshots('k', include_interrupted=True)] == [2]
     finally:
         await store.aclose()
 
@@ -241,7 +245,8 @@ async def test_unknown_marker_version_raises_on_latest_and_is_skipped_by_list(
     await store.save_snapshot(ContinuableSnapshot(run_id='m', messages=good))
     image: list[ModelMessage] = [
         *good,
-        ModelRequest(parts=[UserPromptPart(['look', BinaryContent(b'\x89PNG' * 10, media_type='image/png')])]),
+        # over the 64 KiB threshold, so the image is stored as a marker
+        ModelRequest(parts=[UserPromptPart(['look', BinaryContent(b'\x89PNG' * 17_000, media_type='image/png')])]),
     ]
     await store.save_snapshot(ContinuableSnapshot(run_id='m', messages=image))
     # A newer writer's marker format in the stored node of the image message.
@@ -254,9 +259,9 @@ async def test_unknown_marker_version_raises_on_latest_and_is_skipped_by_list(
     with pytest.raises(ValueError, match='format 99'):
         await store.latest_snapshot('m')
     with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
-        listed = await store.list_snapshots('m')
+        listed = await store.list_snapshots('m', include_interrupted=True)
     assert [s.seq for s in listed] == [1]
-    assert "skipping a damaged record: snapshot seq=2 of run 'm'" in caplog.text
+    assert "skipping an unparsable record: snapshot seq=2 of run 'm'" in caplog.text
     assert 'format 99' in caplog.text
 
 
@@ -269,21 +274,21 @@ async def test_newer_record_format_is_refused(store: PostgresStepStore, postgres
     )
     with pytest.raises(ValueError, match='format version 7'):
         await store.latest_snapshot('f')
-    assert await store.list_snapshots('f') == []
+    assert await store.list_snapshots('f', include_interrupted=True) == []
 
 
 async def test_media_is_externalized_to_the_same_database(
     store: PostgresStepStore, postgres_url: str, table_prefix: str
 ) -> None:
     big = 'y' * (70 * 1024)
-    data = bytes(range(256)) * 8
+    data = bytes(range(256)) * 300  # 75 KiB: binary content goes out from the 64 KiB threshold on
     messages: list[ModelMessage] = [
         ModelRequest(parts=[UserPromptPart(['pic', BinaryContent(data, media_type='image/png')])]),
         ModelRequest(parts=[ToolReturnPart('dump', big, tool_call_id='c')]),
     ]
     await store.save_snapshot(ContinuableSnapshot(run_id='media', messages=messages))
     blobs = _rows(postgres_url, table_prefix, 'SELECT media_type, length(data) FROM {media} ORDER BY 2')
-    assert blobs == [('image/png', len(data)), ('text/plain; charset=utf-8', len(big))]
+    assert blobs == [('text/plain; charset=utf-8', len(big)), ('image/png', len(data))]
     (longest,) = _rows(postgres_url, table_prefix, 'SELECT max(length(body)) FROM {nodes}')[0]
     assert longest < 2048  # the node rows hold markers, not the payloads
     latest = await store.latest_snapshot('media')
@@ -332,7 +337,7 @@ async def test_registration_retry_and_duplicate(store: PostgresStepStore) -> Non
     record = RunRecord(run_id='dup', registration_id='reg-1', metadata={'k': 'v'})
     await store.register_run(record)
     await store.register_run(record.model_copy())  # the same registration retried
-    with pytest.raises(ValueError, match="run_id 'dup' is already registered"):
+    with pytest.raises(ValueError, match="run_id 'dup' is already in the store"):
         await store.register_run(RunRecord(run_id='dup', registration_id='reg-2'))
     assert await store.get_run('dup') == record
 
@@ -418,7 +423,7 @@ async def test_damaged_event_is_skipped_with_a_warning(
     with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
         events = await store.list_events('dmg')
     assert [e.seq for e in events] == [2]
-    assert "skipping a damaged record: event seq=1 of run 'dmg'" in caplog.text
+    assert "skipping an unparsable record: event seq=1 of run 'dmg'" in caplog.text
 
 
 async def test_damaged_ledger_entry_is_an_error_naming_the_run(
@@ -440,7 +445,7 @@ async def test_damaged_snapshot_header_is_an_error_alone_and_skipped_in_the_list
     with pytest.raises(DamagedRecordError, match="snapshot seq=2 of run 'dmg'"):
         await store.latest_snapshot('dmg')
     with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
-        listed = await store.list_snapshots('dmg')
+        listed = await store.list_snapshots('dmg', include_interrupted=True)
     assert [(s.seq, s.messages) for s in listed] == [(1, messages[:1])]
     assert "snapshot seq=2 of run 'dmg'" in caplog.text
 
@@ -452,7 +457,9 @@ async def test_damaged_message_fails_only_the_snapshots_holding_it(
     await postgres_damage(store, 'message', 'dmg', 'marker-b', _BAD_BODY)
     with pytest.raises(DamagedRecordError, match=r"snapshot seq=2 of run 'dmg' .*message 1 \(node \d+\) is damaged"):
         await store.latest_snapshot('dmg')
-    assert [(s.seq, s.messages) for s in await store.list_snapshots('dmg')] == [(1, messages[:1])]
+    assert [(s.seq, s.messages) for s in await store.list_snapshots('dmg', include_interrupted=True)] == [
+        (1, messages[:1])
+    ]
 
 
 async def test_damaged_run_record_leaves_only_that_run_out(store: PostgresStepStore, postgres_damage: Damage) -> None:
@@ -536,7 +543,7 @@ async def test_delete_run_removes_every_row_of_the_run(
     # A run written again under the same id starts afresh: seqs from 1, its keys not applied.
     await write('gone')
     assert [e.seq for e in await store.list_events('gone')] == [1]
-    assert [s.seq for s in await store.list_snapshots('gone')] == [1]
+    assert [s.seq for s in await store.list_snapshots('gone', include_interrupted=True)] == [1]
 
 
 async def test_a_snapshot_key_recorded_meanwhile_is_retried_not_written_twice(
@@ -561,7 +568,7 @@ async def test_a_snapshot_key_recorded_meanwhile_is_retried_not_written_twice(
     with inject_faults(store, other_writer):
         await store.save_snapshot(ContinuableSnapshot(run_id='race', messages=longer, idempotency_key='k'))
     assert raced == ['put_snapshot']
-    assert [s.seq for s in await store.list_snapshots('race')] == [1]
+    assert [s.seq for s in await store.list_snapshots('race', include_interrupted=True)] == [1]
     assert _rows(postgres_url, table_prefix, 'SELECT count(*) FROM {nodes}') == [(1,)]
     # The next save of the run still continues its history.
     await store.save_snapshot(ContinuableSnapshot(run_id='race', messages=longer))
@@ -686,7 +693,10 @@ async def test_rows_of_the_previous_release_are_read_and_continued(postgres_url:
         await store.save_snapshot(snapshot.model_copy())  # suppressed too
         longer = [*messages, ModelResponse(parts=[TextPart('more')])]
         await store.save_snapshot(ContinuableSnapshot(run_id='old', messages=longer))
-        assert [(s.seq, s.messages) for s in await store.list_snapshots('old')] == [(1, messages), (2, longer)]
+        assert [(s.seq, s.messages) for s in await store.list_snapshots('old', include_interrupted=True)] == [
+            (1, messages),
+            (2, longer),
+        ]
         assert await store.delete_run('old') is True
         assert await store.list_runs() == []
     finally:

@@ -41,7 +41,7 @@ async def test_a_run_persisted_through_from_spec_reads_back_from_the_file(tmp_pa
         assert latest is not None
         assert latest.state is SnapshotState.COMPLETE
         assert latest.messages == result.all_messages()
-        snapshots = await store.list_snapshots(run.run_id)
+        snapshots = await store.list_snapshots(run.run_id, include_interrupted=True)
         assert len(snapshots) >= 4
         assert [len(s.messages) for s in snapshots] == sorted(len(s.messages) for s in snapshots)
         effects = await store.list_tool_effects(run.run_id)

@@ -239,7 +239,7 @@ async def test_delete_removes_conversation_and_its_runs_but_keeps_media(db_path:
         await steps.register_run(RunRecord(run_id='r1', conversation_id='c'))
         await steps.register_run(RunRecord(run_id='other', conversation_id='keep'))
         await steps.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED))
-        image = BinaryImage(data=b'image-bytes' * 100, media_type='image/png')
+        image = BinaryImage(data=b'image-bytes' * 7_000, media_type='image/png')  # over the 64 KiB media threshold
         messages: list[ModelMessage] = [
             ModelRequest(parts=[UserPromptPart(['see', image])]),
             ModelResponse(parts=[TextPart('seen')]),

@@ -114,7 +114,7 @@ async def test_each_message_is_written_once_so_storage_grows_linearly(tmp_path: 
         assert bodies == [encode_message(m) for m in messages]  # each message once, in order
         assert stored_bytes < sum(len(b) for b in bodies)  # the 2 KB tool returns are compressed
         assert _count(db, 'SELECT COUNT(*) FROM snapshots') == 60
-        snapshots = await store.list_snapshots('r')
+        snapshots = await store.list_snapshots('r', include_interrupted=True)
         assert [len(s.messages) for s in snapshots] == [1 + 2 * (i + 1) for i in range(60)]
         assert snapshots[-1].messages == messages
     finally:
@@ -130,7 +130,11 @@ async def test_a_history_rewrite_is_stored_without_changing_earlier_snapshots(tm
         await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=compacted))
         grown = [*compacted, *_step(2)]
         await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=grown))
-        assert [s.messages for s in await store.list_snapshots('r')] == [first, compacted, grown]
+        assert [s.messages for s in await store.list_snapshots('r', include_interrupted=True)] == [
+            first,
+            compacted,
+            grown,
+        ]
     finally:
         await store.aclose()
 
@@ -165,7 +169,7 @@ async def test_pruning_deletes_snapshot_rows_but_keeps_every_message_node(tmp_pa
             await store.save_snapshot(
                 ContinuableSnapshot(run_id='r', step_index=i, messages=list(messages), state=state)
             )
-        kept = await store.list_snapshots('r')
+        kept = await store.list_snapshots('r', include_interrupted=True)
         # newest two, plus the newest complete one (step 1)
         assert [s.step_index for s in kept] == [1, 3, 4]
         assert [s.state for s in kept] == [SnapshotState.COMPLETE, SnapshotState.INTERRUPTED, SnapshotState.INTERRUPTED]
@@ -185,8 +189,8 @@ async def test_snapshot_seq_is_monotonic_per_run_across_interleaved_runs(tmp_pat
             for run in ('a', 'b'):
                 await store.save_snapshot(ContinuableSnapshot(run_id=run, step_index=i))
         for run in ('a', 'b'):
-            seqs = [s.seq for s in await store.list_snapshots(run)]
-            assert [s.step_index for s in await store.list_snapshots(run)] == [0, 1, 2]
+            seqs = [s.seq for s in await store.list_snapshots(run, include_interrupted=True)]
+            assert [s.step_index for s in await store.list_snapshots(run, include_interrupted=True)] == [0, 1, 2]
             assert all(isinstance(s, int) for s in seqs)
             assert seqs == sorted(seqs)
             assert len(set(seqs)) == 3
@@ -234,7 +238,7 @@ async def test_tool_effects_upsert_keeps_one_row_with_the_latest_state(tmp_path:
 
 async def test_binary_content_goes_to_the_media_table_of_the_same_database(tmp_path: Path) -> None:
     db = tmp_path / 'runs.db'
-    image = bytes(range(256)) * 4
+    image = bytes(range(256)) * 260  # over the 64 KiB threshold
     store = SqliteStepStore(database=db)
     messages: list[ModelMessage] = [
         ModelRequest(parts=[UserPromptPart(['look', BinaryContent(image, media_type='image/png')])])
@@ -293,7 +297,7 @@ async def test_an_explicit_media_store_receives_the_blobs(tmp_path: Path) -> Non
     media = SqliteMediaStore(database=tmp_path / 'media.db')
     store = SqliteStepStore(database=tmp_path / 'runs.db', media_store=media)
     try:
-        msg = ModelRequest(parts=[UserPromptPart([BinaryContent(b'abc', media_type='audio/wav')])])
+        msg = ModelRequest(parts=[UserPromptPart([BinaryContent(b'abc' * 30_000, media_type='audio/wav')])])
         await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=[msg]))
         assert _count(tmp_path / 'media.db', 'SELECT COUNT(*) FROM media') == 1
         with sqlite3.connect(tmp_path / 'runs.db') as raw:
@@ -312,7 +316,7 @@ async def test_unknown_marker_version_fails_latest_and_is_skipped_by_list(
     first: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('plain')])]
     second: list[ModelMessage] = [
         *first,
-        ModelRequest(parts=[UserPromptPart([BinaryContent(b'img', media_type='image/png')])]),
+        ModelRequest(parts=[UserPromptPart([BinaryContent(b'img' * 30_000, media_type='image/png')])]),
     ]
     try:
         await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=0, messages=first))
@@ -324,9 +328,9 @@ async def test_unknown_marker_version_fails_latest_and_is_skipped_by_list(
         with pytest.raises(ValueError, match='format 99'):
             await store.latest_snapshot('r')
         with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
-            listed = await store.list_snapshots('r')
+            listed = await store.list_snapshots('r', include_interrupted=True)
         assert [s.step_index for s in listed] == [0]
-        assert "skipping a damaged record: snapshot seq=2 of run 'r'" in caplog.text
+        assert "skipping an unparsable record: snapshot seq=2 of run 'r'" in caplog.text
         assert 'format 99' in caplog.text
     finally:
         await store.aclose()
@@ -382,7 +386,7 @@ async def test_a_shared_connection_is_used_off_the_loop_and_left_open(tmp_path: 
         await store.save_snapshot(
             ContinuableSnapshot(
                 run_id='r',
-                messages=[ModelRequest(parts=[UserPromptPart([BinaryContent(b'z', media_type='image/png')])])],
+                messages=[ModelRequest(parts=[UserPromptPart([BinaryContent(b'z' * 70_000, media_type='image/png')])])],
             )
         )
         assert threads

@@ -193,7 +193,7 @@ async def test_model_retry_from_a_tool_is_a_failed_effect() -> None:
     assert 'try again' in effects['r1'].error
     assert effects['r2'].status is ToolEffectStatus.COMPLETED
     # The retried call is answered in history, so the boundary is complete.
-    first = (await store.list_snapshots('retry'))[0]
+    first = (await store.list_snapshots('retry', include_interrupted=True))[0]
     assert first.state is SnapshotState.COMPLETE
 
 
@@ -262,7 +262,10 @@ async def test_agent_from_spec_passes_every_other_option_to_the_store(tmp_path: 
     assert (capability.agent_name, capability.capture_frontier) == ('spec_agent', True)
     result = await agent.run('hi')
     # the store prunes to one snapshot: the option reached it
-    assert len(await capability.store.list_snapshots(derive_run_id('spec_agent', result.run_id))) == 1
+    assert (
+        len(await capability.store.list_snapshots(derive_run_id('spec_agent', result.run_id), include_interrupted=True))
+        == 1
+    )
 
     with pytest.raises(ValueError, match='colour'):
         Agent.from_spec(

@@ -78,7 +78,7 @@ async def test_a_fast_call_stays_started_until_the_cycle_snapshot_holds_both_res
     assert seen_while_slow_runs == ['started', 'tool_call_started']
     effects = {e.tool_call_id: e.status for e in await store.list_tool_effects('siblings')}
     assert effects == {'fast-1': ToolEffectStatus.COMPLETED, 'slow-1': ToolEffectStatus.COMPLETED}
-    boundary = (await store.list_snapshots('siblings'))[0]
+    boundary = (await store.list_snapshots('siblings', include_interrupted=True))[0]
     assert boundary.state is SnapshotState.COMPLETE
     assert _returns(boundary) == ['fast-1', 'slow-1']
 

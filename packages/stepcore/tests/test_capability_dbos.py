@@ -133,7 +133,7 @@ async def test_completed_workflow_called_again_writes_nothing() -> None:
     first_writes = list(store.writes)
     record = await _the_run('wf-twice')
     events = await store.list_events(record.run_id)
-    snapshots = await store.list_snapshots(record.run_id)
+    snapshots = await store.list_snapshots(record.run_id, include_interrupted=True)
 
     store.writes.clear()
     with SetWorkflowID('wf-twice'):
@@ -141,7 +141,7 @@ async def test_completed_workflow_called_again_writes_nothing() -> None:
     assert store.writes == []
     assert tool_calls == ['work']
     assert await store.list_events(record.run_id) == events
-    assert len(await store.list_snapshots(record.run_id)) == len(snapshots) == 2
+    assert len(await store.list_snapshots(record.run_id, include_interrupted=True)) == len(snapshots) == 2
     assert first_writes.count('register_run') == 1
     assert record.run_id == 'wf-twice:1'  # ctx.run_id under DBOS is derived from the workflow id
 
@@ -176,7 +176,7 @@ async def test_interrupted_workflow_recovers_without_duplicates() -> None:
     assert after[: len(before)] == before
     assert [e.kind for e in after] == list(ONE_TOOL_CALL_RUN_EVENTS)
     assert len({e.idempotency_key for e in after}) == len(after)
-    snapshots = await store.list_snapshots(record.run_id)
+    snapshots = await store.list_snapshots(record.run_id, include_interrupted=True)
     assert [s.state for s in snapshots] == [SnapshotState.COMPLETE, SnapshotState.COMPLETE]
     [effect] = await store.list_tool_effects(record.run_id)
     assert effect.status is ToolEffectStatus.COMPLETED

@@ -138,7 +138,7 @@ async def test_killed_workflow_is_recovered_without_duplicate_writes(tmp_path: P
         assert after[: len(before)] == before
         assert [e.kind for e in after] == list(ONE_TOOL_CALL_RUN_EVENTS)
         assert len({e.idempotency_key for e in after}) == len(after)
-        snapshots = await store.list_snapshots(run.run_id)
+        snapshots = await store.list_snapshots(run.run_id, include_interrupted=True)
         assert [s.state for s in snapshots] == [SnapshotState.COMPLETE, SnapshotState.COMPLETE]
         [effect] = await store.list_tool_effects(run.run_id)
         assert effect.status is ToolEffectStatus.COMPLETED

@@ -105,7 +105,7 @@ class TestCapabilityScenarios:
         tool_events = [e for e in events if e.tool_call_id is not None]
         assert {(e.tool_name, e.tool_call_id) for e in tool_events} == {('add', 'c1')}
 
-        snapshots = await store.list_snapshots(run_id)
+        snapshots = await store.list_snapshots(run_id, include_interrupted=True)
         assert [s.state for s in snapshots] == [SnapshotState.COMPLETE, SnapshotState.COMPLETE]
         first, final = snapshots
         # The first boundary folds in the tool return before the next request is sent.
@@ -129,7 +129,7 @@ class TestCapabilityScenarios:
             function_model(script(ModelResponse(parts=[TextPart('hi')]))), capabilities=[StepPersistence(store=store)]
         )
         result = await agent.run('hello')
-        snapshots = await store.list_snapshots(result.run_id)
+        snapshots = await store.list_snapshots(result.run_id, include_interrupted=True)
         assert len(snapshots) == 1
         assert snapshots[0].state is SnapshotState.COMPLETE
         assert encoded(snapshots[0].messages) == encoded(result.all_messages())
@@ -172,7 +172,7 @@ class TestCapabilityScenarios:
         for call_id in ('p1', 'p2', 'p3'):
             kinds = [e.kind for e in events if e.tool_call_id == call_id]
             assert kinds == [EventKind.TOOL_CALL_STARTED, EventKind.TOOL_CALL_COMPLETED]
-        boundary = (await store.list_snapshots(result.run_id))[0]
+        boundary = (await store.list_snapshots(result.run_id, include_interrupted=True))[0]
         returns = [p for p in boundary.messages[-1].parts if isinstance(p, ToolReturnPart)]
         assert sorted(p.tool_call_id for p in returns) == ['p1', 'p2', 'p3']
         assert boundary.state is SnapshotState.COMPLETE
@@ -310,7 +310,7 @@ class TestCapabilityScenarios:
         )
         with pytest.raises(ConnectionError):
             await agent.run('go')
-        assert await store.list_snapshots('r0') == []
+        assert await store.list_snapshots('r0', include_interrupted=True) == []
         with pytest.raises(LookupError, match='r0'):
             await continue_run(store, run_id='r0', include_interrupted=True)
 
@@ -342,7 +342,7 @@ class TestCapabilityScenarios:
             return x
 
         result = await proposed.run('go')
-        snapshots = await store.list_snapshots('f1')
+        snapshots = await store.list_snapshots('f1', include_interrupted=True)
         frontier = [s for s in snapshots if s.state is SnapshotState.INTERRUPTED]
         assert any(
             isinstance(s.messages[-1], ModelResponse) and s.messages[-1].parts[0] == tool_call('ok', 'c1', x=1)
@@ -392,7 +392,7 @@ class TestCapabilityScenarios:
                 pass
             assert run.result is not None
             messages = run.result.all_messages()
-        snapshots = await store.list_snapshots('iterated')
+        snapshots = await store.list_snapshots('iterated', include_interrupted=True)
         assert [s.state for s in snapshots] == [SnapshotState.COMPLETE, SnapshotState.COMPLETE]
         assert encoded(snapshots[-1].messages) == encoded(messages)
         assert [e.status for e in await store.list_tool_effects('iterated')] == [ToolEffectStatus.COMPLETED]
@@ -430,7 +430,7 @@ class TestCapabilityScenarios:
         assert settled is not None
         assert isinstance(settled.messages[0].parts[0], UserPromptPart)
         assert is_provider_valid(settled.messages)
-        snapshots = await store.list_snapshots('trimmed')
+        snapshots = await store.list_snapshots('trimmed', include_interrupted=True)
         # The first boundary kept its untrimmed history: rewriting later never alters it.
         assert isinstance(snapshots[0].messages[0].parts[0], UserPromptPart)
         assert len(snapshots[0].messages) == 3
@@ -441,7 +441,7 @@ class TestCapabilityScenarios:
             capabilities=[StepPersistence(store=store, run_id='rewritten'), _RewriteFinalHistory()],
         )
         result = await agent.run('go')
-        snapshots = await store.list_snapshots('rewritten')
+        snapshots = await store.list_snapshots('rewritten', include_interrupted=True)
         assert len(snapshots) == 2
         assert snapshots[0].messages[-1].parts[0] == TextPart('original')
         assert snapshots[1].messages[-1].parts[0] == TextPart('rewritten')
@@ -508,7 +508,11 @@ class TestCapabilityScenarios:
         assert attempts == ['call']
 
         # The frontier snapshot ends in the proposed call itself.
-        [frontier] = [s for s in await store.list_snapshots(failed_run) if isinstance(s.messages[-1], ModelResponse)]
+        [frontier] = [
+            s
+            for s in await store.list_snapshots(failed_run, include_interrupted=True)
+            if isinstance(s.messages[-1], ModelResponse)
+        ]
         assert frontier.state is SnapshotState.INTERRUPTED
         history = frontier.messages
         # With a new prompt and none of the batch answered, pydantic-ai refuses to abandon the call.
@@ -549,7 +553,7 @@ class TestCapabilityScenarios:
             return 'fine'
 
         await agent.run('go', conversation_id='n-conv')
-        snapshots = await store.list_snapshots('notified')
+        snapshots = await store.list_snapshots('notified', include_interrupted=True)
         assert len(snapshots) == 3  # boundary, final response, after_run rewrite
         assert [(e.persistence_run_id, e.step_index, e.state) for e in seen] == [
             ('notified', s.step_index, s.state) for s in snapshots
@@ -566,7 +570,7 @@ class TestCapabilityScenarios:
         with pytest.raises(ConnectionError):
             await failing.run('go')
         assert [e.persistence_run_id for e in seen] == ['notified-failure', 'notified-failure']
-        assert len(await store.list_snapshots('notified-failure')) == 2
+        assert len(await store.list_snapshots('notified-failure', include_interrupted=True)) == 2
 
     # --- identity and lineage ------------------------------------------------------------------
 

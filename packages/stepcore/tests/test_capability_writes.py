@@ -92,8 +92,8 @@ class _PerRecord(StepStore):
         self.calls.append(_name(snapshot))
         await self.inner.save_snapshot(snapshot)
 
-    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
-        return await self.inner.list_snapshots(run_id)
+    async def list_snapshots(self, run_id: str, *, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
+        return await self.inner.list_snapshots(run_id, include_interrupted=include_interrupted)
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         self.calls.append(_name(record))
@@ -152,7 +152,7 @@ async def test_the_tool_cycle_snapshot_holds_the_request_as_it_was_sent() -> Non
     """pydantic-ai stamps the tool-return request when it sends it; the snapshot stores it stamped, once."""
     store = _Recording()
     result = await _agent(store).run('go', run_id='stamped')  # pyright: ignore[reportCallIssue]
-    boundary, final = await store.list_snapshots('stamped')
+    boundary, final = await store.list_snapshots('stamped', include_interrupted=True)
     sent = result.all_messages()
     assert boundary.messages == sent[: len(boundary.messages)]
     request = boundary.messages[-1]
@@ -179,14 +179,16 @@ async def test_a_tool_cycle_snapshot_is_written_on_its_own_when_the_next_request
         if ctx.run_step > 1:
             await asyncio.sleep(DEFERRED_WRITE_DELAY * 10)
             effect = await store.get_tool_effect('slow-start', 'c1')
-            seen_while_preparing.append((len(await store.list_snapshots('slow-start')), effect and effect.status))
+            seen_while_preparing.append(
+                (len(await store.list_snapshots('slow-start', include_interrupted=True)), effect and effect.status)
+            )
         return 'be brief'
 
     await agent.run('go', run_id='slow-start')  # pyright: ignore[reportCallIssue]
     # the snapshot went on its own, and the completed call with it
     assert seen_while_preparing == [(1, ToolEffectStatus.COMPLETED)]
     assert ('write_batch', ['snapshot:complete', 'effect:completed', 'tool_call_completed']) in store.calls
-    snapshots = await store.list_snapshots('slow-start')
+    snapshots = await store.list_snapshots('slow-start', include_interrupted=True)
     assert [(e.step_index, e.state) for e in announced] == [(s.step_index, s.state) for s in snapshots]
 
 
@@ -200,7 +202,7 @@ async def test_a_failure_before_the_next_request_writes_the_pending_snapshot_fir
         ('write_batch', ['snapshot:complete']),
         ('write_batch', ['run_failed']),
     ]
-    boundary, at_failure = await store.list_snapshots('limited')
+    boundary, at_failure = await store.list_snapshots('limited', include_interrupted=True)
     assert at_failure.messages == boundary.messages
     [effect] = await store.list_tool_effects('limited')
     assert effect.status is ToolEffectStatus.COMPLETED

@@ -59,7 +59,7 @@ async def test_a_backend_error_carries_a_note_naming_the_store_and_the_run() -> 
 async def test_errors_of_the_contract_get_no_note() -> None:
     store = InMemoryStepStore()
     await store.register_run(RunRecord(run_id='r1'))
-    with pytest.raises(ValueError, match='already registered') as caught:
+    with pytest.raises(ValueError, match='is already in the store') as caught:
         await store.register_run(RunRecord(run_id='r1'))
     assert not hasattr(caught.value, '__notes__')
 
@@ -72,15 +72,22 @@ async def test_a_run_id_that_cannot_be_stored_is_named(run_id: Any) -> None:
 
 
 class _Unreadables(MemoryPort):
-    """Hands over every run row as a body it could not read."""
+    """Hands over the row of run 'bad' as a body it could not read."""
+
+    @staticmethod
+    def _spoil(row: ops.RunRow) -> ops.RunRow:
+        if row.run_id != 'bad':
+            return row
+        return ops.RunRow(
+            row.run_id, row.started_at, row.conversation_id, row.parent_run_id, ops.Unreadable('disk said no')
+        )
 
     def list_runs(self, tx: Any, op: ops.ListRuns) -> list[ops.RunRow]:
-        return [
-            ops.RunRow(r.run_id, r.started_at, r.conversation_id, r.parent_run_id, ops.Unreadable('disk said no'))
-            if r.run_id == 'bad'
-            else r
-            for r in super().list_runs(tx, op)
-        ]
+        return [self._spoil(r) for r in super().list_runs(tx, op)]
+
+    def get_run(self, tx: Any, op: ops.GetRun) -> ops.RunRow | None:
+        row = super().get_run(tx, op)
+        return self._spoil(row) if row is not None else None
 
 
 async def test_an_unreadable_body_is_a_damaged_record_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
@@ -88,8 +95,33 @@ async def test_an_unreadable_body_is_a_damaged_record_with_its_reason(caplog: py
     for run_id in ('good', 'bad'):
         await store.register_run(RunRecord(run_id=run_id))
     assert [r.run_id for r in await store.list_runs()] == ['good']
-    assert "skipping a damaged record: run record of run 'bad' in process memory cannot be read" in caplog.text
-    assert 'ValueError: disk said no' in caplog.text
+    assert "skipping an unreadable record: run record of run 'bad' in process memory is unreadable: disk said no" in (
+        caplog.text
+    )
+    with pytest.raises(DamagedRecordError, match='is unreadable: disk said no') as raised:
+        await store.get_run('bad')
+    assert raised.value.kind == 'unreadable'
+
+
+class _Unparsables(MemoryPort):
+    """Hands over every run row as a body whose framing it could not take apart."""
+
+    def list_runs(self, tx: Any, op: ops.ListRuns) -> list[ops.RunRow]:
+        return [
+            ops.RunRow(r.run_id, r.started_at, r.conversation_id, r.parent_run_id, ops.Unparsable('torn envelope'))
+            if r.run_id == 'bad'
+            else r
+            for r in super().list_runs(tx, op)
+        ]
+
+
+async def test_an_unparsable_body_is_a_damaged_record_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    store = _store(_Unparsables())
+    for run_id in ('good', 'bad'):
+        await store.register_run(RunRecord(run_id=run_id))
+    assert [r.run_id for r in await store.list_runs()] == ['good']
+    assert "skipping an unparsable record: run record of run 'bad' in process memory is unparsable" in caplog.text
+    assert 'ValueError: torn envelope' in caplog.text
 
 
 class _Racing(MemoryPort):

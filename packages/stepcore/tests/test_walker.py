@@ -113,7 +113,7 @@ async def test_binary_content_round_trips_every_byte_value(media: DictMediaStore
     data = bytes(range(256)) * 3  # pydantic writes URL-safe base64: '-' and '_' occur
     message = ModelRequest(parts=[UserPromptPart(content=['look', BinaryContent(data=data, media_type='image/png')])])
     encoded = encode_message(message)
-    walker = MediaWalker(media, threshold_bytes=10**9)  # binary leaves regardless of size
+    walker = MediaWalker(media, threshold_bytes=len(data))  # at the threshold: it leaves
     stored = await walker.externalize(encoded)
     assert media.blobs == {media_uri(data): data}
     assert media.contexts[media_uri(data)].media_type == 'image/png'
@@ -127,10 +127,26 @@ async def test_standard_alphabet_base64_is_restored_in_its_alphabet(media: DictM
     data = b'\xfb\xff\xbf' * 4
     standard = base64.b64encode(data).decode()
     assert '+' in standard or '/' in standard
-    walker = MediaWalker(media)
+    walker = MediaWalker(media, threshold_bytes=len(data))
     stored, restored = await round_trip(walker, {'kind': 'binary', 'data': standard})
     assert stored['data'] == marker(media_uri(data), 'base64')
     assert restored == {'kind': 'binary', 'data': standard}
+
+
+async def test_binary_content_below_the_threshold_stays_inline(media: DictMediaStore) -> None:
+    # 900 bytes of binary are 1200 characters of base64: the threshold counts the bytes, and the
+    # base64 string is not taken for a long string either.
+    data = bytes(range(256)) * 3 + bytes(132)
+    message = ModelRequest(parts=[UserPromptPart(content=[BinaryContent(data=data, media_type='image/png')])])
+    encoded = encode_message(message)
+    assert len(encoded) >= 1000
+    walker = MediaWalker(media, threshold_bytes=1000)
+    assert await walker.externalize(encoded) == encoded
+    value = {'kind': 'binary', 'data': base64.b64encode(data).decode()}
+    assert await walker.externalize_value(value) == value
+    assert media.blobs == {}
+    assert await MediaWalker(media, threshold_bytes=len(data)).externalize(encoded) != encoded
+    assert media.blobs == {media_uri(data): data}
 
 
 @pytest.mark.parametrize('data', ['hello world', 'aGVsbG8', 'aGVs\nbG8=', 'ÿÿ', '', '===='])

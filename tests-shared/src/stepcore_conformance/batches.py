@@ -127,7 +127,7 @@ class BatchWritesConformance(StoreFixtures):
         await store.write_batch(
             [event(run_id, 2)], snapshot=snapshot(run_id, conversation(3), 4, idempotency_key='s:1')
         )
-        snapshots = await store.list_snapshots(run_id)
+        snapshots = await store.list_snapshots(run_id, include_interrupted=True)
         assert [(s.step_index, s.state) for s in snapshots] == [
             (1, SnapshotState.COMPLETE),
             (2, SnapshotState.INTERRUPTED),

@@ -226,7 +226,7 @@ class CapabilityConformance(StoreFixtures):
             return 'fine'
 
         await agent.run('go')
-        snapshots = await store.list_snapshots(run_id)
+        snapshots = await store.list_snapshots(run_id, include_interrupted=True)
         assert snapshots
         assert [(e.persistence_run_id, e.step_index, e.state) for e in seen] == [
             (run_id, s.step_index, s.state) for s in snapshots
@@ -250,7 +250,7 @@ class CapabilityConformance(StoreFixtures):
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
-        await kill_when_ready(child, ready, polls=600, failure='the child process never reached the tool call')
+        await kill_when_ready(child, ready, polls=2400, failure='the child process never reached the tool call')
 
         from stepcore import from_spec
 

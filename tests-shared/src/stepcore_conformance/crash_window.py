@@ -216,7 +216,7 @@ class CrashWindowConformance(StoreFixtures):
                 assert entry.status is ToolEffectStatus.COMPLETED, f'{where}, then written again: {entry}'
                 kinds = [e.kind for e in await reader.list_events(cycle.run_id)]
                 assert kinds == [EventKind.TOOL_CALL_STARTED, EventKind.TOOL_CALL_COMPLETED], f'{where}: {kinds}'
-                steps = [s.step_index for s in await reader.list_snapshots(cycle.run_id)]
+                steps = [s.step_index for s in await reader.list_snapshots(cycle.run_id, include_interrupted=True)]
                 assert steps == [0, 1], f'{where}, then written again: snapshots of steps {steps}'
 
     @needs_feature(PERSISTENT)

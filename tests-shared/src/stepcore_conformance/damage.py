@@ -1,8 +1,10 @@
 """Damaged records: what cannot be read is reported, never hidden, and costs only what needs it.
 
 The policy (`stepcore.engine.damage`): reading a damaged record on its own raises
-`DamagedRecordError` (a `ValueError`) naming the run and the record; the listings `list_runs`,
-`list_events` and `list_snapshots` skip it with one WARNING on the logger `stepcore.engine`; the
+`DamagedRecordError` (a `ValueError`) naming the run and the record and saying whether it is
+`unreadable` (its bytes cannot be had) or `unparsable` (they do not decode: the kit's damage); the
+listings `list_runs`, `list_events` and `list_snapshots` skip it with one WARNING on the logger
+`stepcore.engine` saying the same; the
 ledger is never skipped (a damaged entry raises, since leaving it out could hide an effect in
 flight); every record that is not damaged still reads.
 
@@ -79,7 +81,7 @@ async def _write(store: StepStore) -> _Runs:
         await store.save_snapshot(
             snapshot(run_id, [*second, *tool_exchange(8)[:1]], step_index=3, state=SnapshotState.INTERRUPTED)
         )
-    seqs = [s.seq for s in await store.list_snapshots(target)]
+    seqs = [s.seq for s in await store.list_snapshots(target, include_interrupted=True)]
     known = [s for s in seqs if s is not None]
     assert len(known) == 3, f'snapshots of {target!r} must carry their seq: {seqs}'
     return _Runs(target, other, conversation_id, f'{marker} in {target}', known)
@@ -101,10 +103,13 @@ def _check_warned(found: list[logging.LogRecord], run_id: str, count: int, listi
     )
     for record in found:
         assert run_id in record.getMessage(), f'the warning does not name run {run_id!r}: {record.getMessage()}'
+        # The kit's damage is bytes that read but do not decode: unparsable, not unreadable.
+        assert 'unparsable' in record.getMessage(), f'the warning does not say "unparsable": {record.getMessage()}'
 
 
 def _check_error(error: DamagedRecordError, run_id: str, *names: str) -> None:
     assert error.run_id == run_id, f'DamagedRecordError.run_id is {error.run_id!r}, not {run_id!r}: {error}'
+    assert error.kind == 'unparsable', f'DamagedRecordError.kind is {error.kind!r}, not unparsable: {error}'
     assert run_id in str(error), f'the error does not name run {run_id!r}: {error}'
     for name in names:
         found = re.search(rf'\b{re.escape(name)}\b', error.record) if name.isdigit() else name in error.record
@@ -116,7 +121,7 @@ async def _other_run_reads(store: StepStore, runs: _Runs) -> None:
     assert await store.get_run(runs.other) is not None
     assert len(await store.list_events(runs.other)) == 3
     assert [e.tool_call_id for e in await store.list_tool_effects(runs.other)] == ['c1', 'c2']
-    assert [s.step_index for s in await store.list_snapshots(runs.other)] == [1, 2, 3]
+    assert [s.step_index for s in await store.list_snapshots(runs.other, include_interrupted=True)] == [1, 2, 3]
     latest = await store.latest_snapshot(runs.other)
     assert latest is not None
     assert latest.step_index == 2
@@ -141,7 +146,7 @@ class DamageConformance(StoreFixtures):
         _check_error(raised.value, runs.target, 'run')
         # The run's other records do not need its record.
         assert len(await store.list_events(runs.target)) == 3
-        assert len(await store.list_snapshots(runs.target)) == 3
+        assert len(await store.list_snapshots(runs.target, include_interrupted=True)) == 3
         await _other_run_reads(store, runs)
 
     async def test_damaged_event(
@@ -186,8 +191,12 @@ class DamageConformance(StoreFixtures):
         assert newest is not None, 'the interrupted snapshot after the damaged one must still read'
         assert newest.seq == third
         with _warnings(caplog) as found:
-            listed = [s.seq for s in await store.list_snapshots(runs.target)]
+            listed = [s.seq for s in await store.list_snapshots(runs.target, include_interrupted=True)]
         assert listed == [first, third], f'list_snapshots must skip only the damaged snapshot (seq {second}): {listed}'
+        _check_warned(found, runs.target, 1, 'list_snapshots')
+        with _warnings(caplog) as found:
+            listed = [s.seq for s in await store.list_snapshots(runs.target)]
+        assert listed == [first], f'list_snapshots must skip the damaged snapshot (seq {second}): {listed}'
         _check_warned(found, runs.target, 1, 'list_snapshots')
         await _other_run_reads(store, runs)
 
@@ -203,7 +212,7 @@ class DamageConformance(StoreFixtures):
             await store.latest_snapshot(runs.target, include_interrupted=True)
         _check_error(raised.value, runs.target, 'snapshot', str(third))
         with _warnings(caplog) as found:
-            listed = [s.seq for s in await store.list_snapshots(runs.target)]
+            listed = [s.seq for s in await store.list_snapshots(runs.target, include_interrupted=True)]
         # Both later snapshots hold the damaged message; the first does not.
         assert listed == [first], f'list_snapshots must skip the snapshots holding the damaged message: {listed}'
         _check_warned(found, runs.target, 2, 'list_snapshots')

@@ -43,7 +43,7 @@ async def _state(store: StepStore, run_id: str) -> tuple[Any, ...]:
         await store.get_run(run_id),
         await store.list_events(run_id),
         await store.list_tool_effects(run_id),
-        await store.list_snapshots(run_id),
+        await store.list_snapshots(run_id, include_interrupted=True),
     )
 
 
@@ -51,7 +51,9 @@ async def _check_gone(store: StepStore, run_id: str) -> None:
     assert await store.get_run(run_id) is None, f'the run record of {run_id!r} outlived delete_run'
     assert run_id not in [r.run_id for r in await store.list_runs()]
     assert await store.list_events(run_id) == [], f'events of {run_id!r} outlived delete_run'
-    assert await store.list_snapshots(run_id) == [], f'snapshots of {run_id!r} outlived delete_run'
+    assert await store.list_snapshots(run_id, include_interrupted=True) == [], (
+        f'snapshots of {run_id!r} outlived delete_run'
+    )
     assert await store.latest_snapshot(run_id, include_interrupted=True) is None
     assert await store.list_tool_effects(run_id) == [], f'ledger entries of {run_id!r} outlived delete_run'
     assert await store.list_unresolved_tool_effects(run_id) == []

@@ -40,6 +40,18 @@ class EventsConformance(StoreFixtures):
         listed = await store.list_events(run_id)
         assert _without_seq(listed) == written
 
+    async def test_event_read_back_equals_the_event_written(self, store: StepStore) -> None:
+        # The store assigns `seq`; `==` leaves it out, so a read-back record equals what was written.
+        run_id = await register(store)
+        written = [event(run_id, n, metadata={'n': str(n)}) for n in range(3)]
+        for e in written:
+            await store.append_event(e)
+        listed = await store.list_events(run_id)
+        assert [e.seq for e in written] == [None, None, None]
+        assert all(isinstance(e.seq, int) for e in listed), [e.seq for e in listed]
+        assert listed == written
+        assert listed[0] != written[1], '== must still compare the other fields'
+
     async def test_seq_is_assigned_and_strictly_increasing(self, store: StepStore) -> None:
         run_id = await register(store)
         for n in range(12):

@@ -1,6 +1,7 @@
 """Media externalization through a step store (feature `media_externalization`).
 
-Binary content and strings at or above `media_threshold_bytes` leave the stored snapshot for a
+Binary content and strings at or above `media_threshold_bytes` (binary content counted in bytes,
+strings in UTF-8 bytes) leave the stored snapshot for a
 `MediaStore` and come back exactly on read. Tests run twice: with the backend's default media
 store, and with the kit's `InMemoryMediaStore` passed as `media_store=`, which lets them check
 what was actually externalized.
@@ -59,6 +60,11 @@ def default_media() -> dict[str, Any]:
 def kit_media() -> dict[str, Any]:
     """The kit's `InMemoryMediaStore` (fresh per test), with a low threshold."""
     return {'media_store': InMemoryMediaStore(), 'media_threshold_bytes': THRESHOLD}
+
+
+def kit_media_default_threshold() -> dict[str, Any]:
+    """The kit's `InMemoryMediaStore`, with the default threshold (64 KiB)."""
+    return {'media_store': InMemoryMediaStore()}
 
 
 def kit_media_with_retention() -> dict[str, Any]:
@@ -130,8 +136,9 @@ class MediaExternalizationConformance(StoreFixtures):
         messages = _media_messages()
         await store.save_snapshot(snapshot(run_id, messages))
         blobs = media.blobs
-        for data in (ALL_BYTES, PDF, b'x'):
-            assert blobs.get(media_uri(data)) == data, 'binary content was not externalized'
+        assert blobs.get(media_uri(ALL_BYTES)) == ALL_BYTES, 'binary content above the threshold was not externalized'
+        for data in (PDF, b'x'):
+            assert media_uri(data) not in blobs, 'binary content below the threshold was externalized'
         big_text = ('Large tool output ✓ ' * 200).encode()
         assert blobs.get(media_uri(big_text)) == big_text, 'a string above the threshold was not externalized'
         assert media_uri(b'kept inline') not in blobs
@@ -153,6 +160,64 @@ class MediaExternalizationConformance(StoreFixtures):
         latest = await store.latest_snapshot(run_id)
         assert latest is not None
         assert latest.messages == messages
+
+    @options(kit_media)
+    @needs_feature(MEDIA_EXTERNALIZATION)
+    async def test_binary_threshold_counts_its_bytes(self, store: StepStore, store_options: dict[str, Any]) -> None:
+        media = _kit_media_store(store_options)
+        run_id = await register(store)
+        at_threshold = bytes(range(256)) * (THRESHOLD // 256)
+        # One byte short, although its base64 is a third longer than the threshold.
+        below = at_threshold[:-1]
+        messages: list[ModelMessage] = [
+            ModelRequest(
+                parts=[
+                    UserPromptPart(
+                        content=[
+                            _binary(data=at_threshold, media_type='image/png'),
+                            _binary(data=below, media_type='image/jpeg'),
+                        ],
+                        timestamp=at(0),
+                    )
+                ]
+            )
+        ]
+        await store.save_snapshot(snapshot(run_id, messages))
+        assert media_uri(at_threshold) in media.blobs, 'binary content at the threshold was not externalized'
+        assert media_uri(below) not in media.blobs, 'binary content below the threshold was externalized'
+        assert len(media.blobs) == 1, f'only one payload reaches the threshold: {sorted(media.blobs)}'
+        latest = await store.latest_snapshot(run_id)
+        assert latest is not None
+        assert latest.messages == canonical(messages)
+        assert _binary_data(latest.messages) == [at_threshold, below]
+
+    @options(kit_media_default_threshold)
+    @needs_feature(MEDIA_EXTERNALIZATION)
+    async def test_small_binary_stays_inline_under_the_default_threshold(
+        self, store: StepStore, store_options: dict[str, Any]
+    ) -> None:
+        media = _kit_media_store(store_options)
+        run_id = await register(store)
+        small = bytes(range(256)) * 4  # 1 KiB, the default threshold being 64 KiB
+        large = bytes(range(256)) * 256  # 64 KiB
+        messages: list[ModelMessage] = [
+            ModelRequest(
+                parts=[
+                    UserPromptPart(
+                        content=[
+                            _binary(data=small, media_type='image/png'),
+                            _binary(data=large, media_type='image/png'),
+                        ],
+                        timestamp=at(0),
+                    )
+                ]
+            )
+        ]
+        await store.save_snapshot(snapshot(run_id, messages))
+        assert sorted(media.blobs) == [media_uri(large)], 'only the 64 KiB binary may leave the snapshot'
+        latest = await store.latest_snapshot(run_id)
+        assert latest is not None
+        assert _binary_data(latest.messages) == [small, large]
 
     @BOTH
     @needs_feature(MEDIA_EXTERNALIZATION)

@@ -50,7 +50,7 @@ class HistoryConformance(StoreFixtures):
             newest = await store.latest_snapshot(run_id, include_interrupted=True)
             assert newest is not None
             assert newest.messages == expected[-1]
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id, include_interrupted=True)
         assert [s.messages for s in listed] == expected
         assert [len(s.messages) for s in listed] == [1 + 2 * (step + 1) for step in range(40)]
 

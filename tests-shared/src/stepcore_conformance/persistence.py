@@ -47,7 +47,9 @@ class PersistenceConformance(StoreFixtures):
             assert await other.get_run(run_id) == record
             assert await other.list_runs(conversation_id=record.conversation_id) == [record]
             assert await other.list_events(run_id) == await store.list_events(run_id)
-            assert await other.list_snapshots(run_id) == await store.list_snapshots(run_id)
+            assert await other.list_snapshots(run_id, include_interrupted=True) == await store.list_snapshots(
+                run_id, include_interrupted=True
+            )
             assert [r.tool_call_id for r in await other.list_unresolved_tool_effects(run_id)] == ['call-1']
             # The second store knows the keys and the registration the first one applied.
             await other.append_event(event(run_id, 2, idempotency_key='e1'))

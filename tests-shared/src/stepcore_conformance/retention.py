@@ -41,7 +41,7 @@ class RetentionConformance(StoreFixtures):
             await store.save_snapshot(snapshot(run_id, conversation(step), step_index=step, state=state, **fields))
 
     async def _retained_steps(self, store: StepStore, run_id: str) -> list[int]:
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id, include_interrupted=True)
         for s in listed:
             assert s.messages == conversation(s.step_index), f'snapshot of step {s.step_index} changed after pruning'
         return [s.step_index for s in listed]
@@ -139,10 +139,17 @@ class RetentionConformance(StoreFixtures):
         listed = await store.list_snapshots(run_id)
         assert [s.messages for s in listed] == [conversation(8), [*conversation(8), *conversation(1, tag='more')]]
 
-    @options({'max_snapshots_per_run': 0}, {'max_snapshots_per_run': -1})
+    @options(
+        {'max_snapshots_per_run': 0},
+        {'max_snapshots_per_run': -1},
+        {'max_snapshots_per_run': False},
+        {'max_snapshots_per_run': 1.5},
+        {'max_snapshots_per_run': '2'},
+        {'max_snapshots_per_run': True},
+    )
     @feature_test(SNAPSHOT_RETENTION)
     def test_invalid_bound_is_rejected(self, request: pytest.FixtureRequest, store_options: dict[str, Any]) -> None:
-        bound = store_options['max_snapshots_per_run']
+        bound: object = store_options['max_snapshots_per_run']
         rejection: ValueError | None = None
         try:
             request.getfixturevalue('store')
@@ -151,6 +158,14 @@ class RetentionConformance(StoreFixtures):
         except ValueError as error:
             rejection = error
         if rejection is None:
-            pytest.fail(f'max_snapshots_per_run={bound} was accepted; it must raise ValueError')
-        assert 'max_snapshots_per_run' in str(rejection), f'the error does not name the option: {rejection}'
-        assert str(bound) in str(rejection), f'the error does not show the value {bound}: {rejection}'
+            pytest.fail(f'max_snapshots_per_run={bound!r} was accepted; it must raise ValueError')
+        # The phrases callers match on: one for a value of another type (a bool is not a count),
+        # one for an int below 1 (False counts as 0).
+        is_count = isinstance(bound, int) and not isinstance(bound, bool)
+        phrase = (
+            'max_snapshots_per_run must be >= 1'
+            if bound is False or is_count
+            else 'max_snapshots_per_run must be an int'
+        )
+        assert phrase in str(rejection), f'the error does not say {phrase!r}: {rejection}'
+        assert repr(bound) in str(rejection), f'the error does not show the value {bound!r}: {rejection}'

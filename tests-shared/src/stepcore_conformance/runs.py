@@ -50,7 +50,7 @@ class RunsConformance(StoreFixtures):
 
     async def test_duplicate_run_id_raises_value_error(self, store: StepStore) -> None:
         run_id = await register(store, agent_name='first')
-        with pytest.raises(ValueError, match=run_id):
+        with pytest.raises(ValueError, match=rf"{run_id}'? is already in the store"):
             await store.register_run(RunRecord(run_id=run_id, agent_name='second', started_at=at(5)))
         stored = await store.get_run(run_id)
         assert stored is not None
@@ -58,7 +58,7 @@ class RunsConformance(StoreFixtures):
 
     async def test_duplicate_with_a_different_registration_id_raises(self, store: StepStore) -> None:
         run_id = await register(store, registration_id='reg-a')
-        with pytest.raises(ValueError, match=run_id):
+        with pytest.raises(ValueError, match=rf"{run_id}'? is already in the store"):
             await store.register_run(RunRecord(run_id=run_id, registration_id='reg-b', started_at=at(0)))
 
     async def test_duplicate_without_registration_id_raises_even_if_stored_has_one(self, store: StepStore) -> None:

@@ -67,6 +67,19 @@ class SnapshotsConformance(StoreFixtures):
         listed = await store.list_snapshots(run_id)
         assert listed == [latest]
 
+    async def test_snapshot_read_back_equals_the_snapshot_written(self, store: StepStore) -> None:
+        # The store assigns `seq`; `==` leaves it out, so a read-back record equals what was written.
+        run_id = await register(store)
+        saved = snapshot(run_id, conversation(2), step_index=3, metadata={'k': 'v'}, idempotency_key='eq-1')
+        await store.save_snapshot(saved)
+        latest = await store.latest_snapshot(run_id)
+        assert latest is not None
+        assert saved.seq is None
+        assert isinstance(latest.seq, int)
+        assert latest == saved
+        assert await store.list_snapshots(run_id) == [saved]
+        assert latest != saved.model_copy(update={'step_index': 4}), '== must still compare the other fields'
+
     async def test_reads_of_unknown_run(self, store: StepStore) -> None:
         missing = new_id('missing')
         assert await store.latest_snapshot(missing) is None
@@ -179,14 +192,29 @@ class SnapshotsConformance(StoreFixtures):
             assert latest is not None
             assert latest.step_index == 2
 
-    async def test_list_snapshots_keeps_every_state_in_seq_order(self, store: StepStore) -> None:
+    async def test_list_snapshots_gives_complete_ones_unless_asked(self, store: StepStore) -> None:
         run_id = await register(store)
         states = [COMPLETE, INTERRUPTED, INTERRUPTED, COMPLETE, INTERRUPTED]
         for step, state in enumerate(states):
             await store.save_snapshot(snapshot(run_id, conversation(step), step_index=step, state=state))
         listed = await store.list_snapshots(run_id)
-        assert [s.state for s in listed] == states
-        assert [s.step_index for s in listed] == list(range(5))
+        assert [(s.step_index, s.state) for s in listed] == [(0, COMPLETE), (3, COMPLETE)], (
+            'list_snapshots(run_id) must give only the complete snapshots, in write order'
+        )
+        assert [s.messages for s in listed] == [conversation(0), conversation(3)]
+        assert await store.list_snapshots(run_id, include_interrupted=False) == listed
+        everything = await store.list_snapshots(run_id, include_interrupted=True)
+        assert [s.state for s in everything] == states, (
+            'list_snapshots(run_id, include_interrupted=True) must give every snapshot, in write order'
+        )
+        assert [s.step_index for s in everything] == list(range(5))
+        assert [s.messages for s in everything] == [conversation(step) for step in range(5)]
+
+    async def test_list_snapshots_of_a_run_with_only_interrupted_ones(self, store: StepStore) -> None:
+        run_id = await register(store)
+        await store.save_snapshot(snapshot(run_id, conversation(1), state=INTERRUPTED))
+        assert await store.list_snapshots(run_id) == []
+        assert [s.state for s in await store.list_snapshots(run_id, include_interrupted=True)] == [INTERRUPTED]
 
     async def test_applied_snapshot_key_is_suppressed(self, store: StepStore) -> None:
         run_id = await register(store)

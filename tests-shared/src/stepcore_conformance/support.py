@@ -62,12 +62,17 @@ async def kill_when_ready(
                 break
             await asyncio.sleep(0.05)
         if not ready.exists():
+            # Stop it first: a process still on its way would keep its stderr open, and reading to
+            # the end would wait for it forever.
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
             assert process.stderr is not None
             if process.returncode is None:
                 process.kill()  # its stderr ends only when it does
                 await process.wait()
             detail = (await process.stderr.read()).decode()[-stderr_tail:]
-            pytest.fail(f'{failure}: {detail}')
+            pytest.fail(f'{failure} (within {polls * 0.05:.0f} s): {detail}')
         os.kill(process.pid, signal.SIGKILL)
         assert await process.wait() == -signal.SIGKILL
     finally:
@@ -120,7 +125,7 @@ async def check_tool_steps(store: StepStore, run_id: str, steps: int) -> None:
     assert [e.tool_call_id for e in effects] == [f'{run_id}-{i}' for i in range(steps)]
     assert all(e.status is ToolEffectStatus.COMPLETED for e in effects)
     assert await store.list_unresolved_tool_effects(run_id) == []
-    snapshots = await store.list_snapshots(run_id)
+    snapshots = await store.list_snapshots(run_id, include_interrupted=True)
     seqs = [s.seq for s in snapshots if s.seq is not None]
     assert len(seqs) == len(snapshots)  # every listed snapshot carries its store-assigned seq
     assert seqs == sorted(set(seqs))  # increasing per run; gapless is a backend's own promise, if it makes it

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from stepcore import ContinuableSnapshot, RunRecord, StepEvent, StepStore, ToolEffectRecord
+from stepcore import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, StepStore, ToolEffectRecord
 from stepcore.codec import decode_messages, encode_messages
 from stepcore.features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from stepcore.registration import check_registration
@@ -104,8 +104,12 @@ class DictStepStore(StepStore):
     def _load(stored: _Stored) -> ContinuableSnapshot:
         return stored.header.model_copy(update={'messages': decode_messages(stored.messages)}, deep=True)
 
-    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
-        return [self._load(s) for s in self._run(run_id).snapshots]
+    async def list_snapshots(self, run_id: str, *, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
+        return [
+            self._load(s)
+            for s in self._run(run_id).snapshots
+            if include_interrupted or s.header.state is SnapshotState.COMPLETE
+        ]
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         self._run(record.run_id).effects[record.tool_call_id] = record.model_copy(deep=True)

@@ -2,7 +2,8 @@
 `snapshots/<seq>.json`), and how a record's body becomes a line or a file.
 
 A file that cannot be read is handed to the engine as a body that raises when read, saying why
-(`Unreadable`), so the engine's damage policy applies to it like to any damaged record.
+(`Unreadable` when the file itself cannot be read, `Unparsable` when its content cannot be taken
+apart), so the engine's damage policy applies to it like to any damaged record.
 """
 
 from __future__ import annotations
@@ -97,15 +98,11 @@ def snapshot_document(head: int | None, length: int, header: Body, seq: int) -> 
 def read_snapshot(path: Path) -> tuple[int | None, int, dict[str, Any]]:
     """`(head, length, header)` of a snapshot file.
 
-    `FileNotFoundError` when it is gone, `Uncommitted` when it is empty (its write never reached
-    the disk), `ValueError` when it is damaged.
+    `FileNotFoundError` when it is gone, another `OSError` when it cannot be read (a directory in
+    its place, say), `Uncommitted` when it is empty (its write never reached the disk),
+    `ValueError` when its content is damaged.
     """
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise ValueError(f'snapshot file {str(path)!r} is unreadable ({type(exc).__name__}: {exc.strerror})') from None
+    raw = path.read_bytes()
     if not raw.strip(b'\x00'):
         raise Uncommitted(f'snapshot file {str(path)!r} is empty: its write never reached the disk')
     try:
@@ -116,7 +113,7 @@ def read_snapshot(path: Path) -> tuple[int | None, int, dict[str, Any]]:
             'previous snapshot'
         ) from None
     if not isinstance(document, dict):
-        raise ValueError(f'snapshot file {str(path)!r} is unreadable: it does not hold a JSON object; delete it')
+        raise ValueError(f'snapshot file {str(path)!r} is unparsable: it does not hold a JSON object; delete it')
     content = cast(dict[str, Any], document)
     check_format_version(content.get(FORMAT_KEY), what=f'snapshot file {str(path)!r}')
     head, length, header = content.get('head'), content.get('length'), content.get('snapshot')
@@ -128,7 +125,7 @@ def read_snapshot(path: Path) -> tuple[int | None, int, dict[str, Any]]:
         or not isinstance(header, dict)
     ):
         raise ValueError(
-            f'snapshot file {str(path)!r} is unreadable: it lacks a valid head, length or snapshot; delete it'
+            f'snapshot file {str(path)!r} is unparsable: it lacks a valid head, length or snapshot; delete it'
         )
     return head, length, cast(dict[str, Any], header)
 

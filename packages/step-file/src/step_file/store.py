@@ -333,7 +333,7 @@ class FilePort(SyncPort):
             while os.path.exists(run.snapshot(seq)):
                 try:
                     _, _, header = read_snapshot(run.snapshot(seq))
-                except (FileNotFoundError, ValueError):  # gone, never committed, or damaged: no key to keep
+                except (OSError, ValueError):  # gone, unreadable, never committed or damaged: no key to keep
                     header = {}
                 key = header.get('idempotency_key')
                 state = header.get('state')
@@ -375,10 +375,23 @@ class FilePort(SyncPort):
         return ids
 
     def delete_snapshots(self, tx: _Tx, op: ops.DeleteSnapshots) -> None:
+        """Unlink the pruned snapshot files; one that cannot be unlinked (a directory in its place, say)
+        is left with a warning: the save that prunes it is already written, and must not fail now."""
         run = self._run(op.run_id)
         for seq in op.seqs:
-            with contextlib.suppress(FileNotFoundError):
-                run.snapshot(seq).unlink()
+            path = run.snapshot(seq)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                logger.warning(
+                    'step_file: snapshot %s is pruned but cannot be removed (%s: %s): it is unreadable; '
+                    'remove it by hand',
+                    path,
+                    type(exc).__name__,
+                    exc.strerror,
+                )
             run.keys.seen.states.pop(seq, None)
 
     def list_snapshots(self, tx: _Tx, op: ops.ListSnapshots) -> list[ops.SnapshotRow]:
@@ -402,19 +415,23 @@ class FilePort(SyncPort):
         """Snapshot `seq`'s row; `None` when it is gone, was never committed (logged) or is not
         complete while `complete_only`.
 
-        A damaged file gives a row with state `''` (unknown, so it is never filtered out) whose body
-        raises when read.
+        A file that cannot be read, or whose content is damaged, gives a row with state `''`
+        (unknown, so it is never filtered out) whose body the engine reports as unreadable or
+        unparsable.
         """
         run_id, path = run.folder.name, run.snapshot(seq)
         try:
             head, length, header = read_snapshot(path)
         except FileNotFoundError:
             return None  # pruned meanwhile
+        except OSError as exc:
+            reason = f'snapshot file {str(path)!r} is unreadable ({type(exc).__name__}: {exc.strerror})'
+            return ops.SnapshotRow(run_id, '', None, 0, 0, ops.Unreadable(reason), seq=seq)
         except Uncommitted as exc:
             logger.warning('step_file: passing over snapshot %s: %s', path, exc)
             return None
         except ValueError as exc:
-            return ops.SnapshotRow(run_id, '', None, 0, 0, ops.Unreadable(str(exc)), seq=seq)
+            return ops.SnapshotRow(run_id, '', None, 0, 0, ops.Unparsable(str(exc)), seq=seq)
         state = header.get('state')
         state = cast(str, state) if state in STATES else ''  # unknown: the engine reports it when read
         if complete_only and state not in (SnapshotState.COMPLETE.value, ''):
@@ -458,8 +475,8 @@ class FileStepStore(EngineStore):
       snapshots are pruned, so a replayed save stays suppressed.
 
     Saving a step appends only the messages that are new since the previous save (see
-    `stepcore.history`), so bytes grow linearly with the run. Bytes (`BinaryContent` and strings of
-    `media_threshold_bytes` or more) go to `media_store`, by default a `DiskMediaStore` in
+    `stepcore.history`), so bytes grow linearly with the run. Payloads of `media_threshold_bytes` or
+    more (`BinaryContent` data and strings) go to `media_store`, by default a `DiskMediaStore` in
     `<directory>/media`; pass `media_store=None` to keep them inline.
 
     Several processes may share one directory: every write to a run happens under an exclusive

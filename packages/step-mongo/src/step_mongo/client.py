@@ -1,27 +1,46 @@
-"""Choosing the `AsyncMongoClient` and database a store works on."""
+"""Choosing the async MongoDB client and database a store works on.
+
+A store takes any client with pymongo's async API: a `pymongo.AsyncMongoClient`, or another object
+that hands out databases whose collections have the async collection methods (`insert_one`,
+`find`, `bulk_write`, ...) — a driver's wrapper, a proxy that adds tracing, a Motor client. Databases
+are obtained with `get_database(name, codec_options=...)` when the client has it, else with
+`client[name]`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient
+from pymongo import MongoClient as SyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 __all__ = (
     'CODEC_OPTIONS',
     'DEFAULT_DATABASE',
+    'AsyncClient',
     'ClientUser',
     'Document',
     'MongoClient',
+    'check_client',
     'open_client',
     'resolve_database',
 )
 
 Document = dict[str, Any]
 MongoClient = AsyncMongoClient[Any]
-"""Any async client: the stores read through their own codec options, whatever the client's are."""
+"""pymongo's async client: the stores read through their own codec options, whatever the client's are."""
+
+
+class AsyncClient(Protocol):
+    """What a store needs of a client given as `client=`: databases by name, with pymongo's async
+    collection API (`AsyncMongoClient` is one; so is any object that delegates to one)."""
+
+    def __getitem__(self, name: str, /) -> Any: ...
+
 
 DEFAULT_DATABASE = 'stepcore'
 """Database used when neither `database=` nor the connection string names one."""
@@ -30,17 +49,42 @@ CODEC_OPTIONS: CodecOptions[Document] = CodecOptions(document_class=dict, tz_awa
 """How the stores decode documents, independent of a shared client's own codec options."""
 
 
-def open_client(owner: str, client: MongoClient | None, db_url: str | None) -> tuple[MongoClient, bool]:
+def check_client(owner: str, client: object) -> AsyncClient:
+    """`client` when it can hand out databases (`get_database` or `client[name]`); `TypeError` otherwise.
+
+    pymongo's synchronous `MongoClient` is refused by name: its collection methods do not return
+    awaitables, so every store call would fail later, far from the cause.
+    """
+    if isinstance(client, AsyncMongoClient):
+        return cast(AsyncClient, client)
+    if isinstance(client, SyncMongoClient):
+        raise TypeError(
+            f'{owner} got a synchronous pymongo.MongoClient as client=: the store is async, pass a '
+            'pymongo.AsyncMongoClient (or db_url=) instead'
+        )
+    if isinstance(client, str | bytes):
+        raise TypeError(
+            f'{owner} got a {type(client).__name__} as client=: pass a connection string as db_url=, or a '
+            'pymongo.AsyncMongoClient as client='
+        )
+    hands_out_databases = callable(getattr(client, 'get_database', None)) or callable(
+        getattr(type(client), '__getitem__', None)
+    )
+    if hands_out_databases and not isinstance(client, Sequence):
+        return cast(AsyncClient, client)
+    raise TypeError(
+        f'{owner} needs an async MongoDB client as client=, got {type(client).__name__}: pass a '
+        'pymongo.AsyncMongoClient, an object with its get_database(name) / client[name] API whose collections '
+        'are async, or db_url= instead'
+    )
+
+
+def open_client(owner: str, client: object | None, db_url: str | None) -> tuple[AsyncClient, bool]:
     """The client to use and whether the store owns it (created it from `db_url`)."""
     if client is not None and db_url is not None:
         raise ValueError(f'{owner} takes client= or db_url=, not both: pass a shared client or a connection string')
     if client is not None:
-        if not isinstance(cast(object, client), AsyncMongoClient):
-            raise TypeError(
-                f'{owner} needs a pymongo AsyncMongoClient as client=, got {type(client).__name__}: '
-                'create one with pymongo.AsyncMongoClient(url) or pass db_url= instead'
-            )
-        return client, False
+        return check_client(owner, client), False
     if db_url is None:
         raise ValueError(
             f'{owner} needs client= (a shared pymongo AsyncMongoClient) or db_url= (a connection string such as '
@@ -50,21 +94,36 @@ def open_client(owner: str, client: MongoClient | None, db_url: str | None) -> t
         raise ValueError(
             f"{owner} got db_url={db_url!r}: expected a 'mongodb://' or 'mongodb+srv://' connection string"
         )
-    return AsyncMongoClient[Document](db_url), True
+    return cast(AsyncClient, AsyncMongoClient[Document](db_url)), True
 
 
-def resolve_database(client: MongoClient, database: str | None) -> AsyncDatabase[Document]:
+def _check_name(database: str) -> str:
+    if not database or any(c in database for c in '/\\. "$\x00'):
+        raise ValueError(
+            f'database={database!r} is not a valid MongoDB database name: use a non-empty name without '
+            '/ \\ . space " $ or NUL'
+        )
+    return database
+
+
+def _with_codec(db: Any) -> AsyncDatabase[Document]:
+    """`db` reading through `CODEC_OPTIONS` where it can be given them (`with_options`)."""
+    with_options = getattr(db, 'with_options', None)
+    return cast(AsyncDatabase[Document], with_options(codec_options=CODEC_OPTIONS) if callable(with_options) else db)
+
+
+def resolve_database(client: AsyncClient, database: str | None) -> AsyncDatabase[Document]:
     """`database`, else the one named in the connection string, else `DEFAULT_DATABASE`."""
     if database is not None:
-        if not database or any(c in database for c in '/\\. "$\x00'):
-            raise ValueError(
-                f'database={database!r} is not a valid MongoDB database name: use a non-empty name without '
-                '/ \\ . space " $ or NUL'
-            )
-        return cast(AsyncDatabase[Document], client.get_database(database, codec_options=CODEC_OPTIONS))
-    return cast(
-        AsyncDatabase[Document], client.get_default_database(default=DEFAULT_DATABASE, codec_options=CODEC_OPTIONS)
-    )
+        name = _check_name(database)
+        get_database = getattr(client, 'get_database', None)
+        if callable(get_database):
+            return cast(AsyncDatabase[Document], get_database(name, codec_options=CODEC_OPTIONS))
+        return _with_codec(client[name])
+    get_default = getattr(client, 'get_default_database', None)
+    if callable(get_default):
+        return cast(AsyncDatabase[Document], get_default(default=DEFAULT_DATABASE, codec_options=CODEC_OPTIONS))
+    return _with_codec(client[DEFAULT_DATABASE])
 
 
 class ClientUser:
@@ -74,18 +133,23 @@ class ClientUser:
     store, a client the store created from `db_url=` is closed by `aclose()`.
     """
 
-    _client: MongoClient
+    _client: AsyncClient
     _owns_client: bool
     _db: AsyncDatabase[Document]
 
-    def _use_client(self, owner: str, client: MongoClient | None, db_url: str | None, database: str | None) -> None:
+    def _use_client(self, owner: str, client: object | None, db_url: str | None, database: str | None) -> None:
         self._client, self._owns_client = open_client(owner, client, db_url)
         self._db = resolve_database(self._client, database)
 
     @property
-    def client(self) -> MongoClient:
-        """The `AsyncMongoClient` this store uses."""
+    def client(self) -> Any:
+        """The client this store uses: the one given as `client=`, or the `AsyncMongoClient` it created."""
         return self._client
+
+    @property
+    def database(self) -> AsyncDatabase[Document]:
+        """The database this store uses, reading through `CODEC_OPTIONS`."""
+        return self._db
 
     @property
     def database_name(self) -> str:
@@ -94,4 +158,4 @@ class ClientUser:
     async def aclose(self) -> None:
         """Close the client if this store created it from `db_url`; a given client stays open."""
         if self._owns_client:
-            await self._client.close()
+            await cast(MongoClient, self._client).close()

@@ -25,7 +25,7 @@ from typing import Any, Final, cast
 
 from bson.binary import Binary
 
-from stepcore.engine.ops import Body, EffectRow, EventRow, Node, RunRow, SnapshotRow, Unreadable
+from stepcore.engine.ops import Body, EffectRow, EventRow, Node, RunRow, SnapshotRow, Unparsable
 
 from .client import Document
 
@@ -95,7 +95,7 @@ def _body(doc: Document, legacy: Iterable[str] = ()) -> Body:
         if 'args_json' in data:
             data['args'] = json.loads(cast(str, data.pop('args_json')))
     except _CONVERSION_ERRORS as error:
-        return Unreadable(
+        return Unparsable(
             f'its document (written before record bodies) does not convert: {type(error).__name__}: {error}'
         )
     return data
@@ -186,7 +186,7 @@ def snapshot_row(doc: Document) -> SnapshotRow:
     body = _body(doc, ('created_at',))
     if not (head is None or type(head) is int) or type(length) is not int or length < 0:
         # the chain cannot be followed: the snapshot reads as damaged instead of as a shorter history
-        body = Unreadable(f'its document has head={head!r} and length={length!r}: expected a node id and a count')
+        body = Unparsable(f'its document has head={head!r} and length={length!r}: expected a node id and a count')
         head, length = None, 0
     if isinstance(body, dict):  # converted from a document written before bodies
         body = {k: v for k, v in body.items() if k not in ('head', 'length')}

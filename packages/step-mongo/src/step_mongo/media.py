@@ -33,7 +33,7 @@ from stepcore.media import (
 )
 from stepcore.setup_once import SetupOnce
 
-from .client import ClientUser, Document, MongoClient
+from .client import AsyncClient, ClientUser, Document
 from .indexes import ensure_indexes
 
 __all__ = ('DEFAULT_CHUNK_SIZE_BYTES', 'MAX_CHUNK_SIZE_BYTES', 'MongoMediaStore')
@@ -48,8 +48,9 @@ _DUPLICATE_KEY = 11000
 class MongoMediaStore(ClientUser, MediaStore):
     """Blobs in a MongoDB database, deduplicated by their sha256 digest.
 
-    Pass a shared `pymongo.AsyncMongoClient` as `client=` (never closed by this store) or a
-    connection string as `db_url=` (the store owns that client: `await store.aclose()`).
+    Pass a shared client as `client=` (never closed by this store: a `pymongo.AsyncMongoClient` or
+    any object with its async API, as for `MongoStepStore`) or a connection string as `db_url=`
+    (the store owns that client: `await store.aclose()`).
     Each blob is held whole in memory on put and get.
     """
 
@@ -58,7 +59,7 @@ class MongoMediaStore(ClientUser, MediaStore):
     def __init__(
         self,
         *,
-        client: MongoClient | None = None,
+        client: AsyncClient | None = None,
         db_url: str | None = None,
         database: str | None = None,
         collection: str = 'media',

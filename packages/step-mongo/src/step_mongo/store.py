@@ -47,7 +47,7 @@ from stepcore.retention import check_max_snapshots
 from stepcore.setup_once import SetupOnce
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 
-from .client import ClientUser, Document, MongoClient
+from .client import AsyncClient, ClientUser, Document
 from .documents import (
     NODE_PIECE_BYTES,
     effect_document,
@@ -352,8 +352,10 @@ _DEFAULT_MEDIA: Final = _DefaultMedia()
 class MongoStepStore(ClientUser, EngineStore):
     """Step persistence in MongoDB through pymongo's native async client.
 
-    Pass a shared `pymongo.AsyncMongoClient` as `client=` (never closed by this store) or a
-    connection string as `db_url=` (the store owns that client: `await store.aclose()`).
+    Pass a shared client as `client=` (never closed by this store) or a connection string as
+    `db_url=` (the store owns that client: `await store.aclose()`). The shared client is a
+    `pymongo.AsyncMongoClient` or any object with its API (`get_database(name)` or `client[name]`
+    giving databases whose collections are async), such as a wrapper that delegates to one.
     `database` defaults to the one named in the connection string, else `stepcore`.
 
     By default, binary content and strings of `media_threshold_bytes` or more are externalized to
@@ -367,7 +369,7 @@ class MongoStepStore(ClientUser, EngineStore):
     def __init__(
         self,
         *,
-        client: MongoClient | None = None,
+        client: AsyncClient | None = None,
         db_url: str | None = None,
         database: str | None = None,
         media_store: MediaStore | _DefaultMedia | None = _DEFAULT_MEDIA,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_ai.messages import ModelMessage
@@ -64,6 +64,25 @@ class ToolEffectStatus(StrEnum):
 class _Record(BaseModel):
     model_config = ConfigDict(extra='ignore', validate_assignment=False, use_enum_values=False)
 
+    store_assigned: ClassVar[frozenset[str]] = frozenset()
+    """Fields the store fills in when it writes the record; `==` leaves them out."""
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every field but the store-assigned ones is equal.
+
+        A record read back from a store equals the record that was written, although the store
+        gave it a `seq` on the way.
+        """
+        if not isinstance(other, BaseModel):
+            return NotImplemented
+        if type(other) is not type(self):
+            return False
+        skip = self.store_assigned
+        if not skip:
+            return super().__eq__(other)
+        mine, theirs = self.__dict__, other.__dict__
+        return all(mine.get(name) == theirs.get(name) for name in type(self).model_fields if name not in skip)
+
 
 class RunRecord(_Record):
     """One `Agent.run` call and its lineage."""
@@ -100,7 +119,9 @@ class StepEvent(_Record):
     idempotency_key: str | None = None
     """A key the store already applied for this run is suppressed; `None` always appends."""
     seq: int | None = None
-    """Position in the run's event trail, assigned by the store on append."""
+    """Position in the run's event trail, assigned by the store on append (not compared by `==`)."""
+
+    store_assigned: ClassVar[frozenset[str]] = frozenset({'seq'})
 
 
 class ContinuableSnapshot(_Record):
@@ -120,7 +141,9 @@ class ContinuableSnapshot(_Record):
     idempotency_key: str | None = None
     """A key the store already applied for this run is suppressed; `None` always saves."""
     seq: int | None = None
-    """Per-run monotonic position, assigned by the store on save."""
+    """Per-run monotonic position, assigned by the store on save (not compared by `==`)."""
+
+    store_assigned: ClassVar[frozenset[str]] = frozenset({'seq'})
 
 
 class ToolEffectRecord(_Record):

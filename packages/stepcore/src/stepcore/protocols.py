@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, ClassVar, Self, TypeAlias
+from typing import Any, ClassVar, Self, TypeAlias, cast
 
 from .models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, ToolEffectStatus
 
@@ -52,7 +54,9 @@ class StepStore(ABC):
     - `save_snapshot` copies: mutating the messages afterwards does not change what is stored.
       The store assigns a per-run monotonic `seq`.
     - `latest_snapshot` returns the newest `complete` snapshot, or the newest of any state with
-      `include_interrupted=True`; `None` when there is none.
+      `include_interrupted=True`; `None` when there is none. `list_snapshots` filters the same
+      way: the `complete` snapshots by default, all of them with `include_interrupted=True`, in
+      write order.
     - `record_tool_effect` upserts on `(run_id, tool_call_id)`: the latest write wins.
     - `write_batch` writes its snapshot before its records, atomically where the backend can: a
       `completed` ledger entry never becomes durable before the snapshot that holds its result.
@@ -106,15 +110,14 @@ class StepStore(ABC):
         """Store a copy of the snapshot (suppressed when its idempotency key was applied)."""
 
     @abstractmethod
-    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
-        """The run's retained snapshots, oldest `seq` first."""
+    async def list_snapshots(self, run_id: str, *, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
+        """The run's retained `complete` snapshots, or all of them with `include_interrupted=True`,
+        oldest `seq` first (write order)."""
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         """The newest complete snapshot, or the newest of any state with `include_interrupted=True`."""
-        for snapshot in reversed(await self.list_snapshots(run_id)):
-            if include_interrupted or snapshot.state is SnapshotState.COMPLETE:
-                return snapshot
-        return None
+        found = await self.list_snapshots(run_id, include_interrupted=include_interrupted)
+        return found[-1] if found else None
 
     # -- tool effects -------------------------------------------------------------------------
 
@@ -181,3 +184,43 @@ class StepStore(ABC):
         features: object = cls.__dict__.get('features', cls.features)
         if not isinstance(features, frozenset):
             raise TypeError(f'{cls.__name__}.features must be a frozenset of feature names, got {features!r}')
+        own: object = cls.__dict__.get('list_snapshots')
+        if callable(own) and not _takes_include_interrupted(own):
+            cls.list_snapshots = _filtered(cls.__name__, own)  # pyright: ignore[reportAttributeAccessIssue]
+            warnings.warn(
+                f'{cls.__qualname__}.list_snapshots takes no include_interrupted keyword (the earlier signature): '
+                'stepcore takes its answer as every snapshot of the run and keeps only the complete ones unless '
+                'include_interrupted=True is passed. Declare it as '
+                '`async def list_snapshots(self, run_id, *, include_interrupted=False)` and filter in the store.',
+                DeprecationWarning,
+                stacklevel=3,
+            )
+
+
+ListAll: TypeAlias = Callable[[Any, str], Awaitable[list[ContinuableSnapshot]]]
+"""A store's `list_snapshots(self, run_id)` of the earlier signature: every snapshot of the run."""
+
+
+def _takes_include_interrupted(method: Callable[..., object]) -> bool:
+    """Whether a `list_snapshots` override accepts `include_interrupted=` (by name or through `**kwargs`)."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return True  # no signature to read: call it as the contract says
+    return 'include_interrupted' in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _filtered(owner: str, list_all: Callable[..., object]) -> Callable[..., Awaitable[list[ContinuableSnapshot]]]:
+    """`list_snapshots` of the current signature over an override of the earlier one, which answers
+    every snapshot: the complete ones are kept unless `include_interrupted=True`."""
+    every = cast(ListAll, list_all)
+
+    async def list_snapshots(self: Any, run_id: str, *, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
+        found = await every(self, run_id)
+        if include_interrupted:
+            return found
+        return [s for s in found if SnapshotState(s.state) is SnapshotState.COMPLETE]
+
+    list_snapshots.__qualname__ = f'{owner}.list_snapshots'
+    list_snapshots.__doc__ = list_all.__doc__
+    return list_snapshots

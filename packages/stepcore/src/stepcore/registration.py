@@ -10,8 +10,8 @@ __all__ = ('check_registration', 'duplicate_run_error')
 def duplicate_run_error(run_id: str) -> ValueError:
     """The error for a run id that is already registered by another registration."""
     return ValueError(
-        f'run_id {run_id!r} is already registered: each Agent.run needs its own run_id '
-        '(use conversation_id= to group several runs)'
+        f'run_id {run_id!r} is already in the store (registered by another run): each Agent.run needs its own '
+        'run_id (use conversation_id= to group several runs)'
     )
 
 

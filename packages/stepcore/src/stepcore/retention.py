@@ -10,11 +10,25 @@ __all__ = ('check_max_snapshots', 'snapshots_to_prune')
 
 
 def check_max_snapshots(value: int | None) -> int | None:
-    """Validate a `max_snapshots_per_run` option: `None` (unbounded) or an integer >= 1."""
+    """Validate a `max_snapshots_per_run` option: `None` (unbounded) or an integer >= 1.
+
+    The messages carry the phrases callers match on: "max_snapshots_per_run must be an int" for a
+    value of another type (a bool included: `True` is not a count), "max_snapshots_per_run must
+    be >= 1" for an int below 1 (and for `False`, which is 0).
+    """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise ValueError(f'max_snapshots_per_run={value!r} must be None (keep all) or an integer >= 1')
+    candidate: object = value
+    if candidate is False or (isinstance(candidate, int) and not isinstance(candidate, bool) and candidate < 1):
+        raise ValueError(
+            f'max_snapshots_per_run must be >= 1 or None, got {value!r}: pass how many snapshots to keep per run, '
+            'or None to keep every snapshot'
+        )
+    if isinstance(candidate, bool) or not isinstance(candidate, int):
+        raise ValueError(
+            f'max_snapshots_per_run must be an int >= 1 or None, got {value!r} ({type(candidate).__name__}): '
+            'pass how many snapshots to keep per run, or None to keep every snapshot'
+        )
     return value
 
 

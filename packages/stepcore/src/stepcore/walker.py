@@ -1,7 +1,8 @@
 """Media externalization: large payloads leave the stored message JSON for a `MediaStore`.
 
-`BinaryContent.data` and any string at or above the threshold (UTF-8 bytes) are replaced by a
-marker holding a `media+sha256://<hex>` URI; `restore` puts the original values back. A payload
+`BinaryContent.data` of at least the threshold (decoded bytes) and any other string at or above it
+(UTF-8 bytes) are replaced by a marker holding a `media+sha256://<hex>` URI; `restore` puts the
+original values back. Binary content below the threshold stays inline, base64 and all. A payload
 that itself uses one of the marker's reserved keys is escaped on the way out and restored on the
 way back, so user data can never be mistaken for a marker.
 """
@@ -90,7 +91,9 @@ class MediaWalker:
             return True
         if self.media_store is None:
             return False
-        return len(encoded) >= self.threshold_bytes or b'"binary"' in encoded
+        # A payload at or above the threshold (binary content's base64 is longer than its bytes)
+        # makes the encoded message at least as long.
+        return len(encoded) >= self.threshold_bytes
 
     async def externalize(self, encoded: bytes) -> bytes:
         """The stored form of one encoded message (compact JSON bytes)."""
@@ -134,7 +137,11 @@ class MediaWalker:
         binary = self.media_store is not None and value.get('kind') == 'binary' and isinstance(value.get('data'), str)
         for key, item in value.items():
             if binary and key == 'data' and (decoded := _decode_base64(item)) is not None:
-                out[key] = await self._externalize_binary(*decoded, value.get('media_type'))
+                data, encoding = decoded
+                if len(data) >= self.threshold_bytes:
+                    out[key] = await self._externalize_binary(data, encoding, value.get('media_type'))
+                else:
+                    out[key] = item  # below the threshold: inline, not taken for a long string either
             elif key in RESERVED_KEYS:
                 escaped[key] = await self.externalize_value(item)
             else:

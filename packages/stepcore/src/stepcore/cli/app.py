@@ -297,7 +297,7 @@ def snapshots(run_id: RunArgument, store: StoreOption = None, as_json: JsonOptio
 
     async def body(s: StepStore) -> list[Any]:
         await _require_run(s, run_id)
-        return await s.list_snapshots(run_id)
+        return await s.list_snapshots(run_id, include_interrupted=True)
 
     found = _with_store(store, body)
     if as_json:
@@ -326,7 +326,7 @@ def show(
             if snap is None:
                 raise LookupError(f'run {run_id!r} has no snapshot yet: see its events with `stepcore events {run_id}`')
             return snap
-        retained = await s.list_snapshots(run_id)
+        retained = await s.list_snapshots(run_id, include_interrupted=True)
         for snap in retained:
             if snap.seq == seq:
                 return snap

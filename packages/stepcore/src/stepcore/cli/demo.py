@@ -149,7 +149,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'A complete snapshot is saved each time a round of tool calls has settled; it is a safe point '
         'to continue from.',
     )
-    snapshots = await store.list_snapshots(FIRST_RUN_ID)
+    snapshots = await store.list_snapshots(FIRST_RUN_ID, include_interrupted=True)
     console.print(render.snapshots_table(snapshots, timestamps=False))
 
     _stage(

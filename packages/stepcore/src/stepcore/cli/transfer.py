@@ -78,7 +78,7 @@ async def collect_run(store: StepStore, run_id: str, *, progress: Progress | Non
     export.events = await store.list_events(run_id)
     if progress:
         progress(len(export.events))
-    export.snapshots = await store.list_snapshots(run_id)
+    export.snapshots = await store.list_snapshots(run_id, include_interrupted=True)
     if progress:
         progress(len(export.snapshots))
     export.tool_effects = await store.list_tool_effects(run_id)

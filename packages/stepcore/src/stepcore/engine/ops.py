@@ -42,20 +42,33 @@ __all__ = (
     'SnapshotKeyApplied',
     'SnapshotRow',
     'SnapshotStates',
+    'Unparsable',
     'Unreadable',
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Unreadable:
-    """The body of a record a port found but cannot hand over (a file it cannot read, a document it
-    cannot convert): the engine reports the record as damaged, with `reason`."""
+    """The body of a record a port found but could not read (an I/O error, a directory where a file
+    should be): the engine reports the record as damaged and *unreadable*, with `reason`."""
 
     reason: str
 
 
-Body: TypeAlias = bytes | str | Mapping[str, Any] | Unreadable
-"""An encoded record as a port keeps it (see the module docstring), or `Unreadable`."""
+@dataclass(frozen=True, slots=True)
+class Unparsable:
+    """The body of a record a port read but cannot take apart (its own framing is broken, a document
+    that does not convert): the engine reports the record as damaged and *unparsable*, with `reason`.
+
+    A body the port can hand over as it is (bytes that may not decode) needs no wrapper: the engine
+    finds out itself, and reports it the same way.
+    """
+
+    reason: str
+
+
+Body: TypeAlias = bytes | str | Mapping[str, Any] | Unreadable | Unparsable
+"""An encoded record as a port keeps it (see the module docstring), or `Unreadable` / `Unparsable`."""
 
 Node: TypeAlias = tuple[int | None, bytes]
 """One stored message: `(parent node id, stored message body)`."""

@@ -24,7 +24,7 @@ from ..protocols import StepStore, StepWrite, check_writes, sort_time
 from ..registration import check_registration
 from ..retention import check_max_snapshots
 from ..walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
-from .damage import DamagedRecordError, decoded, skip_damaged
+from .damage import DamagedRecordError, UnreadableBody, decoded, skip_damaged
 from .group import NOT_PREPARED, WriteGroups
 from .ops import (
     Body,
@@ -40,6 +40,7 @@ from .ops import (
     Op,
     RunRow,
     SnapshotRow,
+    Unparsable,
     Unreadable,
 )
 from .plans import KeyConflict, Plan, SnapshotWrite, StaleHistory, read_snapshots, write_plan
@@ -101,8 +102,11 @@ def _rows(run_id: str, records: Sequence[StepWrite]) -> tuple[list[EventRow], li
 
 
 def _load(cls: type[R], body: Body, **columns: Any) -> R:
-    """A record back from a row's body and columns (`ValueError` for an `Unreadable` body)."""
+    """A record back from a row's body and columns (`UnreadableBody` / `ValueError` for a body the
+    port could not read / take apart)."""
     if isinstance(body, Unreadable):
+        raise UnreadableBody(body.reason)
+    if isinstance(body, Unparsable):
         raise ValueError(body.reason)
     return load_record(cls, body, **columns)
 
@@ -468,9 +472,11 @@ class EngineStore(StepStore):
             return None
         return await self._materialize(rows[-1], nodes)
 
-    async def list_snapshots(self, run_id: str) -> list[ContinuableSnapshot]:
+    async def list_snapshots(self, run_id: str, *, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         run_id = self._run_id(run_id)
-        rows, nodes = await self._read(run_id, read_snapshots(run_id, newest=False, complete_only=False))
+        rows, nodes = await self._read(
+            run_id, read_snapshots(run_id, newest=False, complete_only=not include_interrupted)
+        )
         found: list[ContinuableSnapshot] = []
         for row in rows:
             try:
