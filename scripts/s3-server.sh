@@ -172,6 +172,9 @@ launch() {
 
 start() {
     mkdir -p "$state_dir"
+    if running_pid >/dev/null && ! weed_pid >/dev/null; then
+        die "another server holds $state_dir: stop it, or set STEPCORE_SERVICES_DIR to a directory of its own"
+    fi
     already_running "$endpoint_file" && return 0
     install_seaweedfs
     write_identities
