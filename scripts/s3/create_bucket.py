@@ -1,7 +1,7 @@
 """Create the test bucket on an S3-compatible server named by the STEP_S3_* variables.
 
-s3rver (`scripts/s3-server.sh`) creates its bucket at start-up; other servers, such as MinIO in a
-container, start empty. Run: `uv run python scripts/s3/create_bucket.py`. An existing bucket is
+`scripts/s3-server.sh` creates its bucket at start-up; other servers, such as MinIO in a container,
+start empty. Run: `uv run python scripts/s3/create_bucket.py`. An existing bucket is
 left as it is.
 """
 
@@ -26,8 +26,8 @@ async def create_bucket() -> str:
         's3',
         endpoint_url=endpoint,
         region_name='us-east-1',
-        aws_access_key_id=os.environ.get('STEP_S3_ACCESS_KEY', 'S3RVER'),
-        aws_secret_access_key=os.environ.get('STEP_S3_SECRET_KEY', 'S3RVER'),
+        aws_access_key_id=os.environ.get('STEP_S3_ACCESS_KEY', 'stepcore-test'),
+        aws_secret_access_key=os.environ.get('STEP_S3_SECRET_KEY', 'stepcore-test-secret'),
     ) as raw_client:
         client = cast(Any, raw_client)
         try:

@@ -11,6 +11,7 @@ import pytest
 pytest_plugins = ['pytester']
 
 INI = '[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n'
+OPT_IN = "pytest_plugins = ['stepcore_conformance']\n"
 
 BROKEN_STORES = """
 import logging
@@ -233,6 +234,7 @@ class TestForgotTheFixture(RunsConformance):
 
 def test_lying_stores_fail_and_the_report_says_so(pytester: pytest.Pytester) -> None:
     pytester.makeini(INI)
+    pytester.makeconftest(OPT_IN)
     # The in-memory store's damage hook, as the kit's own test of that store defines it.
     pytester.makepyfile(memory_hook=Path(__file__).with_name('test_memory.py').read_text())  # pyright: ignore[reportUnknownMemberType]
     pytester.makepyfile(test_broken=BROKEN_STORES)  # pyright: ignore[reportUnknownMemberType]

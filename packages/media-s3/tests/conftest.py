@@ -1,7 +1,9 @@
 """Fixtures reaching the S3-compatible test server named by `STEP_S3_ENDPOINT`.
 
-Start one with `export STEP_S3_ENDPOINT="$(scripts/s3-server.sh start)"`. Without it, or when it
-does not answer, every test here fails: a missing server is an error, not a reason to skip.
+Start one with `export STEP_S3_ENDPOINT="$(scripts/s3-server.sh start)"` (SeaweedFS, with the
+credentials `stepcore-test` / `stepcore-test-secret` that the fixtures default to; set
+STEP_S3_ACCESS_KEY / STEP_S3_SECRET_KEY for another server). Without it, or when it does not
+answer, every test here fails: a missing server is an error, not a reason to skip.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ def s3_server() -> S3Server:
         )
     return S3Server(
         endpoint=endpoint,
-        access_key=os.environ.get('STEP_S3_ACCESS_KEY', 'S3RVER'),
-        secret_key=os.environ.get('STEP_S3_SECRET_KEY', 'S3RVER'),
+        access_key=os.environ.get('STEP_S3_ACCESS_KEY', 'stepcore-test'),
+        secret_key=os.environ.get('STEP_S3_SECRET_KEY', 'stepcore-test-secret'),
         bucket=os.environ.get('STEP_S3_BUCKET', 'stepcore-test'),
     )
 

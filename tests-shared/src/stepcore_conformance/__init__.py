@@ -9,6 +9,10 @@ Subclass a base class in your backend's tests and override one fixture::
 
 See the package README for the fixtures (`store`, `store_spec`, `damage`), the feature flags and
 the verdicts the closing report gives.
+
+This package is also the kit's pytest plugin (the closing report, and assertion rewriting of the
+kit's own tests). It is never loaded on its own: opt in with `pytest_plugins = ['stepcore_conformance']`
+in the conftest.py at your rootdir, or `-p stepcore_conformance` on the command line or in `addopts`.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ __all__ = (
     'SnapshotsConformance',
     'StepStoreConformance',
 )
+
+pytest_plugins = ('stepcore_conformance.report',)
+"""Registered with pytest when this package is loaded as a plugin (see the module docstring)."""
 
 
 class StepStoreConformance(

@@ -1,6 +1,7 @@
 """A pytest plugin that ends a run with what each backend's conformance tests showed.
 
-Loaded through the `pytest11` entry point whenever stepcore-conformance is installed; it prints
+Loaded only on opt-in: `pytest_plugins = ['stepcore_conformance']` in the rootdir's conftest.py, or
+`-p stepcore_conformance` (the package names this module in its own `pytest_plugins`). It prints
 nothing unless kit tests ran. For every test class built on the kit it lists the sections with
 their outcomes and a verdict per optional feature, taken from what the store declares:
 

@@ -8,6 +8,11 @@ Values are free text. A value that would not survive an HTTP header unchanged (n
 characters, leading or trailing blanks, or one that itself looks like an encoded word) is sent as
 an RFC 2047 encoded word, `=?UTF-8?B?<base64>?=` — the form AWS S3 itself uses for non-ASCII
 metadata — and decoded again on read.
+
+The empty value is sent as the empty encoded word `=?UTF-8?B??=`, never as an empty header: S3
+promises nothing for a header without a value, and S3-compatible services and proxies drop it, so
+the name would vanish. Objects written with an empty header still read back as `''` where the
+service kept it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ MAX_METADATA_BYTES = 2048
 
 _KEY_RE = re.compile(r'[a-z0-9]+(?:-+[a-z0-9]+)*')
 _PLAIN_VALUE_RE = re.compile(r'[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?')
+_EMPTY_VALUE = '=?UTF-8?B??='
 
 
 def _check_key(key: object) -> str:
@@ -47,7 +53,9 @@ def _check_key(key: object) -> str:
 def _encode_value(key: str, value: object) -> str:
     if not isinstance(value, str):
         raise ValueError(f'S3 metadata value for {key!r} is {type(value).__name__} {value!r}: pass a str')
-    if value == '' or (_PLAIN_VALUE_RE.fullmatch(value) and not value.startswith('=?')):
+    if value == '':
+        return _EMPTY_VALUE
+    if _PLAIN_VALUE_RE.fullmatch(value) and not value.startswith('=?'):
         return value
     return '=?UTF-8?B?' + base64.b64encode(value.encode('utf-8')).decode('ascii') + '?='
 
@@ -70,6 +78,8 @@ def _decode_value(value: str) -> str:
     # Also accepts Q-encoding and split words, as a service may re-encode what it stored.
     if not (value.startswith('=?') and value.endswith('?=')):
         return value
+    if value == _EMPTY_VALUE:
+        return ''
     try:
         return str(make_header(decode_header(value)))
     except (HeaderParseError, UnicodeDecodeError, LookupError, ValueError):
