@@ -31,6 +31,9 @@ EVENTS_FILE = 'events.jsonl'
 EFFECTS_FILE = 'tool_effects.jsonl'
 SNAPSHOTS_DIR = 'snapshots'
 MEDIA_DIR = 'media'
+STEPCORE_MESSAGES_FILE = 'messages.jsonl'
+STEPCORE_STAMP = b'{"format":'
+"""How stepcore's own file store starts each record it writes."""
 _RUN_ENTRIES = (RUN_FILE, EVENTS_FILE, EFFECTS_FILE, SNAPSHOTS_DIR)
 
 
@@ -38,9 +41,23 @@ def _is_run_folder(path: Path) -> bool:
     return path.is_dir() and any((path / entry).exists() for entry in _RUN_ENTRIES)
 
 
+def _is_stepcore_folder(path: Path) -> bool:
+    """A run folder of stepcore's own file store (same file names, but a message log and stamped records)."""
+    if (path / STEPCORE_MESSAGES_FILE).exists():
+        return True
+    try:
+        with (path / RUN_FILE).open('rb') as f:
+            return f.read(len(STEPCORE_STAMP)) == STEPCORE_STAMP
+    except OSError:
+        return False
+
+
 def is_harness_folder(directory: Path) -> bool:
-    """Whether `directory` holds at least one run folder of the harness's layout."""
-    return directory.is_dir() and any(_is_run_folder(child) for child in directory.iterdir())
+    """Whether `directory` holds run folders of the harness's layout (and none of stepcore's own)."""
+    if not directory.is_dir():
+        return False
+    runs = [child for child in directory.iterdir() if _is_run_folder(child)]
+    return bool(runs) and not any(_is_stepcore_folder(child) for child in runs)
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -56,6 +73,14 @@ class HarnessFileSource(HarnessSource):
     def __init__(self, directory: Path) -> None:
         if not directory.is_dir():
             raise ValueError(f'{str(directory)!r} is not a folder: point at the root folder of a harness file store')
+        ours = next(
+            (child for child in directory.iterdir() if _is_run_folder(child) and _is_stepcore_folder(child)), None
+        )
+        if ours is not None:
+            raise ValueError(
+                f'{str(directory)!r} is a stepcore file store (run folder {ours.name!r} was written by stepcore), '
+                f'not a pydantic-ai-harness one: open it as it is, with --store file://{directory.resolve()}'
+            )
         self._root = directory
 
     def describe(self) -> str:

@@ -62,6 +62,7 @@ def open_harness_source(path: str | os.PathLike[str]) -> HarnessSource:
     location = Path(path)
     if location.is_dir():
         if not is_harness_folder(location):
+            HarnessFileSource(location)  # names a stepcore store for what it is
             raise ValueError(
                 f'{str(location)!r} holds no pydantic-ai-harness runs: point at the folder given to its '
                 'FileStepStore (the one holding a folder per run), or at its SQLite database file'

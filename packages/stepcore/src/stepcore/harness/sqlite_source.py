@@ -61,6 +61,8 @@ EFFECT_COLUMNS = (
     'idempotency_key',
     'effect_summary',
 )
+STEPCORE_SCHEMA_TABLE = 'stepcore_schema'
+"""The table where stepcore's SQLite store records its layout version."""
 REQUIRED = {
     'runs': ('run_id', 'metadata', 'started_at'),
     'events': ('seq', 'run_id', 'kind'),
@@ -88,6 +90,8 @@ class HarnessSqliteSource(HarnessSource):
 
     def __init__(self, connection: sqlite3.Connection, *, where: str, prefix: str = '', owned: bool = False) -> None:
         if not is_harness_sqlite(connection, prefix=prefix):
+            if _columns(connection, STEPCORE_SCHEMA_TABLE):
+                raise ValueError(f'{where} is a stepcore database, not a pydantic-ai-harness one: open it as it is')
             raise ValueError(
                 f'{where} is not a pydantic-ai-harness step database: it lacks the runs, events, snapshots '
                 'and tool_effects tables that every harness release creates'
