@@ -325,14 +325,11 @@ class SqliteStepStore(EngineStore):
         media_threshold_bytes: int,
         max_snapshots_per_run: int | None,
     ) -> None:
+        externalize = isinstance(media_store, _Default)  # a harness file's media go to this database's own
         db.add_setup(
             'harness',
             lambda conn: migrate_harness_database(
-                conn,
-                where=db.describe,
-                externalize=isinstance(media_store, _Default),
-                threshold=media_threshold_bytes,
-                timeout=db.timeout,
+                conn, where=db.describe, externalize=externalize, threshold=media_threshold_bytes, timeout=db.timeout
             ),
         )
         db.add_setup(STEPS.name, lambda conn: ensure_schema(conn, STEPS, where=db.describe))
