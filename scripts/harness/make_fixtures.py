@@ -18,6 +18,31 @@ It replaces, and only touches:
     packages/step-sqlite/tests/fixtures/harness/  harness.db, harness-pre-state.db, manifest.json
     packages/step-file/tests/fixtures/harness/    store/, store-pre-state/, manifest.json
 
+Run by an environment with an earlier release installed, the script writes that release's fixtures
+beside them instead, named for the release, and touches nothing else (no older layouts are made
+from an earlier release):
+
+    uv venv --python 3.11 /tmp/harness-0.57 && \
+        uv pip install --python /tmp/harness-0.57/bin/python pydantic-ai-harness==0.57.0
+    /tmp/harness-0.57/bin/python scripts/harness/make_fixtures.py
+
+    packages/step-sqlite/tests/fixtures/harness/  harness-0.57.0.db, manifest-0.57.0.json
+    packages/step-file/tests/fixtures/harness/    store-0.57.0/, manifest-0.57.0.json
+
+What the releases from 0.52.0 to 0.62.0 write (each pins the pydantic-ai release of the same minor):
+
+- SQLite, 0.52.0-0.57.0: every snapshot row holds its whole history inline, as a JSON list in
+  `snapshots.messages`; there are no `snapshot_messages` / `snapshot_message_refs` tables.
+- SQLite, 0.58.0-0.62.0: each message is stored once in `snapshot_messages`, and a snapshot row holds
+  `{"stored_messages": N}` with its history in `snapshot_message_refs`.
+- Files: the same layout in every one of them.
+- Externalized media markers: from 0.60.0 a binary marker records a URL-safe base64 source under
+  `__harness_external_urlsafe__`, and a caller dict carrying a reserved key is wrapped under
+  `__harness_external_literal__`; earlier markers have neither.
+- Every one of them has the snapshot `state` column, `idempotency_key` on events and snapshots and
+  `registration_id` on runs (all already there in 0.20.0), so the layout without them
+  (`*-pre-state`, below) is only made by hand here.
+
 The scenarios live in `scenarios.py`, the reading back for the manifests in `readback.py`, the older
 layouts in `pre_state.py`.
 
@@ -62,6 +87,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.metadata
 import json
 import shutil
 import sqlite3
@@ -75,7 +101,9 @@ from pydantic_ai_harness.step_persistence import FileStepStore, SqliteStepStore
 from readback import file_stored, media_sizes_file, media_sizes_sqlite, read_back, sqlite_stored
 from scenarios import MEDIA_BYTES, run_crashed_in_child, write_conversation_head, write_scenarios
 
-REFERENCE = 'pydantic-ai-harness==0.62.0'
+REFERENCE_VERSION = '0.62.0'
+RELEASE = importlib.metadata.version('pydantic-ai-harness')
+REFERENCE = f'pydantic-ai-harness=={RELEASE}'
 ROOT = Path(__file__).resolve().parents[2]
 SQLITE_OUT = ROOT / 'packages/step-sqlite/tests/fixtures/harness'
 FILE_OUT = ROOT / 'packages/step-file/tests/fixtures/harness'
@@ -102,11 +130,17 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + '\n')
 
 
+def release_suffix() -> str:
+    """'' for the reference release's fixtures, '-<version>' for an earlier release's."""
+    return '' if RELEASE == REFERENCE_VERSION else f'-{RELEASE}'
+
+
 async def make_sqlite(scratch: Path) -> None:
     SQLITE_OUT.mkdir(parents=True, exist_ok=True)
-    database = SQLITE_OUT / 'harness.db'
-    for suffix in ('', '-wal', '-shm'):
-        Path(f'{database}{suffix}').unlink(missing_ok=True)
+    suffix = release_suffix()
+    database = SQLITE_OUT / f'harness{suffix}.db'
+    for leftover in ('', '-wal', '-shm'):
+        Path(f'{database}{leftover}').unlink(missing_ok=True)
     store = SqliteStepStore(database=database)
     scenarios = await write_scenarios(
         store, SqliteStepStore(database=database, max_snapshots_per_run=2), 'sqlite', str(database)
@@ -117,6 +151,22 @@ async def make_sqlite(scratch: Path) -> None:
     second_turn = next(r['run_id'] for r in runs if r['scenario'] == 'conversation_turn_2')
     head = await write_conversation_head(database, store, second_turn)
     settle_sqlite(database)
+    manifest: dict[str, Any] = {
+        'written_by': REFERENCE,
+        'generator': 'scripts/harness/make_fixtures.py',
+        'database': database.name,
+        'media_threshold_bytes': MEDIA_BYTES,
+        'notes': [
+            'Opening a database with a store writes to it (schema setup, WAL mode): copy it first.',
+            'Timestamps and the message hashes covering them change when the fixtures are regenerated.',
+            'seq values are the stored snapshots.seq of the retained rows; pruned rows leave gaps.',
+        ],
+        'runs': runs,
+        'conversation_heads': [head],
+    }
+    if suffix:
+        write_manifest(SQLITE_OUT / f'manifest{suffix}.json', manifest)
+        return
 
     source = scratch / 'pre-state-source.db'
     source_store = SqliteStepStore(database=source)
@@ -134,17 +184,7 @@ async def make_sqlite(scratch: Path) -> None:
     write_manifest(
         SQLITE_OUT / 'manifest.json',
         {
-            'written_by': REFERENCE,
-            'generator': 'scripts/harness/make_fixtures.py',
-            'database': 'harness.db',
-            'media_threshold_bytes': MEDIA_BYTES,
-            'notes': [
-                'Opening a database with a store writes to it (schema setup, WAL mode): copy it first.',
-                'Timestamps and the message hashes covering them change when the fixtures are regenerated.',
-                'seq values are the stored snapshots.seq of the retained rows; pruned rows leave gaps.',
-            ],
-            'runs': runs,
-            'conversation_heads': [head],
+            **manifest,
             'pre_state': {
                 'database': 'harness-pre-state.db',
                 'layout': (
@@ -161,11 +201,28 @@ async def make_sqlite(scratch: Path) -> None:
 
 async def make_file(scratch: Path) -> None:
     FILE_OUT.mkdir(parents=True, exist_ok=True)
-    directory = FILE_OUT / 'store'
+    suffix = release_suffix()
+    directory = FILE_OUT / f'store{suffix}'
     shutil.rmtree(directory, ignore_errors=True)
     store = FileStepStore(directory)
     scenarios = await write_scenarios(store, FileStepStore(directory, max_snapshots_per_run=2), 'file', str(directory))
     runs = await read_back(store, scenarios, lambda run_id: file_stored(directory, run_id), media_sizes_file(directory))
+    manifest: dict[str, Any] = {
+        'written_by': REFERENCE,
+        'generator': 'scripts/harness/make_fixtures.py',
+        'directory': directory.name,
+        'media_threshold_bytes': MEDIA_BYTES,
+        'notes': [
+            'Opening the directory with a store may write to it: copy it first.',
+            'Timestamps change when the fixtures are regenerated.',
+            'seq values are the snapshots/<seq>.json names of the retained files; pruned files leave gaps.',
+            'media/<sha256>.bin holds each externalized payload once.',
+        ],
+        'runs': runs,
+    }
+    if suffix:
+        write_manifest(FILE_OUT / f'manifest{suffix}.json', manifest)
+        return
 
     source = scratch / 'pre-state-source'
     source_store = FileStepStore(source)
@@ -176,17 +233,7 @@ async def make_file(scratch: Path) -> None:
     write_manifest(
         FILE_OUT / 'manifest.json',
         {
-            'written_by': REFERENCE,
-            'generator': 'scripts/harness/make_fixtures.py',
-            'directory': 'store',
-            'media_threshold_bytes': MEDIA_BYTES,
-            'notes': [
-                'Opening the directory with a store may write to it: copy it first.',
-                'Timestamps change when the fixtures are regenerated.',
-                'seq values are the snapshots/<seq>.json names of the retained files; pruned files leave gaps.',
-                'media/<sha256>.bin holds each externalized payload once.',
-            ],
-            'runs': runs,
+            **manifest,
             'pre_state': {
                 'directory': 'store-pre-state',
                 'layout': (

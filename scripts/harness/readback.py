@@ -51,6 +51,10 @@ def sqlite_stored(database: Path, run_id: str) -> tuple[list[int], list[object]]
         seqs = [row[0] for row in conn.execute('SELECT seq FROM snapshots WHERE run_id = ? ORDER BY seq', (run_id,))]
         histories: list[object] = []
         for seq in seqs:
+            (stored,) = conn.execute('SELECT messages FROM snapshots WHERE seq = ?', (seq,)).fetchone()
+            if stored.startswith('['):  # releases before 0.58 keep each history inline
+                histories.append(json.loads(stored))
+                continue
             rows = conn.execute(
                 'SELECT m.message FROM snapshot_message_refs r JOIN snapshot_messages m ON m.sha256 = r.sha256 '
                 'WHERE r.snapshot_seq = ? ORDER BY r.position',

@@ -18,12 +18,9 @@ from pydantic_ai_harness.step_persistence import (
     StepPersistence,
     StepStore,
     annotate_tool_effect,
+    conversations,
 )
-from pydantic_ai_harness.step_persistence.conversations import (
-    ConversationSummary,
-    GitCheckout,
-    SqliteConversationStore,
-)
+from pydantic_ai_harness.step_persistence.conversations import ConversationSummary, SqliteConversationStore
 
 ENTRY = Path(__file__).with_name('make_fixtures.py')
 """Started again as a child process with `--crash-child` to run the run that is killed."""
@@ -31,6 +28,10 @@ MODEL_NAME = 'fixture-model'
 CRASH_EXIT_CODE = 17
 MEDIA_BYTES = 64 * 1024
 """The reference's default `media_threshold_bytes`; a payload of exactly this size is externalized."""
+
+
+CHECKOUT = {'repository': '/workspace/demo/.git', 'name': 'demo', 'root': '/workspace/demo', 'branch': 'main'}
+"""The Git checkout recorded with the conversation head, by releases that record one."""
 
 
 Step = ModelResponse | Exception
@@ -395,13 +396,17 @@ async def write_conversation_head(database: Path, store: StepStore, second_run_i
     snapshot = await store.latest_snapshot(run_id=second_run_id)
     assert snapshot is not None
     heads = SqliteConversationStore(database=database)
+    checkout: dict[str, Any] = {}
+    git_checkout = getattr(conversations, 'GitCheckout', None)  # releases before 0.58 record no checkout
+    if git_checkout is not None:
+        checkout['checkout'] = git_checkout(**CHECKOUT)
     summary = ConversationSummary(
         id='conv-shared',
         workspace='/workspace/demo',
-        checkout=GitCheckout(repository='/workspace/demo/.git', name='demo', root='/workspace/demo', branch='main'),
         model=MODEL_NAME,
         outcome='completed',
         run_id=second_run_id,
+        **checkout,
     )
     saved = await heads.save(summary=summary, messages=snapshot.messages)
     named = await heads.name(
@@ -422,6 +427,6 @@ async def write_conversation_head(database: Path, store: StepStore, second_run_i
         'run_id': current.run_id,
         'message_count': current.message_count,
         'workspace': current.workspace,
-        'checkout': {'repository': '/workspace/demo/.git', 'name': 'demo', 'root': '/workspace/demo', 'branch': 'main'},
-        'archived': current.archived_at is not None,
+        'checkout': CHECKOUT if checkout else None,
+        'archived': getattr(current, 'archived_at', None) is not None,
     }

@@ -191,10 +191,13 @@ def ensure_schema(connection: sqlite3.Connection, component: Component, *, where
                 tuple(component.tables),
             ).fetchall()
             if clash:
-                names = ', '.join(sorted(str(r[0]) for r in clash))
+                from .harness import describe_foreign_tables  # it builds on this module
+
+                tables = sorted(str(r[0]) for r in clash)
                 raise ValueError(
-                    f'{where} already has table(s) {names} that step-sqlite did not create (no '
+                    f'{where} already has table(s) {", ".join(tables)} that step-sqlite did not create (no '
                     f'{SCHEMA_TABLE} entry for {component.name!r}): use a different database file'
+                    f'{describe_foreign_tables(connection, tables)}'
                 )
             component.create(connection)
             found = 1

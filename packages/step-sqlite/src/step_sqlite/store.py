@@ -22,6 +22,7 @@ from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
 
 from .connection import Database, Synchronous, write_transaction
+from .harness import migrate_harness_database
 from .media import SqliteMediaStore
 from .records import pack_body, unpack_body
 from .schema import STEPS, ensure_schema
@@ -336,6 +337,13 @@ class SqliteStepStore(EngineStore):
         media_threshold_bytes: int,
         max_snapshots_per_run: int | None,
     ) -> None:
+        externalize = isinstance(media_store, _Default)  # a harness file's media go to this database's own
+        db.add_setup(
+            'harness',
+            lambda conn: migrate_harness_database(
+                conn, where=db.describe, externalize=externalize, threshold=media_threshold_bytes, timeout=db.timeout
+            ),
+        )
         db.add_setup(STEPS.name, lambda conn: ensure_schema(conn, STEPS, where=db.describe))
         if isinstance(media_store, _Default):
             media_store = SqliteMediaStore.on_database(db)

@@ -427,10 +427,28 @@ def export_command(
 
 @app.command('import')
 def import_command(
-    file: Annotated[Path, typer.Argument(help='A file written by `stepcore export` ("-" for stdin).')],
+    file: Annotated[
+        Path | None, typer.Argument(help='A file written by `stepcore export` ("-" for stdin).', show_default=False)
+    ] = None,
     store: StoreOption = None,
+    from_harness: Annotated[
+        Path | None,
+        typer.Option(
+            '--from-harness',
+            help='Import every run of a pydantic-ai-harness store instead: its SQLite file or file-store folder.',
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Import runs from an export file into a store (created if it does not exist)."""
+    """Import runs from an export file, or from a pydantic-ai-harness store, into a store (created if needed)."""
+    if (file is None) == (from_harness is None):
+        _fail('give one thing to import: an export file, or --from-harness PATH')
+    if from_harness is not None:
+        from .import_harness import import_from_harness
+
+        _run(import_from_harness(from_harness, store))
+        return
+    assert file is not None
     try:
         text = sys.stdin.read() if str(file) == '-' else file.read_text(encoding='utf-8')
     except OSError as exc:
