@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the whole test suite: install the workspace, start the servers the backends are tested
 # against (PostgreSQL, Redis, a MongoDB-protocol server, an S3-compatible server) on loopback, run
-# pytest, and stop the servers again. Extra arguments go to pytest.
+# pytest on the newest and on the oldest supported pydantic-ai, and stop the servers again. Extra
+# arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 UV=$(bash scripts/ensure-uv.sh)
@@ -36,6 +37,9 @@ for svc in postgres:STEP_POSTGRES_URL redis:STEP_REDIS_URL mongo:STEP_MONGO_URL 
 done
 
 "$UV" run pytest "$@"
+
+# The same suite on the oldest pydantic-ai release stepcore supports (the newest is in .venv).
+bash scripts/test-oldest.sh "$@"
 
 # The worked third-party backend, in an environment of its own.
 bash scripts/test-example.sh

@@ -138,7 +138,7 @@ def test_encoding_matches_pydantic_ais_message_union_byte_for_byte() -> None:
                 SystemPromptPart(content='be brief', timestamp=T),
                 UserPromptPart(content=['look ✓', image], timestamp=T),
                 ToolReturnPart(tool_name='t', content={'rows': [1, 2]}, tool_call_id='c', timestamp=T),
-                ToolReturnPart(tool_name='t', content='again', tool_call_id='d', outcome='retried', timestamp=T),
+                ToolReturnPart(tool_name='t', content='again', tool_call_id='d', outcome='failed', timestamp=T),
             ],
             instructions='brief',
             run_id='run',

@@ -71,6 +71,9 @@ def test_url_table(url: str, backend: str, options: dict[str, Any]) -> None:
         ('mongodb://localhost/a/b', 'names no database'),
         ('etcd://localhost', "unknown store URL scheme 'etcd'"),
         ('memory://?a=1&a=2', "gives option 'a' twice"),
+        # A backend named by its key reads only the query: a host or path would be dropped silently.
+        ('memory:///tmp/runs', "backend 'memory' by its key, so only its query string is read and '/tmp/runs' would"),
+        ('mongo://h/agents?database=x', "backend 'mongo' by its key, so only its query string is read and 'h/agents'"),
     ],
 )
 def test_refused_urls(url: str, message: str) -> None:

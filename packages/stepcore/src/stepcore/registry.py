@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal, cast
+from urllib.parse import urlsplit
 
 import pluggy
 
@@ -92,8 +93,27 @@ class RegisteredBackend:
     def url_options(self, url: str) -> dict[str, Any]:
         """The store options a URL names, read by the plugin's `url_options` (default: the query)."""
         reader = self.info.url_options if url_scheme(url) in self.info.schemes else None
+        if reader is None:
+            self._refuse_unread_parts(url)
         found = reader(url) if reader is not None else query_options(url)
         return dict(found)
+
+    def _refuse_unread_parts(self, url: str) -> None:
+        """A URL read only for its query (`KEY://?option=value`) must not carry a host or path it would drop."""
+        parts = urlsplit(url.strip())
+        unread = parts.netloc + parts.path
+        if unread in ('', '/'):
+            return
+        try:
+            names = self.options()
+        except Exception:  # the driver is not installed: the message can do without the option names
+            names = None
+        takes = f' ({self.describe()} takes: {", ".join(names)})' if names else ''
+        raise ValueError(
+            f'store URL {url.strip()!r} names {self.describe()} by its key, so only its query string is read and '
+            f'{unread!r} would be ignored: give every option in the query, e.g. '
+            f'{self.info.key}://?option=value{takes}'
+        )
 
     def merge_options(self, url_options: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
         """A URL's options (text, converted for parameters typed `int`, `float` or `bool`) with keyword ones.

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from .. import __version__
 from ..codec import dump_record
 from ..protocols import StepStore
 from ..registry import RegisteredBackend, get_registry
@@ -37,7 +38,34 @@ __all__ = ('app', 'main')
 
 T = TypeVar('T')
 
+
+class _CommandGroup(typer.core.TyperGroup):
+    """The `stepcore` group: its commands' help shows a flag as a flag.
+
+    Typer's rich help prints the type of every option, so a flag such as `--json` reads
+    `--json <bool>` as if it took a value. A flag (an option taking no value) gets an empty metavar
+    here, which leaves that column blank; options that take a value keep theirs.
+    """
+
+    def get_params(self, ctx: Any) -> Any:
+        return _show_flags_as_flags(super().get_params(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _show_flags_as_flags(command.get_params(ctx))
+        return command
+
+
+def _show_flags_as_flags(params: list[Any]) -> list[Any]:
+    for param in params:
+        if isinstance(param, typer.core.TyperOption) and param.is_flag and not param.count and param.metavar is None:
+            param.metavar = ''
+    return params
+
+
 app = typer.Typer(
+    cls=_CommandGroup,
     help='Inspect and recover agent runs persisted by stepcore.',
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -61,6 +89,7 @@ StoreOption = Annotated[
     typer.Option(
         '--store',
         '-s',
+        metavar='URL',
         help=(
             f'Store URL, e.g. sqlite:///runs.db, file:///path/runs, mongodb://host/db, postgresql://host/db '
             f'(default: ${ENV_VAR}); `stepcore plugins` lists the URLs installed backends answer to.'
@@ -69,12 +98,59 @@ StoreOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option('--json', help='Print JSON for scripts instead of a table.')]
-RunArgument = Annotated[str, typer.Argument(help='The run id.', show_default=False)]
+RunArgument = Annotated[
+    str,
+    typer.Argument(metavar='RUN', help='The run id, or a prefix that only one run id starts with.', show_default=False),
+]
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pydantic_ai = version('pydantic-ai-slim')
+    except PackageNotFoundError:  # pragma: no cover - stepcore requires it
+        pydantic_ai = 'not installed'
+    python = '.'.join(str(n) for n in sys.version_info[:3])
+    typer.echo(f'stepcore {__version__} (pydantic-ai {pydantic_ai}, Python {python})')
+    raise typer.Exit()
 
 
 @app.callback()
-def cli_root() -> None:
+def cli_root(
+    ctx: typer.Context,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            '--store',
+            '-s',
+            metavar='URL',
+            help=(
+                f'Store URL for every command that reads or writes one (default: ${ENV_VAR}); '
+                "a command's own --store overrides it."
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            '--version', callback=_print_version, is_eager=True, help='Print the versions of stepcore and pydantic-ai.'
+        ),
+    ] = False,
+) -> None:
     """Inspect and recover agent runs persisted by stepcore."""
+    del version
+    if store:
+        # The store becomes the default of every command's own --store option.
+        group = ctx.command
+        names = group.list_commands(ctx) if isinstance(group, typer.core.TyperGroup) else []
+        defaults: dict[str, Any] = dict(ctx.default_map or {})
+        for name in names:
+            defaults[name] = {**defaults.get(name, {}), 'store': store}
+        ctx.default_map = defaults
 
 
 def _fail(message: str) -> NoReturn:
@@ -120,9 +196,40 @@ def _echo_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
-async def _require_run(store: StepStore, run_id: str) -> None:
-    if await store.get_run(run_id) is None:
-        raise LookupError(f'run {run_id!r} not found in this store: list the stored runs with `stepcore runs`')
+PREFIX_CANDIDATES_SHOWN = 10
+"""How many of the runs an ambiguous run-id prefix matches an error lists."""
+
+
+async def _resolve_run(store: StepStore, run_id: str) -> str:
+    """The stored run `run_id` names: the run with that id, else the only run whose id starts with it."""
+    if not run_id:
+        raise LookupError('no run id given: pass a run id, or the start of one (list them with `stepcore runs`)')
+    if await store.get_run(run_id) is not None:
+        return run_id
+    matches = sorted(r.run_id for r in await store.list_runs() if r.run_id.startswith(run_id))
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise LookupError(
+            f'run {run_id!r} not found in this store, and no run id starts with it: '
+            'list the stored runs with `stepcore runs`'
+        )
+    shown = ', '.join(matches[:PREFIX_CANDIDATES_SHOWN])
+    if len(matches) > PREFIX_CANDIDATES_SHOWN:
+        shown += f', and {len(matches) - PREFIX_CANDIDATES_SHOWN} more'
+    raise LookupError(
+        f'run id prefix {run_id!r} is ambiguous: {len(matches)} runs start with it ({shown}); give more of the id'
+    )
+
+
+def _with_run(url: str | None, run_id: str, body: Callable[[StepStore, str], Awaitable[T]]) -> tuple[str, T]:
+    """Open the store, resolve `run_id` (a full id or a unique prefix) and run `body` with the full id."""
+
+    async def resolved(store: StepStore) -> tuple[str, T]:
+        rid = await _resolve_run(store, run_id)
+        return rid, await body(store, rid)
+
+    return _with_store(url, resolved)
 
 
 @contextmanager
@@ -269,7 +376,7 @@ def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = F
         ]
         return render.RunNode(record, status, unresolved, children)
 
-    root = _with_store(store, lambda s: build(s, run_id, set()))
+    _, root = _with_run(store, run_id, lambda s, rid: build(s, rid, set()))
     if as_json:
         _echo_json(root.as_json())
         return
@@ -280,11 +387,10 @@ def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = F
 def events(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
     """List a run's step events in the order they were appended."""
 
-    async def body(s: StepStore) -> list[Any]:
-        await _require_run(s, run_id)
-        return await s.list_events(run_id)
+    async def body(s: StepStore, rid: str) -> list[Any]:
+        return await s.list_events(rid)
 
-    found = _with_store(store, body)
+    run_id, found = _with_run(store, run_id, body)
     if as_json:
         _echo_json([dump_record(e) for e in found])
         return
@@ -295,11 +401,10 @@ def events(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption =
 def snapshots(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
     """List a run's retained snapshots (see `show` for their messages)."""
 
-    async def body(s: StepStore) -> list[Any]:
-        await _require_run(s, run_id)
-        return await s.list_snapshots(run_id, include_interrupted=True)
+    async def body(s: StepStore, rid: str) -> list[Any]:
+        return await s.list_snapshots(rid, include_interrupted=True)
 
-    found = _with_store(store, body)
+    run_id, found = _with_run(store, run_id, body)
     if as_json:
         _echo_json([{**dump_record(x, exclude={'messages'}), 'message_count': len(x.messages)} for x in found])
         return
@@ -319,21 +424,20 @@ def show(
     """Show the messages of a run's newest snapshot (of any state), or of snapshot --seq N."""
     from .transfer import _dump_snapshot  # pyright: ignore[reportPrivateUsage]
 
-    async def body(s: StepStore) -> Any:
-        await _require_run(s, run_id)
+    async def body(s: StepStore, rid: str) -> Any:
         if seq is None:
-            snap = await s.latest_snapshot(run_id, include_interrupted=True)
+            snap = await s.latest_snapshot(rid, include_interrupted=True)
             if snap is None:
-                raise LookupError(f'run {run_id!r} has no snapshot yet: see its events with `stepcore events {run_id}`')
+                raise LookupError(f'run {rid!r} has no snapshot yet: see its events with `stepcore events {rid}`')
             return snap
-        retained = await s.list_snapshots(run_id, include_interrupted=True)
+        retained = await s.list_snapshots(rid, include_interrupted=True)
         for snap in retained:
             if snap.seq == seq:
                 return snap
         have = ', '.join(str(x.seq) for x in retained) or 'none'
-        raise LookupError(f'run {run_id!r} has no snapshot with seq {seq}; retained seqs: {have}')
+        raise LookupError(f'run {rid!r} has no snapshot with seq {seq}; retained seqs: {have}')
 
-    snap = _with_store(store, body)
+    run_id, snap = _with_run(store, run_id, body)
     if as_json:
         _echo_json(_dump_snapshot(snap))
         return
@@ -355,11 +459,10 @@ def effects(
 ) -> None:
     """List a run's tool-effect ledger: which tool calls completed, failed, or may or may not have run."""
 
-    async def body(s: StepStore) -> list[Any]:
-        await _require_run(s, run_id)
-        return await (s.list_unresolved_tool_effects(run_id) if unresolved else s.list_tool_effects(run_id))
+    async def body(s: StepStore, rid: str) -> list[Any]:
+        return await (s.list_unresolved_tool_effects(rid) if unresolved else s.list_tool_effects(rid))
 
-    found = _with_store(store, body)
+    run_id, found = _with_run(store, run_id, body)
     if as_json:
         _echo_json([dump_record(e) for e in found])
         return
@@ -374,13 +477,12 @@ def recover(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption 
     """Explain what a run left behind and how it can be resumed."""
     from .recovery_view import describe_recovery, recovery_json
 
-    async def body(s: StepStore) -> Any:
+    async def body(s: StepStore, rid: str) -> Any:
         from ..recovery import inspect_recovery
 
-        await _require_run(s, run_id)
-        return await inspect_recovery(store=s, run_id=run_id)
+        return await inspect_recovery(store=s, run_id=rid)
 
-    report = _with_store(store, body)
+    run_id, report = _with_run(store, run_id, body)
     if as_json:
         _echo_json(recovery_json(report))
         return
@@ -407,13 +509,12 @@ def export_command(
     """Export a run (record, events, every snapshot with its messages, tool effects) as JSON."""
     del format  # JSON is the only format
 
-    async def body(s: StepStore) -> list[RunExport]:
-        await _require_run(s, run_id)
-        ids = await descendant_ids(s, run_id) if with_delegates else [run_id]
+    async def body(s: StepStore, rid: str) -> list[RunExport]:
+        ids = await descendant_ids(s, rid) if with_delegates else [rid]
         with _progress('exporting', None) as advance:
             return await export_runs(s, ids, progress=advance)
 
-    exported = _with_store(store, body)
+    _, exported = _with_run(store, run_id, body)
     text = json.dumps(dump_export(exported), indent=1, ensure_ascii=False)
     if output is None:
         typer.echo(text)

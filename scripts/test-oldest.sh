@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Run the test suite against the oldest pydantic-ai release stepcore supports.
+#
+#   scripts/test-oldest.sh [pytest args...]
+#
+# The workspace's own environment (`uv sync`) has the newest supported pydantic-ai; this script
+# builds a second virtualenv (.venv-oldest, or $STEPCORE_OLDEST_VENV) holding every workspace
+# package in editable mode with `pydantic-ai-slim` forced to the lower bound that
+# packages/stepcore/pyproject.toml declares (or $STEPCORE_PYDANTIC_AI, to try another release),
+# and runs pytest there. Everything else is pinned as in the root pyproject.toml.
+#
+# It needs the test servers that scripts/test.sh starts (STEP_POSTGRES_URL, STEP_MONGO_URL,
+# STEP_S3_ENDPOINT); scripts/test.sh calls it once the main run passed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+UV=$(bash scripts/ensure-uv.sh)
+
+oldest=$(sed -n 's/^ *"pydantic-ai-slim>=\([0-9][0-9.]*\),.*/\1/p' packages/stepcore/pyproject.toml)
+if [ -z "$oldest" ]; then
+    echo "test-oldest: no 'pydantic-ai-slim>=X,<Y' requirement found in packages/stepcore/pyproject.toml" >&2
+    exit 1
+fi
+version=${STEPCORE_PYDANTIC_AI:-$oldest}
+venv=${STEPCORE_OLDEST_VENV:-.venv-oldest}
+work=$(mktemp -d -t stepcore-oldest.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# The root pyproject's pins and dev tools, minus pydantic-ai (and the graph library released with it).
+python3 - "$version" "$work" <<'PY'
+import sys
+import tomllib
+from pathlib import Path
+
+version, work = sys.argv[1], Path(sys.argv[2])
+root = tomllib.loads(Path('pyproject.toml').read_text(encoding='utf-8'))
+ours = ('pydantic-ai-slim', 'pydantic-graph')
+pins = [c for c in root['tool']['uv']['constraint-dependencies'] if not c.startswith(ours)]
+(work / 'constraints.txt').write_text('\n'.join(pins) + '\n', encoding='utf-8')
+tools = [r for r in root['dependency-groups']['dev'] if not r.startswith(('pydantic-ai-slim', 'ruff', 'pyright'))]
+members = ['packages/' + p.name for p in sorted(Path('packages').iterdir()) if (p / 'pyproject.toml').exists()]
+lines = [f'pydantic-ai-slim[dbos]=={version}', *tools, *(f'-e {m}' for m in [*members, 'tests-shared'])]
+(work / 'requirements.txt').write_text('\n'.join(lines) + '\n', encoding='utf-8')
+PY
+
+echo "test-oldest: pydantic-ai-slim $version in $venv"
+"$UV" venv --quiet --clear --python 3.11 "$venv"
+"$UV" pip install --quiet --no-config --python "$venv/bin/python" --constraint "$work/constraints.txt" \
+    --requirement "$work/requirements.txt"
+"$venv/bin/python" - "$version" <<'PY'
+import importlib.metadata
+import sys
+
+def release(text: str) -> tuple[int, ...]:
+    parts = [int(p) for p in text.split('.')]
+    return tuple(parts + [0] * (3 - len(parts)))
+
+installed = importlib.metadata.version('pydantic-ai-slim')
+if release(installed) != release(sys.argv[1]):
+    sys.exit(f'test-oldest: expected pydantic-ai-slim {sys.argv[1]}, the environment has {installed}')
+PY
+"$venv/bin/python" -m pytest -p no:cacheprovider "$@"
