@@ -196,8 +196,8 @@ def _migrate(connection: sqlite3.Connection, *, where: str, externalize: bool, t
     finally:
         loop.close()
     for table in HARNESS_TABLES:
-        if f'{ASIDE}{table}' in present or table in present:
-            connection.execute(f'DROP TABLE IF EXISTS "{ASIDE}{table}"')
+        if table in present:
+            connection.execute(f'DROP TABLE "{ASIDE}{table}"')
     return summary
 
 
