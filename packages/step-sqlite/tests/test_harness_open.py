@@ -228,33 +228,40 @@ async def test_a_damaged_record_is_left_out_and_named(tmp_path: Path, caplog: py
     assert any(named in r.getMessage() and 'still in the backup' in r.getMessage() for r in caplog.records)
 
 
-def test_a_database_it_cannot_back_up_is_refused_with_the_import_command(tmp_path: Path) -> None:
+async def test_a_database_it_cannot_back_up_is_refused_with_the_import_command(tmp_path: Path) -> None:
     memory = sqlite3.connect(':memory:', check_same_thread=False)
     with sqlite3.connect(FIXTURES / 'harness.db') as fixture:
         fixture.backup(memory)
-
-    async def open_it() -> None:
-        async with SqliteStepStore(connection=memory) as store:
+    async with SqliteStepStore(connection=memory) as store:
+        with pytest.raises(ValueError, match=r'no file to write a backup beside.*stepcore import --from-harness'):
             await store.list_runs()
-
-    with pytest.raises(ValueError, match=r'no file to write a backup beside.*stepcore import --from-harness'):
-        asyncio.run(open_it())
     assert is_harness_sqlite(memory)
+    memory.close()
 
     database = _copy(tmp_path, 'harness.db')
     shared = sqlite3.connect(database, check_same_thread=False, isolation_level=None)
     shared.execute('BEGIN')
     shared.execute('SELECT count(*) FROM runs').fetchone()
-
-    async def open_shared() -> None:
-        async with SqliteStepStore(connection=shared) as store:
+    async with SqliteStepStore(connection=shared) as store:
+        with pytest.raises(ValueError, match=r'transaction open.*stepcore import --from-harness'):
             await store.list_runs()
-
-    with pytest.raises(ValueError, match=r'transaction open.*stepcore import --from-harness'):
-        asyncio.run(open_shared())
     shared.rollback()
     assert is_harness_sqlite(shared)
+    shared.close()
     assert not (tmp_path / 'runs.db.harness-backup').exists()
+
+
+async def test_a_database_with_tables_in_the_way_is_left_as_it_is(tmp_path: Path) -> None:
+    database = _copy(tmp_path, 'harness.db')
+    with sqlite3.connect(database) as conn:
+        conn.execute('CREATE TABLE harness_runs (note TEXT)')
+    original = _dump(database)
+    store = SqliteStepStore(database=database)
+    with pytest.raises(ValueError, match=r'harness_runs, where its tables would go.*stepcore import --from-harness'):
+        await store.list_runs()
+    await store.aclose()
+    assert _dump(database) == original
+    assert not [p for p in tmp_path.iterdir() if 'backup' in p.name]
 
 
 async def test_other_stores_on_a_harness_file_say_what_to_do(tmp_path: Path) -> None:

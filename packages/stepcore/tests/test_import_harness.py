@@ -386,6 +386,71 @@ async def test_import_from_python_into_any_store(tmp_path: Path) -> None:
     assert len(again.conflicts) == 11  # the same scenarios, run again by the file store: other runs
 
 
+@pytest.mark.parametrize(
+    'source', [SQLITE_FIXTURES / 'harness-pre-state.db', FILE_FIXTURES / 'store-pre-state'], ids=['sqlite', 'file']
+)
+def test_the_layout_without_state_and_keys_imports(source: Path, tmp_path: Path) -> None:
+    url = f'sqlite:///{tmp_path / "target.db"}'
+    code, output = _import(_copy(source, tmp_path), url)
+    assert code == 0, output
+    expected = json.loads((source.parent / 'manifest.json').read_text())['pre_state']['runs']
+
+    async def check() -> None:
+        store = stepcore.open_store(url)
+        try:
+            for run in expected:
+                record = await store.get_run(run['run_id'])
+                assert record is not None
+                assert (record.agent_name, record.conversation_id, record.registration_id) == (
+                    run['agent_name'],
+                    run['conversation_id'],
+                    None,
+                )
+                snapshots = await _snapshots(store, run['run_id'])
+                assert [(s.state.value, s.step_index, len(s.messages)) for s in snapshots] == [
+                    ('complete', step, count)
+                    for step, count in zip(run['snapshot_step_indexes'], run['message_counts'], strict=True)
+                ]
+                events = await store.list_events(run['run_id'])
+                assert [e.kind.value for e in events] == run['event_kinds']
+                assert all(e.idempotency_key is None for e in events)
+                effects = [(e.tool_call_id, e.status.value) for e in await store.list_tool_effects(run['run_id'])]
+                assert effects == [(e['tool_call_id'], e['status']) for e in run['tool_effects']]
+        finally:
+            await store.aclose()
+
+    run_coroutine(check())
+
+
+def test_records_of_a_run_without_its_record_are_imported(tmp_path: Path) -> None:
+    """The harness lets a run's events and snapshots be written without `register_run`."""
+    source = _copy(SOURCES['sqlite-0.62.0'][0], tmp_path)
+    with sqlite3.connect(source) as conn:
+        conn.execute("DELETE FROM runs WHERE run_id = 'fx-finished'")
+    url = f'sqlite:///{tmp_path / "target.db"}'
+    expected = next(r for r in _manifest('sqlite-0.62.0')['runs'] if r['run_id'] == 'fx-finished')
+
+    async def check() -> None:
+        store = stepcore.open_store(url)
+        try:
+            assert await store.get_run('fx-finished') is None
+            assert len(await store.list_events('fx-finished')) == len(expected['events'])
+            assert len(await _snapshots(store, 'fx-finished')) == len(expected['snapshots'])
+            assert len(await continue_run(store, run_id='fx-finished')) == expected['snapshots'][-1]['message_count']
+        finally:
+            await store.aclose()
+
+    code, output = _import(source, url)
+    assert code == 0, output
+    assert _counts(output)['runs imported'] == 11
+    run_coroutine(check())
+    code, output = _import(source, url)  # written again whole, never added to
+    assert code == 0, output
+    counts = _counts(output)
+    assert (counts['runs imported'], counts['runs already imported (left as they are)']) == (1, 10)
+    run_coroutine(check())
+
+
 def test_a_harness_database_that_lacks_a_blob_names_it(tmp_path: Path) -> None:
     source = _copy(SOURCES['sqlite-0.62.0'][0], tmp_path)
     with sqlite3.connect(source) as conn:

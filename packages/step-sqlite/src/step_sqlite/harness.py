@@ -179,9 +179,6 @@ def _migrate(connection: sqlite3.Connection, *, where: str, externalize: bool, t
     from .store import DEFAULT_MEDIA_STORE, SqliteStepStore
 
     present = _tables(connection)
-    taken = sorted(f'{ASIDE}{t}' for t in HARNESS_TABLES if f'{ASIDE}{t}' in present)
-    if taken:
-        raise _refusal(where, _database_file(connection), f'it already has table(s) {", ".join(taken)}')
     for table in HARNESS_TABLES:
         if table in present:
             connection.execute(f'ALTER TABLE "{table}" RENAME TO "{ASIDE}{table}"')
@@ -192,10 +189,15 @@ def _migrate(connection: sqlite3.Connection, *, where: str, externalize: bool, t
     store = SqliteStepStore.__new__(SqliteStepStore)
     store._attach(here, DEFAULT_MEDIA_STORE if externalize else None, threshold, None)
     source = HarnessSqliteSource(connection, where=where, prefix=ASIDE)
-    summary = asyncio.run(import_harness(source, store))
+    # A loop of its own, not installed as the thread's: the stores' calls all run right here.
+    loop = asyncio.new_event_loop()
+    try:
+        summary = loop.run_until_complete(import_harness(source, store))
+    finally:
+        loop.close()
     for table in HARNESS_TABLES:
-        if f'{ASIDE}{table}' in present or table in present:
-            connection.execute(f'DROP TABLE IF EXISTS "{ASIDE}{table}"')
+        if table in present:
+            connection.execute(f'DROP TABLE "{ASIDE}{table}"')
     return summary
 
 
@@ -219,11 +221,18 @@ def migrate_harness_database(
         if read_version(connection, STEPS.name) is not None or not is_harness_sqlite(connection):
             connection.rollback()  # another process migrated it while this one waited for the lock
             return
+        present = _tables(connection)
+        taken = sorted(f'{ASIDE}{t}' for t in HARNESS_TABLES if f'{ASIDE}{t}' in present)
+        if taken:
+            raise _refusal(where, path, f'it already has table(s) {", ".join(taken)}, where its tables would go')
         try:
             backup = write_backup(path, timeout=timeout)
         except (OSError, sqlite3.Error) as error:
             raise _refusal(where, path, f'the backup copy could not be written ({error})') from error
-        summary = _migrate(connection, where=where, externalize=externalize, threshold=threshold)
+        try:
+            summary = _migrate(connection, where=where, externalize=externalize, threshold=threshold)
+        except sqlite3.Error as error:
+            raise _refusal(where, path, f'converting it failed ({error}); it was left as it was') from error
         connection.commit()
     except BaseException:
         if connection.in_transaction:
