@@ -197,7 +197,7 @@ async def check_resumes(store: StepStore) -> None:
     assert [(e.tool_call_id, e.idempotency_key, e.effect_summary) for e in report.unresolved_effects] == [
         ('call-crash-2', 'charge-order-42', 'charge 1999 cents for order 42')
     ]
-    assert report.completed_tools == ['reserve']
+    assert report.completed_tools == ('reserve',)
     history = await continue_run(store, run_id='fx-crashed')
     assert isinstance(history[-1], ModelRequest)
     assert [p.tool_call_id for p in history[-1].parts if isinstance(p, ToolReturnPart)] == ['call-crash-1']
