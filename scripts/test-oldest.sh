@@ -36,9 +36,25 @@ root = tomllib.loads(Path('pyproject.toml').read_text(encoding='utf-8'))
 ours = ('pydantic-ai-slim', 'pydantic-graph')
 pins = [c for c in root['tool']['uv']['constraint-dependencies'] if not c.startswith(ours)]
 (work / 'constraints.txt').write_text('\n'.join(pins) + '\n', encoding='utf-8')
-tools = [r for r in root['dependency-groups']['dev'] if not r.startswith(('pydantic-ai-slim', 'ruff', 'pyright'))]
-members = ['packages/' + p.name for p in sorted(Path('packages').iterdir()) if (p / 'pyproject.toml').exists()]
-lines = [f'pydantic-ai-slim[dbos]=={version}', *tools, *(f'-e {m}' for m in [*members, 'tests-shared'])]
+members = [p for p in sorted(Path('packages').iterdir()) if (p / 'pyproject.toml').exists()]
+members.append(Path('tests-shared'))
+projects = {m: tomllib.loads((m / 'pyproject.toml').read_text(encoding='utf-8')) for m in members}
+names = {project['project']['name'] for project in projects.values()}
+skip = ('pydantic-ai-slim', 'ruff', 'pyright', *names)
+
+def third_party(requirements: list[str]) -> list[str]:
+    return [r for r in requirements if not r.startswith(skip)]
+
+# Dev tools of the root and of every member (the web inspector's browser driver, for one).
+tools = third_party(root['dependency-groups']['dev'])
+for project in projects.values():
+    tools += third_party(project.get('dependency-groups', {}).get('dev', []))
+# Each member with every extra it declares, as `uv sync --all-extras` installs them.
+editables = []
+for m, project in projects.items():
+    extras = sorted(project['project'].get('optional-dependencies', {}))
+    editables.append(f'-e {m}[{",".join(extras)}]' if extras else f'-e {m}')
+lines = [f'pydantic-ai-slim[dbos]=={version}', *dict.fromkeys(tools), *editables]
 (work / 'requirements.txt').write_text('\n'.join(lines) + '\n', encoding='utf-8')
 PY
 
