@@ -216,12 +216,12 @@ def _text_param(request: Request, name: str) -> str | None:
     return value or None
 
 
-async def _snapshot(store: StepStore, run_id: str, seq: int) -> tuple[ContinuableSnapshot, list[ContinuableSnapshot]]:
-    """Snapshot `seq` of the run and every retained snapshot; `LookupError` naming the seqs there are."""
-    retained = await queries.all_snapshots(store, run_id)
-    for snap in retained:
-        if snap.seq == seq:
-            return snap, retained
+async def _snapshot(store: StepStore, run_id: str, seq: int) -> ContinuableSnapshot:
+    """Snapshot `seq` of the run; `LookupError` naming the seqs there are."""
+    snap = await store.get_snapshot(run_id, seq)
+    if snap is not None:
+        return snap
+    retained = await store.list_snapshot_summaries(run_id, include_interrupted=True)
     have = ', '.join(str(s.seq) for s in retained) or 'none'
     raise LookupError(f'run {run_id!r} has no snapshot with seq {seq}; its retained snapshots: {have}')
 
@@ -272,19 +272,18 @@ def create_app(
     async def run(request: Request) -> Response:
         run_id = request.path_params['run_id']
         record = await _record(run_id)
-        events = await store.list_events(run_id)
-        status = queries.run_status(events)
+        facts = await queries.run_facts(store, run_id)
         report = await inspect_recovery(store=store, run_id=run_id)
         effects = await store.list_tool_effects(run_id)
         ledger_page = queries.page_of(_int_param(request, 'ledger'), LEDGER_PER_PAGE, len(effects))
-        family = await queries.lineage(store, record, status, len(report.unresolved_effects))
+        family = await queries.lineage(store, record, facts.status, len(report.unresolved_effects))
         return render(
             request,
             'run.html',
             record=record,
-            status=status,
-            events=events,
-            span=queries.span(events),
+            status=facts.status,
+            event_count=facts.event_count,
+            span=facts.span,
             report=report,
             snippets=recovery_snippets(report, store_url=ctx.store_url, media_hint=ctx.media_hint),
             unresolved=report.unresolved_effects,
@@ -296,29 +295,27 @@ def create_app(
     async def timeline(request: Request) -> Response:
         run_id = request.path_params['run_id']
         record = await _record(run_id)
-        events = await store.list_events(run_id)
-        page = queries.page_of(_int_param(request, 'page'), queries.EVENTS_PER_PAGE, len(events))
-        rows = queries.timeline(events, page.start, page.end)
+        rows, page, facts = await queries.timeline_page(store, run_id, _int_param(request, 'page'))
         return render(
             request,
             'timeline.html',
             record=record,
-            status=queries.run_status(events),
+            status=facts.status,
             rows=rows,
             page=page,
-            span=queries.span(events),
+            span=facts.span,
         )
 
     async def snapshots(request: Request) -> Response:
         run_id = request.path_params['run_id']
         record = await _record(run_id)
-        retained = await queries.all_snapshots(store, run_id)
+        retained = await store.list_snapshot_summaries(run_id, include_interrupted=True)
         settled = next((s.seq for s in reversed(retained) if s.state is SnapshotState.COMPLETE), None)
         return render(
             request,
             'snapshots.html',
             record=record,
-            status=queries.run_status(await store.list_events(run_id)),
+            status=await queries.status_of(store, run_id),
             snapshots=retained,
             settled_seq=settled,
         )
@@ -327,10 +324,12 @@ def create_app(
         run_id = request.path_params['run_id']
         seq = request.path_params['seq']
         record = await _record(run_id)
-        snap, retained = await _snapshot(store, run_id, seq)
-        position = next(i for i, s in enumerate(retained) if s.seq == seq)
-        previous = retained[position - 1] if position > 0 else None
-        following = retained[position + 1] if position + 1 < len(retained) else None
+        snap = await _snapshot(store, run_id, seq)
+        retained = await store.list_snapshot_summaries(run_id, include_interrupted=True)
+        position = next((i for i, s in enumerate(retained) if s.seq == seq), None)
+        before = retained[position - 1] if position else None
+        following = retained[position + 1] if position is not None and position + 1 < len(retained) else None
+        previous = await store.get_snapshot(run_id, before.seq) if before is not None else None
         views = message_views(snap.messages)
         diff = None
         if previous is not None:
@@ -358,7 +357,7 @@ def create_app(
     async def media(request: Request) -> Response:
         run_id: str = request.path_params['run_id']
         seq: int = request.path_params['seq']
-        snap, _ = await _snapshot(store, run_id, seq)
+        snap = await _snapshot(store, run_id, seq)
         message: int = request.path_params['message']
         part: int = request.path_params['part']
         item: int = request.path_params['item']
