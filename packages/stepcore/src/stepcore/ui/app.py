@@ -30,7 +30,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..engine import DamagedRecordError
 from ..models import ContinuableSnapshot, SnapshotState
 from ..protocols import StepStore
-from ..recovery import inspect_recovery
 from . import queries
 from .conversation import INLINE_MEDIA_TYPES, message_views, part_binaries
 from .diff import diff_snapshots
@@ -273,8 +272,8 @@ def create_app(
         run_id = request.path_params['run_id']
         record = await _record(run_id)
         facts = await queries.run_facts(store, run_id)
-        report = await inspect_recovery(store=store, run_id=run_id)
         effects = await store.list_tool_effects(run_id)
+        report = await queries.recovery_view(store, record, run_id, effects)
         ledger_page = queries.page_of(_int_param(request, 'ledger'), LEDGER_PER_PAGE, len(effects))
         family = await queries.lineage(store, record, facts.status, len(report.unresolved_effects))
         return render(

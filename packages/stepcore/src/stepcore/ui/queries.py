@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from ..models import EventKind, RunRecord, StepEvent, ToolEffectRecord
+from ..models import EventKind, RunRecord, SnapshotState, SnapshotSummary, StepEvent, ToolEffectRecord, ToolEffectStatus
 from ..protocols import StepStore, sort_time
 
 __all__ = (
@@ -24,12 +24,14 @@ __all__ = (
     'Lineage',
     'LineageNode',
     'Page',
+    'RecoveryView',
     'RunFacts',
     'RunFilter',
     'RunRow',
     'TimelineRow',
     'lineage',
     'page_of',
+    'recovery_view',
     'run_facts',
     'run_status',
     'runs_page',
@@ -83,6 +85,51 @@ async def run_facts(store: StepStore, run_id: str) -> RunFacts:
         status=run_status(latest),
         event_count=latest[0].seq or 0,
         span=span([*first, *latest]),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecoveryView:
+    """What `inspect_recovery` reports, with snapshot summaries in place of whole snapshots.
+
+    The page links to the snapshots rather than showing their messages, so it reads none. The
+    tools that completed or failed come from the ledger (each call's latest status) rather than
+    from the whole event trail.
+    """
+
+    run_id: str
+    run: RunRecord | None
+    newest_snapshot: SnapshotSummary | None
+    settled_snapshot: SnapshotSummary | None
+    unresolved_effects: list[ToolEffectRecord]
+    completed_tools: tuple[str, ...]
+    failed_tools: tuple[str, ...]
+
+    @property
+    def interrupted(self) -> bool:
+        if self.newest_snapshot is None:
+            return False
+        return self.settled_snapshot is None or self.newest_snapshot.seq != self.settled_snapshot.seq
+
+
+def _tool_names(effects: Sequence[ToolEffectRecord], status: ToolEffectStatus) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(e.tool_name for e in effects if e.status is status))
+
+
+async def recovery_view(
+    store: StepStore, run: RunRecord | None, run_id: str, effects: Sequence[ToolEffectRecord]
+) -> RecoveryView:
+    """The recovery facts of a run, given its ledger (`list_tool_effects`)."""
+    summaries = await store.list_snapshot_summaries(run_id, include_interrupted=True)
+    settled = next((s for s in reversed(summaries) if s.state is SnapshotState.COMPLETE), None)
+    return RecoveryView(
+        run_id=run_id,
+        run=run,
+        newest_snapshot=summaries[-1] if summaries else None,
+        settled_snapshot=settled,
+        unresolved_effects=[e for e in effects if e.unresolved],
+        completed_tools=_tool_names(effects, ToolEffectStatus.COMPLETED),
+        failed_tools=_tool_names(effects, ToolEffectStatus.FAILED),
     )
 
 
