@@ -31,7 +31,7 @@ from ..engine import DamagedRecordError
 from ..models import ContinuableSnapshot, SnapshotState
 from ..protocols import StepStore
 from . import queries
-from .conversation import INLINE_MEDIA_TYPES, message_views, part_binaries
+from .conversation import INLINE_MEDIA_TYPES, common_prefix, message_views, part_binaries
 from .diff import diff_snapshots
 from .snippets import display_url, recovery_snippets
 
@@ -329,21 +329,31 @@ def create_app(
         before = retained[position - 1] if position else None
         following = retained[position + 1] if position is not None and position + 1 < len(retained) else None
         previous = await store.get_snapshot(run_id, before.seq) if before is not None else None
-        views = message_views(snap.messages)
+        # Views are built only for what the page shows and for what differs from the previous
+        # snapshot: a long history mostly repeats the one before it.
+        shared = common_prefix(previous.messages, snap.messages) if previous is not None else 0
+        tail = message_views(snap.messages, shared)
         diff = None
         if previous is not None:
-            diff = diff_snapshots(message_views(previous.messages), views, previous_seq=previous.seq or 0)
+            before = message_views(previous.messages, shared)
+            diff = diff_snapshots(before, tail, previous_seq=previous.seq or 0, kept=shared)
         only_changes = request.query_params.get('only') == 'changes'
-        shown = [v for v in views if v.change] if only_changes else views
-        default_page = -(-len(shown) // MESSAGES_PER_PAGE) or 1
-        page = queries.page_of(_int_param(request, 'page', default_page), MESSAGES_PER_PAGE, len(shown))
+        changed = [v for v in tail if v.change]
+        total = len(changed) if only_changes else len(snap.messages)
+        default_page = -(-total // MESSAGES_PER_PAGE) or 1
+        page = queries.page_of(_int_param(request, 'page', default_page), MESSAGES_PER_PAGE, total)
+        if only_changes:
+            shown = changed[page.start : page.end]
+        else:
+            head = message_views(snap.messages, page.start, min(page.end, shared)) if page.start < shared else []
+            shown = head + tail[max(0, page.start - shared) : max(0, page.end - shared)]
         settled = next((s.seq for s in reversed(retained) if s.state is SnapshotState.COMPLETE), None)
         return render(
             request,
             'snapshot.html',
             record=record,
             snap=snap,
-            messages=shown[page.start : page.end],
+            messages=shown,
             page=page,
             only_changes=only_changes,
             diff=diff,
