@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine import DamagedRecordError
-from ..models import ContinuableSnapshot, SnapshotState
+from ..models import ContinuableSnapshot, SnapshotState, SnapshotSummary
 from ..protocols import StepStore
 from . import queries
 from .conversation import INLINE_MEDIA_TYPES, common_prefix, message_views, part_binaries
@@ -215,14 +216,46 @@ def _text_param(request: Request, name: str) -> str | None:
     return value or None
 
 
-async def _snapshot(store: StepStore, run_id: str, seq: int) -> ContinuableSnapshot:
-    """Snapshot `seq` of the run; `LookupError` naming the seqs there are."""
-    snap = await store.get_snapshot(run_id, seq)
-    if snap is not None:
+SNAPSHOTS_KEPT = 8
+"""Decoded snapshots the inspector keeps, so that paging through a long one, its media and the
+snapshot before it (for the diff) decode each history once."""
+
+
+class _Snapshots:
+    """Decoded snapshots, looked up by their summary.
+
+    A stored snapshot never changes, but a run can be deleted and written again under the same id:
+    an entry is used only while the store's summary still matches the one it was loaded under.
+    """
+
+    def __init__(self, store: StepStore, size: int = SNAPSHOTS_KEPT) -> None:
+        self._store = store
+        self._size = size
+        self._kept: OrderedDict[tuple[str, int], tuple[SnapshotSummary, ContinuableSnapshot]] = OrderedDict()
+
+    async def load(self, summary: SnapshotSummary) -> ContinuableSnapshot | None:
+        key = (summary.run_id, summary.seq)
+        found = self._kept.get(key)
+        if found is not None and found[0] == summary:
+            self._kept.move_to_end(key)
+            return found[1]
+        snap = await self._store.get_snapshot(summary.run_id, summary.seq)
+        if snap is not None:
+            self._kept[key] = (summary, snap)
+            while len(self._kept) > self._size:
+                self._kept.popitem(last=False)
         return snap
-    retained = await store.list_snapshot_summaries(run_id, include_interrupted=True)
-    have = ', '.join(str(s.seq) for s in retained) or 'none'
-    raise LookupError(f'run {run_id!r} has no snapshot with seq {seq}; its retained snapshots: {have}')
+
+    async def get(self, run_id: str, seq: int) -> tuple[ContinuableSnapshot, list[SnapshotSummary], int]:
+        """Snapshot `seq` of the run, the run's snapshot summaries and its position among them;
+        `LookupError` naming the seqs there are."""
+        retained = await self._store.list_snapshot_summaries(run_id, include_interrupted=True)
+        position = next((i for i, s in enumerate(retained) if s.seq == seq), None)
+        snap = await self.load(retained[position]) if position is not None else None
+        if snap is None or position is None:
+            have = ', '.join(str(s.seq) for s in retained) or 'none'
+            raise LookupError(f'run {run_id!r} has no snapshot with seq {seq}; its retained snapshots: {have}')
+        return snap, retained, position
 
 
 def create_app(
@@ -238,6 +271,7 @@ def create_app(
     `loopback_only`, requests naming a host other than a loopback one are refused.
     """
     ctx = _Context(store=store, store_url=store_url, media_hint=media_hint, env=_environment())
+    snapshots_kept = _Snapshots(store)
 
     def render(request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
         page = ctx.env.get_template(template).render(
@@ -323,12 +357,9 @@ def create_app(
         run_id = request.path_params['run_id']
         seq = request.path_params['seq']
         record = await _record(run_id)
-        snap = await _snapshot(store, run_id, seq)
-        retained = await store.list_snapshot_summaries(run_id, include_interrupted=True)
-        position = next((i for i, s in enumerate(retained) if s.seq == seq), None)
-        before = retained[position - 1] if position else None
-        following = retained[position + 1] if position is not None and position + 1 < len(retained) else None
-        previous = await store.get_snapshot(run_id, before.seq) if before is not None else None
+        snap, retained, position = await snapshots_kept.get(run_id, seq)
+        following = retained[position + 1] if position + 1 < len(retained) else None
+        previous = await snapshots_kept.load(retained[position - 1]) if position else None
         # Views are built only for what the page shows and for what differs from the previous
         # snapshot: a long history mostly repeats the one before it.
         shared = common_prefix(previous.messages, snap.messages) if previous is not None else 0
@@ -366,7 +397,7 @@ def create_app(
     async def media(request: Request) -> Response:
         run_id: str = request.path_params['run_id']
         seq: int = request.path_params['seq']
-        snap = await _snapshot(store, run_id, seq)
+        snap, _, _ = await snapshots_kept.get(run_id, seq)
         message: int = request.path_params['message']
         part: int = request.path_params['part']
         item: int = request.path_params['item']
