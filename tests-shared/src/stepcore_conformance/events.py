@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from stepcore import EventKind, StepEvent, StepStore
 
 from ._support import StoreFixtures, at, event, new_id, register
@@ -116,3 +118,35 @@ class EventsConformance(StoreFixtures):
         listed = await store.list_events(run_id)
         listed[0].metadata['a'] = 'changed after list'
         assert (await store.list_events(run_id))[0].metadata == {'a': '1'}
+
+    async def test_list_events_page_reads_a_window_of_the_trail(self, store: StepStore) -> None:
+        run_id = await register(store)
+        for n in range(25):
+            await store.append_event(event(run_id, n, metadata={'n': str(n)}))
+        every = await store.list_events(run_id)
+        seqs = [e.seq for e in every]
+        assert await store.list_events_page(run_id) == every
+        assert [e.seq for e in await store.list_events_page(run_id, limit=10)] == seqs[:10]
+        # paging forward by the last seq read gives back the whole trail, once, in order
+        paged: list[StepEvent] = []
+        after: int | None = None
+        while page := await store.list_events_page(run_id, after_seq=after, limit=10):
+            assert len(page) <= 10
+            paged.extend(page)
+            after = page[-1].seq
+        assert paged == every
+        assert [e.seq for e in paged] == seqs
+        assert [e.seq for e in await store.list_events_page(run_id, after_seq=seqs[19])] == seqs[20:]
+        newest = await store.list_events_page(run_id, newest=True, limit=3)
+        assert [e.seq for e in newest] == seqs[-3:], 'newest=True answers the last events, oldest first'
+        assert newest == every[-3:]
+        assert [e.seq for e in await store.list_events_page(run_id, after_seq=seqs[-1])] == []
+        assert await store.list_events_page(new_id('never-written'), newest=True, limit=1) == []
+
+    async def test_list_events_page_refuses_a_bad_window(self, store: StepStore) -> None:
+        run_id = await register(store)
+        await store.append_event(event(run_id, 0))
+        for bad in ({'limit': 0}, {'limit': -1}, {'after_seq': -1}, {'limit': 'ten'}, {'after_seq': True}):
+            with pytest.raises(ValueError, match=str(next(iter(bad)))):
+                await store.list_events_page(run_id, **bad)  # pyright: ignore[reportArgumentType]
+        assert len(await store.list_events(run_id)) == 1

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import pytest
 from pydantic_ai.messages import ModelMessage, ModelRequest, TextPart, ToolReturnPart
 
-from stepcore import ContinuableSnapshot, SnapshotState, StepStore
+from stepcore import ContinuableSnapshot, SnapshotState, SnapshotSummary, StepStore
 
 from ._support import (
     StoreFixtures,
@@ -269,3 +270,43 @@ class SnapshotsConformance(StoreFixtures):
         assert latest is not None
         assert latest.messages == messages
         assert tool_return_content(latest.messages[2]) == RESERVED_KEY_PAYLOAD
+
+    async def test_snapshot_summaries_describe_snapshots_without_their_messages(self, store: StepStore) -> None:
+        run_id = await register(store)
+        await store.save_snapshot(snapshot(run_id, conversation(1), step_index=1, metadata={'k': 'v'}))
+        await store.save_snapshot(snapshot(run_id, conversation(2)[:-1], step_index=2, state=INTERRUPTED))
+        await store.save_snapshot(snapshot(run_id, conversation(3), step_index=3, idempotency_key='third'))
+        every = await store.list_snapshots(run_id, include_interrupted=True)
+        summaries = await store.list_snapshot_summaries(run_id, include_interrupted=True)
+        assert summaries == [SnapshotSummary.of(s) for s in every]
+        assert [(s.step_index, s.state, s.message_count) for s in summaries] == [
+            (1, COMPLETE, len(conversation(1))),
+            (2, INTERRUPTED, len(conversation(2)) - 1),
+            (3, COMPLETE, len(conversation(3))),
+        ]
+        assert summaries[0].metadata == {'k': 'v'}
+        assert summaries[2].idempotency_key == 'third'
+        complete = await store.list_snapshot_summaries(run_id)
+        assert [s.seq for s in complete] == [s.seq for s in await store.list_snapshots(run_id)]
+        assert await store.list_snapshot_summaries(new_id('never-written')) == []
+
+    async def test_get_snapshot_reads_one_snapshot_by_seq(self, store: StepStore) -> None:
+        run_id = await register(store)
+        for step in range(1, 4):
+            state = INTERRUPTED if step == 2 else COMPLETE
+            await store.save_snapshot(
+                snapshot(run_id, conversation(step, tag=f's{step}'), step_index=step, state=state)
+            )
+        every = await store.list_snapshots(run_id, include_interrupted=True)
+        for stored in every:
+            assert stored.seq is not None
+            found = await store.get_snapshot(run_id, stored.seq)
+            assert found == stored
+            assert found is not None
+            assert found.seq == stored.seq
+            assert found.messages == stored.messages
+        missing = max(s.seq or 0 for s in every) + 100
+        assert await store.get_snapshot(run_id, missing) is None
+        assert await store.get_snapshot(new_id('never-written'), 1) is None
+        with pytest.raises(ValueError, match='seq='):
+            await store.get_snapshot(run_id, 'one')  # pyright: ignore[reportArgumentType]

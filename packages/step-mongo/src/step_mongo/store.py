@@ -246,7 +246,13 @@ class MongoPort(AsyncPort):
                 docs = docs[index + 1 :]
 
     async def list_events(self, tx: Any, op: ops.ListEvents) -> list[ops.EventRow]:
-        return [event_row(doc) async for doc in self._events.find({'run_id': op.run_id}, sort=[('seq', ASCENDING)])]
+        query: dict[str, Any] = {'run_id': op.run_id}
+        if op.after_seq is not None:
+            query['seq'] = {'$gt': op.after_seq}
+        order = DESCENDING if op.newest and op.limit is not None else ASCENDING
+        found = self._events.find(query, sort=[('seq', order)], limit=op.limit or 0)
+        rows = [event_row(doc) async for doc in found]
+        return rows[::-1] if order == DESCENDING else rows
 
     async def put_effects(self, tx: Any, op: ops.PutEffects) -> None:
         """Replace-or-insert each ledger entry, in order, in one bulk write."""

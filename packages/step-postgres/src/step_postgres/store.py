@@ -20,6 +20,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
+from stepcore.engine.sql import event_window
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStore
 from stepcore.models import SnapshotState, ToolEffectStatus
@@ -224,9 +225,12 @@ class PostgresPort(AsyncPort):
         await tx.cursor().executemany(self._q.event_insert, params)
 
     def _ask_list_events(self, op: ops.ListEvents) -> _Ask[list[ops.EventRow]]:
+        query, params = self._q.events_list, ()
+        if op.after_seq is not None or op.limit is not None:
+            query, params = self._q.events_window(op)
         return _Ask(
-            self._q.events_list,
-            (op.run_id,),
+            query,
+            (op.run_id, *params),
             lambda rows: [ops.EventRow(op.run_id, key, record, seq=seq) for seq, key, record in rows],
         )
 
@@ -370,6 +374,7 @@ class _Queries:
             SELECT %(run)s, c.value, %(key)s::text, %(record)s::json FROM c"""
         )
         self.events_list = q('SELECT seq, idempotency_key, record FROM {events} WHERE run_id = %s ORDER BY seq')
+        self._query = q
         self.effect_upsert = q(
             """INSERT INTO {tool_effects} (run_id, tool_call_id, status, started_at, record)
             VALUES (%s, %s, %s, %s, %s::json)
@@ -432,6 +437,11 @@ class _Queries:
             )
             SELECT n.node_id, n.parent, n.body FROM reach JOIN {nodes} n USING (node_id)"""
         )
+
+    def events_window(self, op: ops.ListEvents) -> tuple[sql.Composed, list[object]]:
+        """The events of a run after `op.after_seq`, `op.limit` of them (the newest with `op.newest`)."""
+        query, params = event_window(op, 'SELECT seq, idempotency_key, record FROM {events} WHERE run_id = %s', '%s')
+        return self._query(query), params
 
 
 class PostgresStepStore(EngineStore):

@@ -247,8 +247,15 @@ class RedisPort(AsyncPort):
             tx.args += ['E', run, row.idempotency_key or '', pack(row.idempotency_key, _bytes(row.body))]
 
     async def list_events(self, tx: Any, op: ops.ListEvents) -> list[ops.EventRow]:
-        values = cast(list[bytes], await self._client.lrange(self.keys.run(op.run_id).ev, 0, -1))
-        return [_event_row(op.run_id, seq, value) for seq, value in enumerate(values, start=1)]
+        # An event's seq is its position in the run's list, counted from 1.
+        key = self.keys.run(op.run_id).ev
+        start = op.after_seq or 0
+        if op.limit is not None and op.newest:
+            length = cast(int, await self._client.llen(key))
+            start = max(start, length - op.limit)
+        stop = -1 if op.limit is None or op.newest else start + op.limit - 1
+        values = cast(list[bytes], await self._client.lrange(key, start, stop))
+        return [_event_row(op.run_id, seq, value) for seq, value in enumerate(values, start=start + 1)]
 
     async def put_effects(self, tx: _Batch, op: ops.PutEffects) -> None:
         for row in op.rows:

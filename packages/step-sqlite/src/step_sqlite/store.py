@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any, ClassVar, Final, TypeVar
 
 from stepcore.engine import KeyConflict, SyncPort, ops
+from stepcore.engine.sql import event_window
 from stepcore.engine.store import EngineStore
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStore
@@ -207,7 +208,8 @@ class SqlitePort(SyncPort):
             tx.execute(_APPEND_EVENT, (op.run_id, r.idempotency_key, _text(r.body), op.run_id))
 
     def list_events(self, tx: sqlite3.Connection, op: ops.ListEvents) -> list[ops.EventRow]:
-        rows = tx.execute('SELECT seq, idempotency_key, record FROM events WHERE run_id = ? ORDER BY seq', (op.run_id,))
+        query, params = event_window(op, 'SELECT seq, idempotency_key, record FROM events WHERE run_id = ?', '?')
+        rows = tx.execute(query, (op.run_id, *params))
         return [ops.EventRow(op.run_id, key, record, seq=seq) for seq, key, record in rows]
 
     def put_effects(self, tx: sqlite3.Connection, op: ops.PutEffects) -> None:

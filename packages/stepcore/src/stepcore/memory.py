@@ -75,7 +75,13 @@ class MemoryPort(SyncPort):
 
     def list_events(self, tx: Any, op: ops.ListEvents) -> list[ops.EventRow]:
         data = self._data.get(op.run_id)
-        return list(data.events) if data is not None else []
+        if data is None:
+            return []
+        start = op.after_seq or 0  # seq n sits at index n - 1
+        rows = data.events[start:]
+        if op.limit is not None:
+            rows = rows[-op.limit :] if op.newest else rows[: op.limit]
+        return list(rows)
 
     def put_effects(self, tx: Any, op: ops.PutEffects) -> None:
         for row in op.rows:

@@ -15,6 +15,7 @@ __all__ = (
     'EventKind',
     'RunRecord',
     'SnapshotState',
+    'SnapshotSummary',
     'StepEvent',
     'ToolEffectRecord',
     'ToolEffectStatus',
@@ -144,6 +145,50 @@ class ContinuableSnapshot(_Record):
     """Per-run monotonic position, assigned by the store on save (not compared by `==`)."""
 
     store_assigned: ClassVar[frozenset[str]] = frozenset({'seq'})
+
+
+class SnapshotSummary(BaseModel):
+    """What a snapshot is without its messages: enough to list a run's snapshots cheaply.
+
+    `StepStore.list_snapshot_summaries` answers these without reading any message; load one
+    snapshot in full with `StepStore.get_snapshot(run_id, seq)`.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    seq: int
+    state: SnapshotState
+    step_index: int
+    message_count: int
+    """How many messages the snapshot holds."""
+    created_at: datetime
+    agent_name: str | None = None
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict[str, str])
+    idempotency_key: str | None = None
+
+    @classmethod
+    def of(cls, snapshot: ContinuableSnapshot, *, message_count: int | None = None) -> SnapshotSummary:
+        """The summary of a stored snapshot (one read back from a store, so it has a `seq`)."""
+        if snapshot.seq is None:
+            raise ValueError(
+                f'snapshot of run {snapshot.run_id!r} has no seq: summarize snapshots read back from a store'
+            )
+        return cls(
+            run_id=snapshot.run_id,
+            seq=snapshot.seq,
+            state=SnapshotState(snapshot.state),
+            step_index=snapshot.step_index,
+            message_count=len(snapshot.messages) if message_count is None else message_count,
+            created_at=snapshot.created_at,
+            agent_name=snapshot.agent_name,
+            conversation_id=snapshot.conversation_id,
+            parent_run_id=snapshot.parent_run_id,
+            metadata=dict(snapshot.metadata),
+            idempotency_key=snapshot.idempotency_key,
+        )
 
 
 class ToolEffectRecord(_Record):

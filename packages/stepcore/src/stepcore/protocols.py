@@ -10,12 +10,41 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, ClassVar, Self, TypeAlias, cast
 
-from .models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, ToolEffectStatus
+from .models import (
+    ContinuableSnapshot,
+    RunRecord,
+    SnapshotState,
+    SnapshotSummary,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
 
-__all__ = ('StepStore', 'StepWrite', 'check_writes', 'sort_time')
+__all__ = ('StepStore', 'StepWrite', 'check_event_window', 'check_writes', 'sort_time')
 
 StepWrite: TypeAlias = StepEvent | ToolEffectRecord
 """One write `StepStore.write_batch` applies: an event to append or a ledger entry to upsert."""
+
+
+def check_event_window(after_seq: object, limit: object) -> None:
+    """`ValueError` naming a bad `after_seq` / `limit` of `StepStore.list_events_page`."""
+    if after_seq is not None and (isinstance(after_seq, bool) or not isinstance(after_seq, int) or after_seq < 0):
+        raise ValueError(
+            f'after_seq={after_seq!r} is not a sequence number: pass the seq of the last event you have (0 or more), '
+            'or None to start at the first event'
+        )
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f'limit={limit!r} is not a positive whole number: pass how many events you want, or None')
+
+
+def event_window(
+    events: Sequence[StepEvent], after_seq: int | None, limit: int | None, newest: bool
+) -> list[StepEvent]:
+    """The events `list_events_page` answers, cut from the run's events in append order."""
+    found = [e for e in events if after_seq is None or (e.seq is not None and e.seq > after_seq)]
+    if limit is None:
+        return found
+    return found[-limit:] if newest else found[:limit]
 
 
 def sort_time(moment: datetime) -> datetime:
@@ -103,6 +132,19 @@ class StepStore(ABC):
     async def list_events(self, run_id: str) -> list[StepEvent]:
         """The run's events in append order."""
 
+    async def list_events_page(
+        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None, newest: bool = False
+    ) -> list[StepEvent]:
+        """A window of the run's events, in append order: those after `after_seq` (a `seq` you
+        have read), at most `limit` of them, the last ones when `newest=True`.
+
+        Page forward by passing the `seq` of the last event of a page as the next `after_seq`;
+        `newest=True, limit=1` reads the run's latest event. Stores that can read a window
+        without reading the whole trail override this.
+        """
+        check_event_window(after_seq, limit)
+        return event_window(await self.list_events(run_id), after_seq, limit, newest)
+
     # -- snapshots ----------------------------------------------------------------------------
 
     @abstractmethod
@@ -118,6 +160,22 @@ class StepStore(ABC):
         """The newest complete snapshot, or the newest of any state with `include_interrupted=True`."""
         found = await self.list_snapshots(run_id, include_interrupted=include_interrupted)
         return found[-1] if found else None
+
+    async def list_snapshot_summaries(self, run_id: str, *, include_interrupted: bool = False) -> list[SnapshotSummary]:
+        """`list_snapshots` without the messages: each retained snapshot's seq, state, step and
+        message count, oldest first. Stores that keep messages apart override this to read none."""
+        return [
+            SnapshotSummary.of(s) for s in await self.list_snapshots(run_id, include_interrupted=include_interrupted)
+        ]
+
+    async def get_snapshot(self, run_id: str, seq: int) -> ContinuableSnapshot | None:
+        """The retained snapshot with this `seq` (complete or interrupted), or `None`."""
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise ValueError(f'seq={seq!r} is not a snapshot sequence number: pass the `seq` of a stored snapshot')
+        for snapshot in await self.list_snapshots(run_id, include_interrupted=True):
+            if snapshot.seq == seq:
+                return snapshot
+        return None
 
     # -- tool effects -------------------------------------------------------------------------
 

@@ -355,3 +355,32 @@ def test_a_port_in_use_is_reported(demo_db: Path) -> None:
     assert result.returncode == 1
     assert f'cannot listen on 127.0.0.1:{port}' in result.stderr
     assert '--port 0 for any free one' in result.stderr
+
+
+async def _write_once(database: Path, words: str, *, again: bool) -> None:
+    store = SqliteStepStore(database=database)
+    try:
+        if again:
+            assert await store.delete_run('rewritten')
+        await store.register_run(RunRecord(run_id='rewritten', agent_name='writer'))
+        history = [_ask(f'write about {words}'), _say(f'an essay on {words}')]
+        await store.save_snapshot(ContinuableSnapshot(run_id='rewritten', step_index=1, messages=history))
+    finally:
+        await store.aclose()
+
+
+def test_a_run_written_again_under_its_id_shows_what_is_stored_now(tmp_path: Path, serve: Callable[..., Any]) -> None:
+    # The inspector keeps decoded snapshots between requests; a run deleted and written again
+    # under the same id must not be shown from what it kept.
+    path = tmp_path / 'rewritten.db'
+    run_coroutine(_write_once(path, 'tides', again=False))
+    ui = serve('--store', f'sqlite:///{path}')
+    snapshots = ui.get('/runs/rewritten/snapshots').text
+    seq = re.findall(r'/runs/rewritten/snapshots/(\d+)"', snapshots)[0]
+    assert 'an essay on tides' in ui.get(f'/runs/rewritten/snapshots/{seq}').text
+    run_coroutine(_write_once(path, 'glaciers', again=True))
+    again = ui.get('/runs/rewritten/snapshots').text
+    seq_again = re.findall(r'/runs/rewritten/snapshots/(\d+)"', again)[0]
+    page = ui.get(f'/runs/rewritten/snapshots/{seq_again}').text
+    assert 'an essay on glaciers' in page
+    assert 'tides' not in page

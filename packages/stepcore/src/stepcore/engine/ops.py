@@ -183,10 +183,16 @@ class PutEvents(Op):
 
 @dataclass(frozen=True, slots=True)
 class ListEvents(Op):
-    """Answer: the run's event rows (with `seq`) in `seq` order."""
+    """Answer: the run's event rows (with `seq`) in `seq` order; only those with `seq > after_seq`
+    when `after_seq` is given; of those, the first `limit` rows, or the last `limit` rows when
+    `newest` (still in `seq` order). A port may answer more rows than asked: the engine applies the
+    window again."""
 
     method: ClassVar[str] = 'list_events'
     run_id: str
+    after_seq: int | None = None
+    limit: int | None = None
+    newest: bool = False
 
 
 @dataclass(frozen=True, slots=True)

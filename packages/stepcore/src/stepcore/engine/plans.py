@@ -31,7 +31,7 @@ from .ops import (
     SnapshotStates,
 )
 
-__all__ = ('KeyConflict', 'Plan', 'SnapshotWrite', 'StaleHistory', 'read_snapshots', 'write_plan')
+__all__ = ('KeyConflict', 'Plan', 'SnapshotWrite', 'StaleHistory', 'read_snapshot', 'read_snapshots', 'write_plan')
 
 T = TypeVar('T')
 Plan: TypeAlias = Generator[Op | tuple[Op, ...], Any, T]
@@ -118,3 +118,13 @@ def read_snapshots(
         return rows, {}
     nodes: Mapping[int, Node] = yield GetNodes(run_id, chains)
     return rows, nodes
+
+
+def read_snapshot(run_id: str, seq: int) -> Plan[tuple[SnapshotRow | None, Mapping[int, Node]]]:
+    """The snapshot row with this `seq` (or `None`) and the message nodes of its chain only."""
+    rows: Sequence[SnapshotRow] = yield ListSnapshots(run_id)
+    row = next((r for r in rows if r.seq == seq), None)
+    if row is None or row.head is None or not row.length:
+        return row, {}
+    nodes: Mapping[int, Node] = yield GetNodes(run_id, ((row.head, row.length),))
+    return row, nodes

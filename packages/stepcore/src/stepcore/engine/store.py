@@ -19,8 +19,8 @@ from ..codec import decode_messages, dump_record_compact, load_record
 from ..features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from ..history import HistoryDelta, HistoryIndex, walk_chain
 from ..media import MediaStore
-from ..models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
-from ..protocols import StepStore, StepWrite, check_writes, sort_time
+from ..models import ContinuableSnapshot, RunRecord, SnapshotState, SnapshotSummary, StepEvent, ToolEffectRecord
+from ..protocols import StepStore, StepWrite, check_event_window, check_writes, event_window, sort_time
 from ..registration import check_registration
 from ..retention import check_max_snapshots
 from ..walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
@@ -36,6 +36,7 @@ from .ops import (
     ListEffects,
     ListEvents,
     ListRuns,
+    ListSnapshots,
     Node,
     Op,
     RunRow,
@@ -43,7 +44,7 @@ from .ops import (
     Unparsable,
     Unreadable,
 )
-from .plans import KeyConflict, Plan, SnapshotWrite, StaleHistory, read_snapshots, write_plan
+from .plans import KeyConflict, Plan, SnapshotWrite, StaleHistory, read_snapshot, read_snapshots, write_plan
 from .port import AsyncPort, Port, SyncPort, check_text
 
 __all__ = ('EngineStore',)
@@ -440,6 +441,21 @@ class EngineStore(StepStore):
                 skip_damaged(error)
         return found
 
+    async def list_events_page(
+        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None, newest: bool = False
+    ) -> list[StepEvent]:
+        run_id = self._run_id(run_id)
+        check_event_window(after_seq, limit)
+        op = ListEvents(run_id, after_seq=after_seq, limit=limit, newest=newest)
+        rows = cast(Sequence[EventRow], await self._read(run_id, _single(op)))
+        found: list[StepEvent] = []
+        for row in rows:
+            try:
+                found.append(self._decode_event(row))
+            except DamagedRecordError as error:
+                skip_damaged(error)
+        return event_window(found, after_seq, limit, newest)
+
     async def _effects(self, op: ListEffects) -> list[ToolEffectRecord]:
         rows = cast(Sequence[EffectRow], await self._read(op.run_id, _single(op)))
         # A ledger entry that cannot be read is an error: leaving it out could hide an effect in flight.
@@ -485,16 +501,43 @@ class EngineStore(StepStore):
                 skip_damaged(error)
         return found
 
+    async def list_snapshot_summaries(self, run_id: str, *, include_interrupted: bool = False) -> list[SnapshotSummary]:
+        run_id = self._run_id(run_id)
+        op = ListSnapshots(run_id, complete_only=not include_interrupted)
+        rows = cast(Sequence[SnapshotRow], await self._read(run_id, _single(op)))
+        found: list[SnapshotSummary] = []
+        for row in rows:
+            if not include_interrupted and row.state != SnapshotState.COMPLETE.value:
+                continue
+            try:
+                header = self._header(row)
+            except DamagedRecordError as error:
+                skip_damaged(error)
+                continue
+            found.append(SnapshotSummary.of(header, message_count=row.length))
+        return found
+
+    async def get_snapshot(self, run_id: str, seq: int) -> ContinuableSnapshot | None:
+        run_id = self._run_id(run_id)
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise ValueError(f'seq={seq!r} is not a snapshot sequence number: pass the `seq` of a stored snapshot')
+        row, nodes = await self._read(run_id, read_snapshot(run_id, seq))
+        return await self._materialize(row, nodes) if row is not None else None
+
+    def _header(self, row: SnapshotRow) -> ContinuableSnapshot:
+        """The snapshot's fields but its messages, from its row; `DamagedRecordError` when unreadable."""
+        return decoded(
+            lambda: _load(ContinuableSnapshot, row.body, run_id=row.run_id, seq=row.seq, state=row.state),
+            run_id=row.run_id,
+            record=f'snapshot seq={row.seq}',
+            where=self._where(),
+        )
+
     async def _materialize(self, row: SnapshotRow, nodes: Mapping[int, Node]) -> ContinuableSnapshot:
         """A snapshot back from its row and the run's nodes; `DamagedRecordError` naming what is broken."""
         record = f'snapshot seq={row.seq}'
         where = self._where()
-        header = decoded(
-            lambda: _load(ContinuableSnapshot, row.body, run_id=row.run_id, seq=row.seq, state=row.state),
-            run_id=row.run_id,
-            record=record,
-            where=where,
-        )
+        header = self._header(row)
         chain: list[int] = []
 
         def lookup(node: object) -> Node:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,11 +29,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine import DamagedRecordError
-from ..models import ContinuableSnapshot, SnapshotState
+from ..models import ContinuableSnapshot, SnapshotState, SnapshotSummary
 from ..protocols import StepStore
-from ..recovery import inspect_recovery
 from . import queries
-from .conversation import INLINE_MEDIA_TYPES, message_views, part_binaries
+from .conversation import INLINE_MEDIA_TYPES, common_prefix, message_views, part_binaries
 from .diff import diff_snapshots
 from .snippets import display_url, recovery_snippets
 
@@ -216,14 +216,46 @@ def _text_param(request: Request, name: str) -> str | None:
     return value or None
 
 
-async def _snapshot(store: StepStore, run_id: str, seq: int) -> tuple[ContinuableSnapshot, list[ContinuableSnapshot]]:
-    """Snapshot `seq` of the run and every retained snapshot; `LookupError` naming the seqs there are."""
-    retained = await queries.all_snapshots(store, run_id)
-    for snap in retained:
-        if snap.seq == seq:
-            return snap, retained
-    have = ', '.join(str(s.seq) for s in retained) or 'none'
-    raise LookupError(f'run {run_id!r} has no snapshot with seq {seq}; its retained snapshots: {have}')
+SNAPSHOTS_KEPT = 8
+"""Decoded snapshots the inspector keeps, so that paging through a long one, its media and the
+snapshot before it (for the diff) decode each history once."""
+
+
+class _Snapshots:
+    """Decoded snapshots, looked up by their summary.
+
+    A stored snapshot never changes, but a run can be deleted and written again under the same id:
+    an entry is used only while the store's summary still matches the one it was loaded under.
+    """
+
+    def __init__(self, store: StepStore, size: int = SNAPSHOTS_KEPT) -> None:
+        self._store = store
+        self._size = size
+        self._kept: OrderedDict[tuple[str, int], tuple[SnapshotSummary, ContinuableSnapshot]] = OrderedDict()
+
+    async def load(self, summary: SnapshotSummary) -> ContinuableSnapshot | None:
+        key = (summary.run_id, summary.seq)
+        found = self._kept.get(key)
+        if found is not None and found[0] == summary:
+            self._kept.move_to_end(key)
+            return found[1]
+        snap = await self._store.get_snapshot(summary.run_id, summary.seq)
+        if snap is not None:
+            self._kept[key] = (summary, snap)
+            while len(self._kept) > self._size:
+                self._kept.popitem(last=False)
+        return snap
+
+    async def get(self, run_id: str, seq: int) -> tuple[ContinuableSnapshot, list[SnapshotSummary], int]:
+        """Snapshot `seq` of the run, the run's snapshot summaries and its position among them;
+        `LookupError` naming the seqs there are."""
+        retained = await self._store.list_snapshot_summaries(run_id, include_interrupted=True)
+        position = next((i for i, s in enumerate(retained) if s.seq == seq), None)
+        snap = await self.load(retained[position]) if position is not None else None
+        if snap is None or position is None:
+            have = ', '.join(str(s.seq) for s in retained) or 'none'
+            raise LookupError(f'run {run_id!r} has no snapshot with seq {seq}; its retained snapshots: {have}')
+        return snap, retained, position
 
 
 def create_app(
@@ -239,6 +271,7 @@ def create_app(
     `loopback_only`, requests naming a host other than a loopback one are refused.
     """
     ctx = _Context(store=store, store_url=store_url, media_hint=media_hint, env=_environment())
+    snapshots_kept = _Snapshots(store)
 
     def render(request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
         page = ctx.env.get_template(template).render(
@@ -272,19 +305,18 @@ def create_app(
     async def run(request: Request) -> Response:
         run_id = request.path_params['run_id']
         record = await _record(run_id)
-        events = await store.list_events(run_id)
-        status = queries.run_status(events)
-        report = await inspect_recovery(store=store, run_id=run_id)
+        facts = await queries.run_facts(store, run_id)
         effects = await store.list_tool_effects(run_id)
+        report = await queries.recovery_view(store, record, run_id, effects)
         ledger_page = queries.page_of(_int_param(request, 'ledger'), LEDGER_PER_PAGE, len(effects))
-        family = await queries.lineage(store, record, status, len(report.unresolved_effects))
+        family = await queries.lineage(store, record, facts.status, len(report.unresolved_effects))
         return render(
             request,
             'run.html',
             record=record,
-            status=status,
-            events=events,
-            span=queries.span(events),
+            status=facts.status,
+            event_count=facts.event_count,
+            span=facts.span,
             report=report,
             snippets=recovery_snippets(report, store_url=ctx.store_url, media_hint=ctx.media_hint),
             unresolved=report.unresolved_effects,
@@ -296,29 +328,27 @@ def create_app(
     async def timeline(request: Request) -> Response:
         run_id = request.path_params['run_id']
         record = await _record(run_id)
-        events = await store.list_events(run_id)
-        page = queries.page_of(_int_param(request, 'page'), queries.EVENTS_PER_PAGE, len(events))
-        rows = queries.timeline(events, page.start, page.end)
+        rows, page, facts = await queries.timeline_page(store, run_id, _int_param(request, 'page'))
         return render(
             request,
             'timeline.html',
             record=record,
-            status=queries.run_status(events),
+            status=facts.status,
             rows=rows,
             page=page,
-            span=queries.span(events),
+            span=facts.span,
         )
 
     async def snapshots(request: Request) -> Response:
         run_id = request.path_params['run_id']
         record = await _record(run_id)
-        retained = await queries.all_snapshots(store, run_id)
+        retained = await store.list_snapshot_summaries(run_id, include_interrupted=True)
         settled = next((s.seq for s in reversed(retained) if s.state is SnapshotState.COMPLETE), None)
         return render(
             request,
             'snapshots.html',
             record=record,
-            status=queries.run_status(await store.list_events(run_id)),
+            status=await queries.status_of(store, run_id),
             snapshots=retained,
             settled_seq=settled,
         )
@@ -327,25 +357,34 @@ def create_app(
         run_id = request.path_params['run_id']
         seq = request.path_params['seq']
         record = await _record(run_id)
-        snap, retained = await _snapshot(store, run_id, seq)
-        position = next(i for i, s in enumerate(retained) if s.seq == seq)
-        previous = retained[position - 1] if position > 0 else None
+        snap, retained, position = await snapshots_kept.get(run_id, seq)
         following = retained[position + 1] if position + 1 < len(retained) else None
-        views = message_views(snap.messages)
+        previous = await snapshots_kept.load(retained[position - 1]) if position else None
+        # Views are built only for what the page shows and for what differs from the previous
+        # snapshot: a long history mostly repeats the one before it.
+        shared = common_prefix(previous.messages, snap.messages) if previous is not None else 0
+        tail = message_views(snap.messages, shared)
         diff = None
         if previous is not None:
-            diff = diff_snapshots(message_views(previous.messages), views, previous_seq=previous.seq or 0)
+            before = message_views(previous.messages, shared)
+            diff = diff_snapshots(before, tail, previous_seq=previous.seq or 0, kept=shared)
         only_changes = request.query_params.get('only') == 'changes'
-        shown = [v for v in views if v.change] if only_changes else views
-        default_page = -(-len(shown) // MESSAGES_PER_PAGE) or 1
-        page = queries.page_of(_int_param(request, 'page', default_page), MESSAGES_PER_PAGE, len(shown))
+        changed = [v for v in tail if v.change]
+        total = len(changed) if only_changes else len(snap.messages)
+        default_page = -(-total // MESSAGES_PER_PAGE) or 1
+        page = queries.page_of(_int_param(request, 'page', default_page), MESSAGES_PER_PAGE, total)
+        if only_changes:
+            shown = changed[page.start : page.end]
+        else:
+            head = message_views(snap.messages, page.start, min(page.end, shared)) if page.start < shared else []
+            shown = head + tail[max(0, page.start - shared) : max(0, page.end - shared)]
         settled = next((s.seq for s in reversed(retained) if s.state is SnapshotState.COMPLETE), None)
         return render(
             request,
             'snapshot.html',
             record=record,
             snap=snap,
-            messages=shown[page.start : page.end],
+            messages=shown,
             page=page,
             only_changes=only_changes,
             diff=diff,
@@ -358,7 +397,7 @@ def create_app(
     async def media(request: Request) -> Response:
         run_id: str = request.path_params['run_id']
         seq: int = request.path_params['seq']
-        snap, _ = await _snapshot(store, run_id, seq)
+        snap, _, _ = await snapshots_kept.get(run_id, seq)
         message: int = request.path_params['message']
         part: int = request.path_params['part']
         item: int = request.path_params['item']

@@ -255,10 +255,10 @@ def _when(moment: datetime | None) -> str | None:
     return None if moment is None else moment.strftime('%Y-%m-%d %H:%M:%S')
 
 
-def message_views(messages: Sequence[ModelMessage]) -> list[MessageView]:
-    """Each message with its parts, ready for the page."""
+def message_views(messages: Sequence[ModelMessage], start: int = 0, end: int | None = None) -> list[MessageView]:
+    """Each message of `messages[start:end]` with its parts, ready for the page (numbered in `messages`)."""
     views: list[MessageView] = []
-    for index, message in enumerate(messages):
+    for index, message in enumerate(messages[start:end], start):
         if isinstance(message, ModelRequest):
             view = MessageView(index=index, kind='request', title='request')
             view.interrupted = getattr(message, 'state', 'complete') == 'interrupted'
@@ -303,3 +303,13 @@ def signature(view: MessageView) -> tuple[object, ...]:
         pieces = tuple((p.text, p.data, p.link, None if p.media is None else p.media.digest) for p in part.pieces)
         parts.append((part.label, part.tool_name, part.tool_call_id, part.args, part.outcome, pieces))
     return (view.kind, tuple(parts))
+
+
+def common_prefix(previous: Sequence[ModelMessage], current: Sequence[ModelMessage]) -> int:
+    """How many leading messages two histories share unchanged (compared as records, which is cheap)."""
+    count = 0
+    for before, now in zip(previous, current, strict=False):
+        if before != now:
+            break
+        count += 1
+    return count

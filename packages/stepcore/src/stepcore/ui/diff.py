@@ -31,14 +31,15 @@ class SnapshotDiff:
 
 
 def diff_snapshots(
-    previous: Sequence[MessageView], current: Sequence[MessageView], *, previous_seq: int
+    previous: Sequence[MessageView], current: Sequence[MessageView], *, previous_seq: int, kept: int = 0
 ) -> SnapshotDiff:
     """Mark each message of `current` as added or changed against `previous`; list what was removed.
 
     Messages are matched by content (see `signature`). A replaced block counts its messages as
-    changed, up to the shorter side; the rest are added or removed.
+    changed, up to the shorter side; the rest are added or removed. `kept` counts messages before
+    both lists that the caller already found unchanged (a shared prefix it left out).
     """
-    diff = SnapshotDiff(previous_seq=previous_seq)
+    diff = SnapshotDiff(previous_seq=previous_seq, kept=kept)
     matcher = SequenceMatcher(a=[signature(m) for m in previous], b=[signature(m) for m in current], autojunk=False)
     for tag, a0, a1, b0, b1 in matcher.get_opcodes():
         if tag == 'equal':

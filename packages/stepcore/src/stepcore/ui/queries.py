@@ -1,43 +1,51 @@
 """What the pages show, read through the public `StepStore` methods only.
 
-`list_runs` has no paging in the store API, so runs are filtered and paged here; a run's events
-are read once and sliced into pages.
+A page reads what it shows and little more: a run's status and event count come from its first
+and latest events, a timeline page reads its own events plus `PAIRING_WINDOW` on either side (to
+pair a start with its end), snapshot lists read no messages, and a snapshot page reads that
+snapshot and the one before it. `list_runs` is filtered and paged here.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
 
-from ..models import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
+from ..models import EventKind, RunRecord, SnapshotState, SnapshotSummary, StepEvent, ToolEffectRecord, ToolEffectStatus
 from ..protocols import StepStore, sort_time
 
 __all__ = (
     'EVENTS_PER_PAGE',
     'LINEAGE_LIMIT',
+    'PAIRING_WINDOW',
     'RUNS_PER_PAGE',
     'STATUSES',
     'Lineage',
     'LineageNode',
     'Page',
+    'RecoveryView',
+    'RunFacts',
     'RunFilter',
     'RunRow',
     'TimelineRow',
-    'all_snapshots',
     'lineage',
     'page_of',
+    'recovery_view',
+    'run_facts',
     'run_status',
     'runs_page',
+    'status_of',
     'timeline',
+    'timeline_page',
 )
 
 RUNS_PER_PAGE = 50
 EVENTS_PER_PAGE = 100
 LINEAGE_LIMIT = 200
 """Most runs shown in one lineage tree; a larger family is cut with a note."""
+PAIRING_WINDOW = 200
+"""Events read before and after a timeline page to pair the starts and ends that cross its edges."""
 STATUSES = ('completed', 'failed', 'unfinished')
 
 
@@ -49,6 +57,80 @@ def run_status(events: Sequence[StepEvent]) -> str:
         if event.kind is EventKind.RUN_FAILED:
             return 'failed'
     return 'unfinished'
+
+
+async def status_of(store: StepStore, run_id: str) -> str:
+    """The run's status from its latest event: a run ends with `run_completed` or `run_failed`."""
+    return run_status(await store.list_events_page(run_id, newest=True, limit=1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFacts:
+    status: str
+    event_count: int
+    span: tuple[datetime, datetime] | None
+    """When the first and the latest event happened."""
+
+
+async def run_facts(store: StepStore, run_id: str) -> RunFacts:
+    """Status, event count and time span of a run, from its first and latest events only.
+
+    An event's `seq` counts the run's events from 1, so the latest one's is the count.
+    """
+    latest = await store.list_events_page(run_id, newest=True, limit=1)
+    if not latest:
+        return RunFacts(status=run_status(latest), event_count=0, span=None)
+    first = await store.list_events_page(run_id, limit=1)
+    return RunFacts(
+        status=run_status(latest),
+        event_count=latest[0].seq or 0,
+        span=span([*first, *latest]),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecoveryView:
+    """What `inspect_recovery` reports, with snapshot summaries in place of whole snapshots.
+
+    The page links to the snapshots rather than showing their messages, so it reads none. The
+    tools that completed or failed come from the ledger (each call's latest status) rather than
+    from the whole event trail.
+    """
+
+    run_id: str
+    run: RunRecord | None
+    newest_snapshot: SnapshotSummary | None
+    settled_snapshot: SnapshotSummary | None
+    unresolved_effects: list[ToolEffectRecord]
+    completed_tools: tuple[str, ...]
+    failed_tools: tuple[str, ...]
+
+    @property
+    def interrupted(self) -> bool:
+        if self.newest_snapshot is None:
+            return False
+        return self.settled_snapshot is None or self.newest_snapshot.seq != self.settled_snapshot.seq
+
+
+def _tool_names(effects: Sequence[ToolEffectRecord], status: ToolEffectStatus) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(e.tool_name for e in effects if e.status is status))
+
+
+async def recovery_view(
+    store: StepStore, run: RunRecord | None, run_id: str, effects: Sequence[ToolEffectRecord]
+) -> RecoveryView:
+    """The recovery facts of a run, given its ledger (`list_tool_effects`)."""
+    summaries = await store.list_snapshot_summaries(run_id, include_interrupted=True)
+    settled = next((s for s in reversed(summaries) if s.state is SnapshotState.COMPLETE), None)
+    return RecoveryView(
+        run_id=run_id,
+        run=run,
+        newest_snapshot=summaries[-1] if summaries else None,
+        settled_snapshot=settled,
+        unresolved_effects=[e for e in effects if e.unresolved],
+        completed_tools=_tool_names(effects, ToolEffectStatus.COMPLETED),
+        failed_tools=_tool_names(effects, ToolEffectStatus.FAILED),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,7 +207,7 @@ async def runs_page(store: StepStore, where: RunFilter, number: int, size: int =
     if where.status:
         kept: list[RunRecord] = []
         for record in found:
-            status = run_status(await store.list_events(record.run_id))
+            status = await status_of(store, record.run_id)
             statuses[record.run_id] = status
             if status == where.status:
                 kept.append(record)
@@ -133,7 +215,7 @@ async def runs_page(store: StepStore, where: RunFilter, number: int, size: int =
     page = page_of(number, size, len(found))
     rows: list[RunRow] = []
     for record in found[page.start : page.end]:
-        status = statuses.get(record.run_id) or run_status(await store.list_events(record.run_id))
+        status = statuses.get(record.run_id) or await status_of(store, record.run_id)
         unresolved = len(await store.list_unresolved_tool_effects(record.run_id))
         rows.append(RunRow(record=record, status=status, unresolved=unresolved))
     return RunsPage(rows=rows, page=page, agents=agents)
@@ -188,7 +270,7 @@ async def lineage(store: StepStore, record: RunRecord, status: str, unresolved: 
         else:
             made = LineageNode(
                 record=run,
-                status=run_status(await store.list_events(run.run_id)),
+                status=await status_of(store, run.run_id),
                 unresolved=len(await store.list_unresolved_tool_effects(run.run_id)),
             )
         visited.add(run.run_id)
@@ -235,8 +317,8 @@ _STARTS = frozenset(_ENDS.values())
 def timeline(events: Sequence[StepEvent], start: int = 0, end: int | None = None) -> list[TimelineRow]:
     """Rows for `events[start:end]`: each event's offset from the first, and on an end the time since its start.
 
-    Ends are paired with their starts over the whole trail (a start may sit on an earlier page),
-    in one pass that only compares kinds and tool call ids; times are computed for the slice only.
+    Ends are paired with their starts over all of `events` (a start may sit on an earlier page), in
+    one pass that only compares kinds and tool call ids; times are computed for the slice only.
     """
     if not events:
         return []
@@ -276,19 +358,22 @@ def timeline(events: Sequence[StepEvent], start: int = 0, end: int | None = None
     return rows
 
 
-# -- snapshots ----------------------------------------------------------------------------------
-
-
-async def all_snapshots(store: StepStore, run_id: str) -> list[ContinuableSnapshot]:
-    """Every retained snapshot of the run, interrupted ones included, oldest first.
-
-    Stores that take `include_interrupted=` on `list_snapshots` are asked for all of them; others
-    return all of them already.
-    """
-    method = store.list_snapshots
-    if 'include_interrupted' in inspect.signature(method).parameters:
-        return await cast(Any, method)(run_id, include_interrupted=True)
-    return await method(run_id)
+async def timeline_page(
+    store: StepStore, run_id: str, number: int, size: int = EVENTS_PER_PAGE
+) -> tuple[list[TimelineRow], Page, RunFacts]:
+    """Page `number` of the run's timeline: its rows, where it sits, and the run's facts."""
+    facts = await run_facts(store, run_id)
+    page = page_of(number, size, facts.event_count)
+    if not facts.event_count:
+        return [], page, facts
+    # Page n holds the events with seq in ((n - 1) * size, n * size]; read a margin on either side.
+    after = max(0, page.start - PAIRING_WINDOW)
+    window = await store.list_events_page(run_id, after_seq=after, limit=page.end - after + PAIRING_WINDOW)
+    if after > 0:
+        window = [*await store.list_events_page(run_id, limit=1), *window]  # the origin of the offsets
+    start = next((i for i, e in enumerate(window) if (e.seq or 0) > page.start), len(window))
+    end = next((i for i, e in enumerate(window) if (e.seq or 0) > page.end), len(window))
+    return timeline(window, start, end), page, facts
 
 
 def unresolved_first(effects: Sequence[ToolEffectRecord]) -> list[ToolEffectRecord]:

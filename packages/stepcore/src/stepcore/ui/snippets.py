@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from ..recovery import RecoveryReport
+from .queries import RecoveryView
 
 __all__ = ('Snippet', 'display_url', 'recovery_snippets')
 
@@ -37,7 +38,9 @@ def _open_line(store_url: str, media_hint: str | None) -> str:
     return line + ') as store:'
 
 
-def recovery_snippets(report: RecoveryReport, *, store_url: str, media_hint: str | None = None) -> list[Snippet]:
+def recovery_snippets(
+    report: RecoveryReport | RecoveryView, *, store_url: str, media_hint: str | None = None
+) -> list[Snippet]:
     """`continue_run` and `fork_run` calls for the run, or nothing when it has no snapshot to start from.
 
     With no settled snapshot, the calls pass `include_interrupted=True`, after a comment to check
