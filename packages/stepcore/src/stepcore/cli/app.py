@@ -598,7 +598,8 @@ def prune(
         )
         return
     verb = 'would remove' if report.dry_run else 'removed'
-    table = Table(title=f'prune: runs idle since before {render.when(report.cutoff)} UTC', title_justify='left')
+    _out().print(f'runs idle since before {render.when(report.cutoff)} UTC (their last write)')
+    table = Table()
     table.add_column(verb)
     table.add_column('count', justify='right')
     for what, count in (
