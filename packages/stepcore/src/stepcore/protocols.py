@@ -411,7 +411,8 @@ def _paged(owner: str, by_lineage: Callable[..., object]) -> Callable[..., Await
     async def list_runs(self: StepStore, **arguments: Any) -> list[RunRecord]:
         query = RunQuery.make(**arguments)
         if set(arguments) <= {'conversation_id', 'parent_run_id'}:
-            return await earlier(self, **arguments)  # the earlier call shape: the store's own answer
+            # the earlier call shape: the store's own answer, with runs of one instant put in run_id order
+            return _ties_by_run_id(await earlier(self, **arguments))
 
         async def fetch(after: RunKey | None, batch: int | None) -> tuple[list[RunRecord], bool, RunKey | None]:
             del after, batch  # the earlier signature answers every run of the lineage at once
@@ -423,6 +424,19 @@ def _paged(owner: str, by_lineage: Callable[..., object]) -> Callable[..., Await
     list_runs.__qualname__ = f'{owner}.list_runs'
     list_runs.__doc__ = by_lineage.__doc__
     return list_runs
+
+
+def _ties_by_run_id(runs: list[RunRecord]) -> list[RunRecord]:
+    """`runs` in their order, except that neighbours with the same `started_at` go in `run_id` order."""
+    ordered: list[RunRecord] = []
+    start = 0
+    while start < len(runs):
+        end = start + 1
+        while end < len(runs) and sort_time(runs[end].started_at) == sort_time(runs[start].started_at):
+            end += 1
+        ordered.extend(sorted(runs[start:end], key=lambda r: r.run_id))
+        start = end
+    return ordered
 
 
 def _filtered(owner: str, list_all: Callable[..., object]) -> Callable[..., Awaitable[list[ContinuableSnapshot]]]:
