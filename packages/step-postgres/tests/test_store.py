@@ -38,8 +38,9 @@ from stepcore import (
     ToolEffectStatus,
 )
 from stepcore.codec import dump_record_json, encode_message
-from stepcore.engine import DamagedRecordError
+from stepcore.engine import DamagedRecordError, ops
 from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at
+from stepcore.models import utcnow
 
 Damage = Callable[..., Awaitable[None]]
 
@@ -355,10 +356,18 @@ async def test_every_protocol_query_can_use_an_index(
     snapshot = {'run': 'r', 'complete': 'complete'}
     checks: list[tuple[Any, Any]] = [
         (q.run_get, ('r',)),
-        (q.runs_by_conversation, ('c',)),
-        (q.runs_by_parent, ('p',)),
-        (q.runs_by_both, ('c', 'p')),
-        (q.runs_all, ()),
+        *(
+            (ask.query, ask.params)
+            for ask in (
+                port._ask_list_runs(ops.ListRuns(conversation_id='c')),
+                port._ask_list_runs(ops.ListRuns(parent_run_id='p')),
+                port._ask_list_runs(ops.ListRuns(conversation_id='c', parent_run_id='p')),
+                port._ask_list_runs(ops.ListRuns()),
+                port._ask_list_runs(ops.ListRuns(after=(utcnow(), 'r'), limit=10)),
+                port._ask_list_runs(ops.ListRuns(started_before=utcnow(), newest_first=True, limit=10)),
+                port._ask_list_runs(ops.ListRuns(conversation_id='c', after=(utcnow(), 'r'), limit=10)),
+            )
+        ),
         (q.events_list, ('r',)),
         *((query, snapshot) for query in q.snapshots.values()),
         (q.snapshot_states, ('r',)),

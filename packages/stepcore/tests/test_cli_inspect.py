@@ -99,8 +99,25 @@ def test_runs_pages_from_the_newest(db: str) -> None:
         'report-run-1.research',
     ]
     text = ok('runs', '-s', db, '--limit', '1')
-    assert 'runs 4-4 of 4' in text
+    assert 'newest runs 1-1 shown' in text
     assert '--offset 1' in text
+    last = ok('runs', '-s', db, '--limit', '2', '--offset', '2')
+    assert 'newest runs 3-4 shown' in last
+    assert '--offset' not in last
+
+
+def test_runs_filter_by_status_and_start(db: str) -> None:
+    assert [r['run_id'] for r in as_json('runs', '-s', db, '--status', 'failed')] == ['deploy-1']
+    assert [r['run_id'] for r in as_json('runs', '-s', db, '--status', 'unfinished')] == ['report-run-1']
+    assert len(as_json('runs', '-s', db, '--after', '1d')) == 4
+    assert as_json('runs', '-s', db, '--before', '2000-01-01') == []
+    assert ok('runs', '-s', db, '--before', '2000-01-01') == 'no runs match\n'
+    result = cli('runs', '-s', db, '--after', 'last tuesday')
+    assert result.exit_code == 1
+    assert "--after 'last tuesday' is neither a date nor an age" in result.stderr
+    result = cli('runs', '-s', db, '--status', 'done')
+    assert result.exit_code == 1
+    assert "status 'done' is not a run status: use one of completed, failed, unfinished" in result.stderr
 
 
 def test_store_from_environment(db: str) -> None:

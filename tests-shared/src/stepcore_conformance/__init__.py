@@ -29,8 +29,10 @@ from .events import EventsConformance
 from .externalization import MediaExternalizationConformance
 from .features import FeaturesConformance
 from .history import HistoryConformance
+from .lifecycle import DeleteConversationConformance, PruneConformance
 from .media import MediaStoreConformance
 from .memory_media import InMemoryMediaStore
+from .paging import PagingConformance
 from .persistence import PersistenceConformance
 from .retention import RetentionConformance
 from .runs import RunsConformance
@@ -44,6 +46,7 @@ __all__ = (
     'Damage',
     'DamageConformance',
     'DeleteConformance',
+    'DeleteConversationConformance',
     'EffectsConformance',
     'EventsConformance',
     'FeaturesConformance',
@@ -51,7 +54,9 @@ __all__ = (
     'InMemoryMediaStore',
     'MediaExternalizationConformance',
     'MediaStoreConformance',
+    'PagingConformance',
     'PersistenceConformance',
+    'PruneConformance',
     'RetentionConformance',
     'RunsConformance',
     'SnapshotsConformance',
@@ -71,6 +76,9 @@ class StepStoreConformance(
     EffectsConformance,
     BatchWritesConformance,
     DeleteConformance,
+    PagingConformance,
+    DeleteConversationConformance,
+    PruneConformance,
     RetentionConformance,
     MediaExternalizationConformance,
     ConcurrencyConformance,

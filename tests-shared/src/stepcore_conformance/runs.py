@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -104,7 +105,7 @@ class RunsConformance(StoreFixtures):
         b_p = await register(store, conversation_id=conv_b, parent_run_id=parent_p, started_at=at(3))
         a_none = await register(store, conversation_id=conv_a, started_at=at(4))
 
-        async def ids(**filters: str | None) -> list[str]:
+        async def ids(**filters: Any) -> list[str]:
             return [r.run_id for r in await store.list_runs(**filters)]
 
         assert await ids(conversation_id=conv_a, parent_run_id=parent_p) == [a_p]

@@ -8,10 +8,12 @@ apart), so the engine's damage policy applies to it like to any damaged record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -130,6 +132,16 @@ def read_snapshot(path: Path) -> tuple[int | None, int, dict[str, Any]]:
     return head, length, cast(dict[str, Any], header)
 
 
+def _started(value: object) -> datetime:
+    """A record's `started_at` for ordering; `EPOCH` when it is missing or malformed (the engine
+    then finds the record damaged)."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            moment = datetime.fromisoformat(value)
+            return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return EPOCH
+
+
 def read_run(run_id: str, path: Path) -> RunRow | None:
     """The run's row from its `run.json`; a file that cannot be read is handed over as it is."""
     try:
@@ -145,7 +157,7 @@ def read_run(run_id: str, path: Path) -> RunRow | None:
     conversation, parent = data.get('conversation_id'), data.get('parent_run_id')
     return RunRow(
         run_id=run_id,
-        started_at=EPOCH,  # the engine orders runs by the started_at of their records
+        started_at=_started(data.get('started_at')),
         conversation_id=conversation if isinstance(conversation, str) else None,
         parent_run_id=parent if isinstance(parent, str) else None,
         body=data,

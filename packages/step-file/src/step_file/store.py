@@ -16,8 +16,8 @@ import shutil
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, Literal, cast
 
@@ -52,7 +52,7 @@ from .layout import (
     snapshot_document,
     with_field,
 )
-from .logs import EventsSeen, KeysSeen, LedgerSeen, json_object
+from .logs import EPOCH, EventsSeen, KeysSeen, LedgerSeen, json_object
 from .nodes import Nodes, NodeWriter, parse_nodes
 
 __all__ = (
@@ -239,7 +239,12 @@ class FilePort(SyncPort):
                 row = read_run(validate_path_safe_run_id(name), self.directory / name / RUN_FILE)
                 if row is not None:
                     rows.append(row)
-        return rows
+        # Every run record is read anyway (the folders hold no index), so every candidate is answered,
+        # filtered and in order, without a limit; a record that did not parse is always answered, so the
+        # engine reports it as damaged instead of its columns deciding the filters.
+        readable = [r for r in rows if isinstance(r.body, Mapping) and r.started_at != EPOCH]
+        damaged = [r for r in rows if not (isinstance(r.body, Mapping) and r.started_at != EPOCH)]
+        return [*damaged, *replace(op, limit=None).pick(readable)]
 
     def delete_run(self, tx: _Tx, op: ops.DeleteRun) -> bool:
         """Move the run's folder aside under a hidden name, then remove it (the run's lock is held)."""

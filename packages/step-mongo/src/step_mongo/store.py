@@ -54,6 +54,7 @@ from .documents import (
     effect_row,
     event_document,
     event_row,
+    micros,
     node_documents,
     nodes_from,
     run_document,
@@ -94,6 +95,7 @@ _INDEXES: Final[dict[str, list[IndexModel]]] = {
         _index([('conversation_id', ASCENDING)], 'conversation_id', sparse=True),
         _index([('parent_run_id', ASCENDING)], 'parent_run_id', sparse=True),
         _index([('started_at', ASCENDING)], 'started_at'),
+        _index([('started_at_us', ASCENDING), ('_id', ASCENDING)], 'started_at_us_id'),
     ],
     'events': _seq_and_key_indexes(),
     'snapshots': [
@@ -188,12 +190,29 @@ class MongoPort(AsyncPort):
         return run_row(doc) if doc is not None else None
 
     async def list_runs(self, tx: Any, op: ops.ListRuns) -> list[ops.RunRow]:
+        """Lineage, time bounds, the keyset and the limit in one `find`, on the exact start in
+        microseconds (`started_at_us`) and the run id (`_id`), both compared as the engine does."""
         query: Document = {}
         if op.conversation_id is not None:
             query['conversation_id'] = op.conversation_id
         if op.parent_run_id is not None:
             query['parent_run_id'] = op.parent_run_id
-        return [run_row(doc) async for doc in self._runs.find(query, sort=_BY_START)]
+        bounds: Document = {}
+        if op.started_after is not None:
+            bounds['$gt'] = micros(op.started_after)
+        if op.started_before is not None:
+            bounds['$lt'] = micros(op.started_before)
+        if bounds:
+            query['started_at_us'] = bounds
+        if op.after is not None:
+            beyond = '$lt' if op.newest_first else '$gt'
+            started, run_id = micros(op.after[0]), op.after[1]
+            query['$or'] = [{'started_at_us': {beyond: started}}, {'started_at_us': started, '_id': {beyond: run_id}}]
+        direction = DESCENDING if op.newest_first else ASCENDING
+        cursor = self._runs.find(query, sort=[('started_at_us', direction), ('_id', direction)])
+        if op.limit is not None:
+            cursor = cursor.limit(op.limit)
+        return [run_row(doc) async for doc in cursor]
 
     async def delete_run(self, tx: Any, op: ops.DeleteRun) -> bool:
         """Every collection's documents of the run: snapshots before the message nodes they name, so

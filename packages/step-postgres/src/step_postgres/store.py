@@ -202,15 +202,43 @@ class PostgresPort(AsyncPort):
         return await _fetch(tx, self._ask_get_run(op))
 
     def _ask_list_runs(self, op: ops.ListRuns) -> _Ask[list[ops.RunRow]]:
-        if op.conversation_id is not None and op.parent_run_id is not None:
-            query, params = self._q.runs_by_both, (op.conversation_id, op.parent_run_id)
-        elif op.conversation_id is not None:
-            query, params = self._q.runs_by_conversation, (op.conversation_id,)
-        elif op.parent_run_id is not None:
-            query, params = self._q.runs_by_parent, (op.parent_run_id,)
-        else:
-            query, params = self._q.runs_all, ()
-        return _Ask(query, params, lambda rows: [_run_row(r) for r in rows])
+        """Lineage, time bounds, the keyset and the limit in SQL; ties in `run_id` order by code point
+        (`COLLATE "C"`, as the engine orders them). The agent name is left to the engine."""
+        clauses: list[sql.Composable] = []
+        params: list[Any] = []
+        for column, value in (('conversation_id', op.conversation_id), ('parent_run_id', op.parent_run_id)):
+            if value is not None:
+                clauses.append(sql.SQL('{} = %s').format(sql.Identifier(column)))
+                params.append(value)
+        if op.started_after is not None:
+            clauses.append(sql.SQL('started_at > %s'))
+            params.append(op.started_after)
+        if op.started_before is not None:
+            clauses.append(sql.SQL('started_at < %s'))
+            params.append(op.started_before)
+        if op.after is not None:
+            clauses.append(
+                sql.SQL(
+                    '(started_at, run_id COLLATE "C") < (%s, %s)'
+                    if op.newest_first
+                    else '(started_at, run_id COLLATE "C") > (%s, %s)'
+                )
+            )
+            params.extend(op.after)
+        parts: list[sql.Composable] = [self._q.runs_select]
+        if clauses:
+            parts.append(sql.SQL(' WHERE ') + sql.SQL(' AND ').join(clauses))
+        parts.append(
+            sql.SQL(
+                ' ORDER BY started_at DESC, run_id COLLATE "C" DESC'
+                if op.newest_first
+                else ' ORDER BY started_at, run_id COLLATE "C"'
+            )
+        )
+        if op.limit is not None:
+            parts.append(sql.SQL(' LIMIT %s'))
+            params.append(op.limit)
+        return _Ask(sql.Composed(parts), params, lambda rows: [_run_row(r) for r in rows])
 
     async def list_runs(self, tx: AsyncConnection[Any], op: ops.ListRuns) -> list[ops.RunRow]:
         return await _fetch(tx, self._ask_list_runs(op))
@@ -340,12 +368,7 @@ class _Queries:
             VALUES (%s, %s, %s, %s, %s::json) ON CONFLICT (run_id) DO NOTHING RETURNING true"""
         )
         self.run_get = q(run_columns + ' WHERE run_id = %s')
-        self.runs_all = q(run_columns + ' ORDER BY started_at, ord')
-        self.runs_by_conversation = q(run_columns + ' WHERE conversation_id = %s ORDER BY started_at, ord')
-        self.runs_by_parent = q(run_columns + ' WHERE parent_run_id = %s ORDER BY started_at, ord')
-        self.runs_by_both = q(
-            run_columns + ' WHERE conversation_id = %s AND parent_run_id = %s ORDER BY started_at, ord'
-        )
+        self.runs_select = q(run_columns)
         ids = tables.identifiers()
         deleted = [sql.Identifier(f'd_{table}') for table in _RUN_TABLES]
         self.run_delete = sql.SQL('WITH {deletes} SELECT {counts} > 0').format(

@@ -215,7 +215,9 @@ class RedisPort(AsyncPort):
         else:
             index = keys.runorder
         found = await self._script(self._list_runs, [index, keys.runs], [])
-        return [_run_row(run_id.decode(), value) for run_id, value in _pairs(found)]
+        # The indexes are sorted sets in registration order, not by start: the lineage filter is the
+        # server's, the time bounds, keyset and limit are applied here over the rows it answered.
+        return op.pick(_run_row(run_id.decode(), value) for run_id, value in _pairs(found))
 
     async def delete_run(self, tx: Any, op: ops.DeleteRun) -> bool:
         keys = self.keys

@@ -182,16 +182,29 @@ class SqlitePort(SyncPort):
         return _run_row(found) if found is not None else None
 
     def list_runs(self, tx: sqlite3.Connection, op: ops.ListRuns) -> list[ops.RunRow]:
+        """Lineage, time bounds, the keyset and the limit in SQL, on the `started_us` indexes (ties
+        are put in `run_id` order within one instant). The agent name is left to the engine."""
         clauses: list[str] = []
-        params: list[str] = []
+        params: list[str | int] = []
         if op.conversation_id is not None:
             clauses.append('conversation_id = ?')
             params.append(op.conversation_id)
         if op.parent_run_id is not None:
             clauses.append('parent_run_id = ?')
             params.append(op.parent_run_id)
+        if op.started_after is not None:
+            clauses.append('started_us > ?')
+            params.append(_micros(op.started_after))
+        if op.started_before is not None:
+            clauses.append('started_us < ?')
+            params.append(_micros(op.started_before))
+        if op.after is not None:
+            clauses.append(f'(started_us, run_id) {"<" if op.newest_first else ">"} (?, ?)')
+            params.extend((_micros(op.after[0]), op.after[1]))
         where = f'WHERE {" AND ".join(clauses)} ' if clauses else ''
-        rows = tx.execute(f'SELECT {_RUN_COLUMNS} FROM runs {where}ORDER BY started_us, rowid', params)
+        order = 'started_us DESC, run_id DESC' if op.newest_first else 'started_us, run_id'
+        limit = '' if op.limit is None else f' LIMIT {int(op.limit)}'
+        rows = tx.execute(f'SELECT {_RUN_COLUMNS} FROM runs {where}ORDER BY {order}{limit}', params)
         return [_run_row(r) for r in rows]
 
     def delete_run(self, tx: sqlite3.Connection, op: ops.DeleteRun) -> bool:

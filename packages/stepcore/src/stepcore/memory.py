@@ -57,7 +57,7 @@ class MemoryPort(SyncPort):
         return self._runs.get(op.run_id)
 
     def list_runs(self, tx: Any, op: ops.ListRuns) -> list[ops.RunRow]:
-        return list(self._runs.values())
+        return op.pick(self._runs.values())
 
     def delete_run(self, tx: Any, op: ops.DeleteRun) -> bool:
         had_row = self._runs.pop(op.run_id, None) is not None

@@ -6,10 +6,23 @@ import inspect
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, ClassVar, Self, TypeAlias, cast
 
+from .lifecycle import (
+    PruneProgress,
+    PruneReport,
+    RunFootprint,
+    RunKey,
+    RunPage,
+    RunQuery,
+    RunStatus,
+    check_older_than,
+    collect_runs,
+    run_status,
+    sort_time,
+)
 from .models import (
     ContinuableSnapshot,
     RunRecord,
@@ -18,6 +31,7 @@ from .models import (
     StepEvent,
     ToolEffectRecord,
     ToolEffectStatus,
+    utcnow,
 )
 
 __all__ = ('StepStore', 'StepWrite', 'check_event_window', 'check_writes', 'sort_time')
@@ -47,11 +61,6 @@ def event_window(
     return found[-limit:] if newest else found[:limit]
 
 
-def sort_time(moment: datetime) -> datetime:
-    """`moment` as an aware datetime for ordering (a naive one is taken as UTC)."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
 def check_writes(writes: Sequence[object]) -> Sequence[StepWrite]:
     """`writes` unchanged when every item is a `StepEvent` or `ToolEffectRecord`; `TypeError` otherwise.
 
@@ -77,7 +86,9 @@ class StepStore(ABC):
 
     - `register_run` raises `ValueError` for a run id already registered, unless the stored record
       carries the same non-`None` `registration_id` (a retried registration), which is a no-op.
-    - `list_runs` filters combine with AND and results are sorted by `started_at` ascending.
+    - `list_runs` filters combine with AND and results are sorted by `started_at` ascending, runs
+      that started at the same instant by `run_id`; `limit` and `cursor` page that order (keyset on
+      `(started_at, run_id)`, see `stepcore.lifecycle`).
     - Events and snapshots with an `idempotency_key` the run already applied are suppressed;
       a `None` key always appends. Events keep their append order within a run.
     - `save_snapshot` copies: mutating the messages afterwards does not change what is stored.
@@ -91,7 +102,8 @@ class StepStore(ABC):
       `completed` ledger entry never becomes durable before the snapshot that holds its result.
     - With `max_snapshots_per_run=N`, each save prunes the run to the newest N snapshots plus the
       newest snapshot overall and the newest complete one.
-    - `delete_run` removes the run's record, events, snapshots and ledger.
+    - `delete_run` removes the run's record, events, snapshots and ledger; `delete_conversation`
+      and `prune` remove whole runs through it.
 
     Stores are async context managers: `async with SomeStore(...) as store:` closes it on exit.
     """
@@ -111,9 +123,75 @@ class StepStore(ABC):
 
     @abstractmethod
     async def list_runs(
-        self, *, conversation_id: str | None = None, parent_run_id: str | None = None
+        self,
+        *,
+        conversation_id: str | None = None,
+        parent_run_id: str | None = None,
+        agent_name: str | None = None,
+        status: RunStatus | None = None,
+        started_after: datetime | None = None,
+        started_before: datetime | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        newest_first: bool = False,
     ) -> list[RunRecord]:
-        """Runs matching every given filter, oldest `started_at` first."""
+        """Runs matching every given filter, oldest `started_at` first (ties by `run_id`).
+
+        `status` is `completed`, `failed` or `unfinished` (see `stepcore.lifecycle.run_status`);
+        `started_after` / `started_before` bound `started_at`, both exclusive. `limit` answers at
+        most that many; `cursor` (from `list_runs_page`) continues after the run it names;
+        `newest_first=True` lists in the opposite order. A bad value raises `ValueError` naming it.
+
+        A store written for the earlier signature (only `conversation_id` and `parent_run_id`)
+        still works: the other arguments are applied over its answer.
+        """
+
+    async def list_runs_page(
+        self,
+        *,
+        conversation_id: str | None = None,
+        parent_run_id: str | None = None,
+        agent_name: str | None = None,
+        status: RunStatus | None = None,
+        started_after: datetime | None = None,
+        started_before: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        newest_first: bool = False,
+    ) -> RunPage:
+        """One page of `list_runs`: at most `limit` runs and the cursor of the next page (`None` after the last).
+
+        Pass `next_cursor` back as `cursor`, with the same filters and order, for the next page.
+        Paging is by key, not by position: runs added or removed meanwhile do not shift a page.
+        """
+        query = RunQuery.make(
+            conversation_id=conversation_id,
+            parent_run_id=parent_run_id,
+            agent_name=agent_name,
+            status=status,
+            started_after=started_after,
+            started_before=started_before,
+            limit=limit,
+            cursor=cursor,
+            newest_first=newest_first,
+        )
+        if limit < 1:
+            raise ValueError(f'limit {limit!r} is not a page size: pass an int >= 1')
+        runs = await self.list_runs(
+            conversation_id=conversation_id,
+            parent_run_id=parent_run_id,
+            agent_name=agent_name,
+            status=status,
+            started_after=started_after,
+            started_before=started_before,
+            limit=limit + 1,
+            cursor=cursor,
+            newest_first=newest_first,
+        )
+        if len(runs) <= limit:
+            return RunPage(runs, None)
+        page = runs[:limit]
+        return RunPage(page, query.cursor_after(page[-1]))
 
     @abstractmethod
     async def delete_run(self, run_id: str) -> bool:
@@ -121,6 +199,98 @@ class StepStore(ABC):
 
         Media blobs stay: they are content-addressed and may be shared with other runs.
         """
+
+    async def delete_conversation(self, conversation_id: str, *, include_delegates: bool = False) -> int:
+        """Remove every run of the conversation through `delete_run`; answers how many runs were removed.
+
+        With `include_delegates=True`, also every run whose `parent_run_id` chain leads to a run of
+        the conversation, whatever conversation it carries. Delegates go before the runs that
+        started them and newer runs before older ones, so a delete stopped half way leaves every
+        remaining run reachable, and calling it again finishes the job.
+        """
+        if not isinstance(conversation_id, str) or not conversation_id:
+            raise ValueError(f'conversation_id {conversation_id!r} cannot name a conversation: pass a non-empty string')
+        order = [r.run_id for r in await self.list_runs(conversation_id=conversation_id)]
+        if include_delegates:
+            seen = set(order)
+            frontier = list(order)
+            while frontier:
+                children: list[str] = []
+                for run_id in frontier:
+                    for child in await self.list_runs(parent_run_id=run_id):
+                        if child.run_id not in seen:
+                            seen.add(child.run_id)
+                            children.append(child.run_id)
+                order.extend(children)
+                frontier = children
+        removed = 0
+        for run_id in reversed(order):
+            if await self.delete_run(run_id):
+                removed += 1
+        return removed
+
+    async def prune(
+        self,
+        older_than: timedelta,
+        *,
+        conversation_id: str | None = None,
+        dry_run: bool = False,
+        progress: PruneProgress | None = None,
+    ) -> PruneReport:
+        """Remove the runs whose start and last activity are both older than `older_than` (from now).
+
+        A run's last activity is the newest of its start, its events, its ledger entries'
+        `updated_at` and its snapshots' `created_at`: a run that started long ago but was written
+        to since the cutoff is still being written, and is kept (listed in `kept_active`).
+        `conversation_id` limits pruning to one conversation; `dry_run=True` removes nothing and
+        reports what would go. `progress(examined, total)` is called as runs are examined.
+        """
+        older_than = check_older_than(older_than)
+        if conversation_id is not None and (not isinstance(conversation_id, str) or not conversation_id):
+            raise ValueError(f'conversation_id {conversation_id!r} is not a filter: pass a non-empty string, or None')
+        cutoff = utcnow() - older_than
+        candidates = await self.list_runs(conversation_id=conversation_id, started_before=cutoff)
+        report = PruneReport(cutoff=cutoff, dry_run=bool(dry_run))
+        if progress is not None:
+            progress(0, len(candidates))
+        for done, run in enumerate(candidates, 1):
+            footprint = await self._prune_run(run.run_id, cutoff, dry_run=bool(dry_run))
+            if footprint is not None:
+                if footprint.last_activity >= cutoff:
+                    report.kept_active.append(run.run_id)
+                else:
+                    report.add(footprint)
+            if progress is not None:
+                progress(done, len(candidates))
+        return report
+
+    async def _prune_run(self, run_id: str, cutoff: datetime, *, dry_run: bool) -> RunFootprint | None:
+        """Weigh one run and remove it when it has been idle since before `cutoff` (unless `dry_run`);
+        answers its footprint, or `None` when it is gone. A store with transactions does both in one."""
+        footprint = await self._run_footprint(run_id)
+        if footprint is None or dry_run or footprint.last_activity >= cutoff:
+            return footprint
+        return footprint if await self.delete_run(run_id) else None
+
+    async def _run_footprint(self, run_id: str) -> RunFootprint | None:
+        """How much a run holds and when it was last written (`None`: no such run)."""
+        run = await self.get_run(run_id)
+        if run is None:
+            return None
+        events = await self.list_events(run_id)
+        effects = await self.list_tool_effects(run_id)
+        snapshots = await self.list_snapshots(run_id, include_interrupted=True)
+        times = [
+            sort_time(run.started_at),
+            *(sort_time(e.timestamp) for e in events),
+            *(sort_time(e.updated_at) for e in effects),
+            *(sort_time(s.created_at) for s in snapshots),
+        ]
+        return RunFootprint(run_id, len(events), len(snapshots), len(effects), max(times), run_status(events))
+
+    async def _status_of(self, run_id: str) -> RunStatus:
+        """The run's status, from its newest event (see `stepcore.lifecycle.run_status`)."""
+        return run_status(await self.list_events_page(run_id, newest=True, limit=1))
 
     # -- events -------------------------------------------------------------------------------
 
@@ -242,6 +412,9 @@ class StepStore(ABC):
         features: object = cls.__dict__.get('features', cls.features)
         if not isinstance(features, frozenset):
             raise TypeError(f'{cls.__name__}.features must be a frozenset of feature names, got {features!r}')
+        own_runs: object = cls.__dict__.get('list_runs')
+        if callable(own_runs) and not _takes_keywords(own_runs, 'limit', 'cursor'):
+            cls.list_runs = _paged(cls.__name__, own_runs)  # pyright: ignore[reportAttributeAccessIssue]
         own: object = cls.__dict__.get('list_snapshots')
         if callable(own) and not _takes_include_interrupted(own):
             cls.list_snapshots = _filtered(cls.__name__, own)  # pyright: ignore[reportAttributeAccessIssue]
@@ -266,6 +439,55 @@ def _takes_include_interrupted(method: Callable[..., object]) -> bool:
     except (TypeError, ValueError):
         return True  # no signature to read: call it as the contract says
     return 'include_interrupted' in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _takes_keywords(method: Callable[..., object], *names: str) -> bool:
+    """Whether an override accepts every one of `names` as keywords (by name or through `**kwargs`)."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return True
+    return all(n in params for n in names) or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+ListRunsByLineage: TypeAlias = Callable[..., Awaitable[list[RunRecord]]]
+"""A store's `list_runs(self, *, conversation_id=None, parent_run_id=None)` of the earlier signature."""
+
+
+def _paged(owner: str, by_lineage: Callable[..., object]) -> Callable[..., Awaitable[list[RunRecord]]]:
+    """`list_runs` of the current signature over an override of the earlier one: the store filters by
+    lineage, and the other filters, the order and the paging are applied over its answer."""
+    earlier = cast(ListRunsByLineage, by_lineage)
+
+    async def list_runs(self: StepStore, **arguments: Any) -> list[RunRecord]:
+        query = RunQuery.make(**arguments)
+        if set(arguments) <= {'conversation_id', 'parent_run_id'}:
+            # the earlier call shape: the store's own answer, with runs of one instant put in run_id order
+            return _ties_by_run_id(await earlier(self, **arguments))
+
+        async def fetch(after: RunKey | None, batch: int | None) -> tuple[list[RunRecord], bool, RunKey | None]:
+            del after, batch  # the earlier signature answers every run of the lineage at once
+            found = await earlier(self, conversation_id=query.conversation_id, parent_run_id=query.parent_run_id)
+            return list(found), True, None
+
+        return await collect_runs(query, fetch, self._status_of)  # pyright: ignore[reportPrivateUsage]
+
+    list_runs.__qualname__ = f'{owner}.list_runs'
+    list_runs.__doc__ = by_lineage.__doc__
+    return list_runs
+
+
+def _ties_by_run_id(runs: list[RunRecord]) -> list[RunRecord]:
+    """`runs` in their order, except that neighbours with the same `started_at` go in `run_id` order."""
+    ordered: list[RunRecord] = []
+    start = 0
+    while start < len(runs):
+        end = start + 1
+        while end < len(runs) and sort_time(runs[end].started_at) == sort_time(runs[start].started_at):
+            end += 1
+        ordered.extend(sorted(runs[start:end], key=lambda r: r.run_id))
+        start = end
+    return ordered
 
 
 def _filtered(owner: str, list_all: Callable[..., object]) -> Callable[..., Awaitable[list[ContinuableSnapshot]]]:

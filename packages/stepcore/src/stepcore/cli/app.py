@@ -7,9 +7,10 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -20,6 +21,8 @@ from rich.text import Text
 
 from .. import __version__
 from ..codec import dump_record
+from ..lifecycle import PruneReport, RunStatus, parse_duration
+from ..models import utcnow
 from ..protocols import StepStore
 from ..registry import RegisteredBackend, get_registry
 from . import render
@@ -253,6 +256,27 @@ def _progress(description: str, total: int | None):
         yield advance
 
 
+@contextmanager
+def _progress_of(description: str):
+    """A progress bar on stderr (only when it is a terminal), fed `(done, total)` as work proceeds."""
+    stderr = Console(stderr=True)
+    with Progress(
+        TextColumn('{task.description}'),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        disable=not stderr.is_terminal,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        yield update
+
+
 # --- demo ----------------------------------------------------------------------------------------
 
 
@@ -320,42 +344,80 @@ def plugins(as_json: JsonOption = False) -> None:
 # --- listings ------------------------------------------------------------------------------------
 
 
+def _moment_option(value: str | None, option: str) -> datetime | None:
+    """An ISO date or date-time (naive: UTC), or an age such as `7d` meaning that long ago."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        try:
+            return utcnow() - parse_duration(value)
+        except ValueError:
+            _fail(
+                f'{option} {value!r} is neither a date nor an age: give an ISO date or date-time '
+                '(2026-11-30, 2026-11-30T08:00:00+01:00) or an age such as 7d, 12h or 90m'
+            )
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 @app.command()
 def runs(
     store: StoreOption = None,
     conversation: Annotated[str | None, typer.Option(help='Only runs of this conversation_id.')] = None,
     parent: Annotated[str | None, typer.Option(help='Only runs delegated from this run id.')] = None,
     agent: Annotated[str | None, typer.Option(help='Only runs of this agent name.')] = None,
+    status: Annotated[
+        str | None, typer.Option(metavar='STATUS', help='Only runs with this status: completed, failed or unfinished.')
+    ] = None,
+    after: Annotated[
+        str | None,
+        typer.Option(
+            metavar='WHEN', help='Only runs started after this: an ISO date/time, or an age (7d: 7 days ago).'
+        ),
+    ] = None,
+    before: Annotated[
+        str | None,
+        typer.Option(metavar='WHEN', help='Only runs started before this: an ISO date/time, or an age (30d).'),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, help='Show at most this many of the newest matching runs.')] = 50,
     offset: Annotated[int, typer.Option(min=0, help='Skip this many of the newest matching runs.')] = 0,
     as_json: JsonOption = False,
 ) -> None:
-    """List runs, oldest first and newest last (filters combine with AND)."""
+    """List runs, oldest first and newest last (filters combine with AND).
 
-    async def body(s: StepStore) -> tuple[list[Any], list[str], int, int]:
-        found = await s.list_runs(conversation_id=conversation, parent_run_id=parent)
-        if agent is not None:
-            found = [r for r in found if r.agent_name == agent]
-        end = max(0, len(found) - offset)
-        start = max(0, end - limit)
-        page = found[start:end]
-        statuses = [render.run_status(await s.list_events(r.run_id)) for r in page]
-        return page, statuses, start, len(found)
+    Only the runs shown are read: the store filters and pages (newest first) in its own query.
+    """
+    started_after = _moment_option(after, '--after')
+    started_before = _moment_option(before, '--before')
 
-    page, statuses, start, total = _with_store(store, body)
+    async def body(s: StepStore) -> tuple[list[Any], list[str], bool]:
+        found = await s.list_runs(
+            conversation_id=conversation,
+            parent_run_id=parent,
+            agent_name=agent,
+            status=cast(RunStatus | None, status),
+            started_after=started_after,
+            started_before=started_before,
+            limit=offset + limit + 1,
+            newest_first=True,
+        )
+        page = found[offset : offset + limit][::-1]
+        statuses = [render.run_status(await s.list_events_page(r.run_id, newest=True, limit=1)) for r in page]
+        return page, statuses, len(found) > offset + limit
+
+    page, statuses, more = _with_store(store, body)
     if as_json:
         _echo_json([{**dump_record(r), 'status': st} for r, st in zip(page, statuses, strict=True)])
         return
     if not page:
-        _out().print('no runs match' if total else 'no runs in this store')
+        filtered = any(v is not None for v in (conversation, parent, agent, status, after, before)) or offset
+        _out().print('no runs match' if filtered else 'no runs in this store')
         return
     _out().print(render.runs_table(page, statuses))
-    if len(page) < total:
-        _out().print(
-            f'runs {start + 1}-{start + len(page)} of {total} (oldest first); '
-            f'use --offset {offset + len(page)} for older ones',
-            style='dim',
-        )
+    if more or offset:
+        hint = f'; use --offset {offset + len(page)} for older ones' if more else ''
+        _out().print(f'newest runs {offset + 1}-{offset + len(page)} shown (oldest first){hint}', style='dim')
 
 
 @app.command()
@@ -367,7 +429,7 @@ def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = F
         if record is None:
             raise LookupError(f'run {rid!r} not found in this store: list the stored runs with `stepcore runs`')
         seen.add(rid)
-        status = render.run_status(await s.list_events(rid))
+        status = render.run_status(await s.list_events_page(rid, newest=True, limit=1))
         unresolved = len(await s.list_unresolved_tool_effects(rid))
         children = [
             await build(s, child.run_id, seen)
@@ -487,6 +549,74 @@ def recover(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption 
         _echo_json(recovery_json(report))
         return
     _out().print(describe_recovery(run_id, report))
+
+
+# --- prune ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def prune(
+    older_than: Annotated[
+        str,
+        typer.Option(
+            '--older-than',
+            metavar='AGE',
+            help='Remove runs whose last activity is older than this: 30d, 12h, 90m, 2w (or 1d12h).',
+            show_default=False,
+        ),
+    ],
+    conversation: Annotated[str | None, typer.Option(help='Only runs of this conversation_id.')] = None,
+    dry_run: Annotated[bool, typer.Option('--dry-run', help='Remove nothing; report what would go.')] = False,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove runs idle for longer than --older-than, with their events, snapshots and ledger.
+
+    A run still being written is never removed: age counts from a run's last write, not its start.
+    """
+    try:
+        age = parse_duration(older_than)
+    except ValueError as exc:
+        _fail(f'--older-than: {exc}')
+
+    async def body(s: StepStore) -> PruneReport:
+        with _progress_of('checking runs' if dry_run else 'pruning runs') as progress:
+            return await s.prune(age, conversation_id=conversation, dry_run=dry_run, progress=progress)
+
+    report = _with_store(store, body)
+    if as_json:
+        _echo_json(
+            {
+                'dry_run': report.dry_run,
+                'cutoff': report.cutoff.isoformat(),
+                'runs': report.runs,
+                'snapshots': report.snapshots,
+                'events': report.events,
+                'ledger_entries': report.ledger_entries,
+                'kept_active': report.kept_active,
+            }
+        )
+        return
+    verb = 'would remove' if report.dry_run else 'removed'
+    _out().print(f'runs idle since before {render.when(report.cutoff)} UTC (their last write)')
+    table = Table()
+    table.add_column(verb)
+    table.add_column('count', justify='right')
+    for what, count in (
+        ('runs', len(report.runs)),
+        ('snapshots', report.snapshots),
+        ('events', report.events),
+        ('ledger entries', report.ledger_entries),
+    ):
+        table.add_row(what, str(count))
+    _out().print(table)
+    if report.kept_active:
+        _out().print(
+            f'kept {len(report.kept_active)} run(s) that started before the cutoff but were written to since',
+            style='dim',
+        )
+    if report.dry_run and report.runs:
+        _out().print('dry run: nothing was removed; run again without --dry-run to remove them', style='dim')
 
 
 # --- export / import -----------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ..models import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
+from ..lifecycle import run_status as lifecycle_status
+from ..models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 
 __all__ = (
     'RunNode',
@@ -36,6 +37,7 @@ __all__ = (
     'run_tree',
     'runs_table',
     'snapshots_table',
+    'when',
 )
 
 _STATUS_STYLE = {'completed': 'green', 'failed': 'red', 'unfinished': 'yellow'}
@@ -48,12 +50,7 @@ _EFFECT_STYLE = {
 
 def run_status(events: Sequence[StepEvent]) -> str:
     """`completed`, `failed`, or `unfinished` (still running, or the process died) from a run's events."""
-    for event in reversed(events):
-        if event.kind is EventKind.RUN_COMPLETED:
-            return 'completed'
-        if event.kind is EventKind.RUN_FAILED:
-            return 'failed'
-    return 'unfinished'
+    return lifecycle_status(events)
 
 
 def styled_status(status: str) -> Text:
@@ -62,6 +59,11 @@ def styled_status(status: str) -> Text:
 
 def _dash(value: object) -> str:
     return '-' if value is None or value == '' else str(value)
+
+
+def when(moment: datetime) -> str:
+    """A moment as `YYYY-MM-DD HH:MM:SS` in UTC."""
+    return _when(moment)
 
 
 def _when(moment: datetime) -> str:

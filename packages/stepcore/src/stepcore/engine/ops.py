@@ -14,10 +14,12 @@ back into the record, so a backend that keeps a field in a column need not repea
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, TypeAlias
+
+from ..lifecycle import sort_time
 
 __all__ = (
     'Body',
@@ -151,12 +153,52 @@ class GetRun(Op):
 
 @dataclass(frozen=True, slots=True)
 class ListRuns(Op):
-    """Answer: the run rows matching every given filter (a port may return more; the engine filters
-    again), in insertion order."""
+    """Answer: run rows, in listing order: `(started_at, run_id)` ascending, or descending when
+    `newest_first`; only rows that come after `after` in that order; at most `limit` rows.
+
+    The engine checks every filter, the order and `after` again, so a port may answer more rows
+    than asked (a filter it cannot apply, or none of them), under one rule: a port that stops at
+    `limit` must answer the first `limit` rows in listing order among those its own filters admit.
+    A port that cannot keep that order or `after` ignores `limit` and answers every candidate.
+    `pick` does all of it over rows held in memory.
+
+    `started_after` / `started_before` bound `started_at` (exclusive); `agent_name` is carried in
+    the record body, so most ports leave it to the engine.
+    """
 
     method: ClassVar[str] = 'list_runs'
     conversation_id: str | None = None
     parent_run_id: str | None = None
+    agent_name: str | None = None
+    started_after: datetime | None = None
+    started_before: datetime | None = None
+    after: tuple[datetime, str] | None = None
+    """The `(started_at, run_id)` the answer continues after (both aware/exact as stored)."""
+    limit: int | None = None
+    newest_first: bool = False
+
+    def admits(self, row: RunRow) -> bool:
+        """Whether `row` passes the lineage and time filters and comes after `after`."""
+        started = sort_time(row.started_at)
+        if self.after is not None:
+            key = (started, row.run_id)
+            if (key >= self.after) if self.newest_first else (key <= self.after):
+                return False
+        return (
+            (self.conversation_id is None or row.conversation_id == self.conversation_id)
+            and (self.parent_run_id is None or row.parent_run_id == self.parent_run_id)
+            and (self.started_after is None or started > self.started_after)
+            and (self.started_before is None or started < self.started_before)
+        )
+
+    def pick(self, rows: Iterable[RunRow]) -> list[RunRow]:
+        """The answer over rows held in memory: filtered, in listing order, cut at `limit`."""
+        found = sorted(
+            (r for r in rows if self.admits(r)),
+            key=lambda r: (sort_time(r.started_at), r.run_id),
+            reverse=self.newest_first,
+        )
+        return found if self.limit is None else found[: self.limit]
 
 
 @dataclass(frozen=True, slots=True)

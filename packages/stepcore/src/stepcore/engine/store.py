@@ -8,8 +8,10 @@ backend subclasses `EngineStore` and passes its port (`stepcore.engine.port`), w
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, ClassVar, Final, TypeVar, cast
 
 from pydantic import BaseModel
@@ -18,6 +20,7 @@ from pydantic_ai.messages import ModelMessage
 from ..codec import decode_messages, dump_record_compact, load_record
 from ..features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from ..history import HistoryDelta, HistoryIndex, walk_chain
+from ..lifecycle import RunFootprint, RunKey, RunQuery, RunStatus, collect_runs, run_status
 from ..media import MediaStore
 from ..models import ContinuableSnapshot, RunRecord, SnapshotState, SnapshotSummary, StepEvent, ToolEffectRecord
 from ..protocols import StepStore, StepWrite, check_event_window, check_writes, event_window, sort_time
@@ -282,6 +285,15 @@ class EngineStore(StepStore):
             where=self._where(),
         )
 
+    def _decode_snapshot_header(self, row: SnapshotRow) -> ContinuableSnapshot:
+        """A snapshot's fields but its messages."""
+        return decoded(
+            lambda: _load(ContinuableSnapshot, row.body, run_id=row.run_id, seq=row.seq, state=row.state),
+            run_id=row.run_id,
+            record=f'snapshot seq={row.seq}',
+            where=self._where(),
+        )
+
     # -- runs ---------------------------------------------------------------------------------
 
     async def register_run(self, record: RunRecord) -> None:
@@ -306,22 +318,53 @@ class EngineStore(StepStore):
         return self._decode_run(row) if row is not None else None
 
     async def list_runs(
-        self, *, conversation_id: str | None = None, parent_run_id: str | None = None
+        self,
+        *,
+        conversation_id: str | None = None,
+        parent_run_id: str | None = None,
+        agent_name: str | None = None,
+        status: RunStatus | None = None,
+        started_after: datetime | None = None,
+        started_before: datetime | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        newest_first: bool = False,
     ) -> list[RunRecord]:
-        rows = cast(Sequence[RunRow], await self._read(None, _single(ListRuns(conversation_id, parent_run_id))))
-        found: list[RunRecord] = []
-        for row in rows:
-            try:
-                record = self._decode_run(row)
-            except DamagedRecordError as error:
-                skip_damaged(error)
-                continue
-            if (conversation_id is None or record.conversation_id == conversation_id) and (
-                parent_run_id is None or record.parent_run_id == parent_run_id
-            ):
-                found.append(record)
-        found.sort(key=lambda r: sort_time(r.started_at))
-        return found
+        query = RunQuery.make(
+            conversation_id=conversation_id,
+            parent_run_id=parent_run_id,
+            agent_name=agent_name,
+            status=status,
+            started_after=started_after,
+            started_before=started_before,
+            limit=limit,
+            cursor=cursor,
+            newest_first=newest_first,
+        )
+
+        async def fetch(after: RunKey | None, batch: int | None) -> tuple[list[RunRecord], bool, RunKey | None]:
+            op = ListRuns(
+                conversation_id=query.conversation_id,
+                parent_run_id=query.parent_run_id,
+                agent_name=query.agent_name,
+                started_after=query.started_after,
+                started_before=query.started_before,
+                after=after,
+                limit=batch,
+                newest_first=query.newest_first,
+            )
+            rows = cast(Sequence[RunRow], await self._read(None, _single(op)))
+            found: list[RunRecord] = []
+            for row in rows:
+                try:
+                    found.append(self._decode_run(row))
+                except DamagedRecordError as error:
+                    skip_damaged(error)
+            keys = [(sort_time(row.started_at), row.run_id) for row in rows]
+            last = (min(keys) if query.newest_first else max(keys)) if keys else None
+            return found, batch is None or len(rows) != batch, last
+
+        return await collect_runs(query, fetch, self._status_of)
 
     async def delete_run(self, run_id: str) -> bool:
         run_id = self._run_id(run_id)
@@ -329,6 +372,58 @@ class EngineStore(StepStore):
             return bool(await self._write_op([run_id], DeleteRun(run_id)))
         finally:
             self._history.forget(run_id)
+
+    async def _prune_run(self, run_id: str, cutoff: datetime, *, dry_run: bool) -> RunFootprint | None:
+        """Weigh the run and remove it in one transaction (where the backend has them), so a write
+        to the run cannot slip in between the check and the delete."""
+        run_id = self._run_id(run_id)
+
+        def plan() -> Plan[RunFootprint | None]:
+            footprint = yield from self._footprint_plan(run_id)
+            if footprint is None or dry_run or footprint.last_activity >= cutoff:
+                return footprint
+            return footprint if (yield DeleteRun(run_id)) else None
+
+        if dry_run:
+            return await self._read(run_id, plan())
+        try:
+            return cast(RunFootprint | None, await self._transact([run_id], plan))
+        finally:
+            self._history.forget(run_id)
+
+    async def _run_footprint(self, run_id: str) -> RunFootprint | None:
+        run_id = self._run_id(run_id)
+        return await self._read(run_id, self._footprint_plan(run_id))
+
+    def _footprint_plan(self, run_id: str) -> Plan[RunFootprint | None]:
+        """Counts and last activity of a run from its rows; snapshot headers only, no messages.
+        A damaged record is counted, and leaves its time out of the last activity."""
+        answers = yield (GetRun(run_id), ListEvents(run_id), ListEffects(run_id), ListSnapshots(run_id))
+        run_row, event_rows, effect_rows, snapshot_rows = cast(
+            tuple[RunRow | None, Sequence[EventRow], Sequence[EffectRow], Sequence[SnapshotRow]], tuple(answers)
+        )
+        if run_row is None:
+            return None
+        times = [sort_time(run_row.started_at)]
+        events: list[StepEvent] = []
+        for row in event_rows:
+            with contextlib.suppress(DamagedRecordError):
+                events.append(self._decode_event(row))
+        times.extend(sort_time(e.timestamp) for e in events)
+        for row in effect_rows:
+            with contextlib.suppress(DamagedRecordError):
+                times.append(sort_time(self._decode_effect(row).updated_at))
+        for row in snapshot_rows:
+            with contextlib.suppress(DamagedRecordError):
+                times.append(sort_time(self._decode_snapshot_header(row).created_at))
+        return RunFootprint(
+            run_id=run_id,
+            events=len(event_rows),
+            snapshots=len(snapshot_rows),
+            ledger_entries=len(effect_rows),
+            last_activity=max(times),
+            status=run_status(events),
+        )
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -510,7 +605,7 @@ class EngineStore(StepStore):
             if not include_interrupted and row.state != SnapshotState.COMPLETE.value:
                 continue
             try:
-                header = self._header(row)
+                header = self._decode_snapshot_header(row)
             except DamagedRecordError as error:
                 skip_damaged(error)
                 continue
@@ -524,20 +619,11 @@ class EngineStore(StepStore):
         row, nodes = await self._read(run_id, read_snapshot(run_id, seq))
         return await self._materialize(row, nodes) if row is not None else None
 
-    def _header(self, row: SnapshotRow) -> ContinuableSnapshot:
-        """The snapshot's fields but its messages, from its row; `DamagedRecordError` when unreadable."""
-        return decoded(
-            lambda: _load(ContinuableSnapshot, row.body, run_id=row.run_id, seq=row.seq, state=row.state),
-            run_id=row.run_id,
-            record=f'snapshot seq={row.seq}',
-            where=self._where(),
-        )
-
     async def _materialize(self, row: SnapshotRow, nodes: Mapping[int, Node]) -> ContinuableSnapshot:
         """A snapshot back from its row and the run's nodes; `DamagedRecordError` naming what is broken."""
         record = f'snapshot seq={row.seq}'
         where = self._where()
-        header = self._header(row)
+        header = self._decode_snapshot_header(row)
         chain: list[int] = []
 
         def lookup(node: object) -> Node:

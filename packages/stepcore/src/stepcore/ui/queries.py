@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from ..lifecycle import run_status as lifecycle_status
 from ..models import EventKind, RunRecord, SnapshotState, SnapshotSummary, StepEvent, ToolEffectRecord, ToolEffectStatus
 from ..protocols import StepStore, sort_time
 
@@ -50,13 +51,8 @@ STATUSES = ('completed', 'failed', 'unfinished')
 
 
 def run_status(events: Sequence[StepEvent]) -> str:
-    """`completed`, `failed`, or `unfinished` (still running, or its process died), from the run's events."""
-    for event in reversed(events):
-        if event.kind is EventKind.RUN_COMPLETED:
-            return 'completed'
-        if event.kind is EventKind.RUN_FAILED:
-            return 'failed'
-    return 'unfinished'
+    """`completed`, `failed`, or `unfinished` (see `stepcore.lifecycle.run_status`)."""
+    return lifecycle_status(events)
 
 
 async def status_of(store: StepStore, run_id: str) -> str:
