@@ -30,6 +30,7 @@ from .externalization import MediaExternalizationConformance
 from .features import FeaturesConformance
 from .history import HistoryConformance
 from .media import MediaStoreConformance
+from .media_collection import MediaCollectionConformance
 from .memory_media import InMemoryMediaStore
 from .persistence import PersistenceConformance
 from .retention import RetentionConformance
@@ -49,6 +50,7 @@ __all__ = (
     'FeaturesConformance',
     'HistoryConformance',
     'InMemoryMediaStore',
+    'MediaCollectionConformance',
     'MediaExternalizationConformance',
     'MediaStoreConformance',
     'PersistenceConformance',

@@ -214,6 +214,9 @@ class PostgresPort(AsyncPort):
     async def list_runs(self, tx: AsyncConnection[Any], op: ops.ListRuns) -> list[ops.RunRow]:
         return await _fetch(tx, self._ask_list_runs(op))
 
+    async def list_run_ids(self, tx: AsyncConnection[Any], op: ops.ListRunIds) -> list[str]:
+        return await _fetch(tx, _Ask(self._q.run_ids, (), lambda rows: [str(r[0]) for r in rows]))
+
     async def delete_run(self, tx: AsyncConnection[Any], op: ops.DeleteRun) -> bool:
         return await _fetch(tx, _Ask(self._q.run_delete, {'run': op.run_id}, _flag))
 
@@ -337,6 +340,7 @@ class _Queries:
         )
         self.run_get = q(run_columns + ' WHERE run_id = %s')
         self.runs_all = q(run_columns + ' ORDER BY started_at, ord')
+        self.run_ids = q('SELECT run_id FROM {runs} UNION SELECT run_id FROM {snapshots}')
         self.runs_by_conversation = q(run_columns + ' WHERE conversation_id = %s ORDER BY started_at, ord')
         self.runs_by_parent = q(run_columns + ' WHERE parent_run_id = %s ORDER BY started_at, ord')
         self.runs_by_both = q(

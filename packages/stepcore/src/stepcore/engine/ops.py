@@ -30,6 +30,7 @@ __all__ = (
     'InsertRun',
     'ListEffects',
     'ListEvents',
+    'ListRunIds',
     'ListRuns',
     'ListSnapshots',
     'Node',
@@ -157,6 +158,15 @@ class ListRuns(Op):
     method: ClassVar[str] = 'list_runs'
     conversation_id: str | None = None
     parent_run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListRunIds(Op):
+    """Answer: the id of every run the store holds a run row or a snapshot of, each once, in any
+    order (a snapshot may be saved for a run that was never registered). Whole-store maintenance,
+    such as garbage collection of media, reads it."""
+
+    method: ClassVar[str] = 'list_run_ids'
 
 
 @dataclass(frozen=True, slots=True)
