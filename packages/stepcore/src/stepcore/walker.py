@@ -201,9 +201,13 @@ def stored_references(stored: bytes | str) -> set[str]:
 
     Reads markers exactly as `MediaWalker.restore` does: a payload's own values for reserved keys,
     escaped on the way in, are never taken for markers. Raises `ValueError` for a body that is not
-    JSON or a marker of an unknown format.
+    a JSON object or holds a marker of an unknown format.
     """
     raw = stored.encode() if isinstance(stored, str) else stored
+    if not (raw.startswith(b'{') and raw.endswith(b'}')):
+        # Cheap where parsing every message would not be: a body whose bytes could not be had
+        # whole (cut short, or still in a backend's own packing) cannot be vouched for.
+        raise ValueError('the stored message is not a JSON object (it is damaged)')
     if MARKER_KEY.encode() not in raw:
         return set()
     found: set[str] = set()
