@@ -13,10 +13,21 @@ from pydantic_ai.messages import BinaryContent, ModelRequest, UserPromptPart
 
 from media_disk import DiskMediaStore
 from step_sqlite import SqliteStepStore
-from stepcore import ContinuableSnapshot, DamagedRecordError, InMemoryStepStore, RunRecord, collect_garbage
+from stepcore import (
+    ContinuableSnapshot,
+    DamagedRecordError,
+    InMemoryStepStore,
+    RunRecord,
+    SnapshotState,
+    StepEvent,
+    StepStore,
+    ToolEffectRecord,
+    collect_garbage,
+)
 from stepcore.media import EMPTY_CONTEXT, MediaContext, MediaStore, media_uri
 from stepcore.models import utcnow
 from stepcore_conformance import InMemoryMediaStore
+from stepcore_conformance.media_collection import MediaMemoryStepStore
 
 LATER = timedelta(days=1)
 
@@ -108,3 +119,57 @@ async def test_a_damaged_snapshot_stops_the_collection_before_anything_is_remove
         assert await store.media_store.exists(loose)
     finally:
         await store.aclose()
+
+
+class _NotOnTheEngine(StepStore):
+    """A `StepStore` of its own (here delegating to an engine store): collection reads it through the API."""
+
+    def __init__(self, inner: StepStore) -> None:
+        self.inner = inner
+
+    async def register_run(self, record: RunRecord) -> None:
+        await self.inner.register_run(record)
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        return await self.inner.get_run(run_id)
+
+    async def list_runs(
+        self, *, conversation_id: str | None = None, parent_run_id: str | None = None
+    ) -> list[RunRecord]:
+        return await self.inner.list_runs(conversation_id=conversation_id, parent_run_id=parent_run_id)
+
+    async def delete_run(self, run_id: str) -> bool:
+        return await self.inner.delete_run(run_id)
+
+    async def append_event(self, event: StepEvent) -> None:
+        await self.inner.append_event(event)
+
+    async def list_events(self, run_id: str) -> list[StepEvent]:
+        return await self.inner.list_events(run_id)
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        await self.inner.record_tool_effect(record)
+
+    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        return await self.inner.list_tool_effects(run_id)
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        await self.inner.save_snapshot(snapshot)
+
+    async def list_snapshots(self, run_id: str, *, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
+        return await self.inner.list_snapshots(run_id, include_interrupted=include_interrupted)
+
+
+async def test_a_store_not_built_on_the_engine_is_read_through_its_public_api() -> None:
+    media = InMemoryMediaStore()
+    inner = MediaMemoryStepStore(media_store=media, media_threshold_bytes=1024)
+    store = _NotOnTheEngine(inner)
+    await store.register_run(RunRecord(run_id='kept'))
+    await store.save_snapshot(
+        ContinuableSnapshot(run_id='kept', messages=_with_image(b'k' * 2048), state=SnapshotState.INTERRUPTED)
+    )
+    loose = await media.put(b'l' * 2048)
+    report = await collect_garbage(store, media, now=utcnow() + LATER)
+    assert report.removed_uris == [loose]
+    assert (report.runs, report.kept_referenced) == (1, 1)
+    assert await media.exists(media_uri(b'k' * 2048))
