@@ -137,7 +137,10 @@ class DiskMediaStore(MediaStore):
         now = time.time_ns()
         try:
             os.utime(path, ns=(now, now))  # already stored: it counts as put now (see `list_media`)
+            stored = path.is_file()
         except FileNotFoundError:
+            stored = False
+        if not stored:
             make_dir(path.parent)
             write_atomic(path, data)
             with contextlib.suppress(FileNotFoundError):  # removed meanwhile: a later put writes it again
