@@ -13,6 +13,8 @@ from .conftest import S3Server
 
 
 class TestS3MediaConformance(MediaStoreConformance):
+    stored_at_resolution = 1.0  # LastModified keeps whole seconds
+
     @pytest.fixture
     async def media_store(self, s3_server: S3Server) -> AsyncIterator[MediaStore]:
         async with s3_server.store() as store:
@@ -21,6 +23,8 @@ class TestS3MediaConformance(MediaStoreConformance):
 
 class TestS3MediaConformanceMultipart(MediaStoreConformance):
     """The same suite with every blob of 512 KiB or more sent as a multipart upload."""
+
+    stored_at_resolution = 1.0
 
     @pytest.fixture
     async def media_store(self, s3_server: S3Server) -> AsyncIterator[MediaStore]:

@@ -33,3 +33,12 @@ class TestMongoMediaStore(MediaStoreConformance):
         store = MongoMediaStore(db_url=mongo_url, database=db_name)
         yield store
         await store.aclose()
+
+    @pytest.fixture
+    async def gc_step_store(
+        self, mongo_url: str, db_name: str, media_store: MongoMediaStore
+    ) -> AsyncIterator[MongoStepStore]:
+        """Collection reads the snapshots of a real MongoDB step store."""
+        store = MongoStepStore(db_url=mongo_url, database=db_name, media_store=media_store, media_threshold_bytes=1024)
+        yield store
+        await store.aclose()

@@ -36,3 +36,14 @@ class TestPostgresMediaStore(MediaStoreConformance):
         store = PostgresMediaStore(dsn=postgres_url, table_prefix=table_prefix)
         yield store
         await store.aclose()
+
+    @pytest.fixture
+    async def gc_step_store(
+        self, postgres_url: str, table_prefix: str, media_store: PostgresMediaStore
+    ) -> AsyncIterator[PostgresStepStore]:
+        """Collection reads the snapshots of a real PostgreSQL step store."""
+        store = PostgresStepStore(
+            dsn=postgres_url, table_prefix=table_prefix, media_store=media_store, media_threshold_bytes=1024
+        )
+        yield store
+        await store.aclose()

@@ -36,3 +36,14 @@ class TestRedisMediaStore(MediaStoreConformance):
         store = RedisMediaStore(url=redis_url, key_prefix=key_prefix)
         yield store
         await store.aclose()
+
+    @pytest.fixture
+    async def gc_step_store(
+        self, redis_url: str, key_prefix: str, media_store: RedisMediaStore
+    ) -> AsyncIterator[RedisStepStore]:
+        """Collection reads the snapshots of a real Redis step store."""
+        store = RedisStepStore(
+            url=redis_url, key_prefix=key_prefix, media_store=media_store, media_threshold_bytes=1024
+        )
+        yield store
+        await store.aclose()

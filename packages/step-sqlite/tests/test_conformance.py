@@ -104,3 +104,10 @@ class TestSqliteMediaStore(MediaStoreConformance):
         store = SqliteMediaStore(database=tmp_path / 'media.db')
         yield store
         await store.aclose()
+
+    @pytest.fixture
+    async def gc_step_store(self, tmp_path: Path, media_store: SqliteMediaStore) -> AsyncIterator[SqliteStepStore]:
+        """Collection reads the snapshots of a real SQLite step store."""
+        store = SqliteStepStore(database=tmp_path / 'runs.db', media_store=media_store, media_threshold_bytes=1024)
+        yield store
+        await store.aclose()

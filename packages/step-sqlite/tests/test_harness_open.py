@@ -15,6 +15,7 @@ import shutil
 import sqlite3
 import sys
 import textwrap
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,7 @@ async def test_media_is_kept_in_the_database(inline: bool, tmp_path: Path) -> No
     media = {
         m['kind']: m['sha256'] for r in _manifest('0.62.0')['runs'] if r['run_id'] == 'fx-media' for m in r['media']
     }
+    opened = datetime.now(UTC) - timedelta(seconds=1)
     options: dict[str, Any] = {'media_store': None} if inline else {}
     async with SqliteStepStore(database=database, **options) as store:
         latest = await store.latest_snapshot('fx-media')
@@ -174,6 +176,8 @@ async def test_media_is_kept_in_the_database(inline: bool, tmp_path: Path) -> No
     blobs = SqliteMediaStore(database=database)
     try:
         assert hashlib.sha256(await blobs.get(f'media+sha256://{media["text"]}')).hexdigest() == media['text']
+        # copied now: within any grace period, so a collection does not take them the moment they arrive
+        assert all([blob.stored_at >= opened async for blob in blobs.list_media()])
     finally:
         await blobs.aclose()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from step_sqlite import SqliteMediaStore, SqliteStepStore
 from step_sqlite.schema import STEPS
 from stepcore import ContinuableSnapshot, RunRecord, SnapshotState
 from stepcore.codec import dump_record_json, encode_message
+from stepcore.media import StoredMedia, digest_of_uri, media_uri
 
 # The version-1 layout, written out by hand as an older release created it: snapshots had no
 # `state` column (every snapshot was complete).
@@ -71,9 +73,41 @@ async def test_a_fresh_database_is_created_at_the_current_version(tmp_path: Path
         media = store.media_store
         assert isinstance(media, SqliteMediaStore)
         await media.put(b'blob')  # the media table is created on first use
-        assert _version(db, 'media:media') == 1
+        assert _version(db, 'media:media') == 2
     finally:
         await store.aclose()
+
+
+async def test_a_version_1_media_table_gets_the_time_of_each_blobs_put(tmp_path: Path) -> None:
+    db = tmp_path / 'media.db'
+    raw = sqlite3.connect(db)
+    try:
+        raw.executescript(
+            """
+            CREATE TABLE stepcore_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL);
+            INSERT INTO stepcore_schema VALUES ('media:media', 1);
+            CREATE TABLE media (digest TEXT PRIMARY KEY, data BLOB NOT NULL, size INTEGER NOT NULL,
+                                media_type TEXT, metadata TEXT, created_at TEXT NOT NULL);
+            """
+        )
+        data = b'stored by an earlier release'
+        raw.execute(
+            'INSERT INTO media VALUES (?, ?, ?, NULL, NULL, ?)',
+            (digest_of_uri(media_uri(data)), data, len(data), '2026-01-02T03:04:05.678901+00:00'),
+        )
+        raw.commit()
+    finally:
+        raw.close()
+    media = SqliteMediaStore(database=db)
+    try:
+        assert await media.get(media_uri(data)) == data
+        listed = [blob async for blob in media.list_media()]
+        assert listed == [
+            StoredMedia(uri=media_uri(data), stored_at=datetime(2026, 1, 2, 3, 4, 5, 678901, UTC), size=len(data))
+        ]
+        assert _version(db, 'media:media') == 2
+    finally:
+        await media.aclose()
 
 
 async def test_a_version_1_database_is_upgraded_in_place(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from .features import FeaturesConformance
 from .history import HistoryConformance
 from .lifecycle import DeleteConversationConformance, PruneConformance
 from .media import MediaStoreConformance
+from .media_collection import MediaCollectionConformance
 from .memory_media import InMemoryMediaStore
 from .paging import PagingConformance
 from .persistence import PersistenceConformance
@@ -52,6 +53,7 @@ __all__ = (
     'FeaturesConformance',
     'HistoryConformance',
     'InMemoryMediaStore',
+    'MediaCollectionConformance',
     'MediaExternalizationConformance',
     'MediaStoreConformance',
     'PagingConformance',

@@ -11,6 +11,8 @@ import pytest
 
 from stepcore.media import MediaContext, MediaStore, media_uri
 
+from .media_collection import MediaCollectionConformance
+
 __all__ = ('MediaStoreConformance',)
 
 URI = re.compile(r'media\+sha256://[0-9a-f]{64}')
@@ -22,9 +24,12 @@ def _blob(tag: str, size: int = 256) -> bytes:
     return f'{tag}:'.encode() + rng.randbytes(size)
 
 
-class MediaStoreConformance:
+class MediaStoreConformance(MediaCollectionConformance):
     """Subclass and override the `media_store` fixture (async, yields a `MediaStore` built without a
-    `public_url` resolver, closed afterwards if it needs closing)."""
+    `public_url` resolver, closed afterwards if it needs closing).
+
+    The garbage-collection tests (`MediaCollectionConformance`) run for a store declaring the
+    feature `media_collection` and skip, with the reason, for one that does not."""
 
     @pytest.fixture
     async def media_store(self) -> AsyncIterator[MediaStore]:

@@ -6,26 +6,35 @@ complete implementation of the protocol and passes `MediaStoreConformance` itsel
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
+from typing import ClassVar
 
+from stepcore.features import MEDIA_COLLECTION
 from stepcore.media import (
     EMPTY_CONTEXT,
     MediaContext,
     MediaStore,
     PublicUrlResolver,
+    StoredMedia,
     digest_of_uri,
     media_uri,
     resolve_public_url,
+    uri_of_digest,
 )
+from stepcore.models import utcnow
 
 __all__ = ('InMemoryMediaStore',)
 
 
 class InMemoryMediaStore(MediaStore):
-    """Blobs in a dict keyed by digest; metadata kept when given."""
+    """Blobs in a dict keyed by digest; metadata kept when given; each blob's last put time, for collection."""
+
+    features: ClassVar[frozenset[str]] = frozenset({MEDIA_COLLECTION})
 
     def __init__(self, *, public_url: PublicUrlResolver | None = None) -> None:
         self._blobs: dict[str, bytes] = {}
+        self._stored_at: dict[str, datetime] = {}
         self._metadata: dict[str, dict[str, str]] = {}
         self._public_url = public_url
         self.puts = 0
@@ -41,6 +50,7 @@ class InMemoryMediaStore(MediaStore):
         digest = digest_of_uri(uri)
         self.puts += 1
         self._blobs.setdefault(digest, bytes(data))
+        self._stored_at[digest] = utcnow()
         if context.metadata:
             self._metadata[digest] = dict(context.metadata)
         return uri
@@ -65,3 +75,15 @@ class InMemoryMediaStore(MediaStore):
             raise LookupError(f'no media stored at {uri!r}')
         metadata = self._metadata.get(digest)
         return dict(metadata) if metadata is not None else None
+
+    async def list_media(self) -> AsyncIterator[StoredMedia]:
+        for digest, data in list(self._blobs.items()):
+            yield StoredMedia(uri=uri_of_digest(digest), stored_at=self._stored_at[digest], size=len(data))
+
+    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
+        digest = digest_of_uri(uri)
+        if digest not in self._blobs or (older_than is not None and self._stored_at[digest] >= older_than):
+            return False
+        del self._blobs[digest], self._stored_at[digest]
+        self._metadata.pop(digest, None)
+        return True

@@ -22,12 +22,13 @@ from typing import Any, cast
 
 import pytest
 
-from stepcore.features import ALL_FEATURES, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import ALL_FEATURES, MEDIA_COLLECTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 
 from ._declared import declared_by, features_of_test, refusing_class
 
 __all__ = (
     'FEATURES',
+    'MEDIA_FEATURES',
     'SUMMARY_PROPERTY',
     'pytest_fixture_setup',
     'pytest_runtest_makereport',
@@ -36,8 +37,12 @@ __all__ = (
 
 _PACKAGE = 'stepcore_conformance.'
 _FIRST = (SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT)
-FEATURES = (*_FIRST, *sorted(ALL_FEATURES - set(_FIRST)))
-"""The optional features the report gives a verdict on, in this order."""
+MEDIA_FEATURES = (MEDIA_COLLECTION,)
+"""The optional features of a media store the report gives a verdict on."""
+FEATURES = (*_FIRST, *sorted(ALL_FEATURES - set(_FIRST) - set(MEDIA_FEATURES)))
+"""The optional features of a step store the report gives a verdict on, in this order."""
+_MEDIA_SECTIONS = frozenset({'media', 'media_collection'})
+_STORE_FIXTURES = ('store', 'media_store')
 
 SUMMARY_PROPERTY = 'stepcore_conformance_summary'
 """A kit test calls `record_property(SUMMARY_PROPERTY, line)` to print `line` in the report."""
@@ -90,7 +95,7 @@ def pytest_fixture_setup(
 ) -> Generator[None, Any, Any]:
     """Note the class of the store a kit test builds; explain an abstract store class."""
     item: object = getattr(request, 'node', None)
-    if fixturedef.argname != 'store' or not isinstance(item, pytest.Item) or _section(item) is None:
+    if fixturedef.argname not in _STORE_FIXTURES or not isinstance(item, pytest.Item) or _section(item) is None:
         return (yield)
     try:
         value = yield
@@ -177,9 +182,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         ]
         terminalreporter.write_line(name + (f' ({target.store_class})' if target.store_class else ''))
         terminalreporter.write_line('  sections: ' + '; '.join(parts))
-        if set(target.sections) - {'media'}:  # a step store's class (a media store has no features)
-            terminalreporter.write_line(
-                '  features: ' + ', '.join(f'{feature}: {verdict(target, feature)}' for feature in FEATURES)
-            )
+        features = MEDIA_FEATURES if set(target.sections) <= _MEDIA_SECTIONS else FEATURES
+        terminalreporter.write_line(
+            '  features: ' + ', '.join(f'{feature}: {verdict(target, feature)}' for feature in features)
+        )
         for note in target.notes:
             terminalreporter.write_line(f'  {note}')

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
-from collections.abc import Mapping
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import anyio.to_thread
 
-from stepcore.features import PERSISTENT
+from stepcore.features import MEDIA_COLLECTION, PERSISTENT
 from stepcore.fileio import make_dir, write_atomic
 from stepcore.media import (
     EMPTY_CONTEXT,
@@ -19,10 +25,12 @@ from stepcore.media import (
     MediaContext,
     MediaStore,
     PublicUrlResolver,
+    StoredMedia,
     default_key,
     digest_of_uri,
     media_uri,
     resolve_public_url,
+    uri_of_digest,
 )
 
 __all__ = ('SIDECAR_SUFFIX', 'DiskMediaStore')
@@ -30,6 +38,9 @@ __all__ = ('SIDECAR_SUFFIX', 'DiskMediaStore')
 SIDECAR_SUFFIX = '.meta.json'
 """Appended to a blob's path to name the JSON file holding its metadata."""
 _SIDECAR_FORMAT = 1
+_DIGEST = re.compile(r'[0-9a-f]{64}')
+_LIST_BATCH = 256
+logger = logging.getLogger(__name__)
 
 
 class DiskMediaStore(MediaStore):
@@ -45,11 +56,16 @@ class DiskMediaStore(MediaStore):
       written and `get_metadata` returns `None`.
     - `public_url` (sync or async) turns a URI into a fetchable URL; without it `public_url`
       returns `None`.
+    - Garbage collection (`media_collection`): a blob's modification time is when it was last
+      put (a `put` of bytes already stored touches the file). `list_media` walks the directory
+      with `os.scandir` and lists each file whose name holds its sha256 digest (every file of the
+      default key strategy); `delete_media` renames the file aside before it looks at its time,
+      so a `put` racing with it either touched it first (and it is put back) or writes it anew.
 
     File I/O runs in worker threads, never on the event loop.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT, MEDIA_COLLECTION})
 
     def __init__(
         self,
@@ -60,6 +76,8 @@ class DiskMediaStore(MediaStore):
         self.directory = Path(directory)
         self.key_strategy: KeyStrategy = key_strategy if key_strategy is not None else default_key
         self._public_url = public_url
+        self._listed: dict[str, Path] = {}
+        """Where `list_media` found each blob, for `delete_media` (a key strategy may use the context)."""
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}({str(self.directory)!r})'
@@ -114,9 +132,19 @@ class DiskMediaStore(MediaStore):
         return uri
 
     def _put_sync(self, path: Path, data: bytes, sidecar: bytes | None) -> None:
-        if not path.is_file():
+        # The time of the put, from the clock collection compares with (a file system stamps new
+        # files from a coarser one, a few milliseconds behind).
+        now = time.time_ns()
+        try:
+            os.utime(path, ns=(now, now))  # already stored: it counts as put now (see `list_media`)
+            stored = path.is_file()
+        except FileNotFoundError:
+            stored = False
+        if not stored:
             make_dir(path.parent)
             write_atomic(path, data)
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile: a later put writes it again
+                os.utime(path, ns=(now, now))
         if sidecar is not None:
             side = self.sidecar_path(path)
             try:
@@ -177,3 +205,75 @@ class DiskMediaStore(MediaStore):
         if not isinstance(metadata, dict):
             raise ValueError(f'media metadata file {str(side)!r} has no "metadata" object: delete or fix it')
         return {str(k): str(v) for k, v in cast(dict[Any, Any], metadata).items()}
+
+    # -- garbage collection -----------------------------------------------------------------
+
+    async def list_media(self) -> AsyncIterator[StoredMedia]:
+        """Every blob under the directory, with the time it was last put (its modification time)."""
+        walk = self._walk()
+        done = object()
+        while True:
+            batch = await anyio.to_thread.run_sync(lambda: [next(walk, done) for _ in range(_LIST_BATCH)])
+            for item in batch:
+                if item is done:
+                    return
+                assert isinstance(item, StoredMedia)
+                yield item
+
+    def _walk(self) -> Iterator[StoredMedia]:
+        unnamed = 0
+        stack = [self.directory]
+        while stack:
+            folder = stack.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if entry.name.startswith('.') or entry.name.endswith(SIDECAR_SUFFIX):
+                    continue  # temporary files, blobs being removed, metadata
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                    continue
+                found = _DIGEST.findall(entry.name)
+                if len(found) != 1:
+                    unnamed += 1
+                    continue
+                try:
+                    stat = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                uri = uri_of_digest(found[0])
+                self._listed[uri] = Path(entry.path)
+                yield StoredMedia(uri=uri, stored_at=datetime.fromtimestamp(stat.st_mtime, UTC), size=stat.st_size)
+        if unnamed:
+            logger.warning(
+                '%d file(s) under %s do not name one sha256 digest, so they are never collected: '
+                'use a key_strategy whose file names hold the digest',
+                unnamed,
+                self.directory,
+            )
+
+    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
+        """Remove a blob and its metadata; with `older_than`, only while it was last put before then."""
+        path = self._listed.get(uri) or self.path_for(uri)
+        removed = await anyio.to_thread.run_sync(self._delete_sync, path, older_than)
+        if removed:
+            self._listed.pop(uri, None)
+        return removed
+
+    def _delete_sync(self, path: Path, older_than: datetime | None) -> bool:
+        aside = path.with_name(f'.{path.name}.{uuid.uuid4().hex}.removing')
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        # From here a `put` finds no file and writes it anew; one that touched it before is seen now.
+        if older_than is not None and datetime.fromtimestamp(aside.stat().st_mtime, UTC) >= older_than:
+            os.replace(aside, path)  # put again meanwhile: back it goes (a new copy holds the same bytes)
+            return False
+        aside.unlink()
+        if not path.exists():
+            with contextlib.suppress(FileNotFoundError):
+                self.sidecar_path(path).unlink()
+        return True

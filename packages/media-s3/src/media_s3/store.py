@@ -12,9 +12,11 @@ import asyncio
 import hashlib
 import logging
 import math
+import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, ClassVar, Literal, NoReturn, Self, cast
 from urllib.parse import urlsplit
@@ -37,16 +39,18 @@ from botocore.exceptions import (
 from media_s3.client import S3Client
 from media_s3.errors import S3AccessDeniedError, S3BucketNotFoundError, S3EndpointUnreachableError, S3MediaError
 from media_s3.metadata import decode_metadata, encode_metadata
-from stepcore.features import PERSISTENT
+from stepcore.features import MEDIA_COLLECTION, PERSISTENT
 from stepcore.media import (
     EMPTY_CONTEXT,
     KeyStrategy,
     MediaContext,
     PublicUrlResolver,
+    StoredMedia,
     default_key,
     digest_of_uri,
     media_uri,
     resolve_public_url,
+    uri_of_digest,
 )
 
 __all__ = ('DEFAULT_MULTIPART_THRESHOLD_BYTES', 'DEFAULT_PART_BYTES', 'S3MediaStore')
@@ -79,6 +83,8 @@ _ACCESS_CODES = frozenset(
     }
 )
 _MISSING_KEY_CODES = frozenset({'NoSuchKey', 'NotFound', '404'})
+_DIGEST = re.compile(r'[0-9a-f]{64}')
+_LIST_PAGE = 1000
 
 AddressingStyle = Literal['path', 'virtual', 'auto']
 
@@ -119,9 +125,18 @@ class S3MediaStore:
     credentials come from botocore's chain (`AWS_*` environment variables, `profile`, config
     files, roles). `client_config` (a `botocore.config.Config`) is merged over the store's defaults
     to tune retries, timeouts or signing.
+
+    Garbage collection (`media_collection`): an object's `LastModified` is when its blob was last
+    put. A put of bytes already stored copies the object onto itself (`CopyObject`, keeping its
+    content type and metadata), which moves `LastModified` to now; the service copies the bytes
+    server-side, and an object over 5 GiB cannot be copied in one request. `list_media` pages
+    with `ListObjectsV2` under `key_prefix`, listing each key that holds one sha256 digest.
+    `delete_media(older_than=...)` checks `LastModified` with a HEAD request, then deletes: S3
+    has no delete-if-unchanged, so a put landing between the two (milliseconds) loses its blob.
+    The times are the service's clock, which collection compares with the local one.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT, MEDIA_COLLECTION})
 
     def __init__(
         self,
@@ -202,6 +217,8 @@ class S3MediaStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open_lock = asyncio.Lock()
         self._bucket_confirmed = False
+        self._listed: dict[str, str] = {}
+        """The object key `list_media` found for each blob, for `delete_media` (a key strategy may use the context)."""
 
     def __repr__(self) -> str:
         return f'S3MediaStore(bucket={self.bucket!r}, endpoint={self._where!r}, key_prefix={self.key_prefix!r})'
@@ -290,7 +307,8 @@ class S3MediaStore:
         key = self.key_for(uri, context)
         metadata = encode_metadata(context.metadata)
         try:
-            if await self._head(key) is not None:
+            head = await self._head(key)
+            if head is not None and await self._refresh(key, head):
                 return uri
         except S3AccessDeniedError:
             # AWS answers 403 rather than 404 for a missing object when the credentials lack
@@ -310,6 +328,68 @@ class S3MediaStore:
                 await client.put_object(Bucket=self.bucket, Key=key, Body=data, **extra)
         self._bucket_confirmed = True
         return uri
+
+    async def _refresh(self, key: str, head: Mapping[str, Any]) -> bool:
+        """Move an existing object's `LastModified` to now by copying it onto itself; `False` when it is gone."""
+        extra: dict[str, Any] = {}
+        if head.get('ContentType'):
+            extra['ContentType'] = head['ContentType']
+        client = await self.client()
+        with self._translate('refresh', key):
+            try:
+                await client.copy_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    CopySource={'Bucket': self.bucket, 'Key': key},
+                    MetadataDirective='REPLACE',
+                    Metadata=dict(cast(Mapping[str, str], head.get('Metadata') or {})),
+                    **extra,
+                )
+            except ClientError as exc:
+                code, status, _ = _error_code(exc)
+                if code in _MISSING_KEY_CODES or status == 404:
+                    return False  # removed since the HEAD: upload it again
+                raise
+        return True
+
+    # -- garbage collection -----------------------------------------------------------------------
+
+    async def list_media(self) -> AsyncIterator[StoredMedia]:
+        """Every blob under `key_prefix` (`ListObjectsV2`, a thousand keys a page), with its `LastModified`."""
+        client = await self.client()
+        token: str | None = None
+        while True:
+            extra: dict[str, Any] = {'ContinuationToken': token} if token else {}
+            with self._translate('list'):
+                page = await client.list_objects_v2(
+                    Bucket=self.bucket, Prefix=self.key_prefix, MaxKeys=_LIST_PAGE, **extra
+                )
+            for item in cast(list[Mapping[str, Any]], page.get('Contents') or []):
+                key = cast(str, item['Key'])
+                found = _DIGEST.findall(key[len(self.key_prefix) :])
+                if len(found) != 1:
+                    continue  # not a blob of this store
+                uri = uri_of_digest(found[0])
+                self._listed[uri] = key
+                stored_at = cast(datetime, item['LastModified']).astimezone(UTC)
+                yield StoredMedia(uri=uri, stored_at=stored_at, size=int(item.get('Size', 0)))
+            token = cast(str | None, page.get('NextContinuationToken'))
+            if not page.get('IsTruncated') or not token:
+                return
+
+    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
+        """Delete the blob's object; with `older_than`, only if its `LastModified` is before then (see the class)."""
+        key = self._listed.get(uri) or self.key_for(uri)
+        head = await self._head(key)
+        if head is None:
+            return False
+        if older_than is not None and cast(datetime, head['LastModified']) >= older_than:
+            return False
+        client = await self.client()
+        with self._translate('delete', key):
+            await client.delete_object(Bucket=self.bucket, Key=key)
+        self._listed.pop(uri, None)
+        return True
 
     async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
         """The bytes at `uri`; `LookupError` when no object exists at its key."""

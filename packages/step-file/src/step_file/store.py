@@ -246,6 +246,23 @@ class FilePort(SyncPort):
         damaged = [r for r in rows if not (isinstance(r.body, Mapping) and r.started_at != EPOCH)]
         return [*damaged, *replace(op, limit=None).pick(readable)]
 
+    def list_run_ids(self, tx: _Tx, op: ops.ListRunIds) -> list[str]:
+        try:
+            entries = [e for e in os.scandir(self.directory) if e.is_dir() and not e.name.startswith('.')]
+        except FileNotFoundError:
+            return []
+        found: list[str] = []
+        for entry in entries:
+            folder = Path(entry.path)
+            try:
+                snapshots = os.listdir(folder / SNAPSHOTS_DIR) if (folder / SNAPSHOTS_DIR).is_dir() else []
+            except OSError:
+                snapshots = []
+            if (folder / RUN_FILE).exists() or snapshots:
+                with contextlib.suppress(ValueError):
+                    found.append(validate_path_safe_run_id(entry.name))
+        return found
+
     def delete_run(self, tx: _Tx, op: ops.DeleteRun) -> bool:
         """Move the run's folder aside under a hidden name, then remove it (the run's lock is held)."""
         folder = self._run(op.run_id).folder

@@ -13,23 +13,28 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Mapping
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
 
 from bson.binary import Binary
-from pymongo import ASCENDING, IndexModel
+from pymongo import ASCENDING, IndexModel, ReplaceOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from stepcore.features import PERSISTENT
+from stepcore.features import MEDIA_COLLECTION, PERSISTENT
 from stepcore.media import (
     EMPTY_CONTEXT,
     MediaContext,
     MediaStore,
     PublicUrlResolver,
+    StoredMedia,
     digest_of_uri,
     media_uri,
     resolve_public_url,
+    uri_of_digest,
 )
 from stepcore.setup_once import SetupOnce
 
@@ -43,6 +48,11 @@ MAX_CHUNK_SIZE_BYTES = 15 * 1024 * 1024
 """Largest accepted chunk: leaves room for the chunk document's other fields under 16 MiB."""
 
 _DUPLICATE_KEY = 11000
+_LIST_BATCH = 1000
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
 
 
 class MongoMediaStore(ClientUser, MediaStore):
@@ -52,9 +62,16 @@ class MongoMediaStore(ClientUser, MediaStore):
     any object with its async API, as for `MongoStepStore`) or a connection string as `db_url=`
     (the store owns that client: `await store.aclose()`).
     Each blob is held whole in memory on put and get.
+
+    Garbage collection (`media_collection`): a manifest's `stored_us` is when the blob was last
+    put (microseconds since the epoch; a put of stored bytes updates it). Each full write stamps
+    its chunks and manifest with a generation of its own. `delete_media` first marks the manifest
+    as being removed (only while it is still old), then deletes it, then the chunks of its
+    generation, so a put racing with the removal either refreshed the manifest before the mark
+    (and the blob stays) or writes the blob anew, under a generation the removal never touches.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT, MEDIA_COLLECTION})
 
     def __init__(
         self,
@@ -90,16 +107,27 @@ class MongoMediaStore(ClientUser, MediaStore):
     async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
         uri = media_uri(data)
         digest = digest_of_uri(uri)
-        if await self._manifests.find_one({'_id': digest}, projection={'_id': 1}) is not None:
-            return uri
+        refreshed = await self._manifests.update_one(
+            {'_id': digest, 'removing': {'$exists': False}}, {'$set': {'stored_us': _now_us()}}
+        )
+        if refreshed.matched_count:
+            return uri  # already stored: it now counts as put now
         await self._ensure_indexes()
         size = self.chunk_size_bytes
         count = max(1, -(-len(data) // size))
-        chunks = [{'digest': digest, 'n': n, 'data': Binary(data[n * size : (n + 1) * size])} for n in range(count)]
+        generation = uuid.uuid4().hex
+        chunks = [
+            ReplaceOne(
+                {'digest': digest, 'n': n},
+                {'digest': digest, 'n': n, 'gen': generation, 'data': Binary(data[n * size : (n + 1) * size])},
+                upsert=True,
+            )
+            for n in range(count)
+        ]
         try:
-            await self._chunks.insert_many(chunks, ordered=False)
+            await self._chunks.bulk_write(chunks, ordered=False)
         except BulkWriteError as error:
-            # Chunks left by an earlier, interrupted put of the same bytes are identical: keep them.
+            # A concurrent put of the same bytes upserted a chunk first: it holds the same slice.
             write_errors = cast(list[Mapping[str, Any]], error.details.get('writeErrors', []))
             if error.details.get('writeConcernErrors') or any(e.get('code') != _DUPLICATE_KEY for e in write_errors):
                 raise
@@ -111,9 +139,11 @@ class MongoMediaStore(ClientUser, MediaStore):
             'media_type': context.media_type,
             'filename': context.filename,
             'metadata': json.dumps(dict(context.metadata), ensure_ascii=False) if context.metadata else None,
+            'gen': generation,
+            'stored_us': _now_us(),
         }
         with contextlib.suppress(DuplicateKeyError):  # a concurrent put of the same bytes finished first
-            await self._manifests.insert_one(manifest)
+            await self._manifests.replace_one({'_id': digest}, manifest, upsert=True)
         return uri
 
     async def _manifest(self, uri: str) -> Document | None:
@@ -151,3 +181,33 @@ class MongoMediaStore(ClientUser, MediaStore):
         if manifest is None or manifest.get('metadata') is None:
             return None
         return cast(dict[str, str], json.loads(cast(str, manifest['metadata'])))
+
+    async def list_media(self) -> AsyncIterator[StoredMedia]:
+        """Every blob with a manifest, with when it was last put."""
+        projection = {'_id': 1, 'length': 1, 'stored_us': 1}
+        async for manifest in self._manifests.find({}, projection=projection, batch_size=_LIST_BATCH):
+            stored_us = manifest.get('stored_us')
+            yield StoredMedia(
+                uri=uri_of_digest(cast(str, manifest['_id'])),
+                stored_at=datetime.fromtimestamp((stored_us if isinstance(stored_us, int) else 0) / 1_000_000, UTC),
+                size=int(cast(int, manifest.get('length', 0))),
+            )
+
+    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
+        """Remove the blob; with `older_than`, only while it was last put before then."""
+        digest = digest_of_uri(uri)
+        claim: Document = {'_id': digest, 'removing': {'$exists': False}}
+        if older_than is not None:
+            # A manifest written before collection existed has no time: it counts as put long ago.
+            cutoff = int(older_than.timestamp() * 1_000_000)
+            claim['$or'] = [{'stored_us': {'$lt': cutoff}}, {'stored_us': {'$exists': False}}]
+        token = uuid.uuid4().hex
+        marked = await self._manifests.find_one_and_update(claim, {'$set': {'removing': token}})
+        if marked is None:
+            return False
+        # From here a put finds no manifest it may refresh, and writes the blob under a new generation.
+        removed = await self._manifests.delete_one({'_id': digest, 'removing': token})
+        if not removed.deleted_count:
+            return False  # a put replaced the manifest meanwhile
+        await self._chunks.delete_many({'digest': digest, 'gen': marked.get('gen')})
+        return True

@@ -214,6 +214,10 @@ class MongoPort(AsyncPort):
             cursor = cursor.limit(op.limit)
         return [run_row(doc) async for doc in cursor]
 
+    async def list_run_ids(self, tx: Any, op: ops.ListRunIds) -> list[str]:
+        found = {str(i) for i in await self._runs.distinct('_id')}
+        return list(found | {str(i) for i in await self._snapshots.distinct('run_id')})
+
     async def delete_run(self, tx: Any, op: ops.DeleteRun) -> bool:
         """Every collection's documents of the run: snapshots before the message nodes they name, so
         a reader never finds a snapshot whose nodes are gone, and the run document last, so a delete

@@ -207,6 +207,12 @@ MEDIA = Component(
             # Media is mostly compressed already (images, audio): store it out of line uncompressed.
             'ALTER TABLE {media} ALTER COLUMN data SET STORAGE EXTERNAL',
         ),
+        # 2: when each blob was last put, for garbage collection (a blob stored before: its creation).
+        (
+            'ALTER TABLE {media} ADD COLUMN stored_at timestamptz',
+            'UPDATE {media} SET stored_at = created_at',
+            'ALTER TABLE {media} ALTER COLUMN stored_at SET NOT NULL',
+        ),
     ),
 )
 

@@ -243,6 +243,9 @@ class PostgresPort(AsyncPort):
     async def list_runs(self, tx: AsyncConnection[Any], op: ops.ListRuns) -> list[ops.RunRow]:
         return await _fetch(tx, self._ask_list_runs(op))
 
+    async def list_run_ids(self, tx: AsyncConnection[Any], op: ops.ListRunIds) -> list[str]:
+        return await _fetch(tx, _Ask(self._q.run_ids, (), lambda rows: [str(r[0]) for r in rows]))
+
     async def delete_run(self, tx: AsyncConnection[Any], op: ops.DeleteRun) -> bool:
         return await _fetch(tx, _Ask(self._q.run_delete, {'run': op.run_id}, _flag))
 
@@ -369,6 +372,7 @@ class _Queries:
         )
         self.run_get = q(run_columns + ' WHERE run_id = %s')
         self.runs_select = q(run_columns)
+        self.run_ids = q('SELECT run_id FROM {runs} UNION SELECT run_id FROM {snapshots}')
         ids = tables.identifiers()
         deleted = [sql.Identifier(f'd_{table}') for table in _RUN_TABLES]
         self.run_delete = sql.SQL('WITH {deletes} SELECT {counts} > 0').format(

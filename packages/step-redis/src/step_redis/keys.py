@@ -21,6 +21,7 @@ one server by using different prefixes.
 | `<p>:snapcount:<run>` | counter | the run's last snapshot seq |
 | `<p>:node:<run>` | hash | message node id -> node row |
 | `<p>:media:<sha256>`, `<p>:mediameta:<sha256>` | string | a blob, its metadata (JSON) |
+| `<p>:mediatime` | sorted set | blob digests, scored by when each was last put (microseconds since the epoch) |
 
 A row is its fields joined by NUL bytes, the engine's encoded body last (ids, keys and states
 never hold NUL; a body may hold anything, since it is the rest of the value).
@@ -75,6 +76,7 @@ class Keys:
         self.runorder = self._key('runorder')
         self.runseq = self._key('runseq')
         self.nodeids = self._key('nodeids')
+        self.media_times = self._key('mediatime')
 
     def _key(self, kind: str, ident: str | None = None) -> bytes:
         name = f'{self.prefix}:{kind}'

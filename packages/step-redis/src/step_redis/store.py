@@ -219,6 +219,13 @@ class RedisPort(AsyncPort):
         # server's, the time bounds, keyset and limit are applied here over the rows it answered.
         return op.pick(_run_row(run_id.decode(), value) for run_id, value in _pairs(found))
 
+    async def list_run_ids(self, tx: Any, op: ops.ListRunIds) -> list[str]:
+        found = {cast(bytes, r).decode() for r in await self._client.hkeys(self.keys.runs)}  # pyright: ignore[reportUnknownMemberType]
+        start = len(self.keys.run('').snap)
+        async for key in self._client.scan_iter(match=self.keys.run('*').snap, count=1000):
+            found.add(cast(bytes, key)[start:].decode())
+        return list(found)
+
     async def delete_run(self, tx: Any, op: ops.DeleteRun) -> bool:
         keys = self.keys
         for _ in range(10):

@@ -167,10 +167,12 @@ def _copy_media(connection: sqlite3.Connection) -> None:
     columns = {str(row[1]) for row in connection.execute(f'PRAGMA table_info("{old}")')}
     media_type = 'media_type' if 'media_type' in columns else 'NULL'
     metadata = 'metadata' if 'metadata' in columns else 'NULL'
+    now = utcnow()
+    # Copied now: a blob no imported run references is collectable once the grace period passes.
     connection.execute(
-        'INSERT OR IGNORE INTO media (digest, data, size, media_type, metadata, created_at) '
-        f'SELECT sha256, bytes, length(bytes), {media_type}, {metadata}, ? FROM "{old}"',
-        (utcnow().isoformat(),),
+        'INSERT OR IGNORE INTO media (digest, data, size, media_type, metadata, created_at, stored_us) '
+        f'SELECT sha256, bytes, length(bytes), {media_type}, {metadata}, ?, ? FROM "{old}"',
+        (now.isoformat(), int(now.timestamp() * 1_000_000)),
     )
 
 

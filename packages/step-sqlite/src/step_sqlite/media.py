@@ -6,18 +6,22 @@ import json
 import os
 import re
 import sqlite3
-from collections.abc import Mapping
+import time
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
 
-from stepcore.features import PERSISTENT
+from stepcore.features import MEDIA_COLLECTION, PERSISTENT
 from stepcore.media import (
     EMPTY_CONTEXT,
     MediaContext,
     MediaStore,
     PublicUrlResolver,
+    StoredMedia,
     digest_of_uri,
     media_uri,
     resolve_public_url,
+    uri_of_digest,
 )
 from stepcore.models import utcnow
 
@@ -26,6 +30,7 @@ from .schema import ensure_schema, media_component
 
 __all__ = ('SqliteMediaStore',)
 
+_LIST_PAGE = 1000
 _IDENTIFIER = re.compile(r'[A-Za-z_][A-Za-z0-9_]{0,62}')
 
 
@@ -49,9 +54,13 @@ class SqliteMediaStore(MediaStore):
     Pass `database=` (a file path; the store opens and closes its own connection) or `connection=`
     (an open `sqlite3.Connection` created with `check_same_thread=False`, which the store never
     closes). `public_url=` turns a `media+sha256://` URI into a URL a model can fetch.
+
+    Garbage collection (`media_collection`): the `stored_us` column holds when a blob was last put
+    (a put of stored bytes updates it and nothing else); `list_media` pages through the table by
+    digest and `delete_media` removes a row only while it is still that old, in one statement.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT, MEDIA_COLLECTION})
 
     def __init__(
         self,
@@ -80,15 +89,23 @@ class SqliteMediaStore(MediaStore):
         component = media_component(self.table)
         db.add_setup(component.name, lambda conn: ensure_schema(conn, component, where=db.describe))
         self._insert = (
-            f'INSERT OR IGNORE INTO {self.table} (digest, data, size, media_type, metadata, created_at) '
-            'VALUES (?, ?, ?, ?, ?, ?)'
+            f'INSERT INTO {self.table} (digest, data, size, media_type, metadata, created_at, stored_us) '
+            'VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO UPDATE SET stored_us = excluded.stored_us'
         )
 
     async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
         uri = media_uri(data)
         digest = digest_of_uri(uri)
         metadata = json.dumps(dict(context.metadata), ensure_ascii=False) if context.metadata else None
-        row = (digest, bytes(data), len(data), context.media_type, metadata, utcnow().isoformat())
+        row = (
+            digest,
+            bytes(data),
+            len(data),
+            context.media_type,
+            metadata,
+            utcnow().isoformat(),
+            time.time_ns() // 1000,
+        )
 
         def work(connection: sqlite3.Connection) -> None:
             with write_transaction(connection):
@@ -126,6 +143,37 @@ class SqliteMediaStore(MediaStore):
         if not isinstance(value, dict):
             raise ValueError(f'media blob {uri!r} has malformed metadata {row[0]!r}: expected a JSON object')
         return {str(k): str(v) for k, v in cast(dict[Any, Any], value).items()}
+
+    async def list_media(self) -> AsyncIterator[StoredMedia]:
+        """Every blob, with when it was last put, read a thousand rows at a time."""
+        sql = f'SELECT digest, stored_us, size FROM {self.table} WHERE digest > ? ORDER BY digest LIMIT {_LIST_PAGE}'
+        after = ''
+        while True:
+            rows = await self._db.run(lambda conn, a=after: conn.execute(sql, (a,)).fetchall())
+            for digest, stored_us, size in rows:
+                yield StoredMedia(
+                    uri=uri_of_digest(digest),
+                    stored_at=datetime.fromtimestamp(stored_us / 1_000_000, UTC),
+                    size=int(size),
+                )
+            if len(rows) < _LIST_PAGE:
+                return
+            after = rows[-1][0]
+
+    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
+        """Remove the blob; with `older_than`, only while it was last put before then."""
+        digest = digest_of_uri(uri)
+        if older_than is None:
+            sql, params = f'DELETE FROM {self.table} WHERE digest = ?', (digest,)
+        else:
+            cutoff = int(older_than.timestamp() * 1_000_000)
+            sql, params = f'DELETE FROM {self.table} WHERE digest = ? AND stored_us < ?', (digest, cutoff)
+
+        def work(connection: sqlite3.Connection) -> bool:
+            with write_transaction(connection):
+                return connection.execute(sql, params).rowcount > 0
+
+        return await self._db.run(work)
 
     async def aclose(self) -> None:
         """Close the connection when this store opened it (a given connection stays open)."""

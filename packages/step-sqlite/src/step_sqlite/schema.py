@@ -14,6 +14,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from .connection import write_transaction
 
@@ -147,7 +148,32 @@ def media_component(table: str) -> Component:
         created_at TEXT NOT NULL
     )
     """
-    return Component(name=f'media:{table}', create=_script(create), migrations={}, tables=(table,))
+
+    # Version 2: when each blob was last put (microseconds since the epoch), for garbage
+    # collection; a blob stored before it counts as put when it was created.
+    def stored_at(connection: sqlite3.Connection) -> None:
+        connection.execute(f'ALTER TABLE {table} ADD COLUMN stored_us INTEGER NOT NULL DEFAULT 0')
+        rows = connection.execute(f'SELECT digest, created_at FROM {table}').fetchall()
+        connection.executemany(
+            f'UPDATE {table} SET stored_us = ? WHERE digest = ?',
+            [(_epoch_us(created), digest) for digest, created in rows],
+        )
+
+    return Component(name=f'media:{table}', create=_script(create), migrations={1: stored_at}, tables=(table,))
+
+
+def _epoch_us(iso: str) -> int:
+    """Microseconds since the epoch of a stored ISO time (one without a zone is UTC); 0 if unreadable."""
+    try:
+        moment = datetime.fromisoformat(iso)
+    except (TypeError, ValueError):
+        return 0
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 # -- applying --------------------------------------------------------------------------------

@@ -207,6 +207,9 @@ class SqlitePort(SyncPort):
         rows = tx.execute(f'SELECT {_RUN_COLUMNS} FROM runs {where}ORDER BY {order}{limit}', params)
         return [_run_row(r) for r in rows]
 
+    def list_run_ids(self, tx: sqlite3.Connection, op: ops.ListRunIds) -> list[str]:
+        return [r[0] for r in tx.execute('SELECT run_id FROM runs UNION SELECT run_id FROM snapshots')]
+
     def delete_run(self, tx: sqlite3.Connection, op: ops.DeleteRun) -> bool:
         # Remember the highest node id before the run's nodes go: it is never handed out again.
         tx.execute(f'UPDATE node_ids SET last = ({_LAST_NODE})')

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .capability import StepPersistence
 from .engine import DamagedRecordError, EngineStore
 from .events import SnapshotSaved
+from .gc import GcReport, collect_garbage
 from .helpers import annotate_tool_effect, continue_run, fork_run, is_provider_valid
 from .hookspecs import BackendInfo, hookimpl
 from .media import MediaContext, MediaStore
@@ -30,6 +31,7 @@ __all__ = (
     'DamagedRecordError',
     'EngineStore',
     'EventKind',
+    'GcReport',
     'InMemoryStepStore',
     'MediaContext',
     'MediaStore',
@@ -44,6 +46,7 @@ __all__ = (
     'ToolEffectRecord',
     'ToolEffectStatus',
     'annotate_tool_effect',
+    'collect_garbage',
     'continue_run',
     'fork_run',
     'from_spec',

@@ -6,7 +6,14 @@ refused with `NotImplementedError` rather than silently ignored.
 
 from __future__ import annotations
 
-__all__ = ('ALL_FEATURES', 'MEDIA_EXTERNALIZATION', 'PERSISTENT', 'SNAPSHOT_RETENTION', 'require_feature')
+__all__ = (
+    'ALL_FEATURES',
+    'MEDIA_COLLECTION',
+    'MEDIA_EXTERNALIZATION',
+    'PERSISTENT',
+    'SNAPSHOT_RETENTION',
+    'require_feature',
+)
 
 SNAPSHOT_RETENTION = 'snapshot_retention'
 """Accepts `max_snapshots_per_run` and prunes to the documented retain set."""
@@ -14,8 +21,11 @@ MEDIA_EXTERNALIZATION = 'media_externalization'
 """Accepts `media_store` / `media_threshold_bytes` and stores large payloads as media references."""
 PERSISTENT = 'persistent'
 """Data outlives the process (files, databases)."""
+MEDIA_COLLECTION = 'media_collection'
+"""A media store that lists its blobs with the time each was last put, and deletes one only while it
+is still that old: what `stepcore.gc.collect_garbage` needs (see `stepcore.media.CollectableMediaStore`)."""
 
-ALL_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+ALL_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, MEDIA_COLLECTION})
 
 
 def require_feature(store: object, feature: str, *, option: str) -> None:

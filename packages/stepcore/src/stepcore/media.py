@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 __all__ = (
     'EMPTY_CONTEXT',
     'MEDIA_URI_PREFIX',
+    'CollectableMediaStore',
     'KeyStrategy',
     'MediaContext',
     'MediaStore',
     'PublicUrlResolver',
+    'StoredMedia',
     'default_key',
     'digest_of_uri',
     'media_uri',
     'resolve_public_url',
+    'uri_of_digest',
 )
 
 MEDIA_URI_PREFIX = 'media+sha256://'
@@ -59,6 +63,13 @@ def digest_of_uri(uri: str) -> str:
     return digest
 
 
+def uri_of_digest(digest: str) -> str:
+    """The `media+sha256://` URI of a hex digest; `ValueError` for anything but 64 lowercase hex characters."""
+    uri = MEDIA_URI_PREFIX + digest
+    digest_of_uri(uri)
+    return uri
+
+
 def default_key(uri: str, context: MediaContext = EMPTY_CONTEXT) -> str:
     """The default storage key of a blob: `<sha256>.bin`."""
     del context
@@ -97,4 +108,38 @@ class MediaStore(Protocol):
 
     async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
         """The metadata mapping stored with the blob, `None` when it was stored without any."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMedia:
+    """One blob as a collectable media store lists it."""
+
+    uri: str
+    """Its `media+sha256://` address."""
+    stored_at: datetime
+    """When it was last put (an aware datetime): its first write, or a later `put` of the same bytes."""
+    size: int
+    """Its length in bytes."""
+
+
+@runtime_checkable
+class CollectableMediaStore(MediaStore, Protocol):
+    """A media store whose blobs can be listed and removed: what garbage collection needs.
+
+    A store offering it declares the feature `media_collection` (`stepcore.features`), and its
+    `put` of bytes already stored moves the blob's `stored_at` to now: a blob about to be
+    referenced by a snapshot not yet saved is then inside any grace period (see `docs/media-gc.md`).
+    """
+
+    def list_media(self) -> AsyncIterator[StoredMedia]:
+        """Every stored blob, in no particular order, read in pages (never all at once)."""
+        ...
+
+    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
+        """Remove the blob at `uri`; whether one was removed.
+
+        With `older_than`, only while its `stored_at` is still before that time: a blob put again
+        since it was listed stays. Removing a blob that is not there returns `False`.
+        """
         ...

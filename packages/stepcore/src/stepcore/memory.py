@@ -59,6 +59,9 @@ class MemoryPort(SyncPort):
     def list_runs(self, tx: Any, op: ops.ListRuns) -> list[ops.RunRow]:
         return op.pick(self._runs.values())
 
+    def list_run_ids(self, tx: Any, op: ops.ListRunIds) -> list[str]:
+        return list(self._runs.keys() | {r for r, data in self._data.items() if data.snapshots})
+
     def delete_run(self, tx: Any, op: ops.DeleteRun) -> bool:
         had_row = self._runs.pop(op.run_id, None) is not None
         return self._data.pop(op.run_id, None) is not None or had_row

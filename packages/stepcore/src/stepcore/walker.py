@@ -22,6 +22,7 @@ __all__ = (
     'MARKER_FORMAT_KEY',
     'MARKER_KEY',
     'MediaWalker',
+    'stored_references',
 )
 
 DEFAULT_MEDIA_THRESHOLD_BYTES = 64 * 1024
@@ -193,3 +194,45 @@ class MediaWalker:
         if encoding == 'text':
             return data.decode()
         raise ValueError(f'stored media marker for {uri!r} has unknown encoding {encoding!r}')
+
+
+def stored_references(stored: bytes | str) -> set[str]:
+    """The `media+sha256://` URIs the markers in one stored message point at, without fetching them.
+
+    Reads markers exactly as `MediaWalker.restore` does: a payload's own values for reserved keys,
+    escaped on the way in, are never taken for markers. Raises `ValueError` for a body that is not
+    a JSON object or holds a marker of an unknown format.
+    """
+    raw = stored.encode() if isinstance(stored, str) else stored
+    if not (raw.startswith(b'{') and raw.endswith(b'}')):
+        # Cheap where parsing every message would not be: a body whose bytes could not be had
+        # whole (cut short, or still in a backend's own packing) cannot be vouched for.
+        raise ValueError('the stored message is not a JSON object (it is damaged)')
+    if MARKER_KEY.encode() not in raw:
+        return set()
+    found: set[str] = set()
+    _collect(json.loads(raw), found)
+    return found
+
+
+def _collect(value: Any, found: set[str]) -> None:
+    if isinstance(value, list):
+        for item in cast(list[Any], value):
+            _collect(item, found)
+        return
+    if not isinstance(value, dict):
+        return
+    mapping = cast(dict[str, Any], value)
+    if MARKER_KEY in mapping:
+        _check_marker_format(mapping)
+        uri = mapping[MARKER_KEY]
+        if not isinstance(uri, str):
+            raise ValueError(f'stored media marker holds {uri!r} where a media+sha256:// URI belongs')
+        found.add(uri)
+        return
+    for key, item in mapping.items():
+        if key == ESCAPED_KEY and isinstance(item, dict):
+            for escaped in cast(dict[str, Any], item).values():
+                _collect(escaped, found)
+        elif key != MARKER_FORMAT_KEY:
+            _collect(item, found)

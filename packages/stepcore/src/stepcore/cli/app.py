@@ -698,6 +698,47 @@ def import_command(
     _err().print(f'imported {len(runs_in)} run(s): {escape(names)}', highlight=False)
 
 
+# --- gc ------------------------------------------------------------------------------------------
+
+
+@app.command()
+def gc(
+    store: StoreOption = None,
+    media: Annotated[
+        str | None,
+        typer.Option(
+            metavar='URL',
+            help=(
+                'The media store to collect, as KEY://?option=value (e.g. disk://?directory=DIR); default: the '
+                "store's own. Every store whose snapshots use it must be collected together: pass the one that does."
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    grace: Annotated[
+        str,
+        typer.Option(
+            metavar='DURATION',
+            help='Keep unreferenced blobs put more recently than this (30s, 15m, 1h, 2d; 0 for none).',
+        ),
+    ] = '1h',
+    dry_run: Annotated[bool, typer.Option('--dry-run', help='Report what would be removed; remove nothing.')] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove media blobs that no snapshot references any more (those of deleted runs and pruned snapshots)."""
+    from .collect import gc_report_json, parse_duration, print_gc_report, run_gc
+
+    try:
+        window = parse_duration(grace)
+    except ValueError as exc:
+        _fail(str(exc))
+    report = _run(run_gc(resolve_store_url(store), media, grace=window, dry_run=dry_run, console=_err()))
+    if as_json:
+        _echo_json(gc_report_json(report))
+    else:
+        print_gc_report(report, _out())
+
+
 # --- ui ------------------------------------------------------------------------------------------
 
 _UI_PACKAGES = ('starlette', 'jinja2', 'markupsafe', 'uvicorn')

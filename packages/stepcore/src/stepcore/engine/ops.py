@@ -32,6 +32,7 @@ __all__ = (
     'InsertRun',
     'ListEffects',
     'ListEvents',
+    'ListRunIds',
     'ListRuns',
     'ListSnapshots',
     'Node',
@@ -199,6 +200,15 @@ class ListRuns(Op):
             reverse=self.newest_first,
         )
         return found if self.limit is None else found[: self.limit]
+
+
+@dataclass(frozen=True, slots=True)
+class ListRunIds(Op):
+    """Answer: the id of every run the store holds a run row or a snapshot of, each once, in any
+    order (a snapshot may be saved for a run that was never registered). Whole-store maintenance,
+    such as garbage collection of media, reads it."""
+
+    method: ClassVar[str] = 'list_run_ids'
 
 
 @dataclass(frozen=True, slots=True)

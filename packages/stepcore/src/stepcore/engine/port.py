@@ -73,6 +73,9 @@ class Port:
     def list_runs(self, tx: Any, op: ops.ListRuns) -> Sequence[ops.RunRow] | Awaitable[Sequence[ops.RunRow]]:
         raise NotImplementedError(f'{type(self).__name__} does not implement list_runs')
 
+    def list_run_ids(self, tx: Any, op: ops.ListRunIds) -> Sequence[str] | Awaitable[Sequence[str]]:
+        raise NotImplementedError(f'{type(self).__name__} does not implement list_run_ids')
+
     def delete_run(self, tx: Any, op: ops.DeleteRun) -> bool | Awaitable[bool]:
         raise NotImplementedError(f'{type(self).__name__} does not implement delete_run')
 

@@ -26,7 +26,7 @@ from ..models import ContinuableSnapshot, RunRecord, SnapshotState, SnapshotSumm
 from ..protocols import StepStore, StepWrite, check_event_window, check_writes, event_window, sort_time
 from ..registration import check_registration
 from ..retention import check_max_snapshots
-from ..walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from ..walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker, stored_references
 from .damage import DamagedRecordError, UnreadableBody, decoded, skip_damaged
 from .group import NOT_PREPARED, WriteGroups
 from .ops import (
@@ -38,6 +38,7 @@ from .ops import (
     InsertRun,
     ListEffects,
     ListEvents,
+    ListRunIds,
     ListRuns,
     ListSnapshots,
     Node,
@@ -657,6 +658,51 @@ class EngineStore(StepStore):
         return DamagedRecordError(
             run_id=row.run_id, record=f'snapshot seq={row.seq}', where=self._where(), reason=reason
         )
+
+    # -- whole-store maintenance --------------------------------------------------------------
+
+    async def stored_run_ids(self) -> list[str]:
+        """The id of every run this store holds a run record or a snapshot of, sorted.
+
+        Unlike `list_runs`, a run whose record is damaged or missing (a snapshot saved without
+        `register_run`) is included: maintenance must not overlook what it cannot read.
+        """
+        return sorted(set(cast(Sequence[str], await self._read(None, _single(ListRunIds())))))
+
+    async def media_references(self, run_id: str) -> set[str]:
+        """The `media+sha256://` URIs that the run's snapshots (complete and interrupted) reference.
+
+        Read from the stored messages, without fetching a blob. Unlike `list_snapshots`, a snapshot
+        that cannot be read is not skipped: `DamagedRecordError` names it, since leaving its
+        references out would let its media be collected.
+        """
+        run_id = self._run_id(run_id)
+        rows, nodes = await self._read(run_id, read_snapshots(run_id, newest=False, complete_only=False))
+        found: set[str] = set()
+        seen: set[int] = set()
+        for row in rows:
+            node, left = row.head, row.length
+            while node is not None and left > 0 and node not in seen:
+                entry = nodes.get(node)
+                if entry is None:
+                    raise DamagedRecordError(
+                        run_id=run_id,
+                        record=f'snapshot seq={row.seq}',
+                        where=self._where(),
+                        reason=f'message node {node} is missing',
+                    )
+                seen.add(node)
+                try:
+                    found |= stored_references(entry[1])
+                except (ValueError, TypeError) as error:
+                    raise DamagedRecordError(
+                        run_id=run_id,
+                        record=f'snapshot seq={row.seq}',
+                        where=self._where(),
+                        reason=f'message node {node} is damaged: {type(error).__name__}: {error}',
+                    ) from error
+                node, left = entry[0], left - 1
+        return found
 
     # -- lifecycle ----------------------------------------------------------------------------
 
