@@ -168,6 +168,6 @@ def test_cli_prune_dry_run_then_prune(tmp_path: Path) -> None:
 def test_cli_prune_refuses_a_bad_age(tmp_path: Path) -> None:
     result = _cli('prune', '--older-than', '30 days please', '-s', f'sqlite:///{tmp_path / "none.db"}')
     assert result.exit_code == 1
-    assert "--older-than: duration '30 days please' is not understood" in result.stderr
+    assert "--older-than '30 days please' is not a duration" in result.stderr
     missing = _cli('prune', '-s', f'sqlite:///{tmp_path / "none.db"}')
     assert missing.exit_code != 0

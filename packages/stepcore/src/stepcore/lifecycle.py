@@ -131,16 +131,23 @@ _UNITS: Final = {'s': 1, 'm': 60, 'h': 3600, 'd': 86400, 'w': 7 * 86400}
 _DURATION: Final = re.compile(r'(\d+)\s*([smhdw])')
 
 
-def parse_duration(text: str) -> timedelta:
-    """`30d`, `12h`, `90m`, `2w`, `45s`, or several run together (`1d12h`) as a `timedelta`."""
+def parse_duration(text: str, *, allow_zero: bool = False, option: str = 'duration') -> timedelta:
+    """`30d`, `12h`, `90m`, `2w`, `45s`, or several run together (`1d12h`) as a `timedelta`.
+
+    `0` is accepted only with `allow_zero`. `option` names the value in the error (e.g. `--grace`).
+    """
     cleaned = text.strip().lower()
+    if allow_zero and cleaned == '0':
+        return timedelta(0)
     parts = list(_DURATION.finditer(cleaned))
     if not cleaned or not parts or ''.join(p.group(0) for p in parts) != cleaned.replace(' ', ''):
         raise ValueError(
-            f'duration {text!r} is not understood: write a whole number and a unit '
-            '(s, m, h, d or w), e.g. 30d, 12h, 90m, 2w or 1d12h'
+            f'{option} {text!r} is not a duration: write a whole number and a unit '
+            f'(s, m, h, d or w), e.g. 30d, 12h, 90m, 2w or 1d12h{" (or 0 for none)" if allow_zero else ""}'
         )
     seconds = sum(int(p.group(1)) * _UNITS[p.group(2)] for p in parts)
+    if allow_zero:
+        return timedelta(seconds=seconds)
     return check_older_than(timedelta(seconds=seconds), shown=text)
 
 

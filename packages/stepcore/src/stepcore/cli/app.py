@@ -575,9 +575,9 @@ def prune(
     A run still being written is never removed: age counts from a run's last write, not its start.
     """
     try:
-        age = parse_duration(older_than)
+        age = parse_duration(older_than, option='--older-than')
     except ValueError as exc:
-        _fail(f'--older-than: {exc}')
+        _fail(str(exc))
 
     async def body(s: StepStore) -> PruneReport:
         with _progress_of('checking runs' if dry_run else 'pruning runs') as progress:

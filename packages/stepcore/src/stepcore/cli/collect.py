@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from typing import Any
 
@@ -10,29 +9,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import registry
+from .. import lifecycle, registry
 from ..gc import GcReport, collect_garbage
 from ..media import MediaStore
 from .stores import StoreError, open_store
 
 __all__ = ('gc_report_json', 'open_media_store', 'parse_duration', 'print_gc_report', 'run_gc')
 
-_DURATION = re.compile(r'(\d+(?:\.\d+)?)\s*(s|m|h|d|w)', re.IGNORECASE)
-_UNITS = {'s': 'seconds', 'm': 'minutes', 'h': 'hours', 'd': 'days', 'w': 'weeks'}
-
 
 def parse_duration(text: str) -> timedelta:
-    """`30s`, `15m`, `1h`, `2d`, `1w`, `1h30m` or `0` as a timedelta; `ValueError` saying what to use."""
-    cleaned = text.strip().replace(' ', '')
-    if cleaned == '0':
-        return timedelta(0)
-    parts = _DURATION.findall(cleaned)
-    if not cleaned or ''.join(n + u for n, u in parts).lower() != cleaned.lower():
-        raise ValueError(f'--grace {text!r} is not a duration: use e.g. 30s, 15m, 1h, 2d, 1h30m or 0')
-    total = timedelta(0)
-    for number, unit in parts:
-        total += timedelta(**{_UNITS[unit.lower()]: float(number)})
-    return total
+    """A `--grace` value: `30s`, `15m`, `1h`, `2d`, `1w`, `1h30m` or `0`; `ValueError` saying what to use."""
+    return lifecycle.parse_duration(text, allow_zero=True, option='--grace')
 
 
 def open_media_store(url: str) -> MediaStore:
