@@ -3,7 +3,7 @@
 A page reads what it shows and little more: a run's status and event count come from its first
 and latest events, a timeline page reads its own events plus `PAIRING_WINDOW` on either side (to
 pair a start with its end), snapshot lists read no messages, and a snapshot page reads that
-snapshot and the one before it. `list_runs` is filtered and paged here.
+snapshot and the one before it. The store filters runs (`list_runs`); the pages are cut here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import cast
 
+from ..lifecycle import RunStatus
 from ..lifecycle import run_status as lifecycle_status
 from ..models import EventKind, RunRecord, SnapshotState, SnapshotSummary, StepEvent, ToolEffectRecord, ToolEffectStatus
 from ..protocols import StepStore, sort_time
@@ -189,29 +191,25 @@ class RunsPage:
 
 
 async def runs_page(store: StepStore, where: RunFilter, number: int, size: int = RUNS_PER_PAGE) -> RunsPage:
-    """One page of the runs matching `where`, newest first."""
-    found = await store.list_runs(conversation_id=where.conversation or None, parent_run_id=where.parent or None)
-    agents = sorted({r.agent_name for r in found if r.agent_name})
-    if where.conversation or where.parent:
-        agents = sorted({r.agent_name for r in await store.list_runs() if r.agent_name})
-    if where.agent:
-        found = [r for r in found if r.agent_name == where.agent]
+    """One page of the runs matching `where`, newest first; the store applies every filter but the id prefix."""
+    every = await store.list_runs()
+    agents = sorted({r.agent_name for r in every if r.agent_name})
+    if where.conversation or where.parent or where.agent or where.status:
+        found = await store.list_runs(
+            conversation_id=where.conversation or None,
+            parent_run_id=where.parent or None,
+            agent_name=where.agent or None,
+            status=cast(RunStatus | None, where.status or None),
+            newest_first=True,
+        )
+    else:
+        found = every[::-1]
     if where.prefix:
         found = [r for r in found if r.run_id.startswith(where.prefix)]
-    found.reverse()
-    statuses: dict[str, str] = {}
-    if where.status:
-        kept: list[RunRecord] = []
-        for record in found:
-            status = await status_of(store, record.run_id)
-            statuses[record.run_id] = status
-            if status == where.status:
-                kept.append(record)
-        found = kept
     page = page_of(number, size, len(found))
     rows: list[RunRow] = []
     for record in found[page.start : page.end]:
-        status = statuses.get(record.run_id) or await status_of(store, record.run_id)
+        status = where.status or await status_of(store, record.run_id)
         unresolved = len(await store.list_unresolved_tool_effects(record.run_id))
         rows.append(RunRow(record=record, status=status, unresolved=unresolved))
     return RunsPage(rows=rows, page=page, agents=agents)
