@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import ClassVar, Literal, cast
 
 from media_disk import DiskMediaStore
+from stepcore.encryption import Encryption
 from stepcore.engine import KeyConflict, SyncPort, ops
 from stepcore.engine.store import EngineStore
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
@@ -498,6 +499,7 @@ class FileStepStore(EngineStore):
         max_snapshots_per_run: int | None = None,
         *,
         durability: Durability = 'normal',
+        encryption: Encryption | None = None,
     ) -> None:
         if durability not in _DURABILITY:
             raise ValueError(f'durability={durability!r} is not a durability level: use one of {_DURABILITY}')
@@ -511,4 +513,5 @@ class FileStepStore(EngineStore):
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
+            encryption=encryption,
         )

@@ -19,6 +19,7 @@ from psycopg import AsyncConnection, Error, errors, pq, sql
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
+from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStore
@@ -463,6 +464,7 @@ class PostgresStepStore(EngineStore):
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         max_snapshots_per_run: int | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        encryption: Encryption | None = None,
     ) -> None:
         self.tables = Tables(table_prefix)
         self.table_prefix = table_prefix
@@ -474,6 +476,7 @@ class PostgresStepStore(EngineStore):
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
+            encryption=encryption,
         )
 
     @property

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any, ClassVar, Final, TypeVar
 
+from stepcore.encryption import Encryption
 from stepcore.engine import KeyConflict, SyncPort, ops
 from stepcore.engine.store import EngineStore
 from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
@@ -319,9 +320,10 @@ class SqliteStepStore(EngineStore):
         max_snapshots_per_run: int | None = None,
         timeout: float = 30.0,
         synchronous: Synchronous = 'NORMAL',
+        encryption: Encryption | None = None,
     ) -> None:
         db = Database(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
-        self._attach(db, media_store, media_threshold_bytes, max_snapshots_per_run)
+        self._attach(db, media_store, media_threshold_bytes, max_snapshots_per_run, encryption)
 
     @classmethod
     def on_database(cls, db: Database) -> SqliteStepStore:
@@ -336,6 +338,7 @@ class SqliteStepStore(EngineStore):
         media_store: MediaStore | None | _Default,
         media_threshold_bytes: int,
         max_snapshots_per_run: int | None,
+        encryption: Encryption | None = None,
     ) -> None:
         externalize = isinstance(media_store, _Default)  # a harness file's media go to this database's own
         db.add_setup(
@@ -353,6 +356,7 @@ class SqliteStepStore(EngineStore):
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
+            encryption=encryption,
         )
 
     async def aclose(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .encryption import Encryption
 from .engine import ops
 from .engine.plans import KeyConflict
 from .engine.port import SyncPort
@@ -160,10 +161,12 @@ class InMemoryStepStore(EngineStore):
         max_snapshots_per_run: int | None = None,
         media_store: MediaStore | None = None,
         media_threshold_bytes: int | None = None,
+        encryption: Encryption | None = None,
     ) -> None:
         super().__init__(
             MemoryPort(),
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
+            encryption=encryption,
         )
