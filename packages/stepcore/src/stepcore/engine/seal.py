@@ -42,6 +42,7 @@ __all__ = (
     'NO_PREV',
     'SEALED_FORMAT',
     'Sealer',
+    'key_id_of',
     'node_sum',
 )
 
@@ -62,6 +63,7 @@ _NODE_MARK: Final = b',"_s":"'
 _NODE_TAIL: Final = len(_NODE_MARK) + 16 + 1 + 16 + 2
 """Bytes of a node's sum field, from its comma to the closing brace."""
 _ENCRYPTED_NODE: Final = b'{"k":"'
+_KEY_ID_MARK: Final = b'"k":"'
 
 
 def _sum(data: bytes) -> str:
@@ -97,6 +99,22 @@ def _unb64(text: object, what: str) -> bytes:
 
 
 _STAMP: Final = b'{"' + FORMAT_KEY.encode() + b'":' + str(SEALED_FORMAT).encode()
+
+
+def key_id_of(body: object) -> str | None:
+    """The key id an encrypted body (record or message node) names; `None` for one in clear."""
+    data: Any = body
+    if isinstance(body, bytes | str):
+        if _KEY_ID_MARK not in (body.encode() if isinstance(body, str) else body):
+            return None
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return None
+    if isinstance(data, Mapping):
+        key_id = cast(Mapping[str, Any], data).get(_KEY_ID)
+        return key_id if isinstance(key_id, str) else None
+    return None
 
 
 class Sealer:

@@ -46,7 +46,7 @@ from .ops import (
 )
 from .plans import KeyConflict, Plan, SnapshotWrite, StaleHistory, read_snapshots, write_plan
 from .port import AsyncPort, Port, SyncPort, check_text
-from .seal import HEAD_KEY, NO_PREV, SEALED_FORMAT, Sealer
+from .seal import HEAD_KEY, NO_PREV, SEALED_FORMAT, Sealer, key_id_of
 
 __all__ = ('EngineStore',)
 
@@ -595,6 +595,29 @@ class EngineStore(StepStore):
         return DamagedRecordError(
             run_id=row.run_id, record=f'snapshot seq={row.seq}', where=self._where(), reason=reason
         )
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    async def stored_key_ids(self, run_id: str) -> set[str | None]:
+        """The encryption key ids the run's stored bodies were written with (`None`: in clear).
+
+        Covers the run record, events, ledger, snapshot headers and the messages of stored
+        snapshots; a body that does not parse counts as `None`. `stepcore rekey` uses it to find
+        the runs still to re-encrypt.
+        """
+        run_id = self._run_id(run_id)
+
+        def plan() -> Plan[list[Body]]:
+            run = cast(RunRow | None, (yield GetRun(run_id)))
+            events = cast(Sequence[EventRow], (yield ListEvents(run_id)))
+            effects = cast(Sequence[EffectRow], (yield ListEffects(run_id)))
+            rows, nodes = yield from read_snapshots(run_id, newest=False, complete_only=False)
+            bodies: list[Body] = [] if run is None else [run.body]
+            bodies += [r.body for r in (*events, *effects, *rows)]
+            bodies += [body for _, body in nodes.values()]
+            return bodies
+
+        return {key_id_of(body) for body in await self._read(run_id, plan())}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
