@@ -25,6 +25,7 @@ from .crash_window import CrashWindowConformance
 from .damage import DamageConformance
 from .delete import DeleteConformance
 from .effects import EffectsConformance
+from .encryption import ChecksumConformance, EncryptionConformance
 from .events import EventsConformance
 from .externalization import MediaExternalizationConformance
 from .features import FeaturesConformance
@@ -39,12 +40,14 @@ from .snapshots import SnapshotsConformance
 __all__ = (
     'BatchWritesConformance',
     'CapabilityConformance',
+    'ChecksumConformance',
     'ConcurrencyConformance',
     'CrashWindowConformance',
     'Damage',
     'DamageConformance',
     'DeleteConformance',
     'EffectsConformance',
+    'EncryptionConformance',
     'EventsConformance',
     'FeaturesConformance',
     'HistoryConformance',
@@ -77,6 +80,8 @@ class StepStoreConformance(
     PersistenceConformance,
     CrashWindowConformance,
     DamageConformance,
+    EncryptionConformance,
+    ChecksumConformance,
     CapabilityConformance,
 ):
     """Every section of the step-store suite. Override `store` (and `store_spec` and `damage` where they apply)."""

@@ -25,7 +25,7 @@ from media_disk import DiskMediaStore
 from stepcore.encryption import Encryption
 from stepcore.engine import KeyConflict, SyncPort, ops
 from stepcore.engine.store import EngineStore
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.fileio import fsync_dir, make_dir, write_atomic, write_temp
 from stepcore.ids import validate_path_safe_run_id
 from stepcore.media import MediaStore
@@ -489,7 +489,9 @@ class FileStepStore(EngineStore):
     `durability='full'` also fsyncs every append and snapshot file (and its folder).
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+    )
 
     def __init__(
         self,

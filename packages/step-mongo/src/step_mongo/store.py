@@ -41,7 +41,7 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStore
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.retention import check_max_snapshots
@@ -365,7 +365,9 @@ class MongoStepStore(ClientUser, EngineStore):
     Writes are not transactions: see the module docstring for their order.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+    )
 
     def __init__(
         self,

@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStore
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.setup_once import SetupOnce
@@ -452,7 +452,9 @@ class PostgresStepStore(EngineStore):
     `max_snapshots_per_run` bounds the snapshots kept per run.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+    )
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, StaleHistory, ops
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStore
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.retention import check_max_snapshots
@@ -376,7 +376,9 @@ class RedisStepStore(ClientUser, EngineStore):
     `max_snapshots_per_run` bounds the snapshots kept per run.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+    )
 
     def __init__(
         self,

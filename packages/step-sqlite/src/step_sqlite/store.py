@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Final, TypeVar
 from stepcore.encryption import Encryption
 from stepcore.engine import KeyConflict, SyncPort, ops
 from stepcore.engine.store import EngineStore
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStore
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
@@ -308,7 +308,9 @@ class SqliteStepStore(EngineStore):
     Every write is one transaction: a batch's snapshot, ledger entries and events commit together.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+    )
 
     def __init__(
         self,

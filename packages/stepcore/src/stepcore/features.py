@@ -6,7 +6,15 @@ refused with `NotImplementedError` rather than silently ignored.
 
 from __future__ import annotations
 
-__all__ = ('ALL_FEATURES', 'MEDIA_EXTERNALIZATION', 'PERSISTENT', 'SNAPSHOT_RETENTION', 'require_feature')
+__all__ = (
+    'ALL_FEATURES',
+    'CHECKSUMS',
+    'ENCRYPTION',
+    'MEDIA_EXTERNALIZATION',
+    'PERSISTENT',
+    'SNAPSHOT_RETENTION',
+    'require_feature',
+)
 
 SNAPSHOT_RETENTION = 'snapshot_retention'
 """Accepts `max_snapshots_per_run` and prunes to the documented retain set."""
@@ -15,7 +23,12 @@ MEDIA_EXTERNALIZATION = 'media_externalization'
 PERSISTENT = 'persistent'
 """Data outlives the process (files, databases)."""
 
-ALL_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+ENCRYPTION = 'encryption'
+"""Accepts `encryption=` (a `stepcore.Encryption`) and keeps bodies and media blobs encrypted at rest."""
+CHECKSUMS = 'checksums'
+"""Checks a checksum on every record it reads: a stored body altered after it was written is damage."""
+
+ALL_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS})
 
 
 def require_feature(store: object, feature: str, *, option: str) -> None:

@@ -10,7 +10,7 @@ from .engine import ops
 from .engine.plans import KeyConflict
 from .engine.port import SyncPort
 from .engine.store import EngineStore
-from .features import SNAPSHOT_RETENTION
+from .features import CHECKSUMS, ENCRYPTION, SNAPSHOT_RETENTION
 from .media import MediaStore
 from .models import SnapshotState, ToolEffectStatus
 
@@ -153,7 +153,7 @@ class InMemoryStepStore(EngineStore):
     and a long run does not pay a full copy of its history per step.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION})
+    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS})
 
     def __init__(
         self,

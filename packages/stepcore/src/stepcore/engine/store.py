@@ -17,7 +17,7 @@ from pydantic_ai.messages import ModelMessage
 
 from ..codec import FORMAT_KEY, decode_messages, dump_record_compact, load_record
 from ..encryption import EncryptingMediaStore, Encryption
-from ..features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
+from ..features import ENCRYPTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from ..history import HistoryDelta, HistoryIndex, walk_chain
 from ..media import MediaStore
 from ..models import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
@@ -185,6 +185,8 @@ class EngineStore(StepStore):
             require_feature(self, SNAPSHOT_RETENTION, option='max_snapshots_per_run')
         if media_store is not None or media_threshold_bytes is not None:
             require_feature(self, MEDIA_EXTERNALIZATION, option='media_store / media_threshold_bytes')
+        if encryption is not None:
+            require_feature(self, ENCRYPTION, option='encryption')
         if encryption is not None and not isinstance(encryption, Encryption):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f'encryption= takes a stepcore.Encryption, got {type(encryption).__name__}')
         self.port = port
