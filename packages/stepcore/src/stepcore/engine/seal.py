@@ -33,7 +33,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
-from ..codec import FORMAT_KEY
+from ..codec import FORMAT_KEY, check_format_version
 from ..encryption import Encryption, EncryptionKeyError
 
 __all__ = (
@@ -41,6 +41,7 @@ __all__ = (
     'HEAD_KEY',
     'NO_PREV',
     'SEALED_FORMAT',
+    'MessageDamage',
     'Sealer',
     'key_id_of',
     'node_sum',
@@ -117,6 +118,15 @@ def key_id_of(body: object) -> str | None:
     return None
 
 
+class MessageDamage(ValueError):
+    """A message of a snapshot that does not check; `position` is its index in the history."""
+
+    def __init__(self, position: int, reason: str) -> None:
+        super().__init__(f'message {position} {reason}')
+        self.position = position
+        self.reason = reason
+
+
 class Sealer:
     """Seals and opens the engine's bodies, with checksums and, given `encryption`, AES-GCM."""
 
@@ -156,6 +166,7 @@ class Sealer:
         if not isinstance(raw, dict):
             raise ValueError(f'a stored record must be a JSON object, found {type(raw).__name__}')
         data = cast(dict[str, Any], raw)
+        check_format_version(data.get(FORMAT_KEY, 1), what='stored record')  # a newer format: refused as such
         if _CIPHERTEXT in data or _KEY_ID in data:
             aad = _columns(columns) + b'\x00' + _canonical(data, _NOT_SHOWN | in_row)
             plain = self._decrypt(data, aad, 'record')
@@ -220,11 +231,14 @@ class Sealer:
             if body.startswith(_ENCRYPTED_NODE):
                 data: Any = json.loads(body)
                 if not isinstance(data, dict):
-                    raise ValueError(f'message {position} is damaged: not a JSON object')
-                body = self._decrypt(cast(dict[str, Any], data), aad, f'message {position}')
+                    raise MessageDamage(position, 'is not a JSON object')
+                try:
+                    body = self._decrypt(cast(dict[str, Any], data), aad, f'message {position}')
+                except ValueError as error:
+                    raise MessageDamage(position, f'does not decrypt: {error}') from error
             if len(body) < _NODE_TAIL or body[-_NODE_TAIL : -_NODE_TAIL + len(_NODE_MARK)] != _NODE_MARK:
                 if sealed:
-                    raise ValueError(f'message {position} carries no checksum')
+                    raise MessageDamage(position, 'carries no checksum')
                 opened.append(body)
                 prev = ''
                 continue
@@ -232,9 +246,9 @@ class Sealer:
             check, _, stored_prev = tail.partition(':')
             message = body[:-_NODE_TAIL] + b'}'
             if node_sum(message, stored_prev) != check:
-                raise ValueError(f'message {position} fails its checksum: it was altered')
+                raise MessageDamage(position, 'fails its checksum: it was altered')
             if prev and stored_prev != prev:
-                raise ValueError(f'message {position} does not follow message {position - 1}: the chain was altered')
+                raise MessageDamage(position, f'does not follow message {position - 1}: the chain was altered')
             opened.append(message)
             prev = check
         if sealed and bodies and head is not None and prev != head:

@@ -46,7 +46,7 @@ from .ops import (
 )
 from .plans import KeyConflict, Plan, SnapshotWrite, StaleHistory, read_snapshots, write_plan
 from .port import AsyncPort, Port, SyncPort, check_text
-from .seal import HEAD_KEY, NO_PREV, SEALED_FORMAT, Sealer, key_id_of
+from .seal import HEAD_KEY, NO_PREV, SEALED_FORMAT, MessageDamage, Sealer, key_id_of
 
 __all__ = ('EngineStore',)
 
@@ -568,15 +568,16 @@ class EngineStore(StepStore):
             chain.append(cast(int, node))
             return found
 
-        bodies = decoded(
-            lambda: self._sealer.open_nodes(
-                row.run_id, walk_chain(row.head, row.length, lookup), head_sum, sealed=sealed
-            ),
-            run_id=row.run_id,
-            record=record,
-            where=where,
-        )
-        chain.reverse()
+        def read_messages() -> list[bytes]:
+            stored = walk_chain(row.head, row.length, lookup)
+            chain.reverse()
+            try:
+                return self._sealer.open_nodes(row.run_id, stored, head_sum, sealed=sealed)
+            except MessageDamage as error:
+                node = chain[error.position] if error.position < len(chain) else '?'
+                raise ValueError(f'message {error.position} (node {node}) is damaged: {error.reason}') from error
+
+        bodies = decoded(read_messages, run_id=row.run_id, record=record, where=where)
         try:
             messages = await self._history.decode(bodies)
         except (ValueError, LookupError, TypeError) as error:
