@@ -20,7 +20,7 @@ from stepcore import StepStore
 
 __all__ = ('Outcome', 'Reading', 'flip_bit', 'judge', 'positions', 'read_everything', 'warnings_logged')
 
-Outcome = Literal['same', 'detected', 'lost', 'silent']
+Outcome = Literal['same', 'detected', 'lost', 'stale', 'silent']
 
 
 @dataclass
@@ -75,7 +75,9 @@ def judge(original: Reading, damaged: Reading, warned: bool) -> tuple[Outcome, s
     - `detected`: some read raised, or left records out with a warning, and all others were the same;
     - `lost`: a read left records out without a warning (the backend's own index no longer finds
       them: the records that came back are intact, but fewer);
-    - `silent`: a read returned a record that differs from the stored one.
+    - `stale`: `latest_snapshot` returned an older snapshot of the run, intact, without a warning
+      (a flipped `seq`, which a backend assigns and no checksum covers, made it look newest);
+    - `silent`: a read returned a record that differs from every stored one.
     """
     outcome: Outcome = 'detected' if damaged.errors or warned else 'same'
     what = ''
@@ -85,11 +87,15 @@ def judge(original: Reading, damaged: Reading, warned: bool) -> tuple[Outcome, s
         for item in after:
             if any(item == b for b in before):
                 continue
-            if name.startswith('latest_snapshot:') and warned:
-                # an older stored snapshot, the newest being reported: the answer a crash would give
+            if name.startswith('latest_snapshot:'):
                 older = _items(original.answers.get('list_snapshots:' + name.partition(':')[2]))
                 if any(item == b for b in older):
-                    outcome = 'detected'
+                    # an older stored snapshot, intact: with a warning, the newest was reported
+                    # (the answer a crash would give); without one, a flipped seq made it look newest
+                    if warned:
+                        outcome = 'detected'
+                    else:
+                        outcome, what = 'stale', f'{name} returned an older intact snapshot (seq {item.seq})'
                     continue
             return 'silent', f'{name} returned a record that differs from the stored one: {item!r:.2000}'
         if len(after) < len(before) and not warned:
