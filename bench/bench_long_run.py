@@ -11,6 +11,12 @@ history. At each mark (steps 100, 1,000, 10,000) the table gives the median of t
 the `--window` steps up to the mark, its ratio to the first mark, and the bytes the store holds
 on disk at that step, per step stored. Each backend runs in a fresh interpreter; with `--rounds`
 above 1 backends are interleaved and medians over rounds are given.
+
+`--encryption` runs every backend twice per round, interleaved: as it is (checksums on every
+record) and with `encryption=` (AES-GCM). A second table gives, per mode, the hook time per step
+at the last mark, the whole run's process CPU per step, and the CPU per step spent sealing and
+opening bodies (`stepcore.engine.seal`: checksums, or encryption), measured in the thread that
+does it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +52,37 @@ def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob('*') if p.is_file())
 
 
-async def run_once(backend_name: str, steps: int, marks: list[int], window: int) -> dict[str, Any]:
+def _count_sealing() -> list[float]:
+    """Wrap the engine's sealing so the CPU it takes (in the calling thread) adds up in the list."""
+    from stepcore.engine import seal
+
+    spent = [0.0]
+    for name in ('record', 'open_record', 'nodes', 'open_nodes'):
+        method = getattr(seal.Sealer, name)
+
+        def timed(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                spent[0] += time.thread_time() - start
+
+        setattr(seal.Sealer, name, timed)
+    return spent
+
+
+async def run_once(
+    backend_name: str, steps: int, marks: list[int], window: int, encrypted: bool = False
+) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f'bench-long-{backend_name}-'))
     try:
-        backend = BACKENDS[backend_name](tmp)
+        options: dict[str, Any] = {}
+        if encrypted:
+            from stepcore import Encryption
+
+            options['encryption'] = Encryption(keys={'bench': Encryption.generate_key()})
+        sealing = _count_sealing()
+        backend = BACKENDS[backend_name](tmp, **options)
         assert backend.store is not None
         sink: list[list[float]] = []
         timed = TimedPersistence(store=backend.store)
@@ -73,7 +107,9 @@ async def run_once(backend_name: str, steps: int, marks: list[int], window: int)
             return tool_text(i)
 
         await backend.store.list_runs()
+        cpu = time.process_time()
         result = await agent.run('go', usage_limits=UsageLimits(request_limit=None))
+        cpu = time.process_time() - cpu
         if result.output != 'done':
             raise RuntimeError('unexpected output')
         await backend.close()
@@ -82,14 +118,17 @@ async def run_once(backend_name: str, steps: int, marks: list[int], window: int)
         for mark in marks:
             chunk = per_step[max(0, mark - window) : mark]
             out[str(mark)] = {'median': statistics.median(chunk), 'bytes': sizes.get(mark)}
+        out['cpu_per_step'] = cpu / steps
+        out['seal_per_step'] = sealing[0] / steps
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run_cell(backend_name: str, steps: int, marks: list[int], window: int) -> dict[str, Any]:
+def run_cell(backend_name: str, steps: int, marks: list[int], window: int, encrypted: bool = False) -> dict[str, Any]:
+    cell = [backend_name, str(steps), ','.join(map(str, marks)), str(window), 'encrypted' if encrypted else 'plain']
     out = subprocess.run(
-        [sys.executable, __file__, '--cell', backend_name, str(steps), ','.join(map(str, marks)), str(window)],
+        [sys.executable, __file__, '--cell', *cell],
         capture_output=True,
         text=True,
         check=False,
@@ -107,12 +146,17 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=1)
     parser.add_argument('--backends', nargs='+', default=['memory', 'sqlite', 'file'])
     parser.add_argument('--no-write', action='store_true')
-    parser.add_argument('--cell', nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument('--encryption', action='store_true', help='also run each backend with encryption=')
+    parser.add_argument('--cell', nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:
-        name, steps, marks, window = args.cell
-        cell = asyncio.run(run_once(name, int(steps), [int(m) for m in marks.split(',')], int(window)))
+        name, steps, marks, window, mode = args.cell
+        marks_list = [int(m) for m in marks.split(',')]
+        cell = asyncio.run(run_once(name, int(steps), marks_list, int(window), mode == 'encrypted'))
         print(json.dumps(cell))
+        return
+    if args.encryption:
+        _compare_encryption(args)
         return
     marks = [m for m in args.marks if m <= args.steps]
     backends = [b for b in available(args.backends) if b != 'none']
@@ -143,6 +187,37 @@ def main() -> None:
             f'Python {platform.python_version()}, {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs. '
             f'{args.rounds} round(s), window of {args.window} steps.\n\n{table}\n'
         )
+
+
+def _compare_encryption(args: argparse.Namespace) -> None:
+    marks = [m for m in args.marks if m <= args.steps]
+    last = str(marks[-1])
+    backends = [b for b in available(args.backends) if b in ('memory', 'sqlite', 'file')]
+    cells: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+    for _ in range(args.rounds):
+        for name in backends:
+            for encrypted in (False, True):
+                cell = run_cell(name, args.steps, marks, args.window, encrypted)
+                cells.setdefault((name, encrypted), []).append(cell)
+                print(f'{name} {"encrypted" if encrypted else "plain"}: {cell}', flush=True)
+    rows: list[str] = []
+    for name in backends:
+        for encrypted in (False, True):
+            runs = cells[(name, encrypted)]
+            wall = statistics.median(c[last]['median'] for c in runs)
+            cpu = statistics.median(c['cpu_per_step'] for c in runs)
+            seal = statistics.median(c['seal_per_step'] for c in runs)
+            mode = 'encrypted' if encrypted else 'checksums'
+            rows.append(f'| {name} | {mode} | {wall * 1000:.3f} ms | {cpu * 1000:.3f} ms | {seal * 1000:.3f} ms |')
+    table = '\n'.join(
+        [
+            f'| backend | bodies | hook time per step at step {int(last):,} (median) | process CPU per step | '
+            'sealing CPU per step |',
+            '|---|---|---|---|---|',
+            *rows,
+        ]
+    )
+    print(table)
 
 
 if __name__ == '__main__':

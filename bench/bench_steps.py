@@ -107,14 +107,14 @@ def make_none(tmp: Path) -> Backend:
     return Backend(None, _none_size, _nothing)
 
 
-def make_memory(tmp: Path) -> Backend:
-    return Backend(InMemoryStepStore(), _none_size, _nothing)
+def make_memory(tmp: Path, **options: Any) -> Backend:
+    return Backend(InMemoryStepStore(**options), _none_size, _nothing)
 
 
-def make_sqlite(tmp: Path) -> Backend:
+def make_sqlite(tmp: Path, **options: Any) -> Backend:
     from step_sqlite import SqliteStepStore
 
-    store = SqliteStepStore(database=tmp / 'runs.db')
+    store = SqliteStepStore(database=tmp / 'runs.db', **options)
 
     async def size() -> int:
         return _dir_size(tmp)
@@ -122,10 +122,10 @@ def make_sqlite(tmp: Path) -> Backend:
     return Backend(store, size, store.aclose)
 
 
-def make_file(tmp: Path) -> Backend:
+def make_file(tmp: Path, **options: Any) -> Backend:
     from step_file import FileStepStore  # pyright: ignore[reportMissingImports, reportUnknownVariableType]
 
-    store: StepStore = FileStepStore(tmp / 'runs')  # pyright: ignore[reportUnknownVariableType]
+    store: StepStore = FileStepStore(tmp / 'runs', **options)  # pyright: ignore[reportUnknownVariableType]
 
     async def size() -> int:
         return _dir_size(tmp)
@@ -233,7 +233,7 @@ def make_redis(tmp: Path) -> Backend:
     return Backend(store, size, close)
 
 
-BACKENDS: dict[str, Callable[[Path], Backend]] = {
+BACKENDS: dict[str, Callable[..., Backend]] = {
     'none': make_none,
     'memory': make_memory,
     'sqlite': make_sqlite,

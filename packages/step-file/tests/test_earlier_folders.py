@@ -88,10 +88,11 @@ async def test_writes_to_an_earlier_folder_continue_in_its_formats(root: Path) -
     await store.save_snapshot(ContinuableSnapshot(run_id='old', messages=messages, idempotency_key='final'))
 
     event = folder.joinpath('events.jsonl').read_bytes().splitlines()[-1]
-    assert event.startswith(b'{"format":1,"seq":3,"kind":"run_completed",')
+    assert event.startswith(b'{"format":2,"seq":3,"c":"')  # new records are sealed with a checksum
+    assert b'"kind":"run_completed",' in event
     effect = json.loads(folder.joinpath('tool_effects.jsonl').read_bytes().splitlines()[-1])
     assert (effect['format'], effect['tool_call_id'], effect['status'], 'run_id' in effect) == (
-        1,
+        2,
         'c1',
         'completed',
         False,
@@ -103,7 +104,7 @@ async def test_writes_to_an_earlier_folder_continue_in_its_formats(root: Path) -
     }
     assert sorted(p.name for p in (folder / 'snapshots').iterdir()) == ['5.json', '6.json', '7.json']
     document = json.loads((folder / 'snapshots' / '7.json').read_bytes())
-    assert (document['format'], document['length'], document['snapshot']['seq']) == (1, len(messages), 7)
+    assert (document['format'], document['length'], document['snapshot']['seq']) == (2, len(messages), 7)
     node = json.loads(folder.joinpath('messages.jsonl').read_bytes().splitlines()[-1])
     assert document['head'] == node['id']
     assert node['parent'] == node['id'] - 1  # the new message hangs off the earlier folder's newest

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 from step_sqlite import SqliteMediaStore, SqliteStepStore
 from step_sqlite.schema import STEPS
 from stepcore import ContinuableSnapshot, RunRecord, SnapshotState
-from stepcore.codec import dump_record_json, encode_message
+from stepcore.codec import FORMAT_KEY, dump_record, encode_message
 from stepcore.media import StoredMedia, digest_of_uri, media_uri
 
 # The version-1 layout, written out by hand as an older release created it: snapshots had no
@@ -40,21 +42,24 @@ def _version(db: Path, component: str = 'steps') -> int:
         return int(raw.execute('SELECT version FROM stepcore_schema WHERE component = ?', (component,)).fetchone()[0])
 
 
+def _format_1(record: BaseModel, exclude: set[str] | None = None) -> str:
+    """A record as an older release stored it: record format 1, without a checksum."""
+    return json.dumps({**dump_record(record, exclude=exclude), FORMAT_KEY: 1})
+
+
 def _build_v1(db: Path, messages: list[ModelMessage]) -> None:
     raw = sqlite3.connect(db)
     try:
         raw.executescript(V1_LAYOUT)
         run = RunRecord(run_id='old')
-        raw.execute(
-            'INSERT INTO runs VALUES (?, NULL, NULL, ?, ?)', ('old', 1_700_000_000_000_000, dump_record_json(run))
-        )
+        raw.execute('INSERT INTO runs VALUES (?, NULL, NULL, ?, ?)', ('old', 1_700_000_000_000_000, _format_1(run)))
         parent = None
         for node_id, message in enumerate(messages, start=1):
             raw.execute(
                 'INSERT INTO message_nodes VALUES (?, ?, ?, ?)', (node_id, 'old', parent, encode_message(message))
             )
             parent = node_id
-        header = dump_record_json(ContinuableSnapshot(run_id='old', step_index=4), exclude={'messages', 'seq', 'state'})
+        header = _format_1(ContinuableSnapshot(run_id='old', step_index=4), exclude={'messages', 'seq', 'state'})
         raw.execute(
             'INSERT INTO snapshots (run_id, head, length, record) VALUES (?, ?, ?, ?)',
             ('old', parent, len(messages), header),

@@ -34,6 +34,7 @@ from stepcore import (
     ToolEffectStatus,
 )
 from stepcore.codec import encode_message
+from stepcore.engine.seal import Sealer
 
 
 def _step(i: int, size: int = 2048) -> list[ModelMessage]:
@@ -111,7 +112,8 @@ async def test_each_message_is_written_once_so_storage_grows_linearly(tmp_path: 
         with sqlite3.connect(db) as raw:
             bodies = [unpack_body(r[0]) for r in raw.execute('SELECT body FROM message_nodes ORDER BY node_id')]
             stored_bytes = int(raw.execute('SELECT SUM(LENGTH(body)) FROM message_nodes').fetchone()[0])
-        assert bodies == [encode_message(m) for m in messages]  # each message once, in order
+        # each message once, in order (with its checksum, see stepcore.engine.seal)
+        assert Sealer().open_nodes('r', bodies, None, sealed=False) == [encode_message(m) for m in messages]
         assert stored_bytes < sum(len(b) for b in bodies)  # the 2 KB tool returns are compressed
         assert _count(db, 'SELECT COUNT(*) FROM snapshots') == 60
         snapshots = await store.list_snapshots('r', include_interrupted=True)
@@ -325,13 +327,14 @@ async def test_unknown_marker_version_fails_latest_and_is_skipped_by_list(
             for node_id, body in raw.execute('SELECT node_id, body FROM message_nodes').fetchall():
                 newer = unpack_body(body).replace(b'"__stepcore_marker_format__":1', b'"__stepcore_marker_format__":99')
                 raw.execute('UPDATE message_nodes SET body = ? WHERE node_id = ?', (newer, node_id))
-        with pytest.raises(ValueError, match='format 99'):
+        # a body altered after it was written fails its checksum before its marker is read
+        with pytest.raises(ValueError, match=r'message 1 \(node 2\) is damaged: fails its checksum'):
             await store.latest_snapshot('r')
         with caplog.at_level(logging.WARNING, logger='stepcore.engine'):
             listed = await store.list_snapshots('r', include_interrupted=True)
         assert [s.step_index for s in listed] == [0]
         assert "skipping an unparsable record: snapshot seq=2 of run 'r'" in caplog.text
-        assert 'format 99' in caplog.text
+        assert 'fails its checksum' in caplog.text
     finally:
         await store.aclose()
 

@@ -25,9 +25,11 @@ from pydantic_ai.messages import (
 from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent
 from stepcore.codec import (
     FORMAT_KEY,
+    PLAIN_FORMAT_VERSION,
     check_format_version,
     decode_messages,
     dump_record,
+    dump_record_compact,
     dump_record_json,
     encode_message,
     encode_messages,
@@ -39,10 +41,12 @@ T = datetime(2026, 1, 1, 12, 30, 15, 123456, tzinfo=UTC)
 
 
 def test_dump_stamps_the_format_version() -> None:
+    # plain JSON (an export) is format 1; a store's sealed bodies are format 2 (stepcore.engine.seal)
     data = dump_record(RunRecord(run_id='r', started_at=T, metadata={'k': 'v'}))
-    assert data[FORMAT_KEY] == RECORD_FORMAT_VERSION
+    assert data[FORMAT_KEY] == PLAIN_FORMAT_VERSION == 1
     assert data['run_id'] == 'r'
-    assert json.loads(dump_record_json(RunRecord(run_id='r', started_at=T)))[FORMAT_KEY] == RECORD_FORMAT_VERSION
+    assert json.loads(dump_record_json(RunRecord(run_id='r', started_at=T)))[FORMAT_KEY] == PLAIN_FORMAT_VERSION
+    assert dump_record_compact(RunRecord(run_id='r')).startswith(b'{"format":%d' % RECORD_FORMAT_VERSION)
 
 
 def test_dump_excludes_fields_on_request() -> None:

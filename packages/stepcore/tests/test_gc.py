@@ -16,6 +16,7 @@ from step_sqlite import SqliteStepStore
 from stepcore import (
     ContinuableSnapshot,
     DamagedRecordError,
+    Encryption,
     InMemoryStepStore,
     RunRecord,
     SnapshotState,
@@ -23,6 +24,7 @@ from stepcore import (
     StepStore,
     ToolEffectRecord,
     collect_garbage,
+    generate_key,
 )
 from stepcore.media import EMPTY_CONTEXT, MediaContext, MediaStore, media_uri
 from stepcore.models import utcnow
@@ -173,3 +175,24 @@ async def test_a_store_not_built_on_the_engine_is_read_through_its_public_api() 
     assert report.removed_uris == [loose]
     assert (report.runs, report.kept_referenced) == (1, 1)
     assert await media.exists(media_uri(b'k' * 2048))
+
+
+async def test_an_encrypted_store_is_collected_through_its_keys(tmp_path: Path) -> None:
+    # Message bodies are ciphertext at rest: marking must open them with the store's keys to find
+    # the references, or every blob of an encrypted store would look unreferenced.
+    keys = Encryption(keys={'k1': generate_key()}, active='k1')
+    store = SqliteStepStore(database=tmp_path / 'runs.db', media_threshold_bytes=1024, encryption=keys)
+    try:
+        await store.register_run(RunRecord(run_id='kept'))
+        await store.save_snapshot(ContinuableSnapshot(run_id='kept', messages=_with_image(b'k' * 2048)))
+        await store.register_run(RunRecord(run_id='gone'))
+        await store.save_snapshot(ContinuableSnapshot(run_id='gone', messages=_with_image(b'g' * 2048)))
+        assert await store.delete_run('gone')
+        report = await collect_garbage(store, now=utcnow() + LATER)
+        assert (report.kept_referenced, report.removed) == (1, 1)
+        snapshot = await store.latest_snapshot('kept')
+        assert snapshot is not None
+        part = cast(UserPromptPart, snapshot.messages[0].parts[0])
+        assert cast(list[BinaryContent], part.content)[1].data == b'k' * 2048
+    finally:
+        await store.aclose()

@@ -25,6 +25,7 @@ from .crash_window import CrashWindowConformance
 from .damage import DamageConformance
 from .delete import DeleteConformance
 from .effects import EffectsConformance
+from .encryption import ChecksumConformance, EncryptionConformance
 from .events import EventsConformance
 from .externalization import MediaExternalizationConformance
 from .features import FeaturesConformance
@@ -42,6 +43,7 @@ from .snapshots import SnapshotsConformance
 __all__ = (
     'BatchWritesConformance',
     'CapabilityConformance',
+    'ChecksumConformance',
     'ConcurrencyConformance',
     'CrashWindowConformance',
     'Damage',
@@ -49,6 +51,7 @@ __all__ = (
     'DeleteConformance',
     'DeleteConversationConformance',
     'EffectsConformance',
+    'EncryptionConformance',
     'EventsConformance',
     'FeaturesConformance',
     'HistoryConformance',
@@ -87,6 +90,8 @@ class StepStoreConformance(
     PersistenceConformance,
     CrashWindowConformance,
     DamageConformance,
+    EncryptionConformance,
+    ChecksumConformance,
     CapabilityConformance,
 ):
     """Every section of the step-store suite. Override `store` (and `store_spec` and `damage` where they apply)."""

@@ -7,7 +7,8 @@ from typing import Any, cast
 import pytest
 
 from stepcore import StepStore
-from stepcore.features import ALL_FEATURES, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
+from stepcore.encryption import Encryption, generate_key
+from stepcore.features import ALL_FEATURES, ENCRYPTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
 from stepcore.registry import get_registry
 
 from ._declared import declared, declared_by, refusing_class
@@ -62,6 +63,12 @@ class FeaturesConformance(StoreFixtures):
         self, request: pytest.FixtureRequest, store_options: dict[str, Any]
     ) -> None:
         _refused(request, MEDIA_EXTERNALIZATION, 'media_threshold_bytes')
+
+    @options(lambda: {'encryption': Encryption(keys={'kit': generate_key()})})
+    def test_undeclared_encryption_is_refused(
+        self, request: pytest.FixtureRequest, store_options: dict[str, Any]
+    ) -> None:
+        _refused(request, ENCRYPTION, 'encryption')
 
     async def test_plugin_names_this_store_class(self, store: StepStore, store_spec: dict[str, Any] | None) -> None:
         """Features are declared once, on the class: the plugin entry must lead to that class."""

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import ClassVar, Literal, cast
 
 from media_disk import DiskMediaStore
+from stepcore.encryption import Encryption
 from stepcore.engine import KeyConflict, SyncPort, ops
 from stepcore.engine.store import EngineStore
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.fileio import fsync_dir, make_dir, write_atomic, write_temp
 from stepcore.ids import validate_path_safe_run_id
 from stepcore.media import MediaStore
@@ -510,7 +511,9 @@ class FileStepStore(EngineStore):
     `durability='full'` also fsyncs every append and snapshot file (and its folder).
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+    )
 
     def __init__(
         self,
@@ -520,6 +523,7 @@ class FileStepStore(EngineStore):
         max_snapshots_per_run: int | None = None,
         *,
         durability: Durability = 'normal',
+        encryption: Encryption | None = None,
     ) -> None:
         if durability not in _DURABILITY:
             raise ValueError(f'durability={durability!r} is not a durability level: use one of {_DURABILITY}')
@@ -533,4 +537,5 @@ class FileStepStore(EngineStore):
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
+            encryption=encryption,
         )

@@ -19,9 +19,10 @@ from psycopg import AsyncConnection, Error, errors, pq, sql
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
+from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
 from stepcore.engine.sql import event_window
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStore
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.setup_once import SetupOnce
@@ -488,7 +489,9 @@ class PostgresStepStore(EngineStore):
     `max_snapshots_per_run` bounds the snapshots kept per run.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+    )
 
     def __init__(
         self,
@@ -500,6 +503,7 @@ class PostgresStepStore(EngineStore):
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         max_snapshots_per_run: int | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        encryption: Encryption | None = None,
     ) -> None:
         self.tables = Tables(table_prefix)
         self.table_prefix = table_prefix
@@ -511,6 +515,7 @@ class PostgresStepStore(EngineStore):
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
+            encryption=encryption,
         )
 
     @property

@@ -22,8 +22,9 @@ from typing import Any, ClassVar, Final, Generic, TypeVar, cast
 
 from redis.asyncio import Redis
 
+from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, StaleHistory, ops
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStore
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.retention import check_max_snapshots
@@ -391,7 +392,9 @@ class RedisStepStore(ClientUser, EngineStore):
     `max_snapshots_per_run` bounds the snapshots kept per run.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+    )
 
     def __init__(
         self,
@@ -402,6 +405,7 @@ class RedisStepStore(ClientUser, EngineStore):
         media_store: MediaStore | _DefaultMedia | None = _DEFAULT_MEDIA,
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         max_snapshots_per_run: int | None = None,
+        encryption: Encryption | None = None,
     ) -> None:
         # options are checked before a client is created, so a bad one leaves nothing to close
         keys = Keys(key_prefix)
@@ -416,6 +420,7 @@ class RedisStepStore(ClientUser, EngineStore):
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
+            encryption=encryption,
         )
 
     @property

@@ -14,10 +14,11 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any, ClassVar, Final, TypeVar
 
+from stepcore.encryption import Encryption
 from stepcore.engine import KeyConflict, SyncPort, ops
 from stepcore.engine.sql import event_window
 from stepcore.engine.store import EngineStore
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStore
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
@@ -325,7 +326,9 @@ class SqliteStepStore(EngineStore):
     Every write is one transaction: a batch's snapshot, ledger entries and events commit together.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+    )
 
     def __init__(
         self,
@@ -337,9 +340,10 @@ class SqliteStepStore(EngineStore):
         max_snapshots_per_run: int | None = None,
         timeout: float = 30.0,
         synchronous: Synchronous = 'NORMAL',
+        encryption: Encryption | None = None,
     ) -> None:
         db = Database(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
-        self._attach(db, media_store, media_threshold_bytes, max_snapshots_per_run)
+        self._attach(db, media_store, media_threshold_bytes, max_snapshots_per_run, encryption)
 
     @classmethod
     def on_database(cls, db: Database) -> SqliteStepStore:
@@ -354,6 +358,7 @@ class SqliteStepStore(EngineStore):
         media_store: MediaStore | None | _Default,
         media_threshold_bytes: int,
         max_snapshots_per_run: int | None,
+        encryption: Encryption | None = None,
     ) -> None:
         externalize = isinstance(media_store, _Default)  # a harness file's media go to this database's own
         db.add_setup(
@@ -371,6 +376,7 @@ class SqliteStepStore(EngineStore):
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
+            encryption=encryption,
         )
 
     async def aclose(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .capability import StepPersistence
+from .encryption import Encryption, EncryptionKeyError, generate_key
 from .engine import DamagedRecordError, EngineStore
 from .events import SnapshotSaved
 from .gc import GcReport, collect_garbage
@@ -29,6 +30,8 @@ __all__ = (
     'BackendInfo',
     'ContinuableSnapshot',
     'DamagedRecordError',
+    'Encryption',
+    'EncryptionKeyError',
     'EngineStore',
     'EventKind',
     'GcReport',
@@ -50,6 +53,7 @@ __all__ = (
     'continue_run',
     'fork_run',
     'from_spec',
+    'generate_key',
     'hookimpl',
     'inspect_recovery',
     'is_provider_valid',

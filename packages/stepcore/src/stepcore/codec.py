@@ -19,6 +19,7 @@ from .models import RECORD_FORMAT_VERSION
 
 __all__ = (
     'FORMAT_KEY',
+    'PLAIN_FORMAT_VERSION',
     'check_format_version',
     'decode_messages',
     'dump_record',
@@ -57,10 +58,15 @@ def check_format_version(version: object, *, what: str = 'record') -> None:
         )
 
 
+PLAIN_FORMAT_VERSION = 1
+"""The format of a record as plain JSON, without the checksum a store's body carries (format 2)."""
+
+
 def dump_record(record: BaseModel, *, exclude: set[str] | None = None) -> dict[str, Any]:
-    """A JSON-compatible dict of `record`, stamped with the record format version."""
+    """A JSON-compatible dict of `record`, stamped with the plain record format version (1): the
+    form of an export document, which carries no checksums."""
     data = record.model_dump(mode='json', exclude=exclude)
-    data[FORMAT_KEY] = RECORD_FORMAT_VERSION
+    data[FORMAT_KEY] = PLAIN_FORMAT_VERSION
     return data
 
 

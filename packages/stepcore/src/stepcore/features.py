@@ -8,6 +8,8 @@ from __future__ import annotations
 
 __all__ = (
     'ALL_FEATURES',
+    'CHECKSUMS',
+    'ENCRYPTION',
     'MEDIA_COLLECTION',
     'MEDIA_EXTERNALIZATION',
     'PERSISTENT',
@@ -25,7 +27,14 @@ MEDIA_COLLECTION = 'media_collection'
 """A media store that lists its blobs with the time each was last put, and deletes one only while it
 is still that old: what `stepcore.gc.collect_garbage` needs (see `stepcore.media.CollectableMediaStore`)."""
 
-ALL_FEATURES = frozenset({SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, MEDIA_COLLECTION})
+ENCRYPTION = 'encryption'
+"""Accepts `encryption=` (a `stepcore.Encryption`) and keeps bodies and media blobs encrypted at rest."""
+CHECKSUMS = 'checksums'
+"""Checks a checksum on every record it reads: a stored body altered after it was written is damage."""
+
+ALL_FEATURES = frozenset(
+    {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, MEDIA_COLLECTION, ENCRYPTION, CHECKSUMS}
+)
 
 
 def require_feature(store: object, feature: str, *, option: str) -> None:

@@ -73,6 +73,8 @@ class _SavedHistory:
     messages: list[ModelMessage]
     digests: list[bytes]
     nodes: list[NodeId]
+    sums: list[str] = field(default_factory=list[str])
+    """The stored sum of each node (see `stepcore.engine.seal`), when the store seals its nodes."""
 
 
 @dataclass(slots=True)
@@ -93,6 +95,14 @@ class HistoryDelta:
     _messages: list[ModelMessage] = field(repr=False)
     _digests: list[bytes] = field(repr=False)
     _base: _SavedHistory | None = field(repr=False)
+
+    @property
+    def parent_sum(self) -> str | None:
+        """The stored sum of the `parent` node (`None`: no parent, or its sum is not remembered)."""
+        base = self._base
+        if base is None or not self.shared or len(base.sums) < self.shared:
+            return None
+        return base.sums[self.shared - 1]
 
 
 class HistoryIndex:
@@ -204,13 +214,17 @@ class HistoryIndex:
             delta.new_messages = [await self.walker.externalize(e) for e in delta.new_messages]
             delta.walked = True
 
-    def commit(self, delta: HistoryDelta, new_nodes: Sequence[NodeId]) -> None:
-        """Remember a written delta; `new_nodes` are the ids given to `delta.new_messages`."""
+    def commit(self, delta: HistoryDelta, new_nodes: Sequence[NodeId], sums: Sequence[str] = ()) -> None:
+        """Remember a written delta; `new_nodes` are the ids given to `delta.new_messages`, `sums`
+        (when the store seals its nodes) their stored sums."""
         if len(new_nodes) != len(delta.new_messages):
             raise ValueError(f'commit got {len(new_nodes)} node ids for {len(delta.new_messages)} new messages')
-        base_nodes = delta._base.nodes[: delta.shared] if delta._base is not None else []
+        base = delta._base
+        base_nodes = base.nodes[: delta.shared] if base is not None else []
+        base_sums = base.sums[: delta.shared] if base is not None else []
+        all_sums = [*base_sums, *sums] if sums and len(base_sums) == delta.shared else []
         self._runs[delta.run_id] = _SavedHistory(
-            messages=delta._messages, digests=delta._digests, nodes=[*base_nodes, *new_nodes]
+            messages=delta._messages, digests=delta._digests, nodes=[*base_nodes, *new_nodes], sums=all_sums
         )
         self._runs.move_to_end(delta.run_id)
         while len(self._runs) > self.max_runs:

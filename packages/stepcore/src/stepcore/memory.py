@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .encryption import Encryption
 from .engine import ops
 from .engine.plans import KeyConflict
 from .engine.port import SyncPort
 from .engine.store import EngineStore
-from .features import SNAPSHOT_RETENTION
+from .features import CHECKSUMS, ENCRYPTION, SNAPSHOT_RETENTION
 from .media import MediaStore
 from .models import SnapshotState, ToolEffectStatus
 
@@ -161,7 +162,7 @@ class InMemoryStepStore(EngineStore):
     and a long run does not pay a full copy of its history per step.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION})
+    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS})
 
     def __init__(
         self,
@@ -169,10 +170,12 @@ class InMemoryStepStore(EngineStore):
         max_snapshots_per_run: int | None = None,
         media_store: MediaStore | None = None,
         media_threshold_bytes: int | None = None,
+        encryption: Encryption | None = None,
     ) -> None:
         super().__init__(
             MemoryPort(),
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
+            encryption=encryption,
         )

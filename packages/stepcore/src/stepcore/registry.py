@@ -120,6 +120,7 @@ class RegisteredBackend:
 
         One option given both ways with different values is an error.
         """
+        url_options, options = _encryption_option(url_options), _encryption_option(options)
         from_url = coerce_text_options(self.describe(), self.load(), url_options)
         clash = sorted(name for name in from_url if name in options and options[name] != from_url[name])
         if clash:
@@ -236,6 +237,32 @@ class Registry:
 
     def create(self, kind: Kind, key: str, /, **options: Any) -> Any:
         return self.get(kind, key).create(**options)
+
+
+ENCRYPTION_ENV_OPTION = 'encryption_env'
+"""Option naming the environment variable that holds a store's encryption keys."""
+ENCRYPTION_FILE_OPTION = 'encryption_key_file'
+"""Option naming the key file that holds a store's encryption keys."""
+
+
+def _encryption_option(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`options` with `encryption_env=VAR` or `encryption_key_file=PATH` turned into `encryption=`
+    (keys are never given in a URL itself: only where to find them)."""
+    found = dict(options)
+    if isinstance(found.get('encryption'), str):
+        raise ValueError(
+            f'encryption= takes a stepcore.Encryption, never key text: name where the keys are with '
+            f'{ENCRYPTION_ENV_OPTION}=VARIABLE or {ENCRYPTION_FILE_OPTION}=PATH'
+        )
+    env, path = found.pop(ENCRYPTION_ENV_OPTION, None), found.pop(ENCRYPTION_FILE_OPTION, None)
+    if env is None and path is None:
+        return found
+    if env is not None and path is not None:
+        raise ValueError(f'give one of {ENCRYPTION_ENV_OPTION} and {ENCRYPTION_FILE_OPTION}, not both')
+    from .encryption import Encryption
+
+    found['encryption'] = Encryption.from_env(str(env)) if env is not None else Encryption.from_file(str(path))
+    return found
 
 
 def load_factory(spec: str) -> Any:

@@ -739,6 +739,62 @@ def gc(
         print_gc_report(report, _out())
 
 
+# --- rekey ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def rekey(
+    store: StoreOption = None,
+    keys_env: Annotated[
+        str | None,
+        typer.Option(
+            '--keys-env',
+            metavar='VARIABLE',
+            help='Environment variable holding the keys (`new=<base64>;old=<base64>;active=new`).',
+            show_default=False,
+        ),
+    ] = None,
+    key_file: Annotated[
+        Path | None,
+        typer.Option('--key-file', metavar='PATH', help='Key file holding the keys, one `id=<base64>` a line.'),
+    ] = None,
+    journal: Annotated[
+        Path,
+        typer.Option(
+            '--journal',
+            metavar='FOLDER',
+            help='Where a run waits, encrypted, between its deletion and its rewrite (resumes a stopped rekey).',
+        ),
+    ] = Path('.stepcore-rekey'),
+) -> None:
+    """Re-encrypt every run of a store under the active key (safe to stop and run again)."""
+    from ..engine.store import EngineStore
+    from .rekey import rekey_store
+
+    options: dict[str, Any] = {}
+    if keys_env is not None:
+        options['encryption_env'] = keys_env
+    if key_file is not None:
+        options['encryption_key_file'] = str(key_file)
+
+    async def main() -> Any:
+        s = open_store(resolve_store_url(store), **options)
+        try:
+            if not isinstance(s, EngineStore):
+                raise ValueError(f'{type(s).__name__} is not built on the stepcore engine: it cannot be re-encrypted')
+            with _progress('re-encrypting', None) as advance:
+                return await rekey_store(s, journal, progress=lambda _run: advance(1))
+        finally:
+            await s.aclose()
+
+    report = _run(main())
+    resumed = f', {len(report.resumed)} resumed from the journal' if report.resumed else ''
+    _err().print(
+        f'rewrote {len(report.rewritten)} run(s) under the active key{resumed}; {report.skipped} already under it',
+        highlight=False,
+    )
+
+
 # --- ui ------------------------------------------------------------------------------------------
 
 _UI_PACKAGES = ('starlette', 'jinja2', 'markupsafe', 'uvicorn')

@@ -17,8 +17,9 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 from pydantic import BaseModel
 from pydantic_ai.messages import ModelMessage
 
-from ..codec import decode_messages, dump_record_compact, load_record
-from ..features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
+from ..codec import FORMAT_KEY, decode_messages, dump_record_compact, load_record
+from ..encryption import EncryptingMediaStore, Encryption
+from ..features import ENCRYPTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from ..history import HistoryDelta, HistoryIndex, walk_chain
 from ..lifecycle import RunFootprint, RunKey, RunQuery, RunStatus, collect_runs, run_status
 from ..media import MediaStore
@@ -50,6 +51,7 @@ from .ops import (
 )
 from .plans import KeyConflict, Plan, SnapshotWrite, StaleHistory, read_snapshot, read_snapshots, write_plan
 from .port import AsyncPort, Port, SyncPort, check_text
+from .seal import HEAD_KEY, NO_PREV, SEALED_FORMAT, MessageDamage, Sealer, key_id_of
 
 __all__ = ('EngineStore',)
 
@@ -61,6 +63,12 @@ EVENT_FIELDS_IN_ROW: Final = frozenset({'run_id', 'seq'})
 EFFECT_FIELDS_IN_ROW: Final = frozenset({'run_id'})
 SNAPSHOT_FIELDS_IN_ROW: Final = frozenset({'run_id', 'seq', 'messages'})
 """Fields a row carries outside its body (the engine fills them back in when reading)."""
+RUN_CLEAR: Final = ('started_at', 'conversation_id', 'parent_run_id')
+EVENT_CLEAR: Final = ('idempotency_key',)
+EFFECT_CLEAR: Final = ('tool_call_id', 'status', 'started_at')
+SNAPSHOT_CLEAR: Final = ('state',)
+"""Fields an encrypted record keeps in clear beside its ciphertext: what a port indexes, or reads
+from the body to find a record (the ciphertext covers them, see `stepcore.engine.seal`)."""
 
 _KEY_CONFLICT_ATTEMPTS = 5
 _OURS = (ValueError, LookupError, TypeError, RuntimeError, NotImplementedError, KeyConflict, StaleHistory)
@@ -80,40 +88,46 @@ class _Save:
 
     messages: list[ModelMessage]
     delta: HistoryDelta | None = None
+    sums: list[str] | None = None
+    """The stored sums of the delta's new messages, once sealed."""
 
 
-def _encode(record: BaseModel, exclude: frozenset[str]) -> bytes:
-    return dump_record_compact(record, exclude=exclude)
-
-
-def _rows(run_id: str, records: Sequence[StepWrite]) -> tuple[list[EventRow], list[EffectRow]]:
-    """The rows of one run's events and ledger entries, in order."""
+def _rows(sealer: Sealer, run_id: str, records: Sequence[StepWrite]) -> tuple[list[EventRow], list[EffectRow]]:
+    """The rows of one run's events and ledger entries, in order, their bodies sealed."""
     events: list[EventRow] = []
     effects: list[EffectRow] = []
     for record in records:
         if isinstance(record, StepEvent):
-            events.append(EventRow(run_id, record.idempotency_key, _encode(record, EVENT_FIELDS_IN_ROW)))
+            body = sealer.record(dump_record_compact(record, exclude=EVENT_FIELDS_IN_ROW), (run_id,), EVENT_CLEAR)
+            events.append(EventRow(run_id, record.idempotency_key, body))
         else:
+            status = record.status.value
+            body = sealer.record(
+                dump_record_compact(record, exclude=EFFECT_FIELDS_IN_ROW),
+                (run_id, record.tool_call_id, status),
+                EFFECT_CLEAR,
+            )
             effects.append(
                 EffectRow(
                     run_id=run_id,
                     tool_call_id=record.tool_call_id,
-                    status=record.status.value,
+                    status=status,
                     started_at=sort_time(record.started_at),
-                    body=_encode(record, EFFECT_FIELDS_IN_ROW),
+                    body=body,
                 )
             )
     return events, effects
 
 
-def _load(cls: type[R], body: Body, **columns: Any) -> R:
-    """A record back from a row's body and columns (`UnreadableBody` / `ValueError` for a body the
-    port could not read / take apart)."""
+def _open(sealer: Sealer, body: Body, in_row: frozenset[str], sealed_columns: Sequence[object]) -> dict[str, Any]:
+    """A record's fields from a row's body, its checksum or ciphertext checked against the row's
+    `sealed_columns` (`UnreadableBody` / `ValueError` for a body the port could not read / take
+    apart, or that does not check)."""
     if isinstance(body, Unreadable):
         raise UnreadableBody(body.reason)
     if isinstance(body, Unparsable):
         raise ValueError(body.reason)
-    return load_record(cls, body, **columns)
+    return sealer.open_record(body, in_row, sealed_columns)
 
 
 def _drive_sync(port: SyncPort, tx: Any, plan: Plan[T]) -> T:
@@ -168,6 +182,7 @@ class EngineStore(StepStore):
         media_store: MediaStore | None = None,
         media_threshold_bytes: int | None = None,
         history_runs: int = 256,
+        encryption: Encryption | None = None,
     ) -> None:
         if not isinstance(port, SyncPort | AsyncPort):
             raise TypeError(f'{type(self).__name__} needs a SyncPort or an AsyncPort, got {type(port).__name__}')
@@ -175,11 +190,20 @@ class EngineStore(StepStore):
             require_feature(self, SNAPSHOT_RETENTION, option='max_snapshots_per_run')
         if media_store is not None or media_threshold_bytes is not None:
             require_feature(self, MEDIA_EXTERNALIZATION, option='media_store / media_threshold_bytes')
+        if encryption is not None:
+            require_feature(self, ENCRYPTION, option='encryption')
+        if encryption is not None and not isinstance(encryption, Encryption):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f'encryption= takes a stepcore.Encryption, got {type(encryption).__name__}')
         self.port = port
+        self.encryption: Encryption | None = encryption
+        self._sealer = Sealer(encryption)
         self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
         self.media_store: MediaStore | None = media_store
         threshold = DEFAULT_MEDIA_THRESHOLD_BYTES if media_threshold_bytes is None else media_threshold_bytes
-        self._history = HistoryIndex(MediaWalker(media_store, threshold), max_runs=history_runs)
+        blobs: Any = media_store
+        if encryption is not None and media_store is not None:
+            blobs = EncryptingMediaStore(media_store, encryption)
+        self._history = HistoryIndex(MediaWalker(blobs, threshold), max_runs=history_runs)
         self._groups = WriteGroups(port) if isinstance(port, SyncPort) and port.group_commit else None
 
     def __repr__(self) -> str:
@@ -262,7 +286,9 @@ class EngineStore(StepStore):
 
     def _decode_run(self, row: RunRow) -> RunRecord:
         return decoded(
-            lambda: _load(RunRecord, row.body, run_id=row.run_id),
+            lambda: load_record(
+                RunRecord, _open(self._sealer, row.body, RUN_FIELDS_IN_ROW, (row.run_id,)), run_id=row.run_id
+            ),
             run_id=row.run_id,
             record='run record',
             where=self._where(),
@@ -270,7 +296,12 @@ class EngineStore(StepStore):
 
     def _decode_event(self, row: EventRow) -> StepEvent:
         return decoded(
-            lambda: _load(StepEvent, row.body, run_id=row.run_id, seq=row.seq),
+            lambda: load_record(
+                StepEvent,
+                _open(self._sealer, row.body, EVENT_FIELDS_IN_ROW, (row.run_id,)),
+                run_id=row.run_id,
+                seq=row.seq,
+            ),
             run_id=row.run_id,
             record=f'event seq={row.seq}',
             where=self._where(),
@@ -278,8 +309,12 @@ class EngineStore(StepStore):
 
     def _decode_effect(self, row: EffectRow) -> ToolEffectRecord:
         return decoded(
-            lambda: _load(
-                ToolEffectRecord, row.body, run_id=row.run_id, tool_call_id=row.tool_call_id, status=row.status
+            lambda: load_record(
+                ToolEffectRecord,
+                _open(self._sealer, row.body, EFFECT_FIELDS_IN_ROW, (row.run_id, row.tool_call_id, row.status)),
+                run_id=row.run_id,
+                tool_call_id=row.tool_call_id,
+                status=row.status,
             ),
             run_id=row.run_id,
             record=f'ledger entry of tool call {row.tool_call_id!r}',
@@ -288,12 +323,21 @@ class EngineStore(StepStore):
 
     def _decode_snapshot_header(self, row: SnapshotRow) -> ContinuableSnapshot:
         """A snapshot's fields but its messages."""
-        return decoded(
-            lambda: _load(ContinuableSnapshot, row.body, run_id=row.run_id, seq=row.seq, state=row.state),
-            run_id=row.run_id,
-            record=f'snapshot seq={row.seq}',
-            where=self._where(),
-        )
+        return self._snapshot_header(row)[0]
+
+    def _snapshot_header(self, row: SnapshotRow) -> tuple[ContinuableSnapshot, str | None, bool]:
+        """A snapshot's fields but its messages, the checksum of its newest message, and whether its
+        messages carry checksums (record format 2 and later); `DamagedRecordError` naming it."""
+
+        def read_header() -> tuple[ContinuableSnapshot, str | None, bool]:
+            data = _open(self._sealer, row.body, SNAPSHOT_FIELDS_IN_ROW, (row.run_id, row.state, row.length))
+            version = data.get(FORMAT_KEY, 1)
+            head = data.pop(HEAD_KEY, None)
+            snapshot = load_record(ContinuableSnapshot, data, run_id=row.run_id, seq=row.seq, state=row.state)
+            sealed = isinstance(version, int) and version >= SEALED_FORMAT
+            return snapshot, head if isinstance(head, str) else None, sealed
+
+        return decoded(read_header, run_id=row.run_id, record=f'snapshot seq={row.seq}', where=self._where())
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -307,7 +351,7 @@ class EngineStore(StepStore):
             started_at=sort_time(record.started_at),
             conversation_id=record.conversation_id,
             parent_run_id=record.parent_run_id,
-            body=_encode(record, RUN_FIELDS_IN_ROW),
+            body=self._sealer.record(dump_record_compact(record, exclude=RUN_FIELDS_IN_ROW), (run_id,), RUN_CLEAR),
         )
         existing = cast(RunRow | None, await self._write_op([run_id], InsertRun(row)))
         if existing is not None:
@@ -463,7 +507,9 @@ class EngineStore(StepStore):
                 check_text(snapshot.idempotency_key, 'idempotency_key')
             await self._save(run_id, snapshot, by_run.pop(run_id, []))
         for run_id, records in by_run.items():
-            await self._transact([run_id], lambda r=run_id, w=records: write_plan(r, *_rows(r, w), None, None))
+            await self._transact(
+                [run_id], lambda r=run_id, w=records: write_plan(r, *_rows(self._sealer, r, w), None, None)
+            )
 
     async def _save(self, run_id: str, snapshot: ContinuableSnapshot, records: list[StepWrite]) -> None:
         """Save a snapshot with its run's records: find and encode the new messages, externalize their
@@ -478,22 +524,34 @@ class EngineStore(StepStore):
         def prepare() -> bool:
             if save.delta is None:
                 save.delta = self._history.diff(run_id, save.messages)
+                if save.delta.parent is not None and save.delta.parent_sum is None:
+                    # the sums of the remembered nodes are unknown: write the history whole
+                    self._history.forget(run_id)
+                    save.delta = self._history.diff(run_id, save.messages)
             return save.delta.walked
 
         def plan() -> Plan[Sequence[int] | None]:
             delta = save.delta
             assert delta is not None
+            prev = NO_PREV if delta.parent is None else delta.parent_sum
+            assert prev is not None
+            bodies, save.sums = self._sealer.nodes(run_id, delta.new_messages, prev)
+            head_sum = save.sums[-1] if save.sums else (None if delta.parent is None else prev)
+            state = SnapshotState(snapshot.state).value
+            header = dump_record_compact(
+                snapshot, exclude=SNAPSHOT_FIELDS_IN_ROW, **({HEAD_KEY: head_sum} if head_sum is not None else {})
+            )
             row = SnapshotRow(
                 run_id=run_id,
-                state=SnapshotState(snapshot.state).value,
+                state=state,
                 head=None,
                 length=delta.total,
                 step_index=snapshot.step_index,
-                body=_encode(snapshot, SNAPSHOT_FIELDS_IN_ROW),
+                body=self._sealer.record(header, (run_id, state, delta.total), SNAPSHOT_CLEAR),
             )
             parent = cast(int | None, delta.parent)
-            write = SnapshotWrite(key=snapshot.idempotency_key, parent=parent, bodies=delta.new_messages, row=row)
-            return write_plan(run_id, *_rows(run_id, records), write, self.max_snapshots_per_run)
+            write = SnapshotWrite(key=snapshot.idempotency_key, parent=parent, bodies=bodies, row=row)
+            return write_plan(run_id, *_rows(self._sealer, run_id, records), write, self.max_snapshots_per_run)
 
         restarted = False
         conflicts = 0
@@ -522,7 +580,7 @@ class EngineStore(StepStore):
             break
         if outcome is not None:
             assert save.delta is not None
-            self._history.commit(save.delta, outcome)
+            self._history.commit(save.delta, outcome, save.sums or ())
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -553,9 +611,20 @@ class EngineStore(StepStore):
         return event_window(found, after_seq, limit, newest)
 
     async def _effects(self, op: ListEffects) -> list[ToolEffectRecord]:
+        # A ledger entry that cannot be read is an error: leaving it out could hide an effect in
+        # flight. The unresolved ones are found here, not by the port, so that an entry whose
+        # status or call id was altered is read (and its checksum fails) rather than filtered out.
+        if op.unresolved:
+            op = ListEffects(op.run_id, tool_call_id=op.tool_call_id)
+            unresolved = True
+        else:
+            unresolved = False
         rows = cast(Sequence[EffectRow], await self._read(op.run_id, _single(op)))
-        # A ledger entry that cannot be read is an error: leaving it out could hide an effect in flight.
         found = [self._decode_effect(row) for row in rows]
+        if op.tool_call_id is not None:
+            found = [r for r in found if r.tool_call_id == op.tool_call_id]
+        if unresolved:
+            found = [r for r in found if r.unresolved]
         found.sort(key=lambda r: sort_time(r.started_at))
         return found
 
@@ -624,7 +693,7 @@ class EngineStore(StepStore):
         """A snapshot back from its row and the run's nodes; `DamagedRecordError` naming what is broken."""
         record = f'snapshot seq={row.seq}'
         where = self._where()
-        header = self._decode_snapshot_header(row)
+        header, head_sum, sealed = self._snapshot_header(row)
         chain: list[int] = []
 
         def lookup(node: object) -> Node:
@@ -634,10 +703,16 @@ class EngineStore(StepStore):
             chain.append(cast(int, node))
             return found
 
-        bodies = decoded(
-            lambda: walk_chain(row.head, row.length, lookup), run_id=row.run_id, record=record, where=where
-        )
-        chain.reverse()
+        def read_messages() -> list[bytes]:
+            stored = walk_chain(row.head, row.length, lookup)
+            chain.reverse()
+            try:
+                return self._sealer.open_nodes(row.run_id, stored, head_sum, sealed=sealed)
+            except MessageDamage as error:
+                node = chain[error.position] if error.position < len(chain) else '?'
+                raise ValueError(f'message {error.position} (node {node}) is damaged: {error.reason}') from error
+
+        bodies = decoded(read_messages, run_id=row.run_id, record=record, where=where)
         try:
             messages = await self._history.decode(bodies)
         except (ValueError, LookupError, TypeError) as error:
@@ -679,30 +754,53 @@ class EngineStore(StepStore):
         run_id = self._run_id(run_id)
         rows, nodes = await self._read(run_id, read_snapshots(run_id, newest=False, complete_only=False))
         found: set[str] = set()
-        seen: set[int] = set()
         for row in rows:
-            node, left = row.head, row.length
-            while node is not None and left > 0 and node not in seen:
-                entry = nodes.get(node)
+            # Each chain is opened as a read opens it (checksums checked, bodies decrypted), so a
+            # damaged message stops the collection rather than hiding its references.
+            _, head_sum, sealed = self._snapshot_header(row)
+
+            def lookup(node: object) -> Node:
+                entry = nodes.get(cast(int, node))
                 if entry is None:
-                    raise DamagedRecordError(
-                        run_id=run_id,
-                        record=f'snapshot seq={row.seq}',
-                        where=self._where(),
-                        reason=f'message node {node} is missing',
-                    )
-                seen.add(node)
+                    raise LookupError(f'message node {node} is missing')
+                return entry
+
+            def references(row: SnapshotRow = row, head_sum: str | None = head_sum, sealed: bool = sealed) -> set[str]:
+                stored = walk_chain(row.head, row.length, lookup)
                 try:
-                    found |= stored_references(entry[1])
-                except (ValueError, TypeError) as error:
-                    raise DamagedRecordError(
-                        run_id=run_id,
-                        record=f'snapshot seq={row.seq}',
-                        where=self._where(),
-                        reason=f'message node {node} is damaged: {type(error).__name__}: {error}',
-                    ) from error
-                node, left = entry[0], left - 1
+                    bodies = self._sealer.open_nodes(row.run_id, stored, head_sum, sealed=sealed)
+                except MessageDamage as error:
+                    raise ValueError(f'message {error.position} is damaged: {error.reason}') from error
+                refs: set[str] = set()
+                for body in bodies:
+                    refs |= stored_references(body)
+                return refs
+
+            found |= decoded(references, run_id=run_id, record=f'snapshot seq={row.seq}', where=self._where())
         return found
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    async def stored_key_ids(self, run_id: str) -> set[str | None]:
+        """The encryption key ids the run's stored bodies were written with (`None`: in clear).
+
+        Covers the run record, events, ledger, snapshot headers and the messages of stored
+        snapshots; a body that does not parse counts as `None`. `stepcore rekey` uses it to find
+        the runs still to re-encrypt.
+        """
+        run_id = self._run_id(run_id)
+
+        def plan() -> Plan[list[Body]]:
+            run = cast(RunRow | None, (yield GetRun(run_id)))
+            events = cast(Sequence[EventRow], (yield ListEvents(run_id)))
+            effects = cast(Sequence[EffectRow], (yield ListEffects(run_id)))
+            rows, nodes = yield from read_snapshots(run_id, newest=False, complete_only=False)
+            bodies: list[Body] = [] if run is None else [run.body]
+            bodies += [r.body for r in (*events, *effects, *rows)]
+            bodies += [body for _, body in nodes.values()]
+            return bodies
+
+        return {key_id_of(body) for body in await self._read(run_id, plan())}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
