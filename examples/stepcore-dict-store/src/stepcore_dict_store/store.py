@@ -16,12 +16,13 @@ from typing import Any, ClassVar
 
 from stepcore import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, StepStore, ToolEffectRecord
 from stepcore.codec import decode_messages, encode_messages
-from stepcore.features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
+from stepcore.features import ENCRYPTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from stepcore.registration import check_registration
 
 __all__ = ('DictStepStore',)
 
 _FEATURE_OPTIONS = {
+    'encryption': ENCRYPTION,
     'max_snapshots_per_run': SNAPSHOT_RETENTION,
     'media_store': MEDIA_EXTERNALIZATION,
     'media_threshold_bytes': MEDIA_EXTERNALIZATION,
