@@ -34,7 +34,7 @@ from .models import (
     utcnow,
 )
 
-__all__ = ('StepStore', 'StepWrite', 'check_event_window', 'check_writes', 'sort_time')
+__all__ = ('StepStore', 'StepWrite', 'check_event_window', 'check_seq', 'check_writes', 'sort_time')
 
 StepWrite: TypeAlias = StepEvent | ToolEffectRecord
 """One write `StepStore.write_batch` applies: an event to append or a ledger entry to upsert."""
@@ -49,6 +49,12 @@ def check_event_window(after_seq: object, limit: object) -> None:
         )
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f'limit={limit!r} is not a positive whole number: pass how many events you want, or None')
+
+
+def check_seq(seq: object) -> None:
+    """`ValueError` naming a `seq` of `StepStore.get_snapshot` that is not a whole number."""
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise ValueError(f'seq={seq!r} is not a snapshot sequence number: pass the `seq` of a stored snapshot')
 
 
 def event_window(
@@ -340,8 +346,7 @@ class StepStore(ABC):
 
     async def get_snapshot(self, run_id: str, seq: int) -> ContinuableSnapshot | None:
         """The retained snapshot with this `seq` (complete or interrupted), or `None`."""
-        if isinstance(seq, bool) or not isinstance(seq, int):
-            raise ValueError(f'seq={seq!r} is not a snapshot sequence number: pass the `seq` of a stored snapshot')
+        check_seq(seq)
         for snapshot in await self.list_snapshots(run_id, include_interrupted=True):
             if snapshot.seq == seq:
                 return snapshot

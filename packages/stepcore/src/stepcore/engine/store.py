@@ -24,7 +24,7 @@ from ..history import HistoryDelta, HistoryIndex, walk_chain
 from ..lifecycle import RunFootprint, RunKey, RunQuery, RunStatus, collect_runs, run_status
 from ..media import MediaStore
 from ..models import ContinuableSnapshot, RunRecord, SnapshotState, SnapshotSummary, StepEvent, ToolEffectRecord
-from ..protocols import StepStore, StepWrite, check_event_window, check_writes, event_window, sort_time
+from ..protocols import StepStore, StepWrite, check_event_window, check_seq, check_writes, event_window, sort_time
 from ..registration import check_registration
 from ..retention import check_max_snapshots
 from ..walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker, stored_references
@@ -585,15 +585,7 @@ class EngineStore(StepStore):
     # -- reads --------------------------------------------------------------------------------
 
     async def list_events(self, run_id: str) -> list[StepEvent]:
-        run_id = self._run_id(run_id)
-        rows = cast(Sequence[EventRow], await self._read(run_id, _single(ListEvents(run_id))))
-        found: list[StepEvent] = []
-        for row in rows:
-            try:
-                found.append(self._decode_event(row))
-            except DamagedRecordError as error:
-                skip_damaged(error)
-        return found
+        return await self.list_events_page(run_id)
 
     async def list_events_page(
         self, run_id: str, *, after_seq: int | None = None, limit: int | None = None, newest: bool = False
@@ -684,8 +676,7 @@ class EngineStore(StepStore):
 
     async def get_snapshot(self, run_id: str, seq: int) -> ContinuableSnapshot | None:
         run_id = self._run_id(run_id)
-        if isinstance(seq, bool) or not isinstance(seq, int):
-            raise ValueError(f'seq={seq!r} is not a snapshot sequence number: pass the `seq` of a stored snapshot')
+        check_seq(seq)
         row, nodes = await self._read(run_id, read_snapshot(run_id, seq))
         return await self._materialize(row, nodes) if row is not None else None
 

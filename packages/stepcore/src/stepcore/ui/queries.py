@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import cast
 
-from ..lifecycle import RunStatus
-from ..lifecycle import run_status as lifecycle_status
+from ..lifecycle import RunStatus, run_status
 from ..models import EventKind, RunRecord, SnapshotState, SnapshotSummary, StepEvent, ToolEffectRecord, ToolEffectStatus
 from ..protocols import StepStore, sort_time
 
@@ -50,11 +49,6 @@ LINEAGE_LIMIT = 200
 PAIRING_WINDOW = 200
 """Events read before and after a timeline page to pair the starts and ends that cross its edges."""
 STATUSES = ('completed', 'failed', 'unfinished')
-
-
-def run_status(events: Sequence[StepEvent]) -> str:
-    """`completed`, `failed`, or `unfinished` (see `stepcore.lifecycle.run_status`)."""
-    return lifecycle_status(events)
 
 
 async def status_of(store: StepStore, run_id: str) -> str:
