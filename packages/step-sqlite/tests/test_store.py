@@ -26,6 +26,7 @@ from step_sqlite import SqliteMediaStore, SqliteStepStore
 from step_sqlite.records import unpack_body
 from stepcore import (
     ContinuableSnapshot,
+    DamagedRecordError,
     EventKind,
     RunRecord,
     SnapshotState,
@@ -335,6 +336,28 @@ async def test_unknown_marker_version_fails_latest_and_is_skipped_by_list(
         assert [s.step_index for s in listed] == [0]
         assert "skipping an unparsable record: snapshot seq=2 of run 'r'" in caplog.text
         assert 'fails its checksum' in caplog.text
+    finally:
+        await store.aclose()
+
+
+async def test_a_ledger_status_changed_in_the_database_is_caught_by_the_unresolved_listing(tmp_path: Path) -> None:
+    # Settled entries are checked by hashing their bytes, not decoded; the status column is part of
+    # what the checksum covers, so a `started` entry marked settled behind the store's back is not
+    # silently left out of the unresolved ones.
+    db = tmp_path / 'runs.db'
+    store = SqliteStepStore(database=db)
+    try:
+        await store.register_run(RunRecord(run_id='r'))
+        await store.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='done', tool_name='t'))
+        await store.record_tool_effect(
+            ToolEffectRecord(run_id='r', tool_call_id='done', tool_name='t', status=ToolEffectStatus.COMPLETED)
+        )
+        await store.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='open', tool_name='t'))
+        assert [e.tool_call_id for e in await store.list_unresolved_tool_effects('r')] == ['open']
+        with sqlite3.connect(db) as raw:
+            raw.execute("UPDATE tool_effects SET status = 'completed' WHERE tool_call_id = 'open'")
+        with pytest.raises(DamagedRecordError, match=r"ledger entry of tool call 'open'.*checksum"):
+            await store.list_unresolved_tool_effects('r')
     finally:
         await store.aclose()
 

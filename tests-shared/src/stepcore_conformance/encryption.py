@@ -178,3 +178,6 @@ class ChecksumConformance(StoreFixtures):
         await hook(store, 'effect', run_id, 'c1', body.replace(b'"to":"alice"', b'"to":"mallory"'))
         with pytest.raises(DamagedRecordError, match='checksum'):
             await store.list_tool_effects(run_id)
+        # the unresolved listing reads a settled entry's bytes rather than its fields: it catches it too
+        with pytest.raises(DamagedRecordError, match='checksum'):
+            await store.list_unresolved_tool_effects(run_id)

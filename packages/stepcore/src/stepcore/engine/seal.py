@@ -6,10 +6,14 @@ its native form (a JSON column, a document field, a line of a file).
 
 **Records** (run, event, ledger entry, snapshot header) are stamped with format version 2 and:
 
-- in clear, a checksum field `c`: 64-bit BLAKE2b over the record's canonical JSON (keys sorted,
-  without the fields a port adds beside the body) and over the row's columns that the engine reads
-  back into the record (run id; tool call id and status of a ledger entry; state and length of a
-  snapshot). A port may hand the body back as bytes, text or a mapping: all give the same sum.
+- in clear, a checksum field `c`: 64-bit BLAKE2b over the record's canonical JSON (the format
+  stamp first, then the other fields with keys sorted, compact, without the fields a port adds
+  beside the body) and over the row's columns that the engine reads back into the record (run id;
+  tool call id and status of a ledger entry; state and length of a snapshot). A port may hand the
+  body back as bytes, text or a mapping: all give the same sum. The body is stored as that
+  canonical JSON with `c` right after the stamp, so a body handed back as written is checked by
+  hashing its bytes, without parsing it (`Sealer.check_record`). Records written before this
+  layout summed their fields all sorted; they still check.
 - encrypted, `{"format":2,...,"k":key id,"f":key fingerprint,"e":base64 AES-GCM ciphertext}`, the
   columns above and the fields kept in clear (`...`: those a port indexes or reads to find a record,
   e.g. a ledger entry's call id, status and start time) as the associated data: the GCM tag is the
@@ -80,6 +84,13 @@ def _canonical(data: Mapping[str, Any], skip: frozenset[str]) -> bytes:
     return json.dumps(kept, sort_keys=True, separators=(',', ':'), ensure_ascii=False).encode()
 
 
+def _canonical_record(data: Mapping[str, Any], skip: frozenset[str]) -> bytes:
+    """What a record's checksum covers: its format stamp, then its other fields (keys sorted, compact)."""
+    rest = _canonical(data, skip | {FORMAT_KEY})
+    stamp = b'{"' + FORMAT_KEY.encode() + b'":' + json.dumps(data.get(FORMAT_KEY)).encode()
+    return stamp + (b'}' if rest == b'{}' else b',' + rest[1:])
+
+
 def _field(name: str, value: Any) -> bytes:
     return json.dumps(name).encode() + b':' + json.dumps(value, ensure_ascii=False, separators=(',', ':')).encode()
 
@@ -100,6 +111,9 @@ def _unb64(text: object, what: str) -> bytes:
 
 
 _STAMP: Final = b'{"' + FORMAT_KEY.encode() + b'":' + str(SEALED_FORMAT).encode()
+_SEALED_HEAD: Final = _STAMP + b',"' + CHECKSUM_KEY.encode() + b'":"'
+"""How a record body sealed in clear starts, as written."""
+_SUM_END: Final = len(_SEALED_HEAD) + 16
 
 
 def key_id_of(body: object) -> str | None:
@@ -116,6 +130,14 @@ def key_id_of(body: object) -> str | None:
         key_id = cast(Mapping[str, Any], data).get(_KEY_ID)
         return key_id if isinstance(key_id, str) else None
     return None
+
+
+def _checks_as_written(body: bytes, columns: Sequence[object]) -> bool:
+    """Whether `body` is a record sealed in clear, exactly as `Sealer.record` wrote it, whose sum checks."""
+    if not body.startswith(_SEALED_HEAD) or body[_SUM_END : _SUM_END + 1] != b'"':
+        return False
+    canonical = _STAMP + body[_SUM_END + 1 :]
+    return _sum(canonical + b'\x00' + _columns(columns)).encode() == body[len(_SEALED_HEAD) : _SUM_END]
 
 
 class MessageDamage(ValueError):
@@ -153,15 +175,25 @@ class Sealer:
             )
             head = _STAMP + b''.join(b',' + _field(name, value) for name, value in shown.items())
             return b'%s,"k":"%s","f":"%s","e":"%s"}' % (head, key_id.encode(), fp.encode(), _b64(blob).encode())
-        data: dict[str, Any] = json.loads(body)
-        check = _sum(_canonical(data, frozenset()) + b'\x00' + _columns(columns))
-        return _STAMP + b',"c":"' + check.encode() + b'"' + body[len(_STAMP) :]
+        canonical = _canonical_record(json.loads(body), frozenset())
+        check = _sum(canonical + b'\x00' + _columns(columns))
+        return _SEALED_HEAD + check.encode() + b'"' + canonical[len(_STAMP) :]
+
+    def check_record(self, body: bytes | str, columns: Sequence[object]) -> bool:
+        """Whether a stored record body in clear is laid out as `record` wrote it and its checksum
+        checks, by hashing its bytes without parsing them. False says nothing: the body may be laid
+        out otherwise (a port added a field, an older layout, encrypted), and `open_record` decides."""
+        return _checks_as_written(body.encode() if isinstance(body, str) else body, columns)
 
     def open_record(
         self, body: bytes | str | Mapping[str, Any], in_row: frozenset[str], columns: Sequence[object]
     ) -> dict[str, Any]:
         """The fields of a stored record, its seal checked; `ValueError` when it does not check,
         `EncryptionKeyError` when its key is not held."""
+        if isinstance(body, bytes | str) and self.check_record(body, columns):
+            opened = cast(dict[str, Any], json.loads(body))
+            del opened[CHECKSUM_KEY]
+            return opened
         raw: Any = json.loads(body) if isinstance(body, str | bytes) else dict(body)
         if not isinstance(raw, dict):
             raise ValueError(f'a stored record must be a JSON object, found {type(raw).__name__}')
@@ -180,7 +212,10 @@ class Sealer:
             if isinstance(version, int) and version >= SEALED_FORMAT:
                 raise ValueError(f'the record is of format {version} but carries no checksum')
             return data
-        expected = _sum(_canonical(data, in_row | {CHECKSUM_KEY}) + b'\x00' + _columns(columns))
+        sealed_columns = b'\x00' + _columns(columns)
+        expected = _sum(_canonical_record(data, in_row | {CHECKSUM_KEY}) + sealed_columns)
+        if check != expected and check == _sum(_canonical(data, in_row | {CHECKSUM_KEY}) + sealed_columns):
+            expected = check  # written before the stamp-first layout
         if check != expected:
             raise ValueError(f'checksum mismatch (stored {check!r}, computed {expected!r}): the record was altered')
         del data[CHECKSUM_KEY]
