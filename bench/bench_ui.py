@@ -165,6 +165,8 @@ async def measure(database: Path, repeat: int) -> list[tuple[str, tuple[float, f
         found = [(label, await timed(app, path, repeat)) for label, path in pages]
         first_view = 'newest snapshot, first view (an inspector that has kept nothing)'
         found.append((first_view, await timed(app, f'/runs/{RUN_ID}/snapshots/{newest.seq}', repeat, fresh)))
+        oldest_page = 'newest snapshot, its first 200 messages, first view'
+        found.append((oldest_page, await timed(app, f'/runs/{RUN_ID}/snapshots/{newest.seq}?page=1', repeat, fresh)))
         return found
     finally:
         await store.aclose()

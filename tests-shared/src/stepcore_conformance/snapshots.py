@@ -310,3 +310,58 @@ class SnapshotsConformance(StoreFixtures):
         assert await store.get_snapshot(new_id('never-written'), 1) is None
         with pytest.raises(ValueError, match='seq='):
             await store.get_snapshot(run_id, 'one')  # pyright: ignore[reportArgumentType]
+
+    async def test_get_snapshot_messages_reads_a_part_of_one_snapshot(self, store: StepStore) -> None:
+        run_id = await register(store)
+        await store.save_snapshot(snapshot(run_id, conversation(1), step_index=1))
+        await store.save_snapshot(snapshot(run_id, conversation(3), step_index=3, state=INTERRUPTED))
+        first, newest = await store.list_snapshots(run_id, include_interrupted=True)
+        assert first.seq is not None
+        assert newest.seq is not None
+        everything = conversation(3)
+
+        async def part(seq: int, start: int = 0, stop: int | None = None) -> tuple[int, list[ModelMessage]]:
+            found = await store.get_snapshot_messages(run_id, seq, start=start, stop=stop)
+            assert found is not None, f'snapshot {seq} is stored'
+            assert found.stop == found.start + len(found.messages)
+            assert found.summary == SnapshotSummary.of(newest if seq == newest.seq else first)
+            return found.start, found.messages
+
+        assert await part(newest.seq, 2, 5) == (2, everything[2:5])
+        assert await part(newest.seq) == (0, everything)
+        assert await part(newest.seq, len(everything) - 1) == (len(everything) - 1, everything[-1:])
+        assert await part(newest.seq, 100, 200) == (len(everything), [])
+        assert await part(newest.seq, 4, 1) == (4, [])
+        assert await part(first.seq, stop=2) == (0, conversation(1)[:2])
+        whole = await store.get_snapshot_messages(run_id, newest.seq)
+        assert whole is not None
+        assert whole.summary.message_count == len(everything)
+
+        assert await store.get_snapshot_messages(run_id, newest.seq + 100) is None
+        assert await store.get_snapshot_messages(new_id('never-written'), 1) is None
+        with pytest.raises(ValueError, match='start=-1'):
+            await store.get_snapshot_messages(run_id, newest.seq, start=-1)
+        with pytest.raises(ValueError, match="stop='2'"):
+            await store.get_snapshot_messages(run_id, newest.seq, stop='2')  # pyright: ignore[reportArgumentType]
+        with pytest.raises(ValueError, match='seq='):
+            await store.get_snapshot_messages(run_id, 'one')  # pyright: ignore[reportArgumentType]
+
+    async def test_shared_message_count_counts_what_two_snapshots_have_in_common(self, store: StepStore) -> None:
+        run_id = await register(store)
+        rewritten: list[ModelMessage] = [*conversation(2)[:3], user('a different turn', 9)]
+        await store.save_snapshot(snapshot(run_id, conversation(1), step_index=1))
+        await store.save_snapshot(snapshot(run_id, conversation(3), step_index=3))
+        await store.save_snapshot(snapshot(run_id, rewritten, step_index=4, state=INTERRUPTED))
+        await store.save_snapshot(snapshot(run_id, conversation(1, tag='other'), step_index=5))
+        one, three, rewrite, other = [s.seq or 0 for s in await store.list_snapshots(run_id, include_interrupted=True)]
+        # a history that grew shares all of the shorter one, whichever way it is asked
+        assert await store.shared_message_count(run_id, three, one) == len(conversation(1))
+        assert await store.shared_message_count(run_id, one, three) == len(conversation(1))
+        assert await store.shared_message_count(run_id, three, three) == len(conversation(3))
+        # a rewritten history shares at most its equal leading messages; nothing when the first differs
+        assert await store.shared_message_count(run_id, rewrite, three) <= 3
+        assert await store.shared_message_count(run_id, other, three) == 0
+        with pytest.raises(LookupError, match=f'seq {other + 100}'):
+            await store.shared_message_count(run_id, three, other + 100)
+        with pytest.raises(ValueError, match='seq='):
+            await store.shared_message_count(run_id, three, 'one')  # pyright: ignore[reportArgumentType]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -14,6 +15,7 @@ __all__ = (
     'ContinuableSnapshot',
     'EventKind',
     'RunRecord',
+    'SnapshotMessages',
     'SnapshotState',
     'SnapshotSummary',
     'StepEvent',
@@ -192,6 +194,23 @@ class SnapshotSummary(BaseModel):
             metadata=dict(snapshot.metadata),
             idempotency_key=snapshot.idempotency_key,
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SnapshotMessages:
+    """Part of one stored snapshot's history: what `StepStore.get_snapshot_messages` answers.
+
+    `messages` are the snapshot's messages from position `start` (counting from 0, oldest first)
+    up to `stop`, which is at most `summary.message_count`.
+    """
+
+    summary: SnapshotSummary
+    start: int
+    messages: list[ModelMessage]
+
+    @property
+    def stop(self) -> int:
+        return self.start + len(self.messages)
 
 
 class ToolEffectRecord(_Record):

@@ -26,6 +26,7 @@ from .lifecycle import (
 from .models import (
     ContinuableSnapshot,
     RunRecord,
+    SnapshotMessages,
     SnapshotState,
     SnapshotSummary,
     StepEvent,
@@ -34,7 +35,16 @@ from .models import (
     utcnow,
 )
 
-__all__ = ('StepStore', 'StepWrite', 'check_event_window', 'check_seq', 'check_writes', 'sort_time')
+__all__ = (
+    'StepStore',
+    'StepWrite',
+    'check_event_window',
+    'check_message_window',
+    'check_seq',
+    'check_writes',
+    'shared_prefix',
+    'sort_time',
+)
 
 StepWrite: TypeAlias = StepEvent | ToolEffectRecord
 """One write `StepStore.write_batch` applies: an event to append or a ledger entry to upsert."""
@@ -55,6 +65,29 @@ def check_seq(seq: object) -> None:
     """`ValueError` naming a `seq` of `StepStore.get_snapshot` that is not a whole number."""
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise ValueError(f'seq={seq!r} is not a snapshot sequence number: pass the `seq` of a stored snapshot')
+
+
+def check_message_window(start: object, stop: object) -> None:
+    """`ValueError` naming a bad `start` / `stop` of `StepStore.get_snapshot_messages`."""
+    for name, value in (('start', start), ('stop', stop)):
+        if value is None and name == 'stop':
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(
+                f'{name}={value!r} is not a message position: pass a whole number of 0 or more '
+                "(positions count a snapshot's messages from 0, oldest first)"
+                + (', or None for the end' if name == 'stop' else '')
+            )
+
+
+def shared_prefix(first: Sequence[object], second: Sequence[object]) -> int:
+    """How many leading items two sequences have equal."""
+    count = 0
+    for a, b in zip(first, second, strict=False):
+        if a != b:
+            break
+        count += 1
+    return count
 
 
 def event_window(
@@ -351,6 +384,49 @@ class StepStore(ABC):
             if snapshot.seq == seq:
                 return snapshot
         return None
+
+    async def get_snapshot_messages(
+        self, run_id: str, seq: int, *, start: int = 0, stop: int | None = None
+    ) -> SnapshotMessages | None:
+        """Messages `start` to `stop` (positions from 0, oldest first; `stop=None` for the end) of the
+        retained snapshot with this `seq`, with its summary; `None` when there is no such snapshot.
+
+        For a long history of which a reader shows a part. Stores that keep messages apart override
+        this to decode only the asked ones (the others are still checked where the store keeps
+        checksums).
+        """
+        check_seq(seq)
+        check_message_window(start, stop)
+        snapshot = await self.get_snapshot(run_id, seq)
+        if snapshot is None:
+            return None
+        count = len(snapshot.messages)
+        begin = min(start, count)
+        return SnapshotMessages(
+            summary=SnapshotSummary.of(snapshot),
+            start=begin,
+            messages=snapshot.messages[begin : count if stop is None else max(begin, min(stop, count))],
+        )
+
+    async def shared_message_count(self, run_id: str, seq: int, other_seq: int) -> int:
+        """How many leading messages the retained snapshots `seq` and `other_seq` of the run have in
+        common: what a reader comparing two snapshots can skip. `LookupError` naming a seq the run
+        has no snapshot with.
+
+        A store that keeps each message once, referenced by every snapshot holding it, answers from
+        those references without reading any message; such a store may count fewer than the equal
+        leading messages when equal messages were stored twice (a history rewritten and then written
+        again the same). This default compares the messages.
+        """
+        check_seq(seq)
+        check_seq(other_seq)
+        found: list[ContinuableSnapshot] = []
+        for wanted in (seq, other_seq):
+            snapshot = await self.get_snapshot(run_id, wanted)
+            if snapshot is None:
+                raise LookupError(f'run {run_id!r} has no retained snapshot with seq {wanted}')
+            found.append(snapshot)
+        return shared_prefix(found[0].messages, found[1].messages)
 
     # -- tool effects -------------------------------------------------------------------------
 

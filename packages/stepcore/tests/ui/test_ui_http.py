@@ -384,3 +384,40 @@ def test_a_run_written_again_under_its_id_shows_what_is_stored_now(tmp_path: Pat
     page = ui.get(f'/runs/rewritten/snapshots/{seq_again}').text
     assert 'an essay on glaciers' in page
     assert 'tides' not in page
+
+
+async def _write_long(database: Path) -> None:
+    store = SqliteStepStore(database=database)
+    try:
+        await store.register_run(RunRecord(run_id='long', agent_name='talker'))
+        history = [_ask('turn 0') if n % 2 == 0 else _say(f'answer {n}') for n in range(440)]
+        await store.save_snapshot(ContinuableSnapshot(run_id='long', step_index=1, messages=history))
+        more = [*history, *(_ask(f'later {n}') if n % 2 == 0 else _say(f'later answer {n}') for n in range(10))]
+        await store.save_snapshot(ContinuableSnapshot(run_id='long', step_index=2, messages=more))
+    finally:
+        await store.aclose()
+
+
+def test_a_long_snapshot_pages_and_diffs_only_what_it_added(tmp_path: Path, serve: Callable[..., Any]) -> None:
+    # The page reads only its own messages and what the snapshot adds to the one before it; the
+    # messages are still numbered by their place in the whole history.
+    path = tmp_path / 'long.db'
+    run_coroutine(_write_long(path))
+    ui = serve('--store', f'sqlite:///{path}')
+    first, second = re.findall(r'/runs/long/snapshots/(\d+)"', ui.get('/runs/long/snapshots').text)
+    newest = ui.get(f'/runs/long/snapshots/{second}').text
+    assert '450 messages' in newest
+    assert f'Against snapshot {first}:</strong> 440 kept, 10 added.' in newest
+    shown = re.findall(r'<article class="msg [^"]*" id="m(\d+)">', newest)
+    assert shown == [str(n) for n in range(400, 450)]  # the last page is the default
+    marked = re.findall(r'<article class="msg msg-\w+ change-added" id="m(\d+)">', newest)
+    assert marked == [str(n) for n in range(440, 450)]
+    assert 'later answer 9' in newest
+    opening = ui.get(f'/runs/long/snapshots/{second}?page=1').text
+    assert re.findall(r'<article class="msg [^"]*" id="m(\d+)">', opening) == [str(n) for n in range(200)]
+    assert 'answer 199' in opening
+    assert 'answer 201' not in opening
+    middle = ui.get(f'/runs/long/snapshots/{second}?page=2').text
+    assert re.findall(r'<article class="msg [^"]*" id="m(\d+)">', middle)[0] == '200'
+    changes = ui.get(f'/runs/long/snapshots/{second}?only=changes').text
+    assert re.findall(r'<article [^>]* id="m(\d+)">', changes) == [str(n) for n in range(440, 450)]

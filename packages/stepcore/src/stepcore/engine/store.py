@@ -26,13 +26,24 @@ from ..media import MediaStore
 from ..models import (
     ContinuableSnapshot,
     RunRecord,
+    SnapshotMessages,
     SnapshotState,
     SnapshotSummary,
     StepEvent,
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from ..protocols import StepStore, StepWrite, check_event_window, check_seq, check_writes, event_window, sort_time
+from ..protocols import (
+    StepStore,
+    StepWrite,
+    check_event_window,
+    check_message_window,
+    check_seq,
+    check_writes,
+    event_window,
+    shared_prefix,
+    sort_time,
+)
 from ..registration import check_registration
 from ..retention import check_max_snapshots
 from ..walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker, stored_references
@@ -699,11 +710,46 @@ class EngineStore(StepStore):
         row, nodes = await self._read(run_id, read_snapshot(run_id, seq))
         return await self._materialize(row, nodes) if row is not None else None
 
-    async def _materialize(self, row: SnapshotRow, nodes: Mapping[int, Node]) -> ContinuableSnapshot:
-        """A snapshot back from its row and the run's nodes; `DamagedRecordError` naming what is broken."""
-        record = f'snapshot seq={row.seq}'
-        where = self._where()
-        header, head_sum, sealed = self._snapshot_header(row)
+    async def get_snapshot_messages(
+        self, run_id: str, seq: int, *, start: int = 0, stop: int | None = None
+    ) -> SnapshotMessages | None:
+        run_id = self._run_id(run_id)
+        check_seq(seq)
+        check_message_window(start, stop)
+        row, nodes = await self._read(run_id, read_snapshot(run_id, seq))
+        if row is None:
+            return None
+        begin = min(start, row.length)
+        end = row.length if stop is None else max(begin, min(stop, row.length))
+        snapshot = await self._materialize(row, nodes, window=(begin, end))
+        return SnapshotMessages(
+            summary=SnapshotSummary.of(snapshot, message_count=row.length), start=begin, messages=snapshot.messages
+        )
+
+    async def shared_message_count(self, run_id: str, seq: int, other_seq: int) -> int:
+        # Each message is one node, and a node's id stands for its whole history (it hangs off the
+        # node before it): the snapshots share their messages up to the last position whose nodes
+        # are the same. No message is read.
+        run_id = self._run_id(run_id)
+        check_seq(seq)
+        check_seq(other_seq)
+        chains: list[list[int]] = []
+        for wanted in (seq, other_seq):
+            row, nodes = await self._read(run_id, read_snapshot(run_id, wanted))
+            if row is None:
+                raise LookupError(f'run {run_id!r} has no retained snapshot with seq {wanted}')
+            chains.append(
+                decoded(
+                    lambda row=row, nodes=nodes: self._chain(row, nodes)[0],
+                    run_id=run_id,
+                    record=f'snapshot seq={wanted}',
+                    where=self._where(),
+                )
+            )
+        return shared_prefix(chains[0], chains[1])
+
+    def _chain(self, row: SnapshotRow, nodes: Mapping[int, Node]) -> tuple[list[int], list[bytes]]:
+        """The node ids and stored bodies of a snapshot's messages, oldest first (`LookupError` for a lost node)."""
         chain: list[int] = []
 
         def lookup(node: object) -> Node:
@@ -713,9 +759,25 @@ class EngineStore(StepStore):
             chain.append(cast(int, node))
             return found
 
+        stored = walk_chain(row.head, row.length, lookup)
+        chain.reverse()
+        return chain, stored
+
+    async def _materialize(
+        self, row: SnapshotRow, nodes: Mapping[int, Node], *, window: tuple[int, int] | None = None
+    ) -> ContinuableSnapshot:
+        """A snapshot back from its row and the run's nodes; `DamagedRecordError` naming what is broken.
+
+        With `window=(start, stop)` only those messages are decoded (every message is still checked).
+        """
+        record = f'snapshot seq={row.seq}'
+        where = self._where()
+        header, head_sum, sealed = self._snapshot_header(row)
+        chain: list[int] = []
+
         def read_messages() -> list[bytes]:
-            stored = walk_chain(row.head, row.length, lookup)
-            chain.reverse()
+            ids, stored = self._chain(row, nodes)
+            chain.extend(ids)
             try:
                 return self._sealer.open_nodes(row.run_id, stored, head_sum, sealed=sealed)
             except MessageDamage as error:
@@ -723,18 +785,22 @@ class EngineStore(StepStore):
                 raise ValueError(f'message {error.position} (node {node}) is damaged: {error.reason}') from error
 
         bodies = decoded(read_messages, run_id=row.run_id, record=record, where=where)
+        first = 0
+        if window is not None:
+            first = window[0]
+            bodies = bodies[first : window[1]]
         try:
             messages = await self._history.decode(bodies)
         except (ValueError, LookupError, TypeError) as error:
-            raise await self._damaged_message(row, chain, bodies, error) from error
+            raise await self._damaged_message(row, chain[first:], bodies, error, first=first) from error
         return header.model_copy(update={'messages': messages})
 
     async def _damaged_message(
-        self, row: SnapshotRow, chain: Sequence[int], bodies: Sequence[bytes], error: BaseException
+        self, row: SnapshotRow, chain: Sequence[int], bodies: Sequence[bytes], error: BaseException, *, first: int = 0
     ) -> DamagedRecordError:
         """The error naming the first message of a snapshot that cannot be read (slow path: one at a time)."""
         reason = f'{type(error).__name__}: {error}'
-        for position, (node, body) in enumerate(zip(chain, bodies, strict=True)):
+        for position, (node, body) in enumerate(zip(chain, bodies, strict=True), start=first):
             try:
                 decode_messages([await self._history.walker.restore(body)])
             except (ValueError, LookupError, TypeError) as bad:

@@ -8,6 +8,7 @@ script, styles and media.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import re
@@ -19,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from pydantic_ai.messages import ModelMessage
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
@@ -29,10 +31,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine import DamagedRecordError
-from ..models import ContinuableSnapshot, SnapshotState, SnapshotSummary
+from ..models import SnapshotState, SnapshotSummary
 from ..protocols import StepStore
 from . import queries
-from .conversation import INLINE_MEDIA_TYPES, common_prefix, message_views, part_binaries
+from .conversation import INLINE_MEDIA_TYPES, MessageView, message_views, part_binaries
 from .diff import diff_snapshots
 from .snippets import display_url, recovery_snippets
 
@@ -173,7 +175,9 @@ def _query(base: str, **params: object) -> str:
     return f'{base}?{urlencode(kept)}' if kept else base
 
 
+@functools.cache
 def _environment() -> Environment:
+    """The templates' environment, one per process: every inspector shares its compiled templates."""
     env = Environment(
         loader=PackageLoader('stepcore.ui', 'templates'),
         autoescape=True,
@@ -216,46 +220,64 @@ def _text_param(request: Request, name: str) -> str | None:
     return value or None
 
 
-SNAPSHOTS_KEPT = 8
-"""Decoded snapshots the inspector keeps, so that paging through a long one, its media and the
-snapshot before it (for the diff) decode each history once."""
+PARTS_KEPT = 32
+"""Parts of snapshots the inspector keeps decoded (a page of messages, the messages a snapshot adds
+to the one before it, a message holding media), so that paging back and forth and loading a page's
+images decode each message once."""
 
 
 class _Snapshots:
-    """Decoded snapshots, looked up by their summary.
+    """Reads a run's snapshots a part at a time, and keeps the parts it decoded.
 
     A stored snapshot never changes, but a run can be deleted and written again under the same id:
-    an entry is used only while the store's summary still matches the one it was loaded under.
+    a kept part is used only while the store's summary still matches the one it was read under.
     """
 
-    def __init__(self, store: StepStore, size: int = SNAPSHOTS_KEPT) -> None:
+    def __init__(self, store: StepStore, size: int = PARTS_KEPT) -> None:
         self._store = store
         self._size = size
-        self._kept: OrderedDict[tuple[str, int], tuple[SnapshotSummary, ContinuableSnapshot]] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, int, int, int], tuple[SnapshotSummary, list[ModelMessage]]] = OrderedDict()
+        self._shared: OrderedDict[tuple[str, int, int], tuple[SnapshotSummary, SnapshotSummary, int]] = OrderedDict()
 
-    async def load(self, summary: SnapshotSummary) -> ContinuableSnapshot | None:
-        key = (summary.run_id, summary.seq)
+    async def find(self, run_id: str, seq: int) -> tuple[list[SnapshotSummary], int]:
+        """The run's snapshot summaries and the position of `seq` among them; `LookupError` naming
+        the seqs there are."""
+        retained = await self._store.list_snapshot_summaries(run_id, include_interrupted=True)
+        position = next((i for i, s in enumerate(retained) if s.seq == seq), None)
+        if position is None:
+            have = ', '.join(str(s.seq) for s in retained) or 'none'
+            raise LookupError(f'run {run_id!r} has no snapshot with seq {seq}; its retained snapshots: {have}')
+        return retained, position
+
+    async def messages(self, summary: SnapshotSummary, start: int, stop: int) -> list[ModelMessage]:
+        """Messages `start` to `stop` of the summarized snapshot."""
+        start, stop = min(start, summary.message_count), min(stop, summary.message_count)
+        if stop <= start:
+            return []
+        key = (summary.run_id, summary.seq, start, stop)
         found = self._kept.get(key)
         if found is not None and found[0] == summary:
             self._kept.move_to_end(key)
             return found[1]
-        snap = await self._store.get_snapshot(summary.run_id, summary.seq)
-        if snap is not None:
-            self._kept[key] = (summary, snap)
-            while len(self._kept) > self._size:
-                self._kept.popitem(last=False)
-        return snap
+        part = await self._store.get_snapshot_messages(summary.run_id, summary.seq, start=start, stop=stop)
+        if part is None:
+            raise LookupError(f'snapshot {summary.seq} of run {summary.run_id!r} is gone (deleted or pruned)')
+        self._kept[key] = (summary, part.messages)
+        while len(self._kept) > self._size:
+            self._kept.popitem(last=False)
+        return part.messages
 
-    async def get(self, run_id: str, seq: int) -> tuple[ContinuableSnapshot, list[SnapshotSummary], int]:
-        """Snapshot `seq` of the run, the run's snapshot summaries and its position among them;
-        `LookupError` naming the seqs there are."""
-        retained = await self._store.list_snapshot_summaries(run_id, include_interrupted=True)
-        position = next((i for i, s in enumerate(retained) if s.seq == seq), None)
-        snap = await self.load(retained[position]) if position is not None else None
-        if snap is None or position is None:
-            have = ', '.join(str(s.seq) for s in retained) or 'none'
-            raise LookupError(f'run {run_id!r} has no snapshot with seq {seq}; its retained snapshots: {have}')
-        return snap, retained, position
+    async def shared(self, summary: SnapshotSummary, previous: SnapshotSummary) -> int:
+        """How many leading messages the snapshot shares with the one before it, as stored."""
+        key = (summary.run_id, summary.seq, previous.seq)
+        found = self._shared.get(key)
+        if found is not None and found[:2] == (summary, previous):
+            return found[2]
+        count = await self._store.shared_message_count(summary.run_id, summary.seq, previous.seq)
+        self._shared[key] = (summary, previous, count)
+        while len(self._shared) > self._size:
+            self._shared.popitem(last=False)
+        return count
 
 
 def create_app(
@@ -357,26 +379,34 @@ def create_app(
         run_id = request.path_params['run_id']
         seq = request.path_params['seq']
         record = await _record(run_id)
-        snap, retained, position = await snapshots_kept.get(run_id, seq)
+        retained, position = await snapshots_kept.find(run_id, seq)
+        snap = retained[position]
         following = retained[position + 1] if position + 1 < len(retained) else None
-        previous = await snapshots_kept.load(retained[position - 1]) if position else None
-        # Views are built only for what the page shows and for what differs from the previous
-        # snapshot: a long history mostly repeats the one before it.
-        shared = common_prefix(previous.messages, snap.messages) if previous is not None else 0
-        tail = message_views(snap.messages, shared)
+        previous = retained[position - 1] if position else None
+        # Only what the page shows and what differs from the previous snapshot is decoded: a long
+        # history mostly repeats the one before it, and the store says how much without reading it.
+        count = snap.message_count
+        shared = await snapshots_kept.shared(snap, previous) if previous is not None else 0
+        tail = message_views(await snapshots_kept.messages(snap, shared, count), first=shared)
         diff = None
         if previous is not None:
-            before = message_views(previous.messages, shared)
-            diff = diff_snapshots(before, tail, previous_seq=previous.seq or 0, kept=shared)
+            before = message_views(
+                await snapshots_kept.messages(previous, shared, previous.message_count), first=shared
+            )
+            diff = diff_snapshots(before, tail, previous_seq=previous.seq, kept=shared)
         only_changes = request.query_params.get('only') == 'changes'
         changed = [v for v in tail if v.change]
-        total = len(changed) if only_changes else len(snap.messages)
+        total = len(changed) if only_changes else count
         default_page = -(-total // MESSAGES_PER_PAGE) or 1
         page = queries.page_of(_int_param(request, 'page', default_page), MESSAGES_PER_PAGE, total)
         if only_changes:
             shown = changed[page.start : page.end]
         else:
-            head = message_views(snap.messages, page.start, min(page.end, shared)) if page.start < shared else []
+            head: list[MessageView] = []
+            if page.start < shared:
+                head = message_views(
+                    await snapshots_kept.messages(snap, page.start, min(page.end, shared)), first=page.start
+                )
             shown = head + tail[max(0, page.start - shared) : max(0, page.end - shared)]
         settled = next((s.seq for s in reversed(retained) if s.state is SnapshotState.COMPLETE), None)
         return render(
@@ -397,12 +427,13 @@ def create_app(
     async def media(request: Request) -> Response:
         run_id: str = request.path_params['run_id']
         seq: int = request.path_params['seq']
-        snap, _, _ = await snapshots_kept.get(run_id, seq)
+        retained, position = await snapshots_kept.find(run_id, seq)
         message: int = request.path_params['message']
         part: int = request.path_params['part']
         item: int = request.path_params['item']
         try:
-            content = part_binaries(snap.messages, message, part)[item]
+            held = await snapshots_kept.messages(retained[position], message, message + 1)
+            content = part_binaries(held, 0, part)[item]
         except IndexError:
             raise HTTPException(
                 404, f'snapshot {seq} of run {run_id!r} has no media at {message}/{part}/{item}'

@@ -255,10 +255,13 @@ def _when(moment: datetime | None) -> str | None:
     return None if moment is None else moment.strftime('%Y-%m-%d %H:%M:%S')
 
 
-def message_views(messages: Sequence[ModelMessage], start: int = 0, end: int | None = None) -> list[MessageView]:
-    """Each message of `messages[start:end]` with its parts, ready for the page (numbered in `messages`)."""
+def message_views(
+    messages: Sequence[ModelMessage], start: int = 0, end: int | None = None, *, first: int = 0
+) -> list[MessageView]:
+    """Each message of `messages[start:end]` with its parts, ready for the page, numbered by its
+    position in the snapshot (`messages[0]` being its message `first`)."""
     views: list[MessageView] = []
-    for index, message in enumerate(messages[start:end], start):
+    for index, message in enumerate(messages[start:end], first + start):
         if isinstance(message, ModelRequest):
             view = MessageView(index=index, kind='request', title='request')
             view.interrupted = getattr(message, 'state', 'complete') == 'interrupted'
@@ -303,13 +306,3 @@ def signature(view: MessageView) -> tuple[object, ...]:
         pieces = tuple((p.text, p.data, p.link, None if p.media is None else p.media.digest) for p in part.pieces)
         parts.append((part.label, part.tool_name, part.tool_call_id, part.args, part.outcome, pieces))
     return (view.kind, tuple(parts))
-
-
-def common_prefix(previous: Sequence[ModelMessage], current: Sequence[ModelMessage]) -> int:
-    """How many leading messages two histories share unchanged (compared as records, which is cheap)."""
-    count = 0
-    for before, now in zip(previous, current, strict=False):
-        if before != now:
-            break
-        count += 1
-    return count
