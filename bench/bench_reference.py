@@ -11,10 +11,11 @@ variable `STEPCORE_REFERENCE_PYTHON`. Backends: `none` (no persistence), and the
 
 1. Concurrency, as `bench_concurrency.py`: K runs of N tool steps at once on one store (a real
    `Agent` on a `FunctionModel`, one tool call per step, 2 KB tool returns: the worker carries a
-   copy of `bench_steps.build_agent`). Backends are interleaved round by round; the table gives
-   medians over rounds of wall time, process CPU, steps per second, the ratio of each round's wall
-   time to the unpersisted run of the same round, the CPU persistence adds per step, and the p50
-   and p99 of the time a step spends in the persistence hooks.
+   copy of `bench_steps.build_agent`, and the driver stops when the copy no longer matches).
+   Backends are interleaved round by round; the table gives medians over rounds of wall time,
+   process CPU, steps per second, the ratio of each round's wall time to the unpersisted run of
+   the same round, the CPU persistence adds per step, and the p50 and p99 of the time a step
+   spends in the persistence hooks.
 2. Long run, as `bench_long_run.py`: one run of `--long-steps` steps (the model reports its usage);
    at steps 100, 1,000 and 10,000 (those within the run) the median hook time of the `--window`
    steps up to the mark, its ratio to the first mark, and the bytes on disk per step.
@@ -36,6 +37,9 @@ and written to `bench/results-reference.md` unless `--no-write`.
 from __future__ import annotations
 
 import argparse
+import ast
+import copy
+import inspect
 import json
 import os
 import platform
@@ -47,6 +51,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import bench_steps
 
 WORKER = Path(__file__).with_name('reference_worker.py')
 RESULTS = Path(__file__).with_name('results-reference.md')
@@ -89,6 +97,34 @@ def reference_python(path: str | None) -> tuple[str, str]:
         last = out.stderr.strip().splitlines()[-1:] or ['no output']
         sys.exit(f'The reference interpreter {path!r} cannot import pydantic_ai_harness ({last[0]}); {HOW_TO_MAKE}')
     return path, out.stdout.strip()
+
+
+def check_workload() -> None:
+    """Exit when the worker's copy of the workload differs from `bench_steps` (docstrings aside)."""
+    worker = ast.parse(WORKER.read_text(encoding='utf-8'))
+    copies: dict[str, ast.AST] = {}
+    for node in worker.body:
+        if isinstance(node, ast.FunctionDef):
+            copies[node.name] = node
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            copies[node.targets[0].id] = node.value
+    ours: dict[str, ast.AST] = {
+        name: ast.parse(inspect.getsource(getattr(bench_steps, name))).body[0] for name in ('tool_text', 'build_agent')
+    }
+    ours['TOOL_RETURN_BYTES'] = ast.Constant(bench_steps.TOOL_RETURN_BYTES)
+    for name, node in ours.items():
+        if name not in copies or _shape(copies[name]) != _shape(node):
+            sys.exit(f'{WORKER.name}: {name} no longer matches bench_steps.{name}; copy it again from bench_steps.py')
+
+
+def _shape(node: ast.AST) -> str:
+    """The code of a definition without its docstring, positions and formatting."""
+    if isinstance(node, ast.FunctionDef):
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            node = copy.copy(node)
+            node.body = body[1:]
+    return ast.dump(node, include_attributes=False)
 
 
 def run_worker(python: str, args: list[str], timeout: float) -> list[dict[str, Any]]:
@@ -253,6 +289,7 @@ def main() -> None:
     parser.add_argument('--timeout', type=float, default=600.0, help='seconds one measurement may take')
     parser.add_argument('--no-write', action='store_true', help=f'do not write {RESULTS.name}')
     args = parser.parse_args()
+    check_workload()
     python, versions = reference_python(args.python)
     machine = f'{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs'
     print(f'{versions}; {machine}', flush=True)

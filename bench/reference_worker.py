@@ -55,8 +55,9 @@ from pydantic_ai_harness.step_persistence import (
     StepPersistence,
 )
 
-# -- the workload: must stay identical to bench_steps.tool_text / build_agent and to the model of
-# -- bench_long_run.run_once (copied because those modules import stepcore)
+# -- the workload: must stay identical to bench_steps.tool_text / build_agent (bench_reference.py
+# -- checks that before it runs) and to the model of bench_long_run.run_once; copied because those
+# -- modules import stepcore
 
 TOOL_RETURN_BYTES = 2048
 MIN_FREE_BYTES = 5 * 1024**3
