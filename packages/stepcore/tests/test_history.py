@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolReturnPart, UserPromptPart
 
 from media_disk import DiskMediaStore
 from stepcore.codec import encode_message
@@ -142,6 +142,32 @@ async def test_new_objects_with_equal_content_are_reused(index: HistoryIndex) ->
     assert (delta.shared, len(delta.new_messages)) == (6, 1)
 
 
+class Refuses:
+    """A tool return value whose `==` raises, as an array's does."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError('the truth value is ambiguous')
+
+    __hash__ = object.__hash__
+
+
+def returned(value: object, text: str) -> ModelRequest:
+    return ModelRequest(parts=[ToolReturnPart('t', value, tool_call_id=text, timestamp=T)])
+
+
+async def test_a_value_whose_equality_raises_falls_back_to_identity(index: HistoryIndex, monkeypatch: Any) -> None:
+    # Comparing the saved prefix as lists calls `==` on objects that are not the same one; a value
+    # refusing it must not fail the save: the prefix is then compared object by object.
+    monkeypatch.setattr('stepcore.history.encode_message', lambda m: b'{"m":%d}' % id(m))
+    table = NodeTable()
+    first = [req('q'), returned(Refuses(), 'a'), res('r'), req('s')]
+    delta = await index.delta('r', first)
+    index.commit(delta, table.write(delta))
+    again = [first[0], returned(Refuses(), 'a'), *first[2:], res('t')]
+    delta = await index.delta('r', again)
+    assert (delta.shared, len(delta.new_messages)) == (1, 4)
+
+
 async def test_stamped_tail_mutated_in_place_is_detected(index: HistoryIndex) -> None:
     table = NodeTable()
     live = history(5)
@@ -188,6 +214,42 @@ async def test_an_uncommitted_delta_is_not_remembered(index: HistoryIndex) -> No
     await index.delta('r', history(4))  # the write failed: no commit
     delta, _ = await save(index, table, 'r', history(4))
     assert (delta.parent, len(delta.new_messages)) == (1, 2)
+
+
+async def test_a_growing_history_is_remembered_in_place_and_reads_back(index: HistoryIndex) -> None:
+    # Each commit extends what is remembered rather than copying it; every save still hangs its
+    # new messages off the right node, through growth, a rewritten tail and a shortened history.
+    table = NodeTable()
+    messages = history(2)
+    heads: list[tuple[Hashable | None, list[ModelMessage]]] = []
+    for step in range(30):
+        if step == 10:
+            messages = [*messages[:-1], res('rewritten tail')]
+        elif step == 20:
+            messages = messages[:7]
+        else:
+            messages = [*messages, req(f'q{step}'), res(f'a{step}')]
+        delta, head = await save(index, table, 'r', messages)
+        assert delta.total == len(messages)
+        heads.append((head, list(messages)))
+    for head, expected in heads:
+        assert await read(index, table, head, len(expected)) == expected
+
+
+async def test_a_delta_diffed_before_another_commit_is_not_applied_over_it(index: HistoryIndex) -> None:
+    # Two saves of one run diffed against the same remembered history: once the first commits,
+    # the second cannot know what it still shares, so the run is forgotten and written whole next.
+    table = NodeTable()
+    await save(index, table, 'r', history(4))
+    first = await index.delta('r', history(6))
+    second = await index.delta('r', [*history(4), req('other'), res('branch')])
+    index.commit(first, table.write(first))
+    written = table.write(second)
+    index.commit(second, written)
+    assert await read(index, table, index.head(second, written), 6) == [*history(4), req('other'), res('branch')]
+    delta, head = await save(index, table, 'r', history(8))
+    assert len(delta.new_messages) == 8
+    assert await read(index, table, head, 8) == history(8)
 
 
 async def test_commit_checks_the_node_count(index: HistoryIndex) -> None:

@@ -78,7 +78,7 @@ class SettledTracker:
 
     def is_provider_valid(self, messages: Sequence[ModelMessage]) -> bool:
         start = len(self._scanned)
-        if start and not (len(messages) >= start and all(map(operator.is_, messages[:start], self._scanned))):
+        if start and not (len(messages) >= start and _same_prefix(messages, self._scanned)):
             self._scanned, self._pending, self._paired, start = [], {}, True, 0
         boundary = max(start, len(messages) - TAIL_RECHECK)
         self._paired = _scan_tool_calls(messages[start:boundary], self._pending) and self._paired
@@ -87,6 +87,18 @@ class SettledTracker:
             return False
         tail = dict(self._pending)
         return _scan_tool_calls(messages[boundary:], tail) and not tail
+
+
+def _same_prefix(messages: Sequence[ModelMessage], scanned: list[ModelMessage]) -> bool:
+    """Whether `messages` starts with `scanned` (equal messages pair their tool calls the same way).
+
+    One list comparison at C speed: identical objects are equal without calling `__eq__`.
+    """
+    try:
+        head = messages[: len(scanned)]
+        return (head if isinstance(head, list) else list(head)) == scanned
+    except Exception:  # a tool return whose `==` refuses (e.g. an array): compare by identity
+        return all(map(operator.is_, messages, scanned))
 
 
 def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:

@@ -13,9 +13,12 @@ saved (its timestamp and run id are filled in when it is sent) are all stored ex
 
 Comparing content without re-serializing the whole history at every step: the index remembers,
 per run, the message objects it saved and a digest of each one's encoding. A position holding the
-very same object is taken as unchanged, except for the newest `TAIL_RECHECK` saved messages, which
-pydantic-ai is known to stamp in place and which are always re-encoded and compared. Everything
-that is not the same object is re-encoded and compared by digest. Messages older than the tail are
+very same object (or, when the whole prefix compares equal, an equal one) is taken as unchanged,
+except for the newest `TAIL_RECHECK` saved messages, which pydantic-ai is known to stamp in place
+and which are always re-encoded and compared. Everything else is re-encoded and compared by
+digest. A message replaced by an equal one (`==`: the same fields) therefore keeps its stored form;
+only an equal value that encodes differently (a dict with its keys in another order, `1.0` for
+`1`) would be restored as it was first saved. Messages older than the tail are
 assumed not to be mutated in place (pydantic-ai never does so); a rewrite that replaces them is
 detected by identity.
 
@@ -33,9 +36,11 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from pydantic_ai.messages import ModelMessage
@@ -54,14 +59,27 @@ _Written = tuple['HistoryDelta', Sequence[NodeId] | None]
 
 
 def trusted_prefix(messages: Sequence[ModelMessage], saved: Sequence[ModelMessage]) -> int:
-    """How many leading `messages` are the very objects of `saved`, short of its newest `TAIL_RECHECK`.
+    """How many leading `messages` can be taken as the saved ones without re-encoding them: those
+    that are the very objects of `saved` (or equal to them), short of its newest `TAIL_RECHECK`.
 
-    Those positions can be taken as unchanged without re-encoding (see the module docstring). The
-    comparison runs at C speed, so a long history costs no Python-level loop per save.
+    A history that only grew, the usual case, is recognized by one list comparison, which CPython
+    runs at C speed and which takes an identical object as equal without calling its `__eq__`, so
+    a long history costs almost nothing per save. When that comparison fails (a message was
+    replaced), the prefix of identical objects is found one by one. A message replaced by an
+    equal one keeps its stored form (see the module docstring).
     """
     limit = max(0, min(len(messages), len(saved) - TAIL_RECHECK))
-    same = list(map(operator.is_, messages[:limit], saved[:limit]))
-    return same.index(False) if False in same else limit
+    if not limit:
+        return 0
+    try:
+        head = messages[:limit]
+        kept = saved[:limit]
+        if (head if isinstance(head, list) else list(head)) == (kept if isinstance(kept, list) else list(kept)):
+            return limit
+    except Exception:  # a tool return whose `==` refuses (e.g. an array): compare by identity
+        pass
+    flags = list(map(operator.is_, islice(messages, limit), saved))
+    return flags.index(False) if False in flags else limit
 
 
 def _digest(encoded: bytes) -> bytes:
@@ -75,6 +93,11 @@ class _SavedHistory:
     nodes: list[NodeId]
     sums: list[str] = field(default_factory=list[str])
     """The stored sum of each node (see `stepcore.engine.seal`), when the store seals its nodes."""
+    version: int = 0
+    """Counts the commits applied to this entry in place; a delta diffed against an older version
+    cannot be applied in place (its prefix may have changed since)."""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Held while the entry is compared (`diff`, on a store's thread) or extended (`commit`)."""
 
 
 @dataclass(slots=True)
@@ -92,17 +115,13 @@ class HistoryDelta:
     """Length of the whole history."""
     walked: bool
     """Whether `new_messages` are in stored form; a delta from `diff` may still need `walk`."""
-    _messages: list[ModelMessage] = field(repr=False)
-    _digests: list[bytes] = field(repr=False)
-    _base: _SavedHistory | None = field(repr=False)
-
-    @property
-    def parent_sum(self) -> str | None:
-        """The stored sum of the `parent` node (`None`: no parent, or its sum is not remembered)."""
-        base = self._base
-        if base is None or not self.shared or len(base.sums) < self.shared:
-            return None
-        return base.sums[self.shared - 1]
+    parent_sum: str | None = None
+    """The stored sum of the `parent` node (`None`: no parent, or its sum is not remembered)."""
+    _messages: list[ModelMessage] = field(default_factory=list[ModelMessage], repr=False)
+    _new_digests: list[bytes] = field(default_factory=list[bytes], repr=False)
+    """Digests of the messages after `shared`."""
+    _base: _SavedHistory | None = field(default=None, repr=False)
+    _base_version: int = field(default=0, repr=False)
 
 
 class HistoryIndex:
@@ -115,7 +134,7 @@ class HistoryIndex:
 
     async def delta(self, run_id: str, messages: Sequence[ModelMessage]) -> HistoryDelta:
         """Compare `messages` with the run's last saved history and encode what is new, in stored form."""
-        delta = self.diff(run_id, messages)
+        delta = self.diff(run_id, list(messages))
         await self.walk(delta)
         return delta
 
@@ -126,26 +145,31 @@ class HistoryIndex:
         `walked` is False, `await walk(delta)` on the event loop before writing it.
         """
         saved = self._runs.get(run_id)
-        messages = list(messages)
+        messages = messages if isinstance(messages, list) else list(messages)
         digests: list[bytes] = []
         shared = 0
         pending: list[bytes] = []
+        parent: NodeId | None = None
+        parent_sum: str | None = None
+        version = 0
         if saved is not None:
-            limit = min(len(messages), len(saved.messages))
-            # Positions below the re-checked tail holding the very object that was saved are taken
-            # as unchanged without re-encoding.
-            shared = trusted_prefix(messages, saved.messages)
-            digests = saved.digests[:shared]
-            while shared < limit:
-                encoded = encode_message(messages[shared])
-                digest = _digest(encoded)
-                if digest != saved.digests[shared]:
-                    pending.append(encoded)
-                    digests.append(digest)
-                    break
-                digests.append(digest)
-                shared += 1
-        parent = saved.nodes[shared - 1] if saved is not None and shared else None
+            with saved.lock:  # `commit` may be extending it on another thread
+                version = saved.version
+                limit = min(len(messages), len(saved.messages))
+                # Positions below the re-checked tail holding the very object that was saved are
+                # taken as unchanged without re-encoding.
+                shared = trusted_prefix(messages, saved.messages)
+                while shared < limit:
+                    encoded = encode_message(messages[shared])
+                    digest = _digest(encoded)
+                    if digest != saved.digests[shared]:
+                        pending.append(encoded)
+                        digests.append(digest)
+                        break
+                    shared += 1
+                if shared:
+                    parent = saved.nodes[shared - 1]
+                    parent_sum = saved.sums[shared - 1] if len(saved.sums) >= shared else None
         start = shared + 1 if pending else shared
         for message in messages[start:]:
             encoded = encode_message(message)
@@ -158,9 +182,11 @@ class HistoryIndex:
             new_messages=pending,
             total=len(messages),
             walked=not any(self.walker.needs_walk(e) for e in pending),
+            parent_sum=parent_sum,
             _messages=messages,
-            _digests=digests,
+            _new_digests=digests,
             _base=saved,
+            _base_version=version,
         )
 
     async def save_through(
@@ -219,12 +245,37 @@ class HistoryIndex:
         (when the store seals its nodes) their stored sums."""
         if len(new_nodes) != len(delta.new_messages):
             raise ValueError(f'commit got {len(new_nodes)} node ids for {len(delta.new_messages)} new messages')
-        base = delta._base
-        base_nodes = base.nodes[: delta.shared] if base is not None else []
-        base_sums = base.sums[: delta.shared] if base is not None else []
-        all_sums = [*base_sums, *sums] if sums and len(base_sums) == delta.shared else []
+        base, shared = delta._base, delta.shared
+        keeps_sums = bool(sums) and (shared == 0 or (base is not None and len(base.sums) >= shared))
+        if base is not None and self._runs.get(delta.run_id) is base:
+            with base.lock:
+                if base.version == delta._base_version:
+                    # The usual case, a history that grew: the remembered lists are cut back to
+                    # the shared prefix and extended in place, so a save costs nothing per message
+                    # already saved.
+                    base.messages = delta._messages
+                    del base.digests[shared:], base.nodes[shared:]
+                    base.digests.extend(delta._new_digests)
+                    base.nodes.extend(new_nodes)
+                    if keeps_sums:
+                        del base.sums[shared:]
+                        base.sums.extend(sums)
+                    else:
+                        base.sums.clear()
+                    base.version += 1
+                    self._runs.move_to_end(delta.run_id)
+                    return
+        if base is not None and base.version != delta._base_version:
+            # Another save of the run was committed since this one was diffed: what this one
+            # shares with it is no longer known, so nothing is remembered (the next save writes
+            # its history whole).
+            self.forget(delta.run_id)
+            return
         self._runs[delta.run_id] = _SavedHistory(
-            messages=delta._messages, digests=delta._digests, nodes=[*base_nodes, *new_nodes], sums=all_sums
+            messages=delta._messages,
+            digests=[*(base.digests[:shared] if base else []), *delta._new_digests],
+            nodes=[*(base.nodes[:shared] if base else []), *new_nodes],
+            sums=[*(base.sums[:shared] if base else []), *sums] if keeps_sums else [],
         )
         self._runs.move_to_end(delta.run_id)
         while len(self._runs) > self.max_runs:
