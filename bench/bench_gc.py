@@ -85,7 +85,7 @@ async def _round(kind: str, blobs: int, runs: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument('--blobs', type=int, default=10_000)
     parser.add_argument('--runs', type=int, default=100)
     parser.add_argument('--rounds', type=int, default=3)
