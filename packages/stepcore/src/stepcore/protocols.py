@@ -414,7 +414,7 @@ class StepStore(ABC):
         has no snapshot with.
 
         A store that keeps each message once, referenced by every snapshot holding it, answers from
-        those references without reading any message; such a store may count fewer than the equal
+        those references without decoding any message; such a store may count fewer than the equal
         leading messages when equal messages were stored twice (a history rewritten and then written
         again the same). This default compares the messages.
         """

@@ -729,7 +729,7 @@ class EngineStore(StepStore):
     async def shared_message_count(self, run_id: str, seq: int, other_seq: int) -> int:
         # Each message is one node, and a node's id stands for its whole history (it hangs off the
         # node before it): the snapshots share their messages up to the last position whose nodes
-        # are the same. No message is read.
+        # are the same. No message is decoded.
         run_id = self._run_id(run_id)
         check_seq(seq)
         check_seq(other_seq)
