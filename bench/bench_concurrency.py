@@ -23,7 +23,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ from pydantic_ai.usage import UsageLimits
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_steps import BACKENDS, available, build_agent
+from bench_steps import BACKENDS, available, build_agent, fresh_cell
 from hook_timer import TimedPersistence, percentile
 
 RESULTS = Path(__file__).with_name('results-concurrency.md')
@@ -90,15 +89,7 @@ async def run_once(backend_name: str, runs: int, steps: int) -> Sample:
 
 
 def run_cell(backend_name: str, runs: int, steps: int) -> Sample:
-    out = subprocess.run(
-        [sys.executable, __file__, '--cell', backend_name, str(runs), str(steps)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f'{backend_name} failed:\n{out.stderr}')
-    return Sample(**json.loads(out.stdout.strip().splitlines()[-1]))
+    return Sample(**fresh_cell(__file__, backend_name, backend_name, runs, steps))
 
 
 def main() -> None:

@@ -28,7 +28,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,14 +41,10 @@ from pydantic_ai.usage import RequestUsage, UsageLimits
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_steps import BACKENDS, available, tool_text
+from bench_steps import BACKENDS, available, dir_size, fresh_cell, tool_text
 from hook_timer import TimedPersistence
 
 RESULTS = Path(__file__).with_name('results-long-run.md')
-
-
-def _dir_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob('*') if p.is_file())
 
 
 def _count_sealing() -> list[float]:
@@ -94,7 +89,7 @@ async def run_once(
             nonlocal calls
             calls += 1
             if calls - 1 in marks and backend_name in ('sqlite', 'file'):
-                sizes[calls - 1] = _dir_size(tmp)  # what steps 1..calls-1 left on disk
+                sizes[calls - 1] = dir_size(tmp)  # what steps 1..calls-1 left on disk
             usage = RequestUsage(input_tokens=10, output_tokens=5)
             if calls <= steps:
                 return ModelResponse(parts=[ToolCallPart('fetch', {'i': calls}, tool_call_id=f'c{calls}')], usage=usage)
@@ -126,16 +121,8 @@ async def run_once(
 
 
 def run_cell(backend_name: str, steps: int, marks: list[int], window: int, encrypted: bool = False) -> dict[str, Any]:
-    cell = [backend_name, str(steps), ','.join(map(str, marks)), str(window), 'encrypted' if encrypted else 'plain']
-    out = subprocess.run(
-        [sys.executable, __file__, '--cell', *cell],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f'{backend_name} failed:\n{out.stderr}')
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    mode = 'encrypted' if encrypted else 'plain'
+    return fresh_cell(__file__, backend_name, backend_name, steps, ','.join(map(str, marks)), window, mode)
 
 
 def main() -> None:

@@ -99,8 +99,21 @@ async def _nothing() -> None:
     return None
 
 
-def _dir_size(path: Path) -> int:
+def dir_size(path: Path) -> int:
+    """Bytes of every file under `path`."""
     return sum(p.stat().st_size for p in path.rglob('*') if p.is_file())
+
+
+def fresh_cell(script: str, what: str, *args: object) -> Any:
+    """Run `script --cell *args` in a fresh interpreter, so memory and caches start from the same
+    state every time, and return the JSON of its last output line; `RuntimeError` naming `what`
+    with the child's stderr when it fails."""
+    out = subprocess.run(
+        [sys.executable, script, '--cell', *map(str, args)], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f'{what} failed:\n{out.stderr}')
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def make_none(tmp: Path) -> Backend:
@@ -117,7 +130,7 @@ def make_sqlite(tmp: Path, **options: Any) -> Backend:
     store = SqliteStepStore(database=tmp / 'runs.db', **options)
 
     async def size() -> int:
-        return _dir_size(tmp)
+        return dir_size(tmp)
 
     return Backend(store, size, store.aclose)
 
@@ -128,7 +141,7 @@ def make_file(tmp: Path, **options: Any) -> Backend:
     store: StepStore = FileStepStore(tmp / 'runs', **options)  # pyright: ignore[reportUnknownVariableType]
 
     async def size() -> int:
-        return _dir_size(tmp)
+        return dir_size(tmp)
 
     return Backend(store, size, store.aclose)
 
@@ -321,13 +334,8 @@ async def run_once(backend_name: str, steps: int) -> Sample:
 
 
 def run_cell(backend_name: str, steps: int) -> Sample:
-    """One run in a fresh interpreter, so memory and caches start from the same state every time."""
-    out = subprocess.run(
-        [sys.executable, __file__, '--cell', backend_name, str(steps)], capture_output=True, text=True, check=False
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f'{backend_name} at {steps} steps failed:\n{out.stderr}')
-    return Sample(**json.loads(out.stdout.strip().splitlines()[-1]))
+    """One run in a fresh interpreter."""
+    return Sample(**fresh_cell(__file__, f'{backend_name} at {steps} steps', backend_name, steps))
 
 
 def available(names: list[str]) -> list[str]:

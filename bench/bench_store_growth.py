@@ -24,7 +24,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,16 +35,12 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Tool
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_steps import BACKENDS, available, tool_text
+from bench_steps import BACKENDS, available, dir_size, fresh_cell, tool_text
 
 from stepcore import ContinuableSnapshot, EventKind, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
 from stepcore import ToolEffectStatus as Status
 
 RESULTS = Path(__file__).with_name('results-store-growth.md')
-
-
-def _dir_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob('*') if p.is_file())
 
 
 async def run_once(backend_name: str, steps: int, marks: list[int], window: int) -> dict[str, Any]:
@@ -96,7 +91,7 @@ async def run_once(backend_name: str, steps: int, marks: list[int], window: int)
             cpus.append(time.process_time() - cpu)
             walls.append(time.perf_counter() - wall)
             if step in marks and backend_name in ('sqlite', 'file'):
-                sizes[step] = _dir_size(tmp)
+                sizes[step] = dir_size(tmp)
         latest = await store.latest_snapshot(run_id)
         if latest is None or len(latest.messages) != len(history):
             raise RuntimeError(f'{backend_name}: the store lost the history')
@@ -114,11 +109,7 @@ async def run_once(backend_name: str, steps: int, marks: list[int], window: int)
 
 
 def run_cell(backend_name: str, steps: int, marks: list[int], window: int) -> dict[str, Any]:
-    cell = [backend_name, str(steps), ','.join(map(str, marks)), str(window)]
-    out = subprocess.run([sys.executable, __file__, '--cell', *cell], capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f'{backend_name} failed:\n{out.stderr}')
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return fresh_cell(__file__, backend_name, backend_name, steps, ','.join(map(str, marks)), window)
 
 
 def main() -> None:
