@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.tools import RunContext
 
 from .context import active_tool_call
-from .history import TAIL_RECHECK
+from .history import TAIL_RECHECK, starts_with
 from .ids import dotted_run_id
 from .protocols import StepStore
 
@@ -78,7 +77,7 @@ class SettledTracker:
 
     def is_provider_valid(self, messages: Sequence[ModelMessage]) -> bool:
         start = len(self._scanned)
-        if start and not (len(messages) >= start and _same_prefix(messages, self._scanned)):
+        if start and not starts_with(messages, self._scanned):  # equal messages pair their calls alike
             self._scanned, self._pending, self._paired, start = [], {}, True, 0
         boundary = max(start, len(messages) - TAIL_RECHECK)
         self._paired = _scan_tool_calls(messages[start:boundary], self._pending) and self._paired
@@ -87,18 +86,6 @@ class SettledTracker:
             return False
         tail = dict(self._pending)
         return _scan_tool_calls(messages[boundary:], tail) and not tail
-
-
-def _same_prefix(messages: Sequence[ModelMessage], scanned: list[ModelMessage]) -> bool:
-    """Whether `messages` starts with `scanned` (equal messages pair their tool calls the same way).
-
-    One list comparison at C speed: identical objects are equal without calling `__eq__`.
-    """
-    try:
-        head = messages[: len(scanned)]
-        return (head if isinstance(head, list) else list(head)) == scanned
-    except Exception:  # a tool return whose `==` refuses (e.g. an array): compare by identity
-        return all(map(operator.is_, messages, scanned))
 
 
 def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:

@@ -48,7 +48,7 @@ from pydantic_ai.messages import ModelMessage
 from .codec import decode_messages, encode_message
 from .walker import MediaWalker
 
-__all__ = ('TAIL_RECHECK', 'HistoryDelta', 'HistoryIndex', 'trusted_prefix', 'walk_chain')
+__all__ = ('TAIL_RECHECK', 'HistoryDelta', 'HistoryIndex', 'starts_with', 'trusted_prefix', 'walk_chain')
 
 TAIL_RECHECK = 2
 """How many of the newest saved messages are always re-encoded when compared."""
@@ -58,26 +58,38 @@ _Written = tuple['HistoryDelta', Sequence[NodeId] | None]
 """What a save's call on a store's thread returns: its delta and the new node ids (see `save_through`)."""
 
 
+def starts_with(messages: Sequence[ModelMessage], prefix: Sequence[ModelMessage]) -> bool:
+    """Whether `messages` begins with the messages of `prefix`: the very objects, or equal ones.
+
+    One list comparison, which CPython runs at C speed and which takes an identical object as
+    equal without calling its `__eq__`, so a long history that only grew costs almost nothing.
+    When a value refuses `==` (a tool return holding an array), the objects are compared by
+    identity instead.
+    """
+    if len(messages) < len(prefix):
+        return False
+    head = messages[: len(prefix)]
+    try:
+        return (head if isinstance(head, list) else list(head)) == (
+            prefix if isinstance(prefix, list) else list(prefix)
+        )
+    except Exception:  # a value whose `==` refuses: compare by identity
+        return all(map(operator.is_, head, prefix))
+
+
 def trusted_prefix(messages: Sequence[ModelMessage], saved: Sequence[ModelMessage]) -> int:
     """How many leading `messages` can be taken as the saved ones without re-encoding them: those
     that are the very objects of `saved` (or equal to them), short of its newest `TAIL_RECHECK`.
 
-    A history that only grew, the usual case, is recognized by one list comparison, which CPython
-    runs at C speed and which takes an identical object as equal without calling its `__eq__`, so
-    a long history costs almost nothing per save. When that comparison fails (a message was
-    replaced), the prefix of identical objects is found one by one. A message replaced by an
-    equal one keeps its stored form (see the module docstring).
+    A history that only grew, the usual case, is recognized by `starts_with`. When that fails (a
+    message was replaced), the prefix of identical objects is found one by one. A message replaced
+    by an equal one keeps its stored form (see the module docstring).
     """
     limit = max(0, min(len(messages), len(saved) - TAIL_RECHECK))
     if not limit:
         return 0
-    try:
-        head = messages[:limit]
-        kept = saved[:limit]
-        if (head if isinstance(head, list) else list(head)) == (kept if isinstance(kept, list) else list(kept)):
-            return limit
-    except Exception:  # a tool return whose `==` refuses (e.g. an array): compare by identity
-        pass
+    if starts_with(messages, saved[:limit]):
+        return limit
     flags = list(map(operator.is_, islice(messages, limit), saved))
     return flags.index(False) if False in flags else limit
 
