@@ -28,6 +28,7 @@ __all__ = (
     'encode_message',
     'encode_messages',
     'load_record',
+    'record_fields',
 )
 
 FORMAT_KEY = 'format'
@@ -82,9 +83,7 @@ def dump_record_compact(record: BaseModel, *, exclude: AbstractSet[str] | None =
     optional field of the stored records defaults to `None`), as are the `exclude`d fields a store
     keeps elsewhere. `extra` fields (e.g. a store-assigned `seq`) replace the record's own.
     """
-    skip = {*(exclude or ()), *extra}
-    if getattr(record, 'metadata', None) == {}:
-        skip.add('metadata')
+    skip = _skipped(record, exclude, extra)
     body: bytes = record.__pydantic_serializer__.to_json(record, exclude=skip, exclude_none=True)
     head = _COMPACT_HEAD
     if extra:
@@ -92,6 +91,23 @@ def dump_record_compact(record: BaseModel, *, exclude: AbstractSet[str] | None =
     if body == b'{}':
         return head + b'}'
     return head + b',' + body[1:]
+
+
+def record_fields(record: BaseModel, *, exclude: AbstractSet[str] | None = None, **extra: int | str) -> dict[str, Any]:
+    """`dump_record_compact` as the JSON-compatible dict it encodes (format stamp first, then the
+    record's fields, then `extra`), without encoding it: for a caller that re-encodes it anyway."""
+    skip = _skipped(record, exclude, extra)
+    fields: dict[str, Any] = {FORMAT_KEY: RECORD_FORMAT_VERSION}
+    fields.update(record.__pydantic_serializer__.to_python(record, mode='json', exclude=skip, exclude_none=True))
+    fields.update(extra)
+    return fields
+
+
+def _skipped(record: BaseModel, exclude: AbstractSet[str] | None, extra: Mapping[str, object]) -> set[str]:
+    skip = {*(exclude or ()), *extra}
+    if getattr(record, 'metadata', None) == {}:
+        skip.add('metadata')
+    return skip
 
 
 _COMPACT_HEAD = b'{"' + FORMAT_KEY.encode() + b'":' + str(RECORD_FORMAT_VERSION).encode()

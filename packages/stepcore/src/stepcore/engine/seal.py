@@ -79,9 +79,13 @@ def _columns(columns: Sequence[object]) -> bytes:
     return '\x1f'.join('' if c is None else str(c) for c in columns).encode()
 
 
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(',', ':'), ensure_ascii=False)
+"""`json.dumps(..., sort_keys=True, separators=(',', ':'), ensure_ascii=False)`, built once."""
+
+
 def _canonical(data: Mapping[str, Any], skip: frozenset[str]) -> bytes:
     kept = {k: v for k, v in data.items() if k not in skip}
-    return json.dumps(kept, sort_keys=True, separators=(',', ':'), ensure_ascii=False).encode()
+    return _CANONICAL.encode(kept).encode()
 
 
 def _canonical_record(data: Mapping[str, Any], skip: frozenset[str]) -> bytes:
@@ -157,12 +161,21 @@ class Sealer:
 
     # -- records -------------------------------------------------------------------------------
 
-    def record(self, body: bytes, columns: Sequence[object], clear: Sequence[str] = ()) -> bytes:
-        """A record body from `dump_record_compact` (format 2), sealed with its columns.
+    def record(self, body: bytes | Mapping[str, Any], columns: Sequence[object], clear: Sequence[str] = ()) -> bytes:
+        """A record body from `dump_record_compact` (format 2), or its fields from `record_fields`,
+        sealed with its columns.
 
         Encrypted, the `clear` fields (those a port indexes or reads to find the record) stay in
-        clear beside the ciphertext, covered by it as associated data.
+        clear beside the ciphertext, covered by it as associated data. Given the fields, a record
+        sealed in clear is encoded once, straight into its canonical form.
         """
+        if not isinstance(body, bytes):
+            if body.get(FORMAT_KEY) != SEALED_FORMAT:
+                raise ValueError(f'a record to seal must be of format {SEALED_FORMAT}')
+            if self.encryption is not None:
+                return self.record(json.dumps(body, separators=(',', ':'), ensure_ascii=False).encode(), columns, clear)
+            rest = _CANONICAL.encode({k: v for k, v in body.items() if k != FORMAT_KEY}).encode()
+            return self._seal_canonical(_STAMP + (b'}' if rest == b'{}' else b',' + rest[1:]), columns)
         if not body.startswith(_STAMP):
             raise ValueError(f'a record body to seal must start with {_STAMP!r}')
         if self.encryption is not None:
@@ -175,7 +188,11 @@ class Sealer:
             )
             head = _STAMP + b''.join(b',' + _field(name, value) for name, value in shown.items())
             return b'%s,"k":"%s","f":"%s","e":"%s"}' % (head, key_id.encode(), fp.encode(), _b64(blob).encode())
-        canonical = _canonical_record(json.loads(body), frozenset())
+        return self._seal_canonical(_canonical_record(json.loads(body), frozenset()), columns)
+
+    @staticmethod
+    def _seal_canonical(canonical: bytes, columns: Sequence[object]) -> bytes:
+        """The stored body of a record in clear from its canonical JSON: the sum right after the stamp."""
         check = _sum(canonical + b'\x00' + _columns(columns))
         return _SEALED_HEAD + check.encode() + b'"' + canonical[len(_STAMP) :]
 

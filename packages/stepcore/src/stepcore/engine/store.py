@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 from pydantic import BaseModel
 from pydantic_ai.messages import ModelMessage
 
-from ..codec import FORMAT_KEY, decode_messages, dump_record_compact, load_record
+from ..codec import FORMAT_KEY, decode_messages, load_record, record_fields
 from ..encryption import EncryptingMediaStore, Encryption
 from ..features import ENCRYPTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from ..history import HistoryDelta, HistoryIndex, walk_chain
@@ -118,12 +118,12 @@ def _rows(sealer: Sealer, run_id: str, records: Sequence[StepWrite]) -> tuple[li
     effects: list[EffectRow] = []
     for record in records:
         if isinstance(record, StepEvent):
-            body = sealer.record(dump_record_compact(record, exclude=EVENT_FIELDS_IN_ROW), (run_id,), EVENT_CLEAR)
+            body = sealer.record(record_fields(record, exclude=EVENT_FIELDS_IN_ROW), (run_id,), EVENT_CLEAR)
             events.append(EventRow(run_id, record.idempotency_key, body))
         else:
             status = record.status.value
             body = sealer.record(
-                dump_record_compact(record, exclude=EFFECT_FIELDS_IN_ROW),
+                record_fields(record, exclude=EFFECT_FIELDS_IN_ROW),
                 (run_id, record.tool_call_id, status),
                 EFFECT_CLEAR,
             )
@@ -376,7 +376,7 @@ class EngineStore(StepStore):
             started_at=sort_time(record.started_at),
             conversation_id=record.conversation_id,
             parent_run_id=record.parent_run_id,
-            body=self._sealer.record(dump_record_compact(record, exclude=RUN_FIELDS_IN_ROW), (run_id,), RUN_CLEAR),
+            body=self._sealer.record(record_fields(record, exclude=RUN_FIELDS_IN_ROW), (run_id,), RUN_CLEAR),
         )
         existing = cast(RunRow | None, await self._write_op([run_id], InsertRun(row)))
         if existing is not None:
@@ -563,7 +563,7 @@ class EngineStore(StepStore):
             bodies, save.sums = self._sealer.nodes(run_id, delta.new_messages, prev)
             head_sum = save.sums[-1] if save.sums else (None if delta.parent is None else prev)
             state = SnapshotState(snapshot.state).value
-            header = dump_record_compact(
+            header = record_fields(
                 snapshot, exclude=SNAPSHOT_FIELDS_IN_ROW, **({HEAD_KEY: head_sum} if head_sum is not None else {})
             )
             row = SnapshotRow(
