@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from stepcore.worker import WorkerThread
+from stepcore.worker import WorkerThread, WouldBlock, running_inline
 
 
 def _pause() -> None:
@@ -110,3 +110,73 @@ async def test_a_dropped_worker_stops_its_thread() -> None:
     for thread in [t for t in threading.enumerate() if t.name == 'dropped-worker']:
         await asyncio.to_thread(thread.join, 5)
         assert not thread.is_alive()
+
+
+async def test_a_call_runs_inline_on_the_callers_thread_when_the_worker_is_idle() -> None:
+    worker = WorkerThread('test-worker')
+    await worker.run(lambda: None)  # the thread exists and is idle
+    done, result = worker.try_inline(lambda x: (x * 2, threading.current_thread().name), 21)
+    assert done
+    assert result == (42, threading.current_thread().name)
+    worker.close()
+
+
+async def test_no_inline_call_while_a_call_is_queued_or_running() -> None:
+    worker = WorkerThread('test-worker')
+    started, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def slow() -> None:
+        started.set()
+        release.wait(5)
+        order.append('slow')
+
+    running = asyncio.ensure_future(worker.run(slow))
+    await asyncio.to_thread(started.wait, 5)
+    queued = asyncio.ensure_future(worker.run(order.append, 'queued'))
+    await asyncio.sleep(0)
+    assert worker.try_inline(order.append, 'inline') == (False, None)  # running and queued
+    release.set()
+    await asyncio.gather(running, queued)
+    assert worker.try_inline(order.append, 'inline') == (True, None)
+    assert order == ['slow', 'queued', 'inline']  # the refused call did not run; order kept
+    worker.close()
+
+
+async def test_an_inline_call_that_would_block_is_refused_and_other_errors_propagate() -> None:
+    worker = WorkerThread('test-worker')
+    seen: list[bool] = []
+
+    def needs_to_wait() -> None:
+        seen.append(running_inline())
+        raise WouldBlock
+
+    assert worker.try_inline(needs_to_wait) == (False, None)
+    assert seen == [True]
+    assert not running_inline()  # the flag is only up during the inline call
+
+    def broken() -> None:
+        raise ValueError('bad value 7')
+
+    with pytest.raises(ValueError, match='bad value 7'):
+        worker.try_inline(broken)
+    assert worker.try_inline(lambda: 'free again') == (True, 'free again')  # the gate was released
+    worker.close()
+
+
+async def test_a_call_on_the_thread_waits_for_an_inline_call_to_end() -> None:
+    worker = WorkerThread('test-worker')
+    inside = threading.Event()
+    order: list[str] = []
+
+    def inline_work() -> None:
+        # another thread submits while this runs inline: its call must not overlap this one
+        threading.Thread(target=lambda: (inside.set(), worker.enqueue(lambda: order.append('thread')))).start()
+        inside.wait(5)
+        time.sleep(0.05)
+        order.append('inline')
+
+    assert worker.try_inline(inline_work) == (True, None)
+    await worker.run(lambda: None)  # behind the enqueued call
+    assert order == ['inline', 'thread']
+    worker.close()

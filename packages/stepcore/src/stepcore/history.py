@@ -299,6 +299,11 @@ class HistoryIndex:
             return new_nodes[-1]
         return delta.parent
 
+    def saved_length(self, run_id: str) -> int:
+        """How many messages of the run's last saved history are remembered (0: none)."""
+        saved = self._runs.get(run_id)
+        return 0 if saved is None else len(saved.messages)
+
     def forget(self, run_id: str) -> None:
         """Drop what is remembered of a run (call when its nodes are deleted)."""
         self._runs.pop(run_id, None)

@@ -8,6 +8,12 @@ matters at two store calls per agent step. Under any other event loop (trio) cal
 The thread starts with the first call and stops when the worker is closed or garbage-collected;
 a call after `close()` starts a new one. Cancelling an awaiting task does not stop a call that is
 already running: it finishes on the thread and its result is dropped.
+
+`try_inline` runs a short call on the caller's own thread instead, when the worker is idle (no
+call running or queued), so the calls still run one at a time and in order. Under many concurrent
+runs that saves more than the hand-off: both threads would otherwise contend for the GIL at every
+call. Code a call runs can ask `running_inline()` to avoid waiting (for a lock, say) on the event
+loop: it raises `WouldBlock` instead, and the caller hands the call to the thread.
 """
 
 from __future__ import annotations
@@ -23,11 +29,35 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
-__all__ = ('WorkerThread',)
+__all__ = ('WorkerThread', 'WouldBlock', 'running_inline')
 
 T = TypeVar('T')
 
 logger = logging.getLogger(__name__)
+
+_inline = threading.local()
+
+
+def running_inline() -> bool:
+    """Whether the current call runs inline (`WorkerThread.try_inline`) on the caller's thread."""
+    return getattr(_inline, 'active', False)
+
+
+class WouldBlock(Exception):
+    """Raised by a call running inline that would have to wait: the caller runs it on the thread."""
+
+
+class _State:
+    """What a worker shares with its thread: how many calls are queued or running, and the gate
+    held while one runs (on the thread or inline)."""
+
+    __slots__ = ('gate', 'lock', 'pending')
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.gate = threading.Lock()
+        self.pending = 0
+
 
 _Job = tuple[Callable[..., Any], tuple[Any, ...], 'asyncio.AbstractEventLoop | None', 'asyncio.Future[Any] | None']
 
@@ -37,7 +67,8 @@ class WorkerThread:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._lock = threading.Lock()
+        self._state = _State()
+        self._lock = self._state.lock
         self._jobs: queue.SimpleQueue[_Job | None] | None = None
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -49,6 +80,25 @@ class WorkerThread:
         future: asyncio.Future[T] = loop.create_future()
         self._queue().put((fn, args, loop, future))
         return await future
+
+    def try_inline(self, fn: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
+        """`(True, fn(*args))` run now on the calling thread when the worker is idle; `(False, None)`
+        when a call is queued or running (then use `run`), or when `fn` raised `WouldBlock`.
+
+        Any other exception `fn` raises propagates.
+        """
+        state = self._state
+        with state.lock:
+            if state.pending or not state.gate.acquire(blocking=False):
+                return False, None
+        _inline.active = True
+        try:
+            return True, fn(*args)
+        except WouldBlock:
+            return False, None
+        finally:
+            _inline.active = False
+            state.gate.release()
 
     def enqueue(self, fn: Callable[[], object]) -> None:
         """Run `fn()` on the worker thread after every call queued so far, without waiting for it.
@@ -65,20 +115,26 @@ class WorkerThread:
             jobs.put(None)
 
     def _queue(self) -> queue.SimpleQueue[_Job | None]:
+        """The thread's queue (started if need be), counting the call about to be put on it."""
         with self._lock:
             if self._jobs is None:
                 jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-                threading.Thread(target=_serve, args=(jobs,), name=self.name, daemon=True).start()
-                # The thread holds only the queue: a worker dropped without close() still stops it.
+                threading.Thread(target=_serve, args=(jobs, self._state), name=self.name, daemon=True).start()
+                # The thread holds only the queue and the state: a worker dropped without close()
+                # still stops it.
                 weakref.finalize(self, jobs.put, None)
                 self._jobs = jobs
+            self._state.pending += 1
             return self._jobs
 
 
-def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+def _serve(jobs: queue.SimpleQueue[_Job | None], state: _State) -> None:
     while (job := jobs.get()) is not None:
-        _run(*job)
+        with state.gate:
+            _run(*job)
         del job  # hold nothing of a finished call while waiting for the next
+        with state.lock:
+            state.pending -= 1
 
 
 def _run(

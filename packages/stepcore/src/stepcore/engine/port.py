@@ -122,6 +122,12 @@ class Port:
 class SyncPort(Port):
     """A port doing blocking I/O, on a thread of its own (or inline, when `worker` is `None`)."""
 
+    inline_writes: bool = False
+    """Whether a short write may run on the event loop's thread when the port's thread is idle
+    (`try_inline`): true for a port whose commit does not wait for the disk (no fsync) and whose
+    code raises `stepcore.worker.WouldBlock` where it would otherwise wait for a lock held by
+    another thread or process (see `stepcore.worker.running_inline`)."""
+
     group_commit: ClassVar[bool] = False
     """Whether `savepoint` can isolate one write inside a transaction, so the engine may carry out
     the writes waiting for the port's thread in one transaction (`stepcore.engine.group`)."""
@@ -134,6 +140,13 @@ class SyncPort(Port):
         if self.worker is None:
             return fn(*args)
         return await self.worker.run(fn, *args)
+
+    def try_inline(self, fn: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
+        """`(True, fn(*args))` run now on the calling thread when the port's thread is idle, else
+        `(False, None)` (see `WorkerThread.try_inline`); a port without a thread always runs it."""
+        if self.worker is None:
+            return True, fn(*args)
+        return self.worker.try_inline(fn, *args)
 
     def transaction(self, runs: Sequence[str]) -> AbstractContextManager[Any]:
         """One atomic write to `runs` (see the module docstring); yields what the methods take as `tx`."""

@@ -91,6 +91,11 @@ from the body to find a record (the ciphertext covers them, see `stepcore.engine
 _STARTED: Final = ToolEffectStatus.STARTED.value
 
 _KEY_CONFLICT_ATTEMPTS = 5
+INLINE_RECORDS: Final = 64
+"""A write of at most this many events and ledger entries may be written inline (see below)."""
+INLINE_NEW_MESSAGES: Final = 8
+"""A snapshot save with at most this many messages new to the run's last save may be written
+inline on the event loop (`SyncPort.inline_writes`); a longer one goes to the port's thread."""
 _OURS = (ValueError, LookupError, TypeError, RuntimeError, NotImplementedError, KeyConflict, StaleHistory)
 """Errors the engine and the contract raise themselves: they already say what is wrong."""
 
@@ -232,21 +237,23 @@ class EngineStore(StepStore):
     # -- running plans ------------------------------------------------------------------------
 
     async def _transact(
-        self, runs: Sequence[str], make_plan: Callable[[], Plan[T]], prepare: Callable[[], bool] | None = None
+        self,
+        runs: Sequence[str],
+        make_plan: Callable[[], Plan[T]],
+        prepare: Callable[[], bool] | None = None,
+        *,
+        short: bool = False,
     ) -> T | _NeedsWalk:
         """Run a write plan in one transaction; `_NEEDS_WALK` when `prepare()` says media must go first.
 
         On a `SyncPort`, `prepare` (finding and encoding a save's new messages), the plan and the
-        commit run on the port's thread in one hand-off.
+        commit run together: inline on the event loop when the write is `short`, the port allows
+        it and its thread is idle (a step's records and a few new messages: no hand-off, no
+        contention for the GIL between two threads), else on the port's thread in one hand-off.
         """
         port = self.port
         try:
             if isinstance(port, SyncPort):
-                if self._groups is not None and port.fault_hook is None:
-                    # under fault injection each write keeps a transaction of its own, so a fault
-                    # stops exactly the write it is aimed at
-                    outcome = await self._groups.write(runs, prepare, lambda tx: _drive_sync(port, tx, make_plan()))
-                    return _NEEDS_WALK if outcome is NOT_PREPARED else cast(T, outcome)
 
                 def job() -> T | _NeedsWalk:
                     if prepare is not None and not prepare():
@@ -257,6 +264,15 @@ class EngineStore(StepStore):
                     port.boundary('committed')
                     return result
 
+                if short and port.inline_writes:
+                    done, result = port.try_inline(job)
+                    if done:
+                        return cast(T | _NeedsWalk, result)
+                if self._groups is not None and port.fault_hook is None:
+                    # under fault injection each write keeps a transaction of its own, so a fault
+                    # stops exactly the write it is aimed at
+                    outcome = await self._groups.write(runs, prepare, lambda tx: _drive_sync(port, tx, make_plan()))
+                    return _NEEDS_WALK if outcome is NOT_PREPARED else cast(T, outcome)
                 return await port.call(job)
             assert isinstance(port, AsyncPort)
             if prepare is not None and not prepare():
@@ -533,7 +549,9 @@ class EngineStore(StepStore):
             await self._save(run_id, snapshot, by_run.pop(run_id, []))
         for run_id, records in by_run.items():
             await self._transact(
-                [run_id], lambda r=run_id, w=records: write_plan(r, *_rows(self._sealer, r, w), None, None)
+                [run_id],
+                lambda r=run_id, w=records: write_plan(r, *_rows(self._sealer, r, w), None, None),
+                short=len(records) <= INLINE_RECORDS,
             )
 
     async def _save(self, run_id: str, snapshot: ContinuableSnapshot, records: list[StepWrite]) -> None:
@@ -582,7 +600,11 @@ class EngineStore(StepStore):
         conflicts = 0
         while True:
             try:
-                outcome = await self._transact([run_id], plan, prepare)
+                short = (
+                    len(records) <= INLINE_RECORDS
+                    and len(save.messages) - self._history.saved_length(run_id) <= INLINE_NEW_MESSAGES
+                )
+                outcome = await self._transact([run_id], plan, prepare, short=short)
             except StaleHistory:
                 if restarted:
                     raise
