@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,3 +124,51 @@ async def test_writes_queued_on_a_closed_store_fail_with_a_clear_error(tmp_path:
     await store.aclose()
     with pytest.raises(RuntimeError, match='closed'):
         await asyncio.gather(*(store.register_run(RunRecord(run_id=f'r{i}')) for i in range(3)))
+
+
+async def test_a_short_write_runs_on_the_event_loop_when_the_database_thread_is_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SqliteStepStore(database=tmp_path / 'runs.db')
+    await store.register_run(RunRecord(run_id='r'))
+    threads: list[str] = []
+    port = store.port
+    assert isinstance(port, SqlitePort)
+    assert port.inline_writes
+    original = port.put_events
+
+    def put_events(tx: Any, op: Any) -> None:
+        threads.append(threading.current_thread().name)
+        original(tx, op)
+
+    monkeypatch.setattr(port, 'put_events', put_events)
+    await store.write_batch([StepEvent(run_id='r', kind=EventKind.RUN_STARTED)], snapshot=_snapshot('r', 1))
+    assert threads == [threading.current_thread().name]
+    assert [e.kind for e in await store.list_events('r')] == [EventKind.RUN_STARTED]
+    await store.aclose()
+
+
+async def test_a_write_waiting_for_another_connections_lock_leaves_the_event_loop_free(tmp_path: Path) -> None:
+    path = tmp_path / 'runs.db'
+    store = SqliteStepStore(database=path, timeout=10)
+    await store.register_run(RunRecord(run_id='r'))
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute('BEGIN IMMEDIATE')  # another writer holds the database's write lock
+    write = asyncio.ensure_future(store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED)))
+    await asyncio.sleep(0.1)
+    # still waiting, on the database's thread: had it waited on the event loop it would have run out its
+    # timeout (blocking this task) and failed
+    assert not write.done()
+    other.execute('COMMIT')
+    await asyncio.wait_for(write, 10)
+    assert [e.kind for e in await store.list_events('r')] == [EventKind.RUN_STARTED]
+    other.close()
+    await store.aclose()
+
+
+async def test_synchronous_full_keeps_writes_on_the_database_thread(tmp_path: Path) -> None:
+    store = SqliteStepStore(database=tmp_path / 'runs.db', synchronous='FULL')
+    port = store.port
+    assert isinstance(port, SqlitePort)
+    assert not port.inline_writes  # each commit waits for the disk
+    await store.aclose()

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, TypeVar, cast
 
-from stepcore.worker import WorkerThread
+from stepcore.worker import WorkerThread, WouldBlock, running_inline
 
 __all__ = ('Database', 'Synchronous', 'check_shared_connection', 'write_transaction')
 
@@ -105,11 +105,13 @@ def check_shared_connection(connection: object, *, owner: str) -> sqlite3.Connec
 
 
 @contextmanager
-def write_transaction(connection: sqlite3.Connection) -> Iterator[None]:
+def write_transaction(connection: sqlite3.Connection, *, busy_timeout: float | None = None) -> Iterator[None]:
     """A write transaction that takes the database write lock immediately.
 
     On a shared connection that already has a transaction open, the work joins it through a
-    savepoint and is committed (or rolled back) with the caller's transaction.
+    savepoint and is committed (or rolled back) with the caller's transaction. Running inline on
+    the event loop (`stepcore.worker.running_inline`) with the connection's `busy_timeout` given,
+    it does not wait for another connection's write lock: it raises `WouldBlock` instead.
     """
     if connection.in_transaction:
         connection.execute('SAVEPOINT step_sqlite')
@@ -121,7 +123,10 @@ def write_transaction(connection: sqlite3.Connection) -> Iterator[None]:
             raise
         connection.execute('RELEASE step_sqlite')
         return
-    connection.execute('BEGIN IMMEDIATE')
+    if busy_timeout is not None and running_inline():
+        _begin_without_waiting(connection, busy_timeout)
+    else:
+        connection.execute('BEGIN IMMEDIATE')
     try:
         yield
     except BaseException:
@@ -129,6 +134,18 @@ def write_transaction(connection: sqlite3.Connection) -> Iterator[None]:
             connection.rollback()
         raise
     connection.commit()
+
+
+def _begin_without_waiting(connection: sqlite3.Connection, busy_timeout: float) -> None:
+    connection.execute('PRAGMA busy_timeout=0')
+    try:
+        connection.execute('BEGIN IMMEDIATE')
+    except sqlite3.OperationalError as exc:
+        if 'locked' in str(exc) or 'busy' in str(exc):
+            raise WouldBlock from exc
+        raise
+    finally:
+        connection.execute(f'PRAGMA busy_timeout={int(busy_timeout * 1000)}')
 
 
 def _while_locked(action: Callable[[], T], timeout: float) -> T:
@@ -215,12 +232,23 @@ class Database:
         self._check_open()
         return await self._guard.worker.run(self._call, work)
 
+    def try_inline(self, work: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:
+        """`(True, work(connection))` run now on the calling thread when the connection is open,
+        set up and idle; `(False, None)` otherwise (then use `run`)."""
+        self._check_open()
+        if self._guard.connection is None or len(self._ready) < len(self._setups):
+            return False, None
+        return self._guard.worker.try_inline(self._call, work)
+
     def _check_open(self) -> None:
         if self.closed or self._guard.closed:
             raise RuntimeError(f'{self.owner} on {self.describe} is closed: create a new store to use it again')
 
     def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        with self._guard.lock:
+        lock = self._guard.lock
+        if not lock.acquire(blocking=not running_inline()):
+            raise WouldBlock
+        try:
             self._check_open()
             connection = self._connection()
             for name, setup in self._setups.items():
@@ -232,6 +260,8 @@ class Database:
             if self.owned and connection.total_changes != changes:
                 self._count_write()
             return result
+        finally:
+            lock.release()
 
     def _count_write(self) -> None:
         """Note a write call; every `CHECKPOINT_EVERY_WRITES` queue a checkpoint behind it (lock held)."""

@@ -123,6 +123,9 @@ class SqlitePort(SyncPort):
     def __init__(self, db: Database) -> None:
         super().__init__(worker=None)
         self._db = db
+        # A commit that does not wait for the disk is short enough to run on the event loop; with a
+        # connection of the caller's, its synchronous level is not known.
+        self.inline_writes = db.owned and db.synchronous in ('OFF', 'NORMAL')
         self._connection: sqlite3.Connection | None = None
 
     def describe(self) -> str:
@@ -130,7 +133,13 @@ class SqlitePort(SyncPort):
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the database's thread, with its connection lock held."""
+        return await self._db.run(self._bound(fn, args))
 
+    def try_inline(self, fn: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
+        """`fn(*args)` now, on the calling thread, when the database's thread is idle (see `SyncPort`)."""
+        return self._db.try_inline(self._bound(fn, args))
+
+    def _bound(self, fn: Callable[..., T], args: tuple[Any, ...]) -> Callable[[sqlite3.Connection], T]:
         def work(connection: sqlite3.Connection) -> T:
             self._connection = connection
             try:
@@ -138,7 +147,7 @@ class SqlitePort(SyncPort):
             finally:
                 self._connection = None
 
-        return await self._db.run(work)
+        return work
 
     def _conn(self) -> sqlite3.Connection:
         assert self._connection is not None, 'SqlitePort operations run inside call()'
@@ -147,7 +156,7 @@ class SqlitePort(SyncPort):
     @contextmanager
     def transaction(self, runs: Sequence[str]) -> Iterator[sqlite3.Connection]:
         connection = self._conn()
-        with write_transaction(connection):
+        with write_transaction(connection, busy_timeout=self._db.timeout):
             yield connection
 
     @contextmanager
