@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
 from stepcore.fileio import create_file, fsync_dir, write_all
+from stepcore.worker import WouldBlock, running_inline
 
 __all__ = ('Fold', 'Log', 'run_lock')
 
@@ -62,11 +63,16 @@ def _acquire(path: Path, exclusive: bool, prepare: Callable[[], object] | None) 
             prepare()
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            fcntl.flock(
+                fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (fcntl.LOCK_NB if running_inline() else 0)
+            )
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
                 return fd
         except FileNotFoundError:
             pass
+        except BlockingIOError:  # held by another process, and this call must not wait on the event loop
+            os.close(fd)
+            raise WouldBlock from None
         except BaseException:
             os.close(fd)
             raise

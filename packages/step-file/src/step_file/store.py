@@ -31,7 +31,7 @@ from stepcore.ids import validate_path_safe_run_id
 from stepcore.media import MediaStore
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
-from stepcore.worker import WorkerThread
+from stepcore.worker import WorkerThread, WouldBlock, running_inline
 
 from .files import Log, run_lock
 from .layout import (
@@ -149,6 +149,7 @@ class FilePort(SyncPort):
         super().__init__(worker=WorkerThread('step-file'))
         self.directory = directory
         self._full = full
+        self.inline_writes = not full  # appends without fsync are short enough for the event loop
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._runs_lock = threading.Lock()
 
@@ -170,6 +171,8 @@ class FilePort(SyncPort):
             return run
 
     def _prepare(self, run: _Run) -> None:
+        if running_inline():  # creating folders fsyncs their parent: not on the event loop
+            raise WouldBlock
         make_dir(self.directory)
         make_dir(run.folder)
         make_dir(run.folder / SNAPSHOTS_DIR)
@@ -177,10 +180,13 @@ class FilePort(SyncPort):
 
     @contextlib.contextmanager
     def transaction(self, runs: Sequence[str]) -> Iterator[_Tx]:
+        inline = running_inline()
         with contextlib.ExitStack() as stack:
             for run_id in sorted(set(runs)):
                 run = self._run(run_id)
-                stack.enter_context(run.lock)
+                if not run.lock.acquire(blocking=not inline):
+                    raise WouldBlock
+                stack.callback(run.lock.release)
                 if not run.ready or not os.path.isdir(run.folder):
                     self._prepare(run)
                 run.locked(
