@@ -1,10 +1,12 @@
 """One SQLite connection shared by the stores of a database, used from worker threads.
 
-Every store call runs its SQL on the connection's own worker thread (`stepcore.worker`) so the
-event loop never waits on the disk, and a per-connection lock keeps calls from interleaving inside one
-connection. Writes run in `BEGIN IMMEDIATE` transactions: the write lock is taken up front, so two
-processes writing the same file wait for each other (up to the busy timeout) instead of failing
-on a lock upgrade.
+Every store call runs its SQL on the connection's own worker thread (`stepcore.worker`) so the event
+loop never waits on the disk, and a per-connection lock keeps calls from interleaving inside one
+connection. A short write may instead run on the event loop's thread when the worker is idle
+(`Database.try_inline`), only where it waits for nothing: no fsync at commit, and neither the
+connection lock nor another connection's write lock is waited for. Writes run in `BEGIN IMMEDIATE`
+transactions: the write lock is taken up front, so two processes writing the same file wait for each
+other (up to the busy timeout) instead of failing on a lock upgrade.
 """
 
 from __future__ import annotations
