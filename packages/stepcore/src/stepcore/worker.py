@@ -132,29 +132,26 @@ class WorkerThread:
 
 def _serve(jobs: queue.SimpleQueue[_Job | None], state: _State) -> None:
     while (job := jobs.get()) is not None:
+        fn, args, loop, future = job
+        del job
         with state.gate:
-            _run(*job)
-        del job  # hold nothing of a finished call while waiting for the next
+            result, error = _run(fn, args, loop is None or future is None)
         with state.lock:
             state.pending -= 1
+        # the worker counts as idle before the caller resumes, so its next call may run inline
+        if loop is not None and future is not None:
+            _hand_back(loop, future, result, error)
+        del fn, args, loop, future, result, error  # hold nothing of a finished call while waiting
 
 
-def _run(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    loop: asyncio.AbstractEventLoop | None,
-    future: asyncio.Future[Any] | None,
-) -> None:
+def _run(fn: Callable[..., Any], args: tuple[Any, ...], background: bool) -> tuple[Any, BaseException | None]:
     try:
-        result = fn(*args)
+        return fn(*args), None
     except BaseException as error:  # handed to the awaiting task, whatever it is
-        if loop is None or future is None:
+        if background:
             logger.exception('background call %r failed', fn)
-        else:
-            _hand_back(loop, future, None, error)
-        return
-    if loop is not None and future is not None:
-        _hand_back(loop, future, result, None)
+            return None, None
+        return None, error
 
 
 def _hand_back(
