@@ -23,16 +23,36 @@ async def test_a_short_write_runs_on_the_event_loop(tmp_path: Path, monkeypatch:
     port = store.port
     assert isinstance(port, FilePort)
     assert port.inline_writes
-    threads: list[str] = []
-    original = port.put_events
-
-    def put_events(tx: Any, op: Any) -> None:
-        threads.append(threading.current_thread().name)
-        original(tx, op)
-
-    monkeypatch.setattr(port, 'put_events', put_events)
+    threads = _threads_writing_events(port, monkeypatch)
     await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED))
     assert threads == [threading.current_thread().name]
+    await store.aclose()
+
+
+async def test_a_short_write_finding_the_thread_busy_waits_for_it_then_runs_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStepStore(directory=tmp_path)
+    await store.register_run(RunRecord(run_id='r'))
+    port = store.port
+    assert isinstance(port, FilePort)
+    assert port.worker is not None
+    threads = _threads_writing_events(port, monkeypatch)
+    started, release = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        started.set()
+        release.wait(5)
+
+    busy_call = asyncio.ensure_future(port.worker.run(busy))
+    await asyncio.to_thread(started.wait, 5)
+    write = asyncio.ensure_future(store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED)))
+    await asyncio.sleep(0.05)
+    assert not write.done()  # the thread is still busy
+    release.set()
+    await asyncio.gather(busy_call, write)
+    assert threads == [threading.current_thread().name]
+    assert [e.kind for e in await store.list_events('r')] == [EventKind.RUN_STARTED]
     await store.aclose()
 
 
@@ -61,3 +81,16 @@ async def test_full_durability_keeps_writes_on_the_store_thread(tmp_path: Path) 
     assert isinstance(port, FilePort)
     assert not port.inline_writes  # every append is fsynced
     await store.aclose()
+
+
+def _threads_writing_events(port: FilePort, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads the port's `put_events` runs on, call by call."""
+    threads: list[str] = []
+    original = port.put_events
+
+    def put_events(tx: Any, op: Any) -> None:
+        threads.append(threading.current_thread().name)
+        original(tx, op)
+
+    monkeypatch.setattr(port, 'put_events', put_events)
+    return threads

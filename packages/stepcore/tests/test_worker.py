@@ -180,3 +180,26 @@ async def test_a_call_on_the_thread_waits_for_an_inline_call_to_end() -> None:
     await worker.run(lambda: None)  # behind the enqueued call
     assert order == ['inline', 'thread']
     worker.close()
+
+
+async def test_wait_idle_returns_once_nothing_is_queued_or_running() -> None:
+    worker = WorkerThread('test-worker')
+    assert await worker.wait_idle() is False  # idle: returns at once
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        started.set()
+        release.wait(5)
+
+    running = asyncio.ensure_future(worker.run(slow))
+    await asyncio.to_thread(started.wait, 5)
+    queued = asyncio.ensure_future(worker.run(lambda: None))
+    idle = asyncio.ensure_future(worker.wait_idle())
+    await asyncio.sleep(0.02)
+    assert not idle.done()
+    release.set()
+    assert await asyncio.wait_for(idle, 5) is True
+    assert running.done()
+    assert queued.done()  # both calls had finished
+    assert worker.try_inline(lambda: 'inline') == (True, 'inline')
+    worker.close()

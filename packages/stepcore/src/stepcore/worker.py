@@ -53,12 +53,14 @@ class _State:
     """What a worker shares with its thread: how many calls are queued or running, and the gate
     held while one runs (on the thread or inline)."""
 
-    __slots__ = ('gate', 'lock', 'pending')
+    __slots__ = ('gate', 'idle', 'lock', 'pending')
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.gate = threading.Lock()
         self.pending = 0
+        self.idle: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        """Tasks waiting for the thread to have no call queued or running (`WorkerThread.wait_idle`)."""
 
 
 _Job = tuple[Callable[..., Any], tuple[Any, ...], 'asyncio.AbstractEventLoop | None', 'asyncio.Future[Any] | None']
@@ -102,6 +104,18 @@ class WorkerThread:
             _inline.active = False
             state.gate.release()
 
+    async def wait_idle(self) -> bool:
+        """Wait until no call is queued or running on the thread; `False` at once when none is."""
+        state = self._state
+        loop = asyncio.get_running_loop()
+        with state.lock:
+            if not state.pending:
+                return False
+            future: asyncio.Future[None] = loop.create_future()
+            state.idle.append((loop, future))
+        await future
+        return True
+
     def enqueue(self, fn: Callable[[], object]) -> None:
         """Run `fn()` on the worker thread after every call queued so far, without waiting for it.
 
@@ -138,9 +152,12 @@ def _serve(jobs: queue.SimpleQueue[_Job | None], state: _State) -> None:
             result, error = _run(fn, args, loop is None or future is None)
         with state.lock:
             state.pending -= 1
+            idle, state.idle = (state.idle, []) if not state.pending else ([], state.idle)
         # the worker counts as idle before the caller resumes, so its next call may run inline
         if loop is not None and future is not None:
             _hand_back(loop, future, result, error)
+        for waiting in idle:
+            _hand_back(*waiting, None, None)
         del fn, args, loop, future, result, error  # hold nothing of a finished call while waiting
 
 

@@ -148,6 +148,11 @@ class SyncPort(Port):
             return True, fn(*args)
         return self.worker.try_inline(fn, *args)
 
+    async def wait_idle(self) -> bool:
+        """Wait until the port's thread has no call queued or running; `False` at once when it has
+        none (or the port has no thread)."""
+        return False if self.worker is None else await self.worker.wait_idle()
+
     def transaction(self, runs: Sequence[str]) -> AbstractContextManager[Any]:
         """One atomic write to `runs` (see the module docstring); yields what the methods take as `tx`."""
         return _nothing()

@@ -93,6 +93,9 @@ _STARTED: Final = ToolEffectStatus.STARTED.value
 _KEY_CONFLICT_ATTEMPTS = 5
 INLINE_RECORDS: Final = 64
 """A write of at most this many events and ledger entries may be written inline (see below)."""
+INLINE_ATTEMPTS: Final = 4
+"""How often a short write finds the port's thread busy, waits for it and tries inline again before
+it queues for the thread."""
 INLINE_NEW_MESSAGES: Final = 8
 """A snapshot save with at most this many messages new to the run's last save may be written
 inline on the event loop (`SyncPort.inline_writes`); a longer one goes to the port's thread."""
@@ -265,9 +268,16 @@ class EngineStore(StepStore):
                     return result
 
                 if short and port.inline_writes:
-                    done, result = port.try_inline(job)
-                    if done:
-                        return cast(T | _NeedsWalk, result)
+                    for _ in range(INLINE_ATTEMPTS):
+                        done, result = port.try_inline(job)
+                        if done:
+                            return cast(T | _NeedsWalk, result)
+                        # A port that cannot group writes gains nothing by queueing behind its busy
+                        # thread, and under many runs every write would then queue behind the one
+                        # before: it waits for the thread to be idle and writes inline. One that can
+                        # group them queues, and its thread commits the queued writes together.
+                        if port.group_commit or not await port.wait_idle():
+                            break
                 if self._groups is not None and port.fault_hook is None:
                     # under fault injection each write keeps a transaction of its own, so a fault
                     # stops exactly the write it is aimed at
