@@ -9,13 +9,14 @@ The thread starts with the first call and stops when the worker is closed or gar
 a call after `close()` starts a new one. Cancelling an awaiting task does not stop a call that is
 already running: it finishes on the thread and its result is dropped.
 
-`try_inline` runs a short call on the caller's own thread instead, when the worker is idle (no
-call running or queued), so the calls still run one at a time and in order. Under many concurrent
-runs that saves more than the hand-off: both threads would otherwise contend for the GIL at every
-call. Code a call runs can ask `running_inline()` to avoid waiting (for a lock, say) on the event
-loop: it raises `WouldBlock` instead, and the caller hands the call to the thread. Calls made
-through `anyio.to_thread` (under trio) are not counted as running: there, as among those calls
-themselves, the store's own locks keep calls apart.
+`try_inline` runs a short call on the caller's own thread instead, when the worker is idle (no call
+running or queued), so the calls still run one at a time and in order. Under many concurrent runs
+that saves more than the hand-off: both threads would otherwise contend for the GIL at every call.
+Code a call runs can ask `running_inline()` to avoid waiting (for a lock, say) on the event loop: it
+raises `WouldBlock` instead, and the caller hands the call to the thread. A caller that found the
+worker busy can await `wait_idle()` and try again instead of queueing behind it. Calls made through
+`anyio.to_thread` (under trio) are not counted as running: there, as among those calls themselves,
+the store's own locks keep calls apart.
 """
 
 from __future__ import annotations
