@@ -15,6 +15,22 @@ def _pause() -> None:
     time.sleep(0.01)
 
 
+async def _hold(worker: WorkerThread, marks: list[str], mark: str) -> tuple[asyncio.Future[str], threading.Event]:
+    """Start a call that holds the worker's thread until the returned event is set, then appends
+    `mark` to `marks` and returns `'late'`; returns once the call is running."""
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> str:
+        started.set()
+        release.wait(5)
+        marks.append(mark)
+        return 'late'
+
+    call = asyncio.ensure_future(worker.run(hold))
+    await asyncio.to_thread(started.wait, 5)
+    return call, release
+
+
 async def test_calls_run_off_the_loop_one_at_a_time_in_order() -> None:
     worker = WorkerThread('test-worker')
     seen: list[tuple[int, str]] = []
@@ -52,17 +68,8 @@ async def test_an_exception_reaches_the_caller_and_the_thread_goes_on() -> None:
 
 async def test_a_cancelled_caller_leaves_the_running_call_to_finish() -> None:
     worker = WorkerThread('test-worker')
-    started, release = threading.Event(), threading.Event()
     finished: list[str] = []
-
-    def slow() -> str:
-        started.set()
-        release.wait(5)
-        finished.append('done')
-        return 'late'
-
-    task = asyncio.ensure_future(worker.run(slow))
-    await asyncio.to_thread(started.wait, 5)
+    task, release = await _hold(worker, finished, 'done')
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -123,16 +130,8 @@ async def test_a_call_runs_inline_on_the_callers_thread_when_the_worker_is_idle(
 
 async def test_no_inline_call_while_a_call_is_queued_or_running() -> None:
     worker = WorkerThread('test-worker')
-    started, release = threading.Event(), threading.Event()
     order: list[str] = []
-
-    def slow() -> None:
-        started.set()
-        release.wait(5)
-        order.append('slow')
-
-    running = asyncio.ensure_future(worker.run(slow))
-    await asyncio.to_thread(started.wait, 5)
+    running, release = await _hold(worker, order, 'slow')
     queued = asyncio.ensure_future(worker.run(order.append, 'queued'))
     await asyncio.sleep(0)
     assert worker.try_inline(order.append, 'inline') == (False, None)  # running and queued
@@ -185,15 +184,9 @@ async def test_a_call_on_the_thread_waits_for_an_inline_call_to_end() -> None:
 async def test_wait_idle_returns_once_nothing_is_queued_or_running() -> None:
     worker = WorkerThread('test-worker')
     assert await worker.wait_idle() is False  # idle: returns at once
-    started, release = threading.Event(), threading.Event()
-
-    def slow() -> None:
-        started.set()
-        release.wait(5)
-
-    running = asyncio.ensure_future(worker.run(slow))
-    await asyncio.to_thread(started.wait, 5)
-    queued = asyncio.ensure_future(worker.run(lambda: None))
+    marks: list[str] = []
+    running, release = await _hold(worker, marks, 'held')
+    queued = asyncio.ensure_future(worker.run(marks.append, 'queued'))
     idle = asyncio.ensure_future(worker.wait_idle())
     await asyncio.sleep(0.02)
     assert not idle.done()
@@ -201,5 +194,6 @@ async def test_wait_idle_returns_once_nothing_is_queued_or_running() -> None:
     assert await asyncio.wait_for(idle, 5) is True
     assert running.done()
     assert queued.done()  # both calls had finished
+    assert marks == ['held', 'queued']
     assert worker.try_inline(lambda: 'inline') == (True, 'inline')
     worker.close()
