@@ -90,8 +90,12 @@ def _canonical(data: Mapping[str, Any], skip: frozenset[str]) -> bytes:
 
 def _canonical_record(data: Mapping[str, Any], skip: frozenset[str]) -> bytes:
     """What a record's checksum covers: its format stamp, then its other fields (keys sorted, compact)."""
-    rest = _canonical(data, skip | {FORMAT_KEY})
-    stamp = b'{"' + FORMAT_KEY.encode() + b'":' + json.dumps(data.get(FORMAT_KEY)).encode()
+    rest = _CANONICAL.encode({k: v for k, v in data.items() if k != FORMAT_KEY and k not in skip}).encode()
+    stamp_value = data.get(FORMAT_KEY)
+    if type(stamp_value) is int and stamp_value == SEALED_FORMAT:  # a record of the current format
+        stamp = _STAMP
+    else:
+        stamp = b'{"' + FORMAT_KEY.encode() + b'":' + json.dumps(stamp_value).encode()
     return stamp + (b'}' if rest == b'{}' else b',' + rest[1:])
 
 
@@ -169,32 +173,27 @@ class Sealer:
         clear beside the ciphertext, covered by it as associated data. Given the fields, a record
         sealed in clear is encoded once, straight into its canonical form.
         """
-        if not isinstance(body, bytes):
-            if body.get(FORMAT_KEY) != SEALED_FORMAT:
-                raise ValueError(f'a record to seal must be of format {SEALED_FORMAT}')
-            if self.encryption is not None:
-                return self.record(json.dumps(body, separators=(',', ':'), ensure_ascii=False).encode(), columns, clear)
-            rest = _CANONICAL.encode({k: v for k, v in body.items() if k != FORMAT_KEY}).encode()
-            return self._seal_canonical(_STAMP + (b'}' if rest == b'{}' else b',' + rest[1:]), columns)
-        if not body.startswith(_STAMP):
-            raise ValueError(f'a record body to seal must start with {_STAMP!r}')
-        if self.encryption is not None:
-            shown: dict[str, Any] = {}
-            if clear:
-                fields: dict[str, Any] = json.loads(body)
-                shown = {name: fields[name] for name in clear if name in fields}
-            key_id, fp, blob = self.encryption.encrypt(
-                body, _columns(columns) + b'\x00' + _canonical(shown, _NOT_SHOWN)
-            )
-            head = _STAMP + b''.join(b',' + _field(name, value) for name, value in shown.items())
-            return b'%s,"k":"%s","f":"%s","e":"%s"}' % (head, key_id.encode(), fp.encode(), _b64(blob).encode())
-        return self._seal_canonical(_canonical_record(json.loads(body), frozenset()), columns)
-
-    @staticmethod
-    def _seal_canonical(canonical: bytes, columns: Sequence[object]) -> bytes:
-        """The stored body of a record in clear from its canonical JSON: the sum right after the stamp."""
-        check = _sum(canonical + b'\x00' + _columns(columns))
-        return _SEALED_HEAD + check.encode() + b'"' + canonical[len(_STAMP) :]
+        if isinstance(body, bytes):
+            if not body.startswith(_STAMP):
+                raise ValueError(f'a record body to seal must start with {_STAMP!r}')
+        elif body.get(FORMAT_KEY) != SEALED_FORMAT:
+            raise ValueError(f'a record to seal must be of format {SEALED_FORMAT}')
+        if self.encryption is None:
+            canonical = _canonical_record(json.loads(body) if isinstance(body, bytes) else body, frozenset())
+            check = _sum(canonical + b'\x00' + _columns(columns))
+            return _SEALED_HEAD + check.encode() + b'"' + canonical[len(_STAMP) :]
+        if isinstance(body, bytes):
+            plain, fields = body, None
+        else:
+            plain, fields = json.dumps(body, separators=(',', ':'), ensure_ascii=False).encode(), body
+        shown: dict[str, Any] = {}
+        if clear:
+            if fields is None:
+                fields = cast(Mapping[str, Any], json.loads(plain))
+            shown = {name: fields[name] for name in clear if name in fields}
+        key_id, fp, blob = self.encryption.encrypt(plain, _columns(columns) + b'\x00' + _canonical(shown, _NOT_SHOWN))
+        head = _STAMP + b''.join(b',' + _field(name, value) for name, value in shown.items())
+        return b'%s,"k":"%s","f":"%s","e":"%s"}' % (head, key_id.encode(), fp.encode(), _b64(blob).encode())
 
     def check_record(self, body: bytes | str, columns: Sequence[object]) -> bool:
         """Whether a stored record body in clear is laid out as `record` wrote it and its checksum
