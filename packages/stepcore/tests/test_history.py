@@ -12,7 +12,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 
 from media_disk import DiskMediaStore
 from stepcore.codec import encode_message
-from stepcore.history import TAIL_RECHECK, HistoryDelta, HistoryIndex, walk_chain
+from stepcore.history import REFRESH_WINDOW, TAIL_RECHECK, HistoryDelta, HistoryIndex, shares_prefix, walk_chain
 from stepcore.walker import MediaWalker
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
@@ -234,6 +234,62 @@ async def test_a_growing_history_is_remembered_in_place_and_reads_back(index: Hi
         heads.append((head, list(messages)))
     for head, expected in heads:
         assert await read(index, table, head, len(expected)) == expected
+
+
+def test_shares_prefix_compares_without_changing_the_owned_list() -> None:
+    owned = history(6)
+    kept = list(owned)
+    grown = [*owned, res('x'), req('y')]
+    assert shares_prefix(owned, grown, 6)
+    assert shares_prefix(owned, [*history(6), res('x')], 6)  # equal objects count as the same
+    assert shares_prefix(owned, [*owned[:4], req('other'), res('other')], 4)  # only `n` compared
+    assert not shares_prefix(owned, [*owned[:3], req('other'), *owned[4:]], 6)
+    assert not shares_prefix(owned, [*owned[:3], req('other'), *owned[4:]], 5)
+    assert len(owned) == 6
+    assert all(a is b for a, b in zip(owned, kept, strict=True))
+
+
+def test_shares_prefix_falls_back_to_identity_when_equality_raises() -> None:
+    refusing = returned(Refuses(), 'a')
+    owned: list[ModelMessage] = [req('q'), refusing, res('r')]
+    assert shares_prefix(owned, [owned[0], refusing, owned[2], req('s')], 3)
+    assert not shares_prefix(owned, [owned[0], returned(Refuses(), 'a'), owned[2]], 3)
+    assert owned[1] is refusing
+    assert len(owned) == 3
+
+
+async def test_the_saved_list_is_read_not_kept(index: HistoryIndex) -> None:
+    # The index keeps a list of its own: what the caller does with its list after the save
+    # does not change what the next save is compared with.
+    table = NodeTable()
+    given = history(6)
+    await save(index, table, 'r', given)
+    given[1] = res('changed after the save')
+    given.append(req('appended after the save'))
+    delta, head = await save(index, table, 'r', [*history(6), res('next')])
+    assert (delta.shared, len(delta.new_messages)) == (6, 1)
+    assert await read(index, table, head, 7) == [*history(6), res('next')]
+
+
+async def test_equal_copies_become_the_remembered_objects_a_window_per_save(index: HistoryIndex) -> None:
+    # After a history's messages are replaced by equal copies, each save points one window of
+    # the remembered prefix at the objects it was given, so later saves find them by identity.
+    table = NodeTable()
+    size = 2 * REFRESH_WINDOW + 10
+    await save(index, table, 'r', history(size))
+    copies = history(size)
+    saves = 0
+    while True:
+        copies = [*copies, res(f'grow{saves}')]
+        delta, _ = await save(index, table, 'r', copies)
+        saves += 1
+        assert (delta.shared, len(delta.new_messages)) == (len(copies) - 1, 1)
+        remembered = index._runs['r'].messages  # pyright: ignore[reportPrivateUsage]
+        assert remembered == copies
+        if all(a is b for a, b in zip(remembered, copies, strict=True)):
+            break
+        assert saves <= 3
+    assert saves == 3
 
 
 async def test_a_delta_diffed_before_another_commit_is_not_applied_over_it(index: HistoryIndex) -> None:

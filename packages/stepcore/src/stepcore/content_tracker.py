@@ -52,6 +52,7 @@ class ContentTracker:
         The tail is left unencoded for a tool cycle's snapshot that travels with the next
         request: the next boundary replaces it before anything compares against it.
         """
-        self.messages = list(messages)
+        # The saved lists are new ones nobody changes (`snapshot_points`): kept, not copied.
+        self.messages = messages if isinstance(messages, list) else list(messages)
         self.tail = [encode_message(m) for m in self.messages[-TAIL_RECHECK:]] if encode_tail else None
         self.saved = True

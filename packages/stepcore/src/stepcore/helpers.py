@@ -17,7 +17,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.tools import RunContext
 
 from .context import active_tool_call
-from .history import TAIL_RECHECK, starts_with
+from .history import TAIL_RECHECK, shares_prefix, starts_with
 from .ids import dotted_run_id
 from .protocols import StepStore
 
@@ -77,7 +77,7 @@ class SettledTracker:
 
     def is_provider_valid(self, messages: Sequence[ModelMessage]) -> bool:
         start = len(self._scanned)
-        if start and not starts_with(messages, self._scanned):  # equal messages pair their calls alike
+        if start and not self._continues(messages):  # equal messages pair their calls alike
             self._scanned, self._pending, self._paired, start = [], {}, True, 0
         boundary = max(start, len(messages) - TAIL_RECHECK)
         self._paired = _scan_tool_calls(messages[start:boundary], self._pending) and self._paired
@@ -86,6 +86,12 @@ class SettledTracker:
             return False
         tail = dict(self._pending)
         return _scan_tool_calls(messages[boundary:], tail) and not tail
+
+    def _continues(self, messages: Sequence[ModelMessage]) -> bool:
+        """Whether `messages` begins with the scanned messages (the list is the tracker's own)."""
+        if isinstance(messages, list) and len(messages) >= len(self._scanned):
+            return shares_prefix(self._scanned, messages, len(self._scanned))
+        return starts_with(messages, self._scanned)
 
 
 def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:

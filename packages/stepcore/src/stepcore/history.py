@@ -22,6 +22,11 @@ only an equal value that encodes differently (a dict with its keys in another or
 assumed not to be mutated in place (pydantic-ai never does so); a rewrite that replaces them is
 detected by identity.
 
+The remembered objects are a list of the index's own, extended in place at each save, and a
+history that only grew is recognized by one comparison of two lists of pointers (`shares_prefix`):
+no copy or slice of the history is made per save, so the messages already saved are not touched
+(not even their reference counts) and a save's cost stays flat as the run grows.
+
 Nodes are never deleted while their run exists, so pruning a snapshot cannot break another one,
 and an index entry can never point at a node that is gone.
 
@@ -48,7 +53,15 @@ from pydantic_ai.messages import ModelMessage
 from .codec import decode_messages, encode_message
 from .walker import MediaWalker
 
-__all__ = ('TAIL_RECHECK', 'HistoryDelta', 'HistoryIndex', 'starts_with', 'trusted_prefix', 'walk_chain')
+__all__ = (
+    'TAIL_RECHECK',
+    'HistoryDelta',
+    'HistoryIndex',
+    'shares_prefix',
+    'starts_with',
+    'trusted_prefix',
+    'walk_chain',
+)
 
 TAIL_RECHECK = 2
 """How many of the newest saved messages are always re-encoded when compared."""
@@ -77,18 +90,44 @@ def starts_with(messages: Sequence[ModelMessage], prefix: Sequence[ModelMessage]
         return all(map(operator.is_, head, prefix))
 
 
-def trusted_prefix(messages: Sequence[ModelMessage], saved: Sequence[ModelMessage]) -> int:
+def shares_prefix(owned: list[ModelMessage], messages: list[ModelMessage], n: int) -> bool:
+    """Whether the first `n` items of `messages` are those of `owned`: the very objects, or equal ones.
+
+    `starts_with` without its slices: `owned` (a list nobody else reads meanwhile) is cut to `n`
+    items and lent the rest of `messages` for one comparison of two lists of the same length,
+    then restored. Comparing a position that holds the very same object reads only the two
+    lists' pointers, so a long history that only grew is checked without touching its messages;
+    slicing it would touch every one (their reference counts), which is what made the work per
+    save grow with the run. Needs `n <= len(owned)` and `n <= len(messages)`.
+    """
+    rest = owned[n:]
+    del owned[n:]
+    owned.extend(messages[n:])
+    try:
+        return owned == messages
+    except Exception:  # a value whose `==` refuses: compare by identity
+        return all(map(operator.is_, islice(owned, n), messages))
+    finally:
+        del owned[n:]
+        owned.extend(rest)
+
+
+def trusted_prefix(messages: Sequence[ModelMessage], saved: list[ModelMessage], *, owned: bool = False) -> int:
     """How many leading `messages` can be taken as the saved ones without re-encoding them: those
     that are the very objects of `saved` (or equal to them), short of its newest `TAIL_RECHECK`.
 
-    A history that only grew, the usual case, is recognized by `starts_with`. When that fails (a
+    A history that only grew, the usual case, is recognized in one comparison (`shares_prefix`
+    when `saved` is `owned`, a list only the caller uses, else `starts_with`). When that fails (a
     message was replaced), the prefix of identical objects is found one by one. A message replaced
     by an equal one keeps its stored form (see the module docstring).
     """
     limit = max(0, min(len(messages), len(saved) - TAIL_RECHECK))
     if not limit:
         return 0
-    if starts_with(messages, saved[:limit]):
+    if owned and isinstance(messages, list):
+        if shares_prefix(saved, messages, limit):
+            return limit
+    elif starts_with(messages, saved[:limit]):
         return limit
     flags = list(map(operator.is_, islice(messages, limit), saved))
     return flags.index(False) if False in flags else limit
@@ -101,11 +140,14 @@ def _digest(encoded: bytes) -> bytes:
 @dataclass(slots=True)
 class _SavedHistory:
     messages: list[ModelMessage]
+    """The saved message objects: a list of the index's own, extended in place at each save."""
     digests: list[bytes]
     nodes: list[NodeId]
     sums: list[str] = field(default_factory=list[str])
     """The stored sum of each node (see `stepcore.engine.seal`), when the store seals its nodes."""
     version: int = 0
+    refreshed: int = 0
+    """Where the next save starts taking the current objects of the shared prefix (see `commit`)."""
     """Counts the commits applied to this entry in place; a delta diffed against an older version
     cannot be applied in place (its prefix may have changed since)."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -134,6 +176,8 @@ class HistoryDelta:
     """Digests of the messages after `shared`."""
     _base: _SavedHistory | None = field(default=None, repr=False)
     _base_version: int = field(default=0, repr=False)
+    _trusted: int = field(default=0, repr=False)
+    """How many leading messages were taken as saved without re-encoding them."""
 
 
 class HistoryIndex:
@@ -153,12 +197,14 @@ class HistoryIndex:
     def diff(self, run_id: str, messages: Sequence[ModelMessage]) -> HistoryDelta:
         """`delta` without the media walk, callable from any thread.
 
-        `messages` must not change while it runs (pass a list of your own). When the result's
+        `messages` must not change while it runs (or until the delta is committed); it is not kept
+        once the delta is committed. When the result's
         `walked` is False, `await walk(delta)` on the event loop before writing it.
         """
         saved = self._runs.get(run_id)
         messages = messages if isinstance(messages, list) else list(messages)
         digests: list[bytes] = []
+        trusted = 0
         shared = 0
         pending: list[bytes] = []
         parent: NodeId | None = None
@@ -170,7 +216,7 @@ class HistoryIndex:
                 limit = min(len(messages), len(saved.messages))
                 # Positions below the re-checked tail holding the very object that was saved are
                 # taken as unchanged without re-encoding.
-                shared = trusted_prefix(messages, saved.messages)
+                shared = trusted = trusted_prefix(messages, saved.messages, owned=True)
                 while shared < limit:
                     encoded = encode_message(messages[shared])
                     digest = _digest(encoded)
@@ -199,6 +245,7 @@ class HistoryIndex:
             _new_digests=digests,
             _base=saved,
             _base_version=version,
+            _trusted=trusted,
         )
 
     async def save_through(
@@ -265,8 +312,11 @@ class HistoryIndex:
                     # The usual case, a history that grew: the remembered lists are cut back to
                     # the shared prefix and extended in place, so a save costs nothing per message
                     # already saved.
-                    base.messages = delta._messages
-                    del base.digests[shared:], base.nodes[shared:]
+                    # re-encoded positions found unchanged take the given objects at once
+                    base.messages[delta._trusted : shared] = delta._messages[delta._trusted : shared]
+                    _refresh(base, delta._messages, delta._trusted)
+                    del base.messages[shared:], base.digests[shared:], base.nodes[shared:]
+                    base.messages.extend(delta._messages[shared:])
                     base.digests.extend(delta._new_digests)
                     base.nodes.extend(new_nodes)
                     if keeps_sums:
@@ -284,7 +334,7 @@ class HistoryIndex:
             self.forget(delta.run_id)
             return
         self._runs[delta.run_id] = _SavedHistory(
-            messages=delta._messages,
+            messages=list(delta._messages),
             digests=[*(base.digests[:shared] if base else []), *delta._new_digests],
             nodes=[*(base.nodes[:shared] if base else []), *new_nodes],
             sums=[*(base.sums[:shared] if base else []), *sums] if keeps_sums else [],
@@ -311,6 +361,27 @@ class HistoryIndex:
     async def decode(self, stored: Sequence[bytes]) -> list[ModelMessage]:
         """Messages back from stored node bodies, oldest first, media restored."""
         return decode_messages([await self.walker.restore(s) for s in stored])
+
+
+REFRESH_WINDOW = 256
+"""How many positions of the shared prefix each save re-points at the objects it was given."""
+
+
+def _refresh(saved: _SavedHistory, messages: list[ModelMessage], shared: int) -> None:
+    """Take the objects of `messages` for the next `REFRESH_WINDOW` positions of the shared prefix.
+
+    The remembered list keeps the objects it holds where a save's are the same or equal (the
+    comparison in `trusted_prefix` accepts both). Where a history's messages were replaced by equal
+    copies, every later save would compare those copies field by field; going round the prefix a
+    window at a time, the remembered objects become the current ones within `shared /
+    REFRESH_WINDOW` saves, at a bounded cost per save.
+    """
+    if not shared:
+        return
+    start = saved.refreshed if saved.refreshed < shared else 0
+    stop = min(start + REFRESH_WINDOW, shared)
+    saved.messages[start:stop] = messages[start:stop]
+    saved.refreshed = stop
 
 
 def walk_chain(

@@ -572,7 +572,9 @@ class EngineStore(StepStore):
         process), the history is written whole, once. When another writer recorded the snapshot's
         key meanwhile, the plan runs again and finds the key applied.
         """
-        save = _Save(list(snapshot.messages))
+        # The snapshot's list is read, not copied: it must not change until the save returns.
+        messages = snapshot.messages
+        save = _Save(messages if isinstance(messages, list) else list(messages))
 
         def prepare() -> bool:
             if save.delta is None:
