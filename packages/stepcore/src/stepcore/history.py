@@ -54,6 +54,7 @@ from .codec import decode_messages, encode_message
 from .walker import MediaWalker
 
 __all__ = (
+    'REFRESH_WINDOW',
     'TAIL_RECHECK',
     'HistoryDelta',
     'HistoryIndex',
@@ -65,6 +66,9 @@ __all__ = (
 
 TAIL_RECHECK = 2
 """How many of the newest saved messages are always re-encoded when compared."""
+
+REFRESH_WINDOW = 256
+"""How many positions of the shared prefix each save re-points at the objects it was given."""
 
 NodeId = Hashable
 _Written = tuple['HistoryDelta', Sequence[NodeId] | None]
@@ -146,10 +150,10 @@ class _SavedHistory:
     sums: list[str] = field(default_factory=list[str])
     """The stored sum of each node (see `stepcore.engine.seal`), when the store seals its nodes."""
     version: int = 0
-    refreshed: int = 0
-    """Where the next save starts taking the current objects of the shared prefix (see `commit`)."""
     """Counts the commits applied to this entry in place; a delta diffed against an older version
     cannot be applied in place (its prefix may have changed since)."""
+    refreshed: int = 0
+    """Where the next commit starts re-pointing the shared prefix at the given objects (`_refresh`)."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Held while the entry is compared (`diff`, on a store's thread) or extended (`commit`)."""
 
@@ -197,9 +201,8 @@ class HistoryIndex:
     def diff(self, run_id: str, messages: Sequence[ModelMessage]) -> HistoryDelta:
         """`delta` without the media walk, callable from any thread.
 
-        `messages` must not change while it runs (or until the delta is committed); it is not kept
-        once the delta is committed. When the result's
-        `walked` is False, `await walk(delta)` on the event loop before writing it.
+        `messages` must not change until the delta is committed; the index does not keep it. When
+        the result's `walked` is False, `await walk(delta)` on the event loop before writing it.
         """
         saved = self._runs.get(run_id)
         messages = messages if isinstance(messages, list) else list(messages)
@@ -311,8 +314,8 @@ class HistoryIndex:
                 if base.version == delta._base_version:
                     # The usual case, a history that grew: the remembered lists are cut back to
                     # the shared prefix and extended in place, so a save costs nothing per message
-                    # already saved.
-                    # re-encoded positions found unchanged take the given objects at once
+                    # already saved. Positions re-encoded and found unchanged take the given
+                    # objects at once; those taken without re-encoding, a window per save.
                     base.messages[delta._trusted : shared] = delta._messages[delta._trusted : shared]
                     _refresh(base, delta._messages, delta._trusted)
                     del base.messages[shared:], base.digests[shared:], base.nodes[shared:]
@@ -361,10 +364,6 @@ class HistoryIndex:
     async def decode(self, stored: Sequence[bytes]) -> list[ModelMessage]:
         """Messages back from stored node bodies, oldest first, media restored."""
         return decode_messages([await self.walker.restore(s) for s in stored])
-
-
-REFRESH_WINDOW = 256
-"""How many positions of the shared prefix each save re-points at the objects it was given."""
 
 
 def _refresh(saved: _SavedHistory, messages: list[ModelMessage], shared: int) -> None:
