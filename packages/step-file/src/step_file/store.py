@@ -26,7 +26,7 @@ from stepcore.encryption import Encryption
 from stepcore.engine import KeyConflict, SyncPort, ops
 from stepcore.engine.store import EngineStore
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.fileio import fsync_dir, make_dir, write_atomic, write_temp
+from stepcore.fileio import TEMP_NAME, fsync_dir, make_dir, write_atomic, write_temp
 from stepcore.ids import validate_path_safe_run_id
 from stepcore.media import MediaStore
 from stepcore.models import SnapshotState, ToolEffectStatus
@@ -93,6 +93,9 @@ class _Run:
     folder: Path
     lock: threading.Lock = field(default_factory=threading.Lock)
     ready: bool = False
+    swept: bool = False
+    """Whether the temporary files of killed writes were removed since this store first locked
+    the folder's generation (see `FileStepStore._sweep`)."""
     generation: bytes | None = None
     """The folder's generation (see `files.run_lock`) the logs below were read from."""
     events: Log[EventsSeen] = field(init=False)
@@ -109,6 +112,7 @@ class _Run:
             if self.generation is not None:
                 self.forget()
             self.generation = generation
+            self.swept = False
 
     def forget(self) -> None:
         """Read every log afresh from now on."""
@@ -194,7 +198,29 @@ class FilePort(SyncPort):
                         run_lock(run.folder / LOCK_FILE, exclusive=True, prepare=lambda r=run: self._prepare(r))
                     )
                 )
+                if not run.swept:
+                    self._sweep(run)
             yield _Tx(repair=True)
+
+    def _sweep(self, run: _Run) -> None:
+        """Remove what writes killed between creating a temporary file and renaming it left in the
+        run's folder (a snapshot's or the run record's); the run's exclusive lock is held, so no
+        live writer has one open. Once per folder generation, on the store's thread."""
+        if running_inline():  # a directory listing per run: not on the event loop
+            raise WouldBlock
+        for folder in (run.folder, run.folder / SNAPSHOTS_DIR):
+            try:
+                names = os.listdir(folder)
+            except FileNotFoundError:
+                continue
+            for name in filter(TEMP_NAME.fullmatch, names):
+                try:
+                    os.unlink(folder / name)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    logger.warning('step_file: cannot remove the leftover %s (%s)', folder / name, exc.strerror)
+        run.swept = True
 
     @contextlib.contextmanager
     def reading(self, run_id: str | None) -> Iterator[_Tx]:

@@ -11,6 +11,7 @@ umask (the mode is set explicitly after creation, since a umask can only remove 
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Final
@@ -18,6 +19,7 @@ from typing import Final
 __all__ = (
     'DIR_MODE',
     'FILE_MODE',
+    'TEMP_NAME',
     'create_file',
     'fsync_dir',
     'make_dir',
@@ -85,6 +87,11 @@ def write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+TEMP_NAME: Final = re.compile(r'\..+\.[0-9a-f]{32}\.tmp')
+"""The name of a file `write_temp` creates: one that is still there after its write ended was
+left by a process killed between creating and renaming it."""
 
 
 def write_temp(path: Path, data: bytes, *, sync: bool = True) -> Path:
