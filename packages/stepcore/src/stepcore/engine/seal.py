@@ -83,6 +83,9 @@ _CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(',', ':'), ensu
 """`json.dumps(..., sort_keys=True, separators=(',', ':'), ensure_ascii=False)`, built once."""
 
 
+_STAMP_FIELD: Final = frozenset({FORMAT_KEY})
+
+
 def _canonical(data: Mapping[str, Any], skip: frozenset[str]) -> bytes:
     kept = {k: v for k, v in data.items() if k not in skip}
     return _CANONICAL.encode(kept).encode()
@@ -90,7 +93,7 @@ def _canonical(data: Mapping[str, Any], skip: frozenset[str]) -> bytes:
 
 def _canonical_record(data: Mapping[str, Any], skip: frozenset[str]) -> bytes:
     """What a record's checksum covers: its format stamp, then its other fields (keys sorted, compact)."""
-    rest = _CANONICAL.encode({k: v for k, v in data.items() if k != FORMAT_KEY and k not in skip}).encode()
+    rest = _canonical(data, skip | _STAMP_FIELD)
     stamp_value = data.get(FORMAT_KEY)
     if type(stamp_value) is int and stamp_value == SEALED_FORMAT:  # a record of the current format
         stamp = _STAMP
