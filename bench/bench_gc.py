@@ -52,7 +52,9 @@ async def _fill(store: SqliteStepStore, media: MediaStore, blobs: int, runs: int
         await store.register_run(RunRecord(run_id=run_id))
         images = [binary(data=_blob(n), media_type='image/png') for n in numbers]
         await store.save_snapshot(
-            ContinuableSnapshot(run_id=run_id, messages=[ModelRequest(parts=[UserPromptPart(['look', *images])])])
+            ContinuableSnapshot(
+                run_id=run_id, step_index=0, messages=[ModelRequest(parts=[UserPromptPart(['look', *images])])]
+            )
         )
     for n in range(referenced, blobs):
         await media.put(_blob(n))

@@ -63,7 +63,7 @@ async def _one_run(store: StepStore, n: int) -> None:
     ]
     await store.write_batch(
         [
-            StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, timestamp=then),
+            StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, step_index=0, timestamp=then),
             ToolEffectRecord(
                 run_id=run_id,
                 tool_call_id='call-1',
@@ -72,10 +72,10 @@ async def _one_run(store: StepStore, n: int) -> None:
                 started_at=then,
                 updated_at=then,
             ),
-            StepEvent(run_id=run_id, kind=EventKind.MODEL_REQUEST_COMPLETED, timestamp=then),
-            StepEvent(run_id=run_id, kind=EventKind.RUN_COMPLETED, timestamp=then),
+            StepEvent(run_id=run_id, kind=EventKind.MODEL_REQUEST_COMPLETED, step_index=1, timestamp=then),
+            StepEvent(run_id=run_id, kind=EventKind.RUN_COMPLETED, step_index=1, timestamp=then),
         ],
-        snapshot=ContinuableSnapshot(run_id=run_id, messages=messages, step_index=1, created_at=then),
+        snapshot=ContinuableSnapshot(run_id=run_id, messages=messages, step_index=1, timestamp=then),
     )
 
 

@@ -58,14 +58,16 @@ async def run_once(backend_name: str, steps: int, marks: list[int], window: int)
         for step in range(1, steps + 1):
             call_id = f'c{step}'
             history.append(ModelResponse(parts=[ToolCallPart('fetch', {'i': step}, tool_call_id=call_id)]))
-            started = ToolEffectRecord(run_id=run_id, tool_call_id=call_id, tool_name='fetch', step_index=step)
+            started = ToolEffectRecord(
+                run_id=run_id, tool_call_id=call_id, tool_name='fetch', status=Status.STARTED, step_index=step
+            )
             history.append(ModelRequest(parts=[ToolReturnPart('fetch', tool_text(step), tool_call_id=call_id)]))
             snapshot = ContinuableSnapshot.model_construct(
                 run_id=run_id,
                 step_index=step,
                 messages=list(history),
                 state=SnapshotState.COMPLETE,
-                created_at=datetime.now(UTC),
+                timestamp=datetime.now(UTC),
                 agent_name='bench',
                 conversation_id=None,
                 parent_run_id=None,

@@ -15,7 +15,7 @@ import anyio
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart, UserPromptPart
 
 from step_file import FileStepStore
-from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
+from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 
 
 async def main(directory: str, tag: str, count: int) -> None:
@@ -31,9 +31,13 @@ async def main(directory: str, tag: str, count: int) -> None:
     messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart(f'task {run_id}')])]
     for n in range(count):
         call_id = f'{tag}-{n}'
-        await store.append_event(StepEvent(run_id='shared', kind=EventKind.TOOL_CALL_STARTED, tool_call_id=call_id))
+        await store.append_event(
+            StepEvent(run_id='shared', kind=EventKind.TOOL_CALL_STARTED, tool_call_id=call_id, step_index=0)
+        )
         await store.append_event(StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_STARTED, step_index=n))
-        await store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id=call_id, tool_name='t'))
+        await store.record_tool_effect(
+            ToolEffectRecord(run_id=run_id, tool_call_id=call_id, tool_name='t', status=ToolEffectStatus.STARTED)
+        )
         messages.append(ModelResponse(parts=[ToolCallPart('t', {'n': n}, tool_call_id=call_id)]))
         messages.append(ModelRequest(parts=[ToolReturnPart('t', f'result {n}', tool_call_id=call_id)]))
         await store.save_snapshot(

@@ -137,12 +137,16 @@ MARKER = 'marker-7f3a'
 async def _write_run(store: FileStepStore, run_id: str) -> list[ModelMessage]:
     await store.register_run(RunRecord(run_id=run_id, conversation_id='damage'))
     for kind in (EventKind.RUN_STARTED, EventKind.MODEL_REQUEST_STARTED, EventKind.MODEL_REQUEST_COMPLETED):
-        await store.append_event(StepEvent(run_id=run_id, kind=kind))
-    await store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id='a', tool_name='t'))
+        await store.append_event(StepEvent(run_id=run_id, kind=kind, step_index=0))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id=run_id, tool_call_id='a', tool_name='t', status=ToolEffectStatus.STARTED)
+    )
     await store.record_tool_effect(
         ToolEffectRecord(run_id=run_id, tool_call_id='a', tool_name='t', status=ToolEffectStatus.COMPLETED)
     )
-    await store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id='b', tool_name='t'))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id=run_id, tool_call_id='b', tool_name='t', status=ToolEffectStatus.STARTED)
+    )
     messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('hello')])]
     await store.save_snapshot(ContinuableSnapshot(run_id=run_id, step_index=1, messages=messages))
     messages = [*messages, ModelResponse(parts=[TextPart(f'an answer with {MARKER}')])]

@@ -31,8 +31,12 @@ MESSAGES: list[ModelMessage] = [
 
 async def started(store: FileStepStore) -> None:
     """A run whose tool call is started and saved in the snapshot holding the call."""
-    await store.record_tool_effect(ToolEffectRecord(run_id='crash', tool_call_id='call-0', tool_name='fetch'))
-    await store.save_snapshot(ContinuableSnapshot(run_id='crash', messages=MESSAGES[:2], idempotency_key='k1'))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id='crash', tool_call_id='call-0', tool_name='fetch', status=ToolEffectStatus.STARTED)
+    )
+    await store.save_snapshot(
+        ContinuableSnapshot(run_id='crash', messages=MESSAGES[:2], idempotency_key='k1', step_index=0)
+    )
 
 
 async def settle(store: FileStepStore) -> None:
@@ -42,9 +46,9 @@ async def settle(store: FileStepStore) -> None:
             ToolEffectRecord(
                 run_id='crash', tool_call_id='call-0', tool_name='fetch', status=ToolEffectStatus.COMPLETED
             ),
-            StepEvent(run_id='crash', kind=EventKind.TOOL_CALL_COMPLETED, tool_call_id='call-0'),
+            StepEvent(run_id='crash', kind=EventKind.TOOL_CALL_COMPLETED, tool_call_id='call-0', step_index=0),
         ],
-        snapshot=ContinuableSnapshot(run_id='crash', messages=MESSAGES, idempotency_key='k2'),
+        snapshot=ContinuableSnapshot(run_id='crash', messages=MESSAGES, idempotency_key='k2', step_index=0),
     )
 
 
@@ -93,8 +97,12 @@ async def test_a_save_stopped_at_any_boundary(tmp_path: Path, index: int) -> Non
 
 async def test_put_snapshot_refuses_a_key_another_process_recorded_meanwhile(tmp_path: Path) -> None:
     store, other = FileStepStore(tmp_path), FileStepStore(tmp_path)
-    await store.save_snapshot(ContinuableSnapshot(run_id='keys', messages=MESSAGES[:1], idempotency_key='k1'))
-    await other.save_snapshot(ContinuableSnapshot(run_id='keys', messages=MESSAGES[:2], idempotency_key='k2'))
+    await store.save_snapshot(
+        ContinuableSnapshot(run_id='keys', messages=MESSAGES[:1], idempotency_key='k1', step_index=0)
+    )
+    await other.save_snapshot(
+        ContinuableSnapshot(run_id='keys', messages=MESSAGES[:2], idempotency_key='k2', step_index=0)
+    )
     port = store.port
     assert isinstance(port, FilePort)
     row = SnapshotRow('keys', SnapshotState.COMPLETE.value, None, 0, 0, b'{"format":1}')

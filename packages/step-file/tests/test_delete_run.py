@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 from step_file import FileStepStore
-from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
+from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 
 
 def history(steps: int) -> list[ModelMessage]:
@@ -20,9 +20,13 @@ def history(steps: int) -> list[ModelMessage]:
 
 async def write_run(store: FileStepStore, run_id: str, messages: list[ModelMessage]) -> None:
     await store.register_run(RunRecord(run_id=run_id))
-    await store.append_event(StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, idempotency_key='start'))
-    await store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id='c', tool_name='t'))
-    await store.save_snapshot(ContinuableSnapshot(run_id=run_id, messages=messages, idempotency_key='k'))
+    await store.append_event(
+        StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, idempotency_key='start', step_index=0)
+    )
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id=run_id, tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED)
+    )
+    await store.save_snapshot(ContinuableSnapshot(run_id=run_id, messages=messages, idempotency_key='k', step_index=0))
 
 
 async def test_delete_run_removes_the_folder_and_says_whether_it_existed(tmp_path: Path) -> None:
@@ -60,12 +64,16 @@ async def test_another_store_writing_the_run_notices_the_delete(tmp_path: Path) 
     deleter, writer = FileStepStore(tmp_path), FileStepStore(tmp_path)
     messages = history(3)
     await write_run(writer, 'shared', messages[:3])
-    await writer.append_event(StepEvent(run_id='shared', kind=EventKind.MODEL_REQUEST_STARTED))
+    await writer.append_event(StepEvent(run_id='shared', kind=EventKind.MODEL_REQUEST_STARTED, step_index=0))
 
     assert await deleter.delete_run('shared') is True
     # The writer's cached positions and history point into the deleted folder: it starts afresh.
-    await writer.append_event(StepEvent(run_id='shared', kind=EventKind.RUN_STARTED, idempotency_key='start'))
-    await writer.save_snapshot(ContinuableSnapshot(run_id='shared', messages=messages, idempotency_key='k'))
+    await writer.append_event(
+        StepEvent(run_id='shared', kind=EventKind.RUN_STARTED, idempotency_key='start', step_index=0)
+    )
+    await writer.save_snapshot(
+        ContinuableSnapshot(run_id='shared', messages=messages, idempotency_key='k', step_index=0)
+    )
     assert [(e.seq, e.kind) for e in await deleter.list_events('shared')] == [(1, EventKind.RUN_STARTED)]
     latest = await deleter.latest_snapshot('shared')
     assert latest is not None

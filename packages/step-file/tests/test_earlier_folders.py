@@ -76,16 +76,22 @@ async def test_an_earlier_folder_reads_back_as_that_release_read_it(root: Path) 
 async def test_writes_to_an_earlier_folder_continue_in_its_formats(root: Path) -> None:
     store = FileStepStore(root, max_snapshots_per_run=3)
     folder = root / 'old'
-    await store.append_event(StepEvent(run_id='old', kind=EventKind.RUN_STARTED, idempotency_key='e1'))  # applied
-    await store.append_event(StepEvent(run_id='old', kind=EventKind.RUN_COMPLETED))
+    await store.append_event(
+        StepEvent(run_id='old', kind=EventKind.RUN_STARTED, idempotency_key='e1', step_index=0)
+    )  # applied
+    await store.append_event(StepEvent(run_id='old', kind=EventKind.RUN_COMPLETED, step_index=0))
     await store.record_tool_effect(
         ToolEffectRecord(run_id='old', tool_call_id='c1', tool_name='t', status=ToolEffectStatus.COMPLETED)
     )
     latest = await store.latest_snapshot('old', include_interrupted=True)
     assert latest is not None
     messages = [*latest.messages, ModelResponse(parts=[TextPart('done')])]
-    await store.save_snapshot(ContinuableSnapshot(run_id='old', messages=messages, idempotency_key='k0'))  # applied
-    await store.save_snapshot(ContinuableSnapshot(run_id='old', messages=messages, idempotency_key='final'))
+    await store.save_snapshot(
+        ContinuableSnapshot(run_id='old', messages=messages, idempotency_key='k0', step_index=0)
+    )  # applied
+    await store.save_snapshot(
+        ContinuableSnapshot(run_id='old', messages=messages, idempotency_key='final', step_index=0)
+    )
 
     event = folder.joinpath('events.jsonl').read_bytes().splitlines()[-1]
     assert event.startswith(b'{"format":2,"seq":3,"c":"')  # new records are sealed with a checksum

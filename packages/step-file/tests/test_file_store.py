@@ -76,8 +76,10 @@ async def store(root: Path):
 
 async def test_run_folder_layout(store: FileStepStore, root: Path) -> None:
     await store.register_run(RunRecord(run_id='run-1', conversation_id='conv', agent_name='librarian'))
-    await store.append_event(StepEvent(run_id='run-1', kind=EventKind.RUN_STARTED))
-    await store.record_tool_effect(ToolEffectRecord(run_id='run-1', tool_call_id='call-0', tool_name='fetch'))
+    await store.append_event(StepEvent(run_id='run-1', kind=EventKind.RUN_STARTED, step_index=0))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id='run-1', tool_call_id='call-0', tool_name='fetch', status=ToolEffectStatus.STARTED)
+    )
     messages = history(2)
     await store.save_snapshot(snap('run-1', messages[:3], 1, idempotency_key='s1'))
     await store.save_snapshot(snap('run-1', messages, 2, idempotency_key='s2'))
@@ -139,13 +141,13 @@ async def test_a_batch_and_its_snapshot_take_the_runs_lock_once(
         return real_lock(path, exclusive=exclusive, prepare=prepare)
 
     monkeypatch.setattr(step_file.store, 'run_lock', counting_lock)
-    effect = ToolEffectRecord(run_id='a', tool_call_id='c', tool_name='t')
+    effect = ToolEffectRecord(run_id='a', tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED)
     messages = history(1)
     await store.write_batch(
         [
-            StepEvent(run_id='a', kind=EventKind.TOOL_CALL_STARTED, tool_call_id='c'),
+            StepEvent(run_id='a', kind=EventKind.TOOL_CALL_STARTED, tool_call_id='c', step_index=0),
             effect,
-            StepEvent(run_id='b', kind=EventKind.RUN_STARTED),
+            StepEvent(run_id='b', kind=EventKind.RUN_STARTED, step_index=0),
         ],
         snapshot=snap('a', messages),
     )
@@ -177,19 +179,24 @@ def _calls(store: FileStepStore, run_id: str) -> list[Callable[[], Awaitable[Any
     return [
         lambda: store.register_run(RunRecord(run_id=run_id)),
         lambda: store.get_run(run_id),
-        lambda: store.append_event(StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED)),
+        lambda: store.append_event(StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, step_index=0)),
         lambda: store.list_events(run_id),
         lambda: store.save_snapshot(snap(run_id, history(1))),
         lambda: store.latest_snapshot(run_id),
         lambda: store.latest_snapshot(run_id, include_interrupted=True),
         lambda: store.list_snapshots(run_id, include_interrupted=True),
-        lambda: store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id='c', tool_name='t')),
+        lambda: store.record_tool_effect(
+            ToolEffectRecord(run_id=run_id, tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED)
+        ),
         lambda: store.get_tool_effect(run_id, 'c'),
         lambda: store.list_tool_effects(run_id),
         lambda: store.list_unresolved_tool_effects(run_id),
         # a batch naming the bad run id anywhere is refused whole, before a good run is written
         lambda: store.write_batch(
-            [StepEvent(run_id='good', kind=EventKind.RUN_STARTED), StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED)]
+            [
+                StepEvent(run_id='good', kind=EventKind.RUN_STARTED, step_index=0),
+                StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, step_index=0),
+            ]
         ),
     ]
 
@@ -221,7 +228,7 @@ async def test_reads_of_unknown_runs_create_nothing(store: FileStepStore, root: 
 async def test_torn_event_line_is_ignored_then_repaired(
     store: FileStepStore, root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await store.append_event(StepEvent(run_id='torn', kind=EventKind.RUN_STARTED))
+    await store.append_event(StepEvent(run_id='torn', kind=EventKind.RUN_STARTED, step_index=0))
     path = root / 'torn' / 'events.jsonl'
     with path.open('ab') as f:
         f.write(b'{"kind":"model_request_started","step_ind')  # a write cut short by a crash
@@ -231,8 +238,8 @@ async def test_torn_event_line_is_ignored_then_repaired(
     assert 'incomplete line' in caplog.text
 
     # The next append, from this instance or a fresh one, cuts the torn tail off first.
-    await FileStepStore(root).append_event(StepEvent(run_id='torn', kind=EventKind.RUN_COMPLETED))
-    await store.append_event(StepEvent(run_id='torn', kind=EventKind.RUN_FAILED))
+    await FileStepStore(root).append_event(StepEvent(run_id='torn', kind=EventKind.RUN_COMPLETED, step_index=0))
+    await store.append_event(StepEvent(run_id='torn', kind=EventKind.RUN_FAILED, step_index=0))
     assert path.read_bytes().endswith(b'}\n')
     assert [e['seq'] for e in lines(path)] == [1, 2, 3]
     events = await store.list_events('torn')
@@ -244,7 +251,9 @@ async def test_torn_event_line_is_ignored_then_repaired(
 
 
 async def test_torn_tool_effect_line_is_ignored_then_repaired(store: FileStepStore, root: Path) -> None:
-    await store.record_tool_effect(ToolEffectRecord(run_id='fx', tool_call_id='a', tool_name='t'))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id='fx', tool_call_id='a', tool_name='t', status=ToolEffectStatus.STARTED)
+    )
     path = root / 'fx' / 'tool_effects.jsonl'
     with path.open('ab') as f:
         f.write(b'{"tool_call_id":"a","status":"compl')
@@ -350,7 +359,8 @@ async def test_an_unreadable_snapshot_that_retention_prunes_does_not_fail_the_sa
     _a_directory(root / 'dir' / 'snapshots' / '1.json')
     with caplog.at_level(logging.WARNING):
         await store.write_batch(
-            [StepEvent(run_id='dir', kind=EventKind.TOOL_CALL_COMPLETED)], snapshot=snap('dir', messages, 2)
+            [StepEvent(run_id='dir', kind=EventKind.TOOL_CALL_COMPLETED, step_index=0)],
+            snapshot=snap('dir', messages, 2),
         )
     assert 'cannot be removed' in caplog.text
     assert 'unreadable' in caplog.text
@@ -545,7 +555,7 @@ def test_invalid_options_are_refused(root: Path) -> None:
 async def test_list_runs_skips_folders_without_a_run_record(store: FileStepStore, root: Path) -> None:
     await store.register_run(RunRecord(run_id='b-run', conversation_id='c'))
     await store.register_run(RunRecord(run_id='a-run', conversation_id='c', parent_run_id='b-run'))
-    await store.append_event(StepEvent(run_id='events-only', kind=EventKind.RUN_STARTED))
+    await store.append_event(StepEvent(run_id='events-only', kind=EventKind.RUN_STARTED, step_index=0))
     (root / 'stray').mkdir()
     (root / 'stray' / 'run.json').write_text('{not json')
     assert [r.run_id for r in await store.list_runs()] == ['b-run', 'a-run']
@@ -566,8 +576,10 @@ async def test_saving_after_the_run_folder_was_deleted(store: FileStepStore, roo
 async def test_full_durability_writes_the_same_layout(root: Path) -> None:
     store = FileStepStore(root, durability='full')
     await store.register_run(RunRecord(run_id='full'))
-    await store.append_event(StepEvent(run_id='full', kind=EventKind.RUN_STARTED))
-    await store.record_tool_effect(ToolEffectRecord(run_id='full', tool_call_id='c', tool_name='t'))
+    await store.append_event(StepEvent(run_id='full', kind=EventKind.RUN_STARTED, step_index=0))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id='full', tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED)
+    )
     messages = history(2)
     await store.save_snapshot(snap('full', messages, 2, idempotency_key='k'))
     reader = FileStepStore(root)

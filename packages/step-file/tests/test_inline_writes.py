@@ -24,7 +24,7 @@ async def test_a_short_write_runs_on_the_event_loop(tmp_path: Path, monkeypatch:
     assert isinstance(port, FilePort)
     assert port.inline_writes
     threads = _threads_writing_events(port, monkeypatch)
-    await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED))
+    await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0))
     assert threads == [threading.current_thread().name]
     await store.aclose()
 
@@ -46,7 +46,7 @@ async def test_a_short_write_finding_the_thread_busy_waits_for_it_then_runs_on_t
 
     busy_call = asyncio.ensure_future(port.worker.run(busy))
     await asyncio.to_thread(started.wait, 5)
-    write = asyncio.ensure_future(store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED)))
+    write = asyncio.ensure_future(store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0)))
     await asyncio.sleep(0.05)
     assert not write.done()  # the thread is still busy
     release.set()
@@ -59,11 +59,11 @@ async def test_a_short_write_finding_the_thread_busy_waits_for_it_then_runs_on_t
 async def test_a_write_to_a_run_locked_by_another_process_leaves_the_event_loop_free(tmp_path: Path) -> None:
     store = FileStepStore(directory=tmp_path)
     await store.register_run(RunRecord(run_id='r'))
-    await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED))
+    await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0))
     # another open file description holds the run's lock, as another process's writer would
     fd = os.open(tmp_path / 'r' / LOCK_FILE, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
-    write = asyncio.ensure_future(store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_COMPLETED)))
+    write = asyncio.ensure_future(store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_COMPLETED, step_index=0)))
     await asyncio.sleep(0.1)
     # still waiting, on the store's thread: had it waited on the event loop, this task would not
     # have run again before the lock was released

@@ -23,6 +23,7 @@ _KILLED_MID_SAVE = textwrap.dedent(
     from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
     import stepcore.fileio
     from step_file import FileStepStore
+    from functools import partial
     from stepcore import ContinuableSnapshot
 
     renames = []
@@ -39,9 +40,10 @@ _KILLED_MID_SAVE = textwrap.dedent(
     async def main():
         store = FileStepStore(sys.argv[1])
         first = [ModelRequest(parts=[UserPromptPart('go')]), ModelResponse(parts=[TextPart('one')])]
-        await store.save_snapshot(ContinuableSnapshot(run_id='killed', messages=first, idempotency_key='s1'))
+        snap = partial(ContinuableSnapshot, run_id='killed')
+        await store.save_snapshot(snap(step_index=1, messages=first, idempotency_key='s1'))
         second = [*first, ModelRequest(parts=[UserPromptPart('more')])]
-        await store.save_snapshot(ContinuableSnapshot(run_id='killed', messages=second, idempotency_key='s2'))
+        await store.save_snapshot(snap(step_index=2, messages=second, idempotency_key='s2'))
 
     anyio.run(main)
     """
@@ -67,7 +69,9 @@ async def test_a_temp_file_left_by_a_killed_save_is_removed_by_the_next_writer(t
     assert latest.idempotency_key == 's1'
     assert _leftovers(run) != []  # reading removes nothing
     messages: list[ModelMessage] = [*latest.messages, ModelRequest(parts=[UserPromptPart('again')])]
-    await store.save_snapshot(ContinuableSnapshot(run_id='killed', messages=messages, idempotency_key='s3'))
+    await store.save_snapshot(
+        ContinuableSnapshot(run_id='killed', messages=messages, idempotency_key='s3', step_index=0)
+    )
 
     assert _leftovers(run) == []
     assert unrelated.read_text() == 'not ours'
@@ -76,6 +80,6 @@ async def test_a_temp_file_left_by_a_killed_save_is_removed_by_the_next_writer(t
     assert (latest.idempotency_key, latest.messages) == ('s3', messages)
     assert [s.idempotency_key for s in await store.list_snapshots('killed')] == ['s1', 's3']
     await store.save_snapshot(
-        ContinuableSnapshot(run_id='killed', messages=[*messages, ModelResponse(parts=[TextPart('x')])])
+        ContinuableSnapshot(run_id='killed', messages=[*messages, ModelResponse(parts=[TextPart('x')])], step_index=0)
     )
     assert len(await store.list_snapshots('killed')) == 3

@@ -11,7 +11,7 @@ import pytest
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 from step_file import FileStepStore
-from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
+from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 from stepcore.media import digest_of_uri, media_uri
 
 IMAGE = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 260  # over the 64 KiB media threshold
@@ -30,16 +30,18 @@ async def test_every_file_and_folder_of_a_run_is_owner_only(tmp_path: Path, umas
     root = tmp_path / 'missing-parent' / 'runs'
     store = FileStepStore(root, max_snapshots_per_run=1)
     await store.register_run(RunRecord(run_id='run'))
-    await store.append_event(StepEvent(run_id='run', kind=EventKind.RUN_STARTED))
-    await store.record_tool_effect(ToolEffectRecord(run_id='run', tool_call_id='c', tool_name='t'))
+    await store.append_event(StepEvent(run_id='run', kind=EventKind.RUN_STARTED, step_index=0))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id='run', tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED)
+    )
     messages: list[ModelMessage] = [
         ModelRequest(parts=[UserPromptPart(['look', BinaryContent(data=IMAGE, media_type='image/png')])])
     ]
-    await store.save_snapshot(ContinuableSnapshot(run_id='run', messages=messages, idempotency_key='k1'))
+    await store.save_snapshot(ContinuableSnapshot(run_id='run', messages=messages, idempotency_key='k1', step_index=0))
     messages = [*messages, ModelResponse(parts=[TextPart('a picture')])]
     await store.write_batch(
-        [StepEvent(run_id='run', kind=EventKind.RUN_COMPLETED)],
-        snapshot=ContinuableSnapshot(run_id='run', messages=messages, idempotency_key='k2'),
+        [StepEvent(run_id='run', kind=EventKind.RUN_COMPLETED, step_index=0)],
+        snapshot=ContinuableSnapshot(run_id='run', messages=messages, idempotency_key='k2', step_index=0),
     )
     await store.aclose()
 

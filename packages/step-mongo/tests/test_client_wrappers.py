@@ -17,7 +17,15 @@ from pymongo import MongoClient as SyncMongoClient
 
 from step_mongo import MongoMediaStore, MongoStepStore
 from step_mongo.client import MongoClient
-from stepcore import ContinuableSnapshot, EventKind, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
+from stepcore import (
+    ContinuableSnapshot,
+    EventKind,
+    RunRecord,
+    SnapshotState,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
 from stepcore.codec import encode_messages
 from stepcore_conformance import (
     EffectsConformance,
@@ -105,9 +113,9 @@ async def test_a_wrapped_client_serves_a_run_and_its_media(
     ]
     record = RunRecord(run_id='r1', conversation_id='c1')
     await store.register_run(record)
-    snapshot = ContinuableSnapshot(run_id='r1', messages=messages, state=SnapshotState.COMPLETE)
-    effect = ToolEffectRecord(run_id='r1', tool_call_id='t1', tool_name='look')
-    started = StepEvent(run_id='r1', kind=EventKind.TOOL_CALL_STARTED)
+    snapshot = ContinuableSnapshot(run_id='r1', messages=messages, state=SnapshotState.COMPLETE, step_index=0)
+    effect = ToolEffectRecord(run_id='r1', tool_call_id='t1', tool_name='look', status=ToolEffectStatus.STARTED)
+    started = StepEvent(run_id='r1', kind=EventKind.TOOL_CALL_STARTED, step_index=0)
     await store.write_batch([effect, started], snapshot=snapshot)
     await store.aclose()  # a given client stays open, wrapped or not
 

@@ -10,7 +10,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 
 from step_mongo.client import MongoClient
 from step_mongo.store import MongoStepStore
-from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
+from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 from stepcore.engine import DamagedRecordError
 
 Damage = Callable[[MongoStepStore, str, str, int | str | None, bytes], Awaitable[None]]
@@ -29,9 +29,11 @@ async def store(mongo_client: MongoClient, db_name: str) -> AsyncIterator[MongoS
     for run_id in ('r1', 'r2', 'r3'):
         await store.register_run(RunRecord(run_id=run_id))
     for kind in (EventKind.RUN_STARTED, EventKind.MODEL_REQUEST_STARTED, EventKind.RUN_COMPLETED):
-        await store.append_event(StepEvent(run_id='r1', kind=kind))
+        await store.append_event(StepEvent(run_id='r1', kind=kind, step_index=0))
     for call in ('c1', 'c2'):
-        await store.record_tool_effect(ToolEffectRecord(run_id='r1', tool_call_id=call, tool_name='t'))
+        await store.record_tool_effect(
+            ToolEffectRecord(run_id='r1', tool_call_id=call, tool_name='t', status=ToolEffectStatus.STARTED)
+        )
     history: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('first')])]
     await store.save_snapshot(ContinuableSnapshot(run_id='r1', step_index=0, messages=history))
     history = [*history, ModelResponse(parts=[TextPart(MARKER)])]

@@ -174,8 +174,8 @@ async def test_new_writes_continue_a_run_stored_before(store: MongoStepStore, db
     await store.save_snapshot(snapshot.model_copy(update={'seq': None}))  # key s1: already applied
     assert await db['snapshots'].count_documents({'run_id': 'r1'}) == 1
 
-    await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, idempotency_key='k1'))
-    await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_COMPLETED))
+    await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, idempotency_key='k1', step_index=0))
+    await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_COMPLETED, step_index=0))
     assert [e.seq for e in await store.list_events('r1')] == [1, 2]
 
     messages = [*snapshot.messages, ModelRequest(parts=[UserPromptPart('again')])]

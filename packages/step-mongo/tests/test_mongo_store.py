@@ -19,7 +19,7 @@ from step_mongo.client import Document, MongoClient
 from step_mongo.indexes import index_error
 from step_mongo.media import MongoMediaStore
 from step_mongo.store import NODE_PIECE_BYTES, MongoStepStore
-from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
+from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 from stepcore.codec import encode_messages
 
 MAX_BSON_DOCUMENT = 16 * 1024 * 1024
@@ -76,8 +76,8 @@ async def test_indexes_are_created_on_first_write(store: MongoStepStore, mongo_c
 
 async def test_none_idempotency_keys_append(store: MongoStepStore):
     for _ in range(3):
-        await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED))
-        await store.save_snapshot(ContinuableSnapshot(run_id='r1'))
+        await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, step_index=0))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r1', step_index=0, messages=[]))
     assert [e.seq for e in await store.list_events('r1')] == [1, 2, 3]
     assert [s.seq for s in await store.list_snapshots('r1', include_interrupted=True)] == [1, 2, 3]
 
@@ -87,9 +87,9 @@ ODD_KEYS = {'a.b': '1', '$where': '2', 'nul\x00byte': '3', 'ünï': '4'}
 
 async def test_metadata_keys_need_not_be_field_names(store: MongoStepStore):
     await store.register_run(RunRecord(run_id='r1', metadata=ODD_KEYS))
-    await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, metadata=ODD_KEYS))
+    await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, metadata=ODD_KEYS, step_index=0))
     messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('hi')])]
-    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, metadata=ODD_KEYS))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, metadata=ODD_KEYS, step_index=0))
     run = await store.get_run('r1')
     assert run is not None
     assert run.metadata == ODD_KEYS
@@ -104,13 +104,20 @@ async def test_documents_hold_the_body_and_the_fields_queries_use(
 ):
     started = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
     await store.register_run(RunRecord(run_id='r1', conversation_id='c', started_at=started, metadata={'k': 'v'}))
-    await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, idempotency_key='e1'))
-    await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_COMPLETED))
+    await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, idempotency_key='e1', step_index=0))
+    await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_COMPLETED, step_index=0))
     await store.record_tool_effect(
-        ToolEffectRecord(run_id='r1', tool_call_id='c1', tool_name='t', started_at=started, args={'x': 1})
+        ToolEffectRecord(
+            run_id='r1',
+            tool_call_id='c1',
+            tool_name='t',
+            started_at=started,
+            args={'x': 1},
+            status=ToolEffectStatus.STARTED,
+        )
     )
     messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('hi')])]
-    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, idempotency_key='s1'))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, idempotency_key='s1', step_index=0))
     db = mongo_client[db_name]
 
     run = await db['runs'].find_one({'_id': 'r1'}, projection={'_id': 0})
@@ -140,7 +147,9 @@ async def test_documents_hold_the_body_and_the_fields_queries_use(
 
 async def test_tool_arguments_with_any_keys_round_trip(store: MongoStepStore):
     args = {'a.b': 1, '$x': [1, {'c.d': None}], 'nul\x00': 'v'}
-    await store.record_tool_effect(ToolEffectRecord(run_id='r1', tool_call_id='c1', tool_name='t', args=args))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id='r1', tool_call_id='c1', tool_name='t', args=args, status=ToolEffectStatus.STARTED)
+    )
     effect = await store.get_tool_effect('r1', 'c1')
     assert effect is not None
     assert effect.args == args
@@ -179,7 +188,7 @@ async def test_a_message_bigger_than_a_document_is_split_and_round_trips(
     part = 'x' * (60 * 1024)
     request = ModelRequest(parts=[UserPromptPart(f'{i:04d}{part}') for i in range(290)])
     messages = [request, ModelResponse(parts=[TextPart('done')])]
-    await store.save_snapshot(ContinuableSnapshot(run_id='big', messages=messages))
+    await store.save_snapshot(ContinuableSnapshot(run_id='big', messages=messages, step_index=0))
 
     db = mongo_client[db_name]
     sizes: list[int] = []
@@ -205,7 +214,7 @@ async def test_binary_content_goes_to_the_media_store_on_the_same_client(
     assert store.media_store.client is store.client
     image = BinaryContent(data=b'\x89PNG' + bytes(range(256)) * 260, media_type='image/png')  # over 64 KiB
     messages = [ModelRequest(parts=[UserPromptPart(['look', image])])]
-    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, step_index=0))
     db = mongo_client[db_name]
     manifest = await db['media'].find_one({})
     assert manifest is not None
@@ -223,7 +232,7 @@ async def test_media_store_none_keeps_bytes_inline(mongo_client: MongoClient, db
     store = MongoStepStore(client=mongo_client, database=db_name, media_store=None)
     image = BinaryContent(data=b'\x00\x01' * 100, media_type='application/octet-stream')
     messages = [ModelRequest(parts=[UserPromptPart([image])])]
-    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, step_index=0))
     assert 'media' not in await mongo_client[db_name].list_collection_names()
     restored = await store.latest_snapshot('r1')
     assert restored is not None
@@ -335,7 +344,7 @@ async def test_a_shared_client_with_other_codec_options_works(mongo_url: str, db
         started = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
         await store.register_run(RunRecord(run_id='r1', started_at=started, metadata={'k': 'v'}))
         messages = [ModelRequest(parts=[UserPromptPart('hi')])]
-        await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, step_index=0))
         run = await store.get_run('r1')
         assert run is not None
         assert run.started_at == started
@@ -349,10 +358,12 @@ async def test_a_shared_client_with_other_codec_options_works(mongo_url: str, db
 
 async def _fill(store: MongoStepStore, run_id: str) -> None:
     await store.register_run(RunRecord(run_id=run_id))
-    await store.append_event(StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, idempotency_key='e'))
-    await store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id='c1', tool_name='t'))
+    await store.append_event(StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, idempotency_key='e', step_index=0))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id=run_id, tool_call_id='c1', tool_name='t', status=ToolEffectStatus.STARTED)
+    )
     messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('hi')])]
-    await store.save_snapshot(ContinuableSnapshot(run_id=run_id, messages=messages, idempotency_key='s'))
+    await store.save_snapshot(ContinuableSnapshot(run_id=run_id, messages=messages, idempotency_key='s', step_index=0))
 
 
 async def _documents_of(db: Any, run_id: str) -> dict[str, int]:

@@ -49,14 +49,18 @@ def _tool_step(store: MongoStepStore, run_id: str) -> Callable[[], Awaitable[Non
         ModelRequest(parts=[ToolReturnPart('t', 'done', tool_call_id='c1')]),
     ]
     effect = ToolEffectRecord(run_id=run_id, tool_call_id='c1', tool_name='t', status=ToolEffectStatus.COMPLETED)
-    event = StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_COMPLETED, tool_call_id='c1', idempotency_key='e-c1')
+    event = StepEvent(
+        run_id=run_id, kind=EventKind.TOOL_CALL_COMPLETED, tool_call_id='c1', idempotency_key='e-c1', step_index=0
+    )
     snapshot = ContinuableSnapshot(run_id=run_id, step_index=1, messages=messages, idempotency_key='s-c1')
     return lambda: store.write_batch([effect, event], snapshot=snapshot)
 
 
 async def _start_call(store: MongoStepStore, run_id: str) -> None:
     await store.register_run(RunRecord(run_id=run_id))
-    await store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id='c1', tool_name='t'))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id=run_id, tool_call_id='c1', tool_name='t', status=ToolEffectStatus.STARTED)
+    )
 
 
 def _returned(snapshot: ContinuableSnapshot | None) -> bool:
@@ -106,7 +110,7 @@ async def test_put_snapshot_raises_key_conflict_when_the_key_was_recorded_meanwh
     store: MongoStepStore, mongo_client: MongoClient, db_name: str
 ):
     snapshots = mongo_client[db_name]['snapshots']
-    await store.save_snapshot(ContinuableSnapshot(run_id='r1', idempotency_key='k'))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', idempotency_key='k', step_index=0, messages=[]))
     late = PutSnapshot('r1', 'k', None, [b'{}'], _row('r1'))
     port = store.port
     assert isinstance(port, MongoPort)
@@ -129,9 +133,13 @@ async def test_racing_writers_in_two_stores_apply_each_key_once(
     messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('hi')])]
     writes: list[Awaitable[Any]] = []
     for s in (store, other) * 4:
-        writes.append(s.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, idempotency_key='s')))
-        writes.append(s.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, idempotency_key='e')))
-        writes.append(s.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_COMPLETED)))
+        writes.append(
+            s.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, idempotency_key='s', step_index=0))
+        )
+        writes.append(
+            s.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, idempotency_key='e', step_index=0))
+        )
+        writes.append(s.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_COMPLETED, step_index=0)))
     await asyncio.gather(*writes)
     assert [s.idempotency_key for s in await store.list_snapshots('r1', include_interrupted=True)] == ['s']
     events = await store.list_events('r1')

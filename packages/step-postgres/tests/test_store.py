@@ -154,17 +154,17 @@ async def test_messages_are_stored_once_per_run(store: PostgresStepStore, postgr
 
 async def test_history_rewrite_keeps_every_snapshot_exact(store: PostgresStepStore) -> None:
     first: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')]), *_exchange(0), *_exchange(1)]
-    await store.save_snapshot(ContinuableSnapshot(run_id='rw', messages=first))
+    await store.save_snapshot(ContinuableSnapshot(run_id='rw', messages=first, step_index=0))
     # A compaction replaces the middle of the history with a summary.
     compacted: list[ModelMessage] = [
         first[0],
         ModelResponse(parts=[TextPart('summary of two lookups')]),
         *_exchange(2),
     ]
-    await store.save_snapshot(ContinuableSnapshot(run_id='rw', messages=compacted))
+    await store.save_snapshot(ContinuableSnapshot(run_id='rw', messages=compacted, step_index=0))
     # A fresh store (no memory of earlier saves) continues the compacted history.
     continued = [*compacted, *_exchange(3)]
-    await store.save_snapshot(ContinuableSnapshot(run_id='rw', messages=continued))
+    await store.save_snapshot(ContinuableSnapshot(run_id='rw', messages=continued, step_index=0))
     assert [s.messages for s in await store.list_snapshots('rw', include_interrupted=True)] == [
         first,
         compacted,
@@ -177,11 +177,11 @@ async def test_a_fresh_store_continues_a_run(postgres_url: str, table_prefix: st
     a = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
     b = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix)
     try:
-        await a.save_snapshot(ContinuableSnapshot(run_id='r', messages=base))
+        await a.save_snapshot(ContinuableSnapshot(run_id='r', messages=base, step_index=0))
         longer = [*base, *_exchange(1)]
-        await b.save_snapshot(ContinuableSnapshot(run_id='r', messages=longer))
+        await b.save_snapshot(ContinuableSnapshot(run_id='r', messages=longer, step_index=0))
         branch = [*base, *_exchange(7)]
-        await a.save_snapshot(ContinuableSnapshot(run_id='r', messages=branch))
+        await a.save_snapshot(ContinuableSnapshot(run_id='r', messages=branch, step_index=0))
         assert [s.messages for s in await b.list_snapshots('r', include_interrupted=True)] == [base, longer, branch]
         assert [s.seq for s in await a.list_snapshots('r', include_interrupted=True)] == [1, 2, 3]
     finally:
@@ -193,11 +193,11 @@ async def test_pruning_deletes_snapshot_rows_only(postgres_url: str, table_prefi
     store = PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix, max_snapshots_per_run=2)
     try:
         messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
-        await store.save_snapshot(ContinuableSnapshot(run_id='p', messages=list(messages)))
+        await store.save_snapshot(ContinuableSnapshot(run_id='p', messages=list(messages), step_index=0))
         for i in range(5):
             messages += _exchange(i)
             await store.save_snapshot(
-                ContinuableSnapshot(run_id='p', messages=list(messages), state=SnapshotState.INTERRUPTED)
+                ContinuableSnapshot(run_id='p', messages=list(messages), state=SnapshotState.INTERRUPTED, step_index=0)
             )
         # Kept: the newest two and the newest complete one (seq 1).
         assert [s.seq for s in await store.list_snapshots('p', include_interrupted=True)] == [1, 5, 6]
@@ -218,7 +218,7 @@ async def test_snapshot_keys_stay_applied_after_pruning(postgres_url: str, table
     try:
         msgs: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
         for key in ('k1', 'k2', 'k1'):
-            await store.save_snapshot(ContinuableSnapshot(run_id='k', messages=msgs, idempotency_key=key))
+            await store.save_snapshot(ContinuableSnapshot(run_id='k', messages=msgs, idempotency_key=key, step_index=0))
         assert [s.seq for s in await store.list_snapshots('k', include_interrupted=True)] == [2]
     finally:
         await store.aclose()
@@ -229,7 +229,9 @@ async def test_sequences_are_per_run_and_gapless(store: PostgresStepStore) -> No
         await store.append_event(StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_STARTED, step_index=i))
         # A replayed key is suppressed and does not consume a seq.
         await store.append_event(
-            StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_STARTED, idempotency_key=f'{run_id}-{i % 3}')
+            StepEvent(
+                run_id=run_id, kind=EventKind.TOOL_CALL_STARTED, idempotency_key=f'{run_id}-{i % 3}', step_index=0
+            )
         )
 
     await asyncio.gather(*(append(run_id, i) for run_id in ('a', 'b') for i in range(12)))
@@ -243,13 +245,13 @@ async def test_unknown_marker_version_raises_on_latest_and_is_skipped_by_list(
     store: PostgresStepStore, postgres_url: str, table_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     good: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('plain')])]
-    await store.save_snapshot(ContinuableSnapshot(run_id='m', messages=good))
+    await store.save_snapshot(ContinuableSnapshot(run_id='m', messages=good, step_index=0))
     image: list[ModelMessage] = [
         *good,
         # over the 64 KiB threshold, so the image is stored as a marker
         ModelRequest(parts=[UserPromptPart(['look', BinaryContent(b'\x89PNG' * 17_000, media_type='image/png')])]),
     ]
-    await store.save_snapshot(ContinuableSnapshot(run_id='m', messages=image))
+    await store.save_snapshot(ContinuableSnapshot(run_id='m', messages=image, step_index=0))
     # A newer writer's marker format in the stored node of the image message.
     _execute(
         postgres_url,
@@ -268,7 +270,7 @@ async def test_unknown_marker_version_raises_on_latest_and_is_skipped_by_list(
 
 
 async def test_newer_record_format_is_refused(store: PostgresStepStore, postgres_url: str, table_prefix: str) -> None:
-    await store.save_snapshot(ContinuableSnapshot(run_id='f', messages=[]))
+    await store.save_snapshot(ContinuableSnapshot(run_id='f', messages=[], step_index=0))
     _execute(
         postgres_url,
         table_prefix,
@@ -288,7 +290,7 @@ async def test_media_is_externalized_to_the_same_database(
         ModelRequest(parts=[UserPromptPart(['pic', BinaryContent(data, media_type='image/png')])]),
         ModelRequest(parts=[ToolReturnPart('dump', big, tool_call_id='c')]),
     ]
-    await store.save_snapshot(ContinuableSnapshot(run_id='media', messages=messages))
+    await store.save_snapshot(ContinuableSnapshot(run_id='media', messages=messages, step_index=0))
     blobs = _rows(postgres_url, table_prefix, 'SELECT media_type, length(data) FROM {media} ORDER BY 2')
     assert blobs == [('text/plain; charset=utf-8', len(big)), ('image/png', len(data))]
     (longest,) = _rows(postgres_url, table_prefix, 'SELECT max(length(body)) FROM {nodes}')[0]
@@ -307,7 +309,7 @@ async def test_media_store_none_keeps_payloads_inline(postgres_url: str, table_p
     try:
         data = b'\x00\x01' * 40_000
         messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart([BinaryContent(data, media_type='a/b')])])]
-        await store.save_snapshot(ContinuableSnapshot(run_id='inline', messages=messages))
+        await store.save_snapshot(ContinuableSnapshot(run_id='inline', messages=messages, step_index=0))
         latest = await store.latest_snapshot('inline')
         assert latest is not None
         part = latest.messages[0].parts[0]
@@ -324,8 +326,10 @@ async def test_media_store_none_keeps_payloads_inline(postgres_url: str, table_p
 
 
 async def test_tool_effect_upsert_keeps_first_listing_position(store: PostgresStepStore) -> None:
-    first = ToolEffectRecord(run_id='e', tool_call_id='c1', tool_name='send')
-    second = ToolEffectRecord(run_id='e', tool_call_id='c2', tool_name='send', started_at=first.started_at)
+    first = ToolEffectRecord(run_id='e', tool_call_id='c1', tool_name='send', status=ToolEffectStatus.STARTED)
+    second = ToolEffectRecord(
+        run_id='e', tool_call_id='c2', tool_name='send', started_at=first.started_at, status=ToolEffectStatus.STARTED
+    )
     await store.record_tool_effect(first)
     await store.record_tool_effect(second)
     done = first.model_copy(update={'status': ToolEffectStatus.COMPLETED, 'effect_summary': 'mail sent'})
@@ -348,9 +352,11 @@ async def test_every_protocol_query_can_use_an_index(
     store: PostgresStepStore, postgres_url: str, table_prefix: str
 ) -> None:
     await store.register_run(RunRecord(run_id='r', conversation_id='c', parent_run_id='p'))
-    await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_exchange(0)))
-    await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED))
-    await store.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='c', tool_name='t'))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_exchange(0), step_index=0))
+    await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id='r', tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED)
+    )
     port = store.port
     assert isinstance(port, PostgresPort)
     q = port._q
@@ -392,11 +398,20 @@ async def test_nul_characters_in_record_fields_round_trip(store: PostgresStepSto
     record = RunRecord(run_id='nul', metadata={'note': 'a\x00b'})
     await store.register_run(record)
     assert await store.get_run('nul') == record
-    effect = ToolEffectRecord(run_id='nul', tool_call_id='c', tool_name='t', args={'text': 'x\x00y'}, error='e\x00')
+    effect = ToolEffectRecord(
+        run_id='nul',
+        tool_call_id='c',
+        tool_name='t',
+        args={'text': 'x\x00y'},
+        error='e\x00',
+        status=ToolEffectStatus.STARTED,
+    )
     await store.record_tool_effect(effect)
     assert await store.get_tool_effect('nul', 'c') == effect
     messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('before\x00after')])]
-    await store.save_snapshot(ContinuableSnapshot(run_id='nul', messages=messages, metadata={'k': '\x00'}))
+    await store.save_snapshot(
+        ContinuableSnapshot(run_id='nul', messages=messages, metadata={'k': '\x00'}, step_index=0)
+    )
     latest = await store.latest_snapshot('nul')
     assert latest is not None
     assert latest.messages == messages
@@ -414,14 +429,14 @@ async def _damaged_run(store: PostgresStepStore) -> list[ModelMessage]:
     first: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('marker-a')])]
     await store.write_batch(
         [
-            StepEvent(run_id='dmg', kind=EventKind.RUN_STARTED),
-            ToolEffectRecord(run_id='dmg', tool_call_id='c1', tool_name='t'),
-            StepEvent(run_id='dmg', kind=EventKind.TOOL_CALL_STARTED, tool_call_id='c1'),
+            StepEvent(run_id='dmg', kind=EventKind.RUN_STARTED, step_index=0),
+            ToolEffectRecord(run_id='dmg', tool_call_id='c1', tool_name='t', status=ToolEffectStatus.STARTED),
+            StepEvent(run_id='dmg', kind=EventKind.TOOL_CALL_STARTED, tool_call_id='c1', step_index=0),
         ],
-        snapshot=ContinuableSnapshot(run_id='dmg', messages=first),
+        snapshot=ContinuableSnapshot(run_id='dmg', messages=first, step_index=0),
     )
     second = [*first, ModelResponse(parts=[TextPart('marker-b')])]
-    await store.save_snapshot(ContinuableSnapshot(run_id='dmg', messages=second))
+    await store.save_snapshot(ContinuableSnapshot(run_id='dmg', messages=second, step_index=0))
     return second
 
 
@@ -486,15 +501,21 @@ _NUL_WRITES: dict[str, tuple[Callable[[PostgresStepStore], Awaitable[object]], s
     'get_run': (lambda s: s.get_run('a\x00b'), "run_id 'a\\x00b'"),
     'list_events': (lambda s: s.list_events('\x00'), "run_id '\\x00'"),
     'event key': (
-        lambda s: s.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, idempotency_key='k\x00')),
+        lambda s: s.append_event(
+            StepEvent(run_id='r', kind=EventKind.RUN_STARTED, idempotency_key='k\x00', step_index=0)
+        ),
         "idempotency_key 'k\\x00'",
     ),
     'snapshot key': (
-        lambda s: s.save_snapshot(ContinuableSnapshot(run_id='r', idempotency_key='\x00snap')),
+        lambda s: s.save_snapshot(
+            ContinuableSnapshot(run_id='r', idempotency_key='\x00snap', step_index=0, messages=[])
+        ),
         "idempotency_key '\\x00snap'",
     ),
     'tool_call_id': (
-        lambda s: s.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='c\x00', tool_name='t')),
+        lambda s: s.record_tool_effect(
+            ToolEffectRecord(run_id='r', tool_call_id='c\x00', tool_name='t', status=ToolEffectStatus.STARTED)
+        ),
         "tool_call_id 'c\\x00'",
     ),
 }
@@ -521,10 +542,10 @@ async def test_delete_run_removes_every_row_of_the_run(
         await store.register_run(RunRecord(run_id=run_id))
         await store.write_batch(
             [
-                ToolEffectRecord(run_id=run_id, tool_call_id='c', tool_name='t'),
-                StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, idempotency_key='e'),
+                ToolEffectRecord(run_id=run_id, tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED),
+                StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, idempotency_key='e', step_index=0),
             ],
-            snapshot=ContinuableSnapshot(run_id=run_id, messages=_exchange(0), idempotency_key='s'),
+            snapshot=ContinuableSnapshot(run_id=run_id, messages=_exchange(0), idempotency_key='s', step_index=0),
         )
 
     await write('gone')
@@ -560,7 +581,7 @@ async def test_a_snapshot_key_recorded_meanwhile_is_retried_not_written_twice(
     store: PostgresStepStore, postgres_url: str, table_prefix: str
 ) -> None:
     messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
-    await store.save_snapshot(ContinuableSnapshot(run_id='race', messages=messages))
+    await store.save_snapshot(ContinuableSnapshot(run_id='race', messages=messages, step_index=0))
     raced: list[str] = []
 
     def other_writer(boundary: str) -> None:
@@ -576,12 +597,14 @@ async def test_a_snapshot_key_recorded_meanwhile_is_retried_not_written_twice(
 
     longer = [*messages, *_exchange(1)]
     with inject_faults(store, other_writer):
-        await store.save_snapshot(ContinuableSnapshot(run_id='race', messages=longer, idempotency_key='k'))
+        await store.save_snapshot(
+            ContinuableSnapshot(run_id='race', messages=longer, idempotency_key='k', step_index=0)
+        )
     assert raced == ['put_snapshot']
     assert [s.seq for s in await store.list_snapshots('race', include_interrupted=True)] == [1]
     assert _rows(postgres_url, table_prefix, 'SELECT count(*) FROM {nodes}') == [(1,)]
     # The next save of the run still continues its history.
-    await store.save_snapshot(ContinuableSnapshot(run_id='race', messages=longer))
+    await store.save_snapshot(ContinuableSnapshot(run_id='race', messages=longer, step_index=0))
     latest = await store.latest_snapshot('race')
     assert latest is not None
     assert (latest.seq, latest.messages) == (2, longer)
@@ -594,12 +617,12 @@ async def test_a_batch_stopped_at_any_write_boundary_leaves_all_or_nothing(store
         def write() -> Awaitable[None]:
             return store.write_batch(
                 [
-                    ToolEffectRecord(run_id=run_id, tool_call_id='call-0', tool_name='lookup').model_copy(
-                        update={'status': ToolEffectStatus.COMPLETED}
-                    ),
-                    StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_COMPLETED, tool_call_id='call-0'),
+                    ToolEffectRecord(
+                        run_id=run_id, tool_call_id='call-0', tool_name='lookup', status=ToolEffectStatus.STARTED
+                    ).model_copy(update={'status': ToolEffectStatus.COMPLETED}),
+                    StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_COMPLETED, tool_call_id='call-0', step_index=0),
                 ],
-                snapshot=ContinuableSnapshot(run_id=run_id, messages=messages, idempotency_key='s1'),
+                snapshot=ContinuableSnapshot(run_id=run_id, messages=messages, idempotency_key='s1', step_index=0),
             )
 
         return write
@@ -631,7 +654,7 @@ async def test_a_given_pool_outside_autocommit_gets_its_connections_back_unchang
         store = PostgresStepStore(pool=pool, table_prefix=table_prefix)
         with caplog.at_level(logging.WARNING, logger='psycopg'):
             await store.register_run(RunRecord(run_id='r'))
-            await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_exchange(0)))
+            await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_exchange(0), step_index=0))
             assert await store.get_run('r') is not None
         assert caplog.records == []  # no connection went back inside a transaction
         async with pool.connection() as conn:
@@ -644,8 +667,10 @@ async def test_rows_of_the_previous_release_are_read_and_continued(postgres_url:
     """Full records as JSON (events and snapshot headers without seq), schema version 2."""
     tables = Tables(table_prefix)
     run = RunRecord(run_id='old', conversation_id='c', registration_id='reg', metadata={'k': 'v'})
-    event = StepEvent(run_id='old', kind=EventKind.RUN_STARTED, idempotency_key='e1')
-    effect = ToolEffectRecord(run_id='old', tool_call_id='c1', tool_name='t', args={'x': 1})
+    event = StepEvent(run_id='old', kind=EventKind.RUN_STARTED, idempotency_key='e1', step_index=0)
+    effect = ToolEffectRecord(
+        run_id='old', tool_call_id='c1', tool_name='t', args={'x': 1}, status=ToolEffectStatus.STARTED
+    )
     messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('hi')]), ModelResponse(parts=[TextPart('yo')])]
     snapshot = ContinuableSnapshot(run_id='old', messages=messages, step_index=3, idempotency_key='s1')
     async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
@@ -698,11 +723,11 @@ async def test_rows_of_the_previous_release_are_read_and_continued(postgres_url:
         assert await store.latest_snapshot('old') == snapshot.model_copy(update={'seq': 1})
         # Writing goes on where the previous release left off.
         await store.append_event(event.model_copy())  # its key was applied: suppressed
-        await store.append_event(StepEvent(run_id='old', kind=EventKind.RUN_COMPLETED))
+        await store.append_event(StepEvent(run_id='old', kind=EventKind.RUN_COMPLETED, step_index=0))
         assert [e.seq for e in await store.list_events('old')] == [1, 2]
         await store.save_snapshot(snapshot.model_copy())  # suppressed too
         longer = [*messages, ModelResponse(parts=[TextPart('more')])]
-        await store.save_snapshot(ContinuableSnapshot(run_id='old', messages=longer))
+        await store.save_snapshot(ContinuableSnapshot(run_id='old', messages=longer, step_index=0))
         assert [(s.seq, s.messages) for s in await store.list_snapshots('old', include_interrupted=True)] == [
             (1, messages),
             (2, longer),

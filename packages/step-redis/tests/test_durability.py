@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from step_redis import RedisStepStore
-from stepcore import RunRecord, ToolEffectRecord
+from stepcore import RunRecord, ToolEffectRecord, ToolEffectStatus
 from stepcore_conformance.support import check_tool_steps, write_tool_steps
 
 START_GUARD_SECONDS = 30
@@ -95,7 +95,9 @@ async def test_writes_returned_before_the_server_was_killed_are_all_there(server
     async with RedisStepStore(url=server.url) as store:
         await write_tool_steps(store, 'durable', 6, conversation_id='conv')
         await store.register_run(RunRecord(run_id='in-flight', conversation_id='conv'))
-        await store.record_tool_effect(ToolEffectRecord(run_id='in-flight', tool_call_id='call', tool_name='t'))
+        await store.record_tool_effect(
+            ToolEffectRecord(run_id='in-flight', tool_call_id='call', tool_name='t', status=ToolEffectStatus.STARTED)
+        )
     server.kill()
     server.start()
     async with RedisStepStore(url=server.url) as store:

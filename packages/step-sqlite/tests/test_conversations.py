@@ -238,7 +238,7 @@ async def test_delete_removes_conversation_and_its_runs_but_keeps_media(db_path:
     try:
         await steps.register_run(RunRecord(run_id='r1', conversation_id='c'))
         await steps.register_run(RunRecord(run_id='other', conversation_id='keep'))
-        await steps.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED))
+        await steps.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, step_index=0))
         image = BinaryImage(data=b'image-bytes' * 7_000, media_type='image/png')  # over the 64 KiB media threshold
         messages: list[ModelMessage] = [
             ModelRequest(parts=[UserPromptPart(['see', image])]),
@@ -409,7 +409,7 @@ async def test_a_run_deleted_with_its_conversation_can_be_written_again(db_path:
     try:
         history = turn('first', 'answer')
         await steps.register_run(RunRecord(run_id='r1', conversation_id='c'))
-        await steps.save_snapshot(ContinuableSnapshot(run_id='r1', messages=history))
+        await steps.save_snapshot(ContinuableSnapshot(run_id='r1', messages=history, step_index=0))
         summary = await conversations.save(summary=new('c'), messages=history)
         await conversations.delete(source=summary)
         assert await steps.latest_snapshot('r1') is None
@@ -417,7 +417,7 @@ async def test_a_run_deleted_with_its_conversation_can_be_written_again(db_path:
         # The same store instance remembers r1's history; its nodes are gone, so it must not build on them.
         longer = [*history, *turn('second', 'more')]
         await steps.register_run(RunRecord(run_id='r1', conversation_id='c'))
-        await steps.save_snapshot(ContinuableSnapshot(run_id='r1', messages=longer))
+        await steps.save_snapshot(ContinuableSnapshot(run_id='r1', messages=longer, step_index=0))
         latest = await steps.latest_snapshot('r1')
         assert latest is not None
         assert latest.messages == longer

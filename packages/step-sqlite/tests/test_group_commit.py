@@ -60,7 +60,7 @@ async def test_concurrent_writes_of_many_runs_commit_together_and_are_durable(
     await asyncio.gather(
         *(
             store.write_batch(
-                [StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, idempotency_key='start')],
+                [StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, idempotency_key='start', step_index=0)],
                 snapshot=snapshots[i],
             )
             for i, run_id in enumerate(runs)
@@ -142,7 +142,9 @@ async def test_a_short_write_runs_on_the_event_loop_when_the_database_thread_is_
         original(tx, op)
 
     monkeypatch.setattr(port, 'put_events', put_events)
-    await store.write_batch([StepEvent(run_id='r', kind=EventKind.RUN_STARTED)], snapshot=_snapshot('r', 1))
+    await store.write_batch(
+        [StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0)], snapshot=_snapshot('r', 1)
+    )
     assert threads == [threading.current_thread().name]
     assert [e.kind for e in await store.list_events('r')] == [EventKind.RUN_STARTED]
     await store.aclose()
@@ -154,7 +156,7 @@ async def test_a_write_waiting_for_another_connections_lock_leaves_the_event_loo
     await store.register_run(RunRecord(run_id='r'))
     other = sqlite3.connect(path, isolation_level=None)
     other.execute('BEGIN IMMEDIATE')  # another writer holds the database's write lock
-    write = asyncio.ensure_future(store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED)))
+    write = asyncio.ensure_future(store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0)))
     await asyncio.sleep(0.1)
     # still waiting, on the database's thread: had it waited on the event loop it would have run out its
     # timeout (blocking this task) and failed

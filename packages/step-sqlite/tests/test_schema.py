@@ -59,7 +59,9 @@ def _build_v1(db: Path, messages: list[ModelMessage]) -> None:
                 'INSERT INTO message_nodes VALUES (?, ?, ?, ?)', (node_id, 'old', parent, encode_message(message))
             )
             parent = node_id
-        header = _format_1(ContinuableSnapshot(run_id='old', step_index=4), exclude={'messages', 'seq', 'state'})
+        header = _format_1(
+            ContinuableSnapshot(run_id='old', step_index=4, messages=[]), exclude={'messages', 'seq', 'state'}
+        )
         raw.execute(
             'INSERT INTO snapshots (run_id, head, length, record) VALUES (?, ?, ?, ?)',
             ('old', parent, len(messages), header),

@@ -82,9 +82,11 @@ async def test_data_outlives_the_store_and_reads_back_in_a_new_one(tmp_path: Pat
     messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('hello')]), *_step(0)]
     store = SqliteStepStore(database=db)
     await store.register_run(RunRecord(run_id='r', conversation_id='c', metadata={'k': 'v'}))
-    await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED))
+    await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0))
     await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=1, messages=messages))
-    await store.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='call-0', tool_name='lookup'))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id='r', tool_call_id='call-0', tool_name='lookup', status=ToolEffectStatus.STARTED)
+    )
     await store.aclose()
 
     again = SqliteStepStore(database=db)
@@ -128,11 +130,11 @@ async def test_a_history_rewrite_is_stored_without_changing_earlier_snapshots(tm
     store = SqliteStepStore(database=tmp_path / 'runs.db')
     try:
         first: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('q')]), *_step(0), *_step(1)]
-        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=first))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=first, step_index=0))
         compacted: list[ModelMessage] = [first[0], ModelResponse(parts=[TextPart('summary of the two lookups')])]
-        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=compacted))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=compacted, step_index=0))
         grown = [*compacted, *_step(2)]
-        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=grown))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=grown, step_index=0))
         assert [s.messages for s in await store.list_snapshots('r', include_interrupted=True)] == [
             first,
             compacted,
@@ -147,7 +149,7 @@ async def test_a_saved_snapshot_is_isolated_from_later_mutation(tmp_path: Path) 
     try:
         part = UserPromptPart('original')
         messages: list[ModelMessage] = [ModelRequest(parts=[part])]
-        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages, step_index=0))
         part.content = 'mutated'
         messages.append(ModelResponse(parts=[TextPart('later')]))
         latest = await store.latest_snapshot('r')
@@ -190,7 +192,7 @@ async def test_snapshot_seq_is_monotonic_per_run_across_interleaved_runs(tmp_pat
     try:
         for i in range(3):
             for run in ('a', 'b'):
-                await store.save_snapshot(ContinuableSnapshot(run_id=run, step_index=i))
+                await store.save_snapshot(ContinuableSnapshot(run_id=run, step_index=i, messages=[]))
         for run in ('a', 'b'):
             seqs = [s.seq for s in await store.list_snapshots(run, include_interrupted=True)]
             assert [s.step_index for s in await store.list_snapshots(run, include_interrupted=True)] == [0, 1, 2]
@@ -221,9 +223,13 @@ async def test_tool_effects_upsert_keeps_one_row_with_the_latest_state(tmp_path:
     db = tmp_path / 'runs.db'
     store = SqliteStepStore(database=db)
     try:
-        started = ToolEffectRecord(run_id='r', tool_call_id='t1', tool_name='pay', args={'amount': 3})
+        started = ToolEffectRecord(
+            run_id='r', tool_call_id='t1', tool_name='pay', args={'amount': 3}, status=ToolEffectStatus.STARTED
+        )
         await store.record_tool_effect(started)
-        await store.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='t2', tool_name='pay'))
+        await store.record_tool_effect(
+            ToolEffectRecord(run_id='r', tool_call_id='t2', tool_name='pay', status=ToolEffectStatus.STARTED)
+        )
         done = started.model_copy(update={'status': ToolEffectStatus.COMPLETED, 'effect_summary': 'paid 3'})
         await store.record_tool_effect(done)
         assert _count(db, "SELECT COUNT(*) FROM tool_effects WHERE tool_call_id = 't1'") == 1
@@ -247,8 +253,8 @@ async def test_binary_content_goes_to_the_media_table_of_the_same_database(tmp_p
         ModelRequest(parts=[UserPromptPart(['look', BinaryContent(image, media_type='image/png')])])
     ]
     try:
-        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages))
-        await store.save_snapshot(ContinuableSnapshot(run_id='other', messages=messages))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages, step_index=0))
+        await store.save_snapshot(ContinuableSnapshot(run_id='other', messages=messages, step_index=0))
         with sqlite3.connect(db) as raw:
             rows = raw.execute('SELECT data, media_type FROM media').fetchall()
             bodies = [unpack_body(r[0]) for r in raw.execute('SELECT body FROM message_nodes')]
@@ -265,7 +271,7 @@ async def test_large_text_is_externalized_at_the_threshold(tmp_path: Path) -> No
     store = SqliteStepStore(database=db, media_threshold_bytes=1000)
     messages: list[ModelMessage] = [ModelRequest(parts=[ToolReturnPart('t', big, tool_call_id='c')])]
     try:
-        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages, step_index=0))
         assert _count(db, 'SELECT COUNT(*) FROM media') == 1
         assert _count(db, 'SELECT MAX(LENGTH(body)) FROM message_nodes') < 1000
         latest = await store.latest_snapshot('r')
@@ -284,7 +290,7 @@ async def test_media_store_none_keeps_payloads_inline(tmp_path: Path) -> None:
     ]
     try:
         assert store.media_store is None
-        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=messages, step_index=0))
         with sqlite3.connect(db) as raw:
             tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             body = unpack_body(raw.execute('SELECT body FROM message_nodes').fetchone()[0])
@@ -301,7 +307,7 @@ async def test_an_explicit_media_store_receives_the_blobs(tmp_path: Path) -> Non
     store = SqliteStepStore(database=tmp_path / 'runs.db', media_store=media)
     try:
         msg = ModelRequest(parts=[UserPromptPart([BinaryContent(b'abc' * 30_000, media_type='audio/wav')])])
-        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=[msg]))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=[msg], step_index=0))
         assert _count(tmp_path / 'media.db', 'SELECT COUNT(*) FROM media') == 1
         with sqlite3.connect(tmp_path / 'runs.db') as raw:
             tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -348,11 +354,15 @@ async def test_a_ledger_status_changed_in_the_database_is_caught_by_the_unresolv
     store = SqliteStepStore(database=db)
     try:
         await store.register_run(RunRecord(run_id='r'))
-        await store.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='done', tool_name='t'))
+        await store.record_tool_effect(
+            ToolEffectRecord(run_id='r', tool_call_id='done', tool_name='t', status=ToolEffectStatus.STARTED)
+        )
         await store.record_tool_effect(
             ToolEffectRecord(run_id='r', tool_call_id='done', tool_name='t', status=ToolEffectStatus.COMPLETED)
         )
-        await store.record_tool_effect(ToolEffectRecord(run_id='r', tool_call_id='open', tool_name='t'))
+        await store.record_tool_effect(
+            ToolEffectRecord(run_id='r', tool_call_id='open', tool_name='t', status=ToolEffectStatus.STARTED)
+        )
         assert [e.tool_call_id for e in await store.list_unresolved_tool_effects('r')] == ['open']
         with sqlite3.connect(db) as raw:
             raw.execute("UPDATE tool_effects SET status = 'completed' WHERE tool_call_id = 'open'")
@@ -370,7 +380,7 @@ async def test_database_files_are_owner_only_and_in_wal_mode(tmp_path: Path) -> 
     store = SqliteStepStore(database=db)
     try:
         await store.register_run(RunRecord(run_id='r'))
-        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_step(0)))
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_step(0), step_index=0))
         files = {p.name: stat.S_IMODE(p.stat().st_mode) for p in db.parent.iterdir()}
         assert {'runs.db', 'runs.db-wal', 'runs.db-shm'} <= set(files)
         assert all(mode == 0o600 for mode in files.values()), files
@@ -413,6 +423,7 @@ async def test_a_shared_connection_is_used_off_the_loop_and_left_open(tmp_path: 
             ContinuableSnapshot(
                 run_id='r',
                 messages=[ModelRequest(parts=[UserPromptPart([BinaryContent(b'z' * 70_000, media_type='image/png')])])],
+                step_index=0,
             )
         )
         assert threads
@@ -482,7 +493,7 @@ async def test_the_wal_is_checkpointed_between_calls_every_few_writes(tmp_path: 
     path = tmp_path / 'runs.db'
     store = SqliteStepStore(database=path, media_store=None)
     await store.register_run(RunRecord(run_id='r'))  # write 1
-    event = StepEvent(run_id='r', kind=EventKind.RUN_STARTED, metadata={'pad': 'x' * 1500})
+    event = StepEvent(run_id='r', kind=EventKind.RUN_STARTED, metadata={'pad': 'x' * 1500}, step_index=0)
     for i in range(CHECKPOINT_EVERY_WRITES - 2):
         await store.append_event(event.model_copy(update={'idempotency_key': f'k{i}'}))
     await store.list_runs()

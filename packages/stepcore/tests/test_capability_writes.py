@@ -264,7 +264,7 @@ async def test_a_failure_right_after_a_response_still_writes_the_deferred_comple
 
 async def test_apply_writes_refuses_other_records_before_writing() -> None:
     store = InMemoryStepStore()
-    event = StepEvent(run_id='r', kind=EventKind.RUN_STARTED)
+    event = StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0)
     bad: list[Any] = [event, 'snapshot?']
     with pytest.raises(TypeError, match='position 1'):
         await apply_writes(store, bad)

@@ -50,7 +50,7 @@ def test_dump_stamps_the_format_version() -> None:
 
 
 def test_dump_excludes_fields_on_request() -> None:
-    data = dump_record(ContinuableSnapshot(run_id='r'), exclude={'messages'})
+    data = dump_record(ContinuableSnapshot(run_id='r', step_index=0, messages=[]), exclude={'messages'})
     assert 'messages' not in data
 
 
@@ -63,7 +63,7 @@ def test_dump_json_is_compact_and_keeps_unicode() -> None:
 
 @pytest.mark.parametrize('form', ['dict', 'str', 'bytes'])
 def test_load_round_trips_every_form(form: str) -> None:
-    event = StepEvent(run_id='r', kind=EventKind.RUN_FAILED, error='boom', timestamp=T, seq=3)
+    event = StepEvent(run_id='r', kind=EventKind.RUN_FAILED, error='boom', timestamp=T, seq=3, step_index=0)
     data: Any = dump_record(event)
     if form == 'str':
         data = json.dumps(data)
@@ -77,7 +77,7 @@ def test_load_accepts_records_without_a_version_as_version_1() -> None:
 
 
 def test_load_applies_extra_fields() -> None:
-    data = dump_record(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, timestamp=T))
+    data = dump_record(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, timestamp=T, step_index=0))
     assert load_record(StepEvent, data, seq=9).seq == 9
 
 

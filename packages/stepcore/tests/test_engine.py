@@ -48,7 +48,7 @@ def _store(port: MemoryPort) -> InMemoryStepStore:
 async def test_a_backend_error_carries_a_note_naming_the_store_and_the_run() -> None:
     store = _store(_FailingPort('put_events'))
     with pytest.raises(OSError, match='No space left') as caught:
-        await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED))
+        await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, step_index=0))
     assert caught.value.__notes__ == ["InMemoryStepStore on process memory, writing run 'r1'"]
     store = _store(_FailingPort('list_runs'))
     with pytest.raises(OSError, match='Input/output') as caught:
@@ -141,13 +141,13 @@ class _Racing(MemoryPort):
 async def test_a_key_conflict_runs_the_save_again() -> None:
     store = _store(_Racing(races=2))
     messages = history(1)
-    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, idempotency_key='k'))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, idempotency_key='k', step_index=0))
     assert [s.messages for s in await store.list_snapshots('r1')] == [messages]
 
 
 async def test_a_key_that_keeps_conflicting_is_an_error_naming_it() -> None:
     store = _store(_Racing(races=100))
-    snapshot = ContinuableSnapshot(run_id='r1', messages=history(1), idempotency_key='k')
+    snapshot = ContinuableSnapshot(run_id='r1', messages=history(1), idempotency_key='k', step_index=0)
     with pytest.raises(RuntimeError, match="snapshot key 'k' of run 'r1' kept conflicting"):
         await store.save_snapshot(snapshot)
 
@@ -155,12 +155,12 @@ async def test_a_key_that_keeps_conflicting_is_an_error_naming_it() -> None:
 async def test_a_history_whose_base_is_gone_is_written_whole() -> None:
     store = InMemoryStepStore()
     messages = history(3)
-    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages[:5]))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages[:5], step_index=0))
     # The run's messages vanish behind the store's back (another process deleted it).
     port = store.port
     assert isinstance(port, MemoryPort)
     port._data.clear()  # pyright: ignore[reportPrivateUsage]
-    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=messages, step_index=0))
     latest = await store.latest_snapshot('r1')
     assert latest is not None
     assert latest.messages == messages
@@ -168,7 +168,7 @@ async def test_a_history_whose_base_is_gone_is_written_whole() -> None:
 
 async def test_a_missing_message_node_is_named_when_read() -> None:
     store = InMemoryStepStore()
-    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=history(2)))
+    await store.save_snapshot(ContinuableSnapshot(run_id='r1', messages=history(2), step_index=0))
     port = store.port
     assert isinstance(port, MemoryPort)
     nodes = port._data['r1'].nodes  # pyright: ignore[reportPrivateUsage]

@@ -73,8 +73,8 @@ async def test_every_store_sharing_the_media_store_is_marked(tmp_path: Path) -> 
     first = SqliteStepStore(database=tmp_path / 'a.db', media_store=media, media_threshold_bytes=1024)
     second = SqliteStepStore(database=tmp_path / 'b.db', media_store=media, media_threshold_bytes=1024)
     try:
-        await first.save_snapshot(ContinuableSnapshot(run_id='a', messages=_with_image(b'a' * 2048)))
-        await second.save_snapshot(ContinuableSnapshot(run_id='b', messages=_with_image(b'b' * 2048)))
+        await first.save_snapshot(ContinuableSnapshot(run_id='a', messages=_with_image(b'a' * 2048), step_index=0))
+        await second.save_snapshot(ContinuableSnapshot(run_id='b', messages=_with_image(b'b' * 2048), step_index=0))
         alone = await collect_garbage(first, dry_run=True, now=utcnow() + LATER)
         assert alone.removed_uris == [media_uri(b'b' * 2048)], 'a store left out does not hold its media'
         together = await collect_garbage([first, second], media, now=utcnow() + LATER)
@@ -87,7 +87,9 @@ async def test_every_store_sharing_the_media_store_is_marked(tmp_path: Path) -> 
 async def test_a_snapshot_saved_without_registering_its_run_holds_its_media(tmp_path: Path) -> None:
     store = SqliteStepStore(database=tmp_path / 'runs.db', media_threshold_bytes=1024)
     try:
-        await store.save_snapshot(ContinuableSnapshot(run_id='unregistered', messages=_with_image(b'u' * 2048)))
+        await store.save_snapshot(
+            ContinuableSnapshot(run_id='unregistered', messages=_with_image(b'u' * 2048), step_index=0)
+        )
         assert await store.list_runs() == []
         report = await collect_garbage(store, now=utcnow() + LATER)
         assert (report.removed, report.kept_referenced) == (0, 1)
@@ -110,7 +112,7 @@ async def test_a_damaged_snapshot_stops_the_collection_before_anything_is_remove
     store = SqliteStepStore(database=database, media_threshold_bytes=1024)
     try:
         await store.register_run(RunRecord(run_id='hurt'))
-        await store.save_snapshot(ContinuableSnapshot(run_id='hurt', messages=_with_image(b'h' * 2048)))
+        await store.save_snapshot(ContinuableSnapshot(run_id='hurt', messages=_with_image(b'h' * 2048), step_index=0))
         assert store.media_store is not None
         loose = await store.media_store.put(b'loose' * 500)
         with sqlite3.connect(database) as raw:
@@ -168,7 +170,9 @@ async def test_a_store_not_built_on_the_engine_is_read_through_its_public_api() 
     store = _NotOnTheEngine(inner)
     await store.register_run(RunRecord(run_id='kept'))
     await store.save_snapshot(
-        ContinuableSnapshot(run_id='kept', messages=_with_image(b'k' * 2048), state=SnapshotState.INTERRUPTED)
+        ContinuableSnapshot(
+            run_id='kept', messages=_with_image(b'k' * 2048), state=SnapshotState.INTERRUPTED, step_index=0
+        )
     )
     loose = await media.put(b'l' * 2048)
     report = await collect_garbage(store, media, now=utcnow() + LATER)
@@ -184,9 +188,9 @@ async def test_an_encrypted_store_is_collected_through_its_keys(tmp_path: Path) 
     store = SqliteStepStore(database=tmp_path / 'runs.db', media_threshold_bytes=1024, encryption=keys)
     try:
         await store.register_run(RunRecord(run_id='kept'))
-        await store.save_snapshot(ContinuableSnapshot(run_id='kept', messages=_with_image(b'k' * 2048)))
+        await store.save_snapshot(ContinuableSnapshot(run_id='kept', messages=_with_image(b'k' * 2048), step_index=0))
         await store.register_run(RunRecord(run_id='gone'))
-        await store.save_snapshot(ContinuableSnapshot(run_id='gone', messages=_with_image(b'g' * 2048)))
+        await store.save_snapshot(ContinuableSnapshot(run_id='gone', messages=_with_image(b'g' * 2048), step_index=0))
         assert await store.delete_run('gone')
         report = await collect_garbage(store, now=utcnow() + LATER)
         assert (report.kept_referenced, report.removed) == (1, 1)

@@ -268,8 +268,8 @@ def test_an_interrupted_import_is_written_again_whole(tmp_path: Path) -> None:
     async def leave_a_partial_run() -> None:
         store = stepcore.open_store(url)
         try:
-            await store.append_event(StepEvent(run_id='fx-finished', kind=stepcore.EventKind.RUN_STARTED))
-            await store.append_event(StepEvent(run_id='fx-finished', kind=stepcore.EventKind.RUN_STARTED))
+            await store.append_event(StepEvent(run_id='fx-finished', kind=stepcore.EventKind.RUN_STARTED, step_index=0))
+            await store.append_event(StepEvent(run_id='fx-finished', kind=stepcore.EventKind.RUN_STARTED, step_index=0))
         finally:
             await store.aclose()
 

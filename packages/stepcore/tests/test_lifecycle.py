@@ -133,9 +133,14 @@ async def _aged_store(path: Path) -> None:
         old = utcnow() - timedelta(days=40)
         for run_id in ('idle', 'long-running'):
             await store.register_run(RunRecord(run_id=run_id, started_at=old))
-            await store.append_event(StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, timestamp=old))
+            await store.append_event(StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, timestamp=old, step_index=0))
         await store.append_event(
-            StepEvent(run_id='long-running', kind=EventKind.MODEL_REQUEST_STARTED, timestamp=utcnow() - timedelta(1))
+            StepEvent(
+                run_id='long-running',
+                kind=EventKind.MODEL_REQUEST_STARTED,
+                timestamp=utcnow() - timedelta(1),
+                step_index=0,
+            )
         )
         await store.register_run(RunRecord(run_id='recent', started_at=utcnow() - timedelta(days=1)))
 

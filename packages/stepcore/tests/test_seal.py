@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
-from pydantic import BaseModel
 
 from stepcore import EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 from stepcore.codec import dump_record_compact, record_fields
@@ -15,9 +15,14 @@ from stepcore.engine.seal import Sealer
 
 _WHEN = datetime(2026, 12, 3, 21, 0, 0, 123456, tzinfo=UTC)
 
-RECORDS: list[tuple[BaseModel, dict[str, str]]] = [
-    (StepEvent(run_id='r', kind=EventKind.TOOL_CALL_STARTED, timestamp=_WHEN, tool_call_id='c1'), {}),
-    (StepEvent(run_id='r', kind=EventKind.RUN_FAILED, timestamp=_WHEN, error='Boom: “ünïcode” \u2028 \\ "q"'), {}),
+RECORDS: list[tuple[Any, dict[str, str]]] = [
+    (StepEvent(run_id='r', kind=EventKind.TOOL_CALL_STARTED, timestamp=_WHEN, tool_call_id='c1', step_index=0), {}),
+    (
+        StepEvent(
+            run_id='r', kind=EventKind.RUN_FAILED, timestamp=_WHEN, error='Boom: “ünïcode” \u2028 \\ "q"', step_index=0
+        ),
+        {},
+    ),
     (
         ToolEffectRecord(
             run_id='r',
@@ -27,7 +32,6 @@ RECORDS: list[tuple[BaseModel, dict[str, str]]] = [
             started_at=_WHEN,
             updated_at=_WHEN,
             args={'z': [1, 2.5, 1e300, -0.0, None, True], 'a': {'y': 'é', 'b': {'k': 10**30}}, 'm': 'x</script>'},
-            metadata={'b': '2', 'a': '1'},
         ),
         {},
     ),
@@ -39,7 +43,7 @@ RECORDS: list[tuple[BaseModel, dict[str, str]]] = [
 
 
 @pytest.mark.parametrize(('record', 'extra'), RECORDS)
-def test_fields_and_body_seal_the_same(record: BaseModel, extra: dict[str, str]) -> None:
+def test_fields_and_body_seal_the_same(record: Any, extra: dict[str, str]) -> None:
     sealer = Sealer()
     columns = ('r', 'c', 'completed')
     from_body = sealer.record(dump_record_compact(record, exclude={'run_id'}, **extra), columns)

@@ -158,7 +158,7 @@ def snapshot(
     **fields: Any,
 ) -> ContinuableSnapshot:
     """A snapshot of `messages` (the list is passed through, not copied)."""
-    fields.setdefault('created_at', at(step_index))
+    fields.setdefault('timestamp', at(step_index))
     return ContinuableSnapshot(
         run_id=run_id, step_index=step_index, state=state, messages=cast(list[ModelMessage], messages), **fields
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -46,14 +47,13 @@ class BatchWritesConformance(StoreFixtures):
                 await store.record_tool_effect(write)
 
         def strip(events: list[StepEvent]) -> list[StepEvent]:
-            return [e.model_copy(update={'seq': None, 'run_id': ''}) for e in events]
+            return [dataclasses.replace(e, seq=None, run_id='') for e in events]
 
         assert strip(await store.list_events(batched)) == strip(await store.list_events(single))
         [effect] = await store.list_tool_effects(batched)
         assert effect.status is ToolEffectStatus.COMPLETED, 'a later ledger entry in the batch must win'
-        assert effect.model_copy(update={'run_id': ''}) == (await store.list_tool_effects(single))[0].model_copy(
-            update={'run_id': ''}
-        )
+        [single_effect] = await store.list_tool_effects(single)
+        assert dataclasses.replace(effect, run_id='') == dataclasses.replace(single_effect, run_id='')
         assert await store.list_unresolved_tool_effects(batched) == []
 
     async def test_events_keep_order_and_seq_after_single_appends(self, store: StepStore) -> None:

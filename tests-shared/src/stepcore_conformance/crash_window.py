@@ -19,6 +19,7 @@ Two tests, both through the fault points of `stepcore.engine` (a store not built
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -77,6 +78,7 @@ class _Cycle:
             run_id=run_id,
             tool_call_id=CALL,
             tool_name='lookup',
+            status=ToolEffectStatus.STARTED,
             started_at=at(1),
             updated_at=at(1),
             step_index=1,
@@ -86,7 +88,7 @@ class _Cycle:
         self.call = ModelResponse(parts=[ToolCallPart('lookup', {'q': 'x'}, tool_call_id=CALL)], timestamp=at(1))
         self.first: list[StepWrite] = [started, self._event(EventKind.TOOL_CALL_STARTED)]
         self.second: list[StepWrite] = [
-            started.model_copy(update={'status': ToolEffectStatus.COMPLETED, 'updated_at': at(2)}),
+            dataclasses.replace(started, status=ToolEffectStatus.COMPLETED, updated_at=at(2), ended_at=at(2)),
             self._event(EventKind.TOOL_CALL_COMPLETED),
         ]
         result = ModelRequest(parts=[ToolReturnPart('lookup', 'x is 42', tool_call_id=CALL, timestamp=at(2))])

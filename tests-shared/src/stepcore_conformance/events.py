@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stepcore import EventKind, StepEvent, StepStore
@@ -12,7 +14,7 @@ __all__ = ('EventsConformance',)
 
 
 def _without_seq(events: list[StepEvent]) -> list[StepEvent]:
-    return [e.model_copy(update={'seq': None}) for e in events]
+    return [dataclasses.replace(e, seq=None) for e in events]
 
 
 class EventsConformance(StoreFixtures):
@@ -84,7 +86,7 @@ class EventsConformance(StoreFixtures):
         await store.append_event(event(run_id, 4, idempotency_key='k', kind=EventKind.RUN_FAILED))
         listed = await store.list_events(run_id)
         assert [e.idempotency_key for e in listed] == ['k', 'other']
-        assert listed[0].model_copy(update={'seq': None}) == first
+        assert dataclasses.replace(listed[0], seq=None) == first
 
     async def test_none_idempotency_key_always_appends(self, store: StepStore) -> None:
         run_id = await register(store)

@@ -85,7 +85,7 @@ async def _old_run(store: StepStore, conversation_id: str, *, days: float = 40) 
     for call in ('c1', 'c2'):
         await store.record_tool_effect(effect(run_id, call, ToolEffectStatus.COMPLETED, updated_at=_ago(days)))
     for step in (1, 2):
-        await store.save_snapshot(snapshot(run_id, conversation(step), step_index=step, created_at=_ago(days)))
+        await store.save_snapshot(snapshot(run_id, conversation(step), step_index=step, timestamp=_ago(days)))
     return run_id
 
 
@@ -113,7 +113,7 @@ class PruneConformance(StoreFixtures):
         by_ledger = await _old_run(store, conversation_id)
         await store.record_tool_effect(effect(by_ledger, 'c9', updated_at=_ago(1)))
         by_snapshot = await _old_run(store, conversation_id)
-        await store.save_snapshot(snapshot(by_snapshot, conversation(3), step_index=3, created_at=_ago(1)))
+        await store.save_snapshot(snapshot(by_snapshot, conversation(3), step_index=3, timestamp=_ago(1)))
         idle = await _old_run(store, conversation_id)
         report = await store.prune(timedelta(days=30), conversation_id=conversation_id)
         assert report.runs == [idle]

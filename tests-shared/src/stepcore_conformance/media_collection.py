@@ -96,7 +96,7 @@ class MediaCollectionConformance:
     async def _save_image(self, store: StepStore, data: bytes, run_id: str | None = None) -> str:
         run_id = run_id or new_id('gc-run')
         await store.register_run(RunRecord(run_id=run_id))
-        await store.save_snapshot(ContinuableSnapshot(run_id=run_id, messages=[_image_request(data)]))
+        await store.save_snapshot(ContinuableSnapshot(run_id=run_id, step_index=0, messages=[_image_request(data)]))
         return run_id
 
     @feature_test(MEDIA_COLLECTION)
@@ -200,7 +200,7 @@ class MediaCollectionConformance:
         mine, shared = _blob('deleted-run'), _blob('shared')
         doomed = await self._save_image(gc_step_store, mine)
         await gc_step_store.save_snapshot(
-            ContinuableSnapshot(run_id=doomed, messages=[_image_request(mine), _image_request(shared)])
+            ContinuableSnapshot(run_id=doomed, step_index=0, messages=[_image_request(mine), _image_request(shared)])
         )
         survivor = await self._save_image(gc_step_store, shared)  # the same bytes, stored once (dedupe)
         assert (await collect_garbage(gc_step_store, media, now=utcnow() + LATER)).removed == 0
@@ -219,11 +219,16 @@ class MediaCollectionConformance:
         run_id = await self._save_image(gc_step_store, older)
         await gc_step_store.save_snapshot(
             ContinuableSnapshot(
-                run_id=run_id, messages=[ModelRequest(parts=[UserPromptPart('later')])], state=SnapshotState.INTERRUPTED
+                run_id=run_id,
+                step_index=1,
+                messages=[ModelRequest(parts=[UserPromptPart('later')])],
+                state=SnapshotState.INTERRUPTED,
             )
         )
         await gc_step_store.save_snapshot(
-            ContinuableSnapshot(run_id=run_id, messages=[_image_request(interrupted)], state=SnapshotState.INTERRUPTED)
+            ContinuableSnapshot(
+                run_id=run_id, step_index=2, messages=[_image_request(interrupted)], state=SnapshotState.INTERRUPTED
+            )
         )
         report = await collect_garbage(gc_step_store, media, now=utcnow() + LATER)
         assert report.removed == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta, timezone
 from typing import Any
 
@@ -72,7 +73,7 @@ class RunsConformance(StoreFixtures):
             run_id=new_id('run'), agent_name='a', metadata={'try': '1'}, registration_id='reg-1', started_at=at(1)
         )
         await store.register_run(original)
-        retry = original.model_copy(update={'metadata': {'try': '2'}, 'started_at': at(9)})
+        retry = dataclasses.replace(original, metadata={'try': '2'}, started_at=at(9))
         await store.register_run(retry)
         await store.register_run(retry)
         assert await store.get_run(original.run_id) == original

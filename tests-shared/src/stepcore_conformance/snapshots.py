@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, cast
 
 import pytest
@@ -40,7 +41,7 @@ RESERVED_KEY_PAYLOAD: dict[str, Any] = {
 
 
 def _header(s: ContinuableSnapshot) -> dict[str, Any]:
-    return s.model_dump(exclude={'messages', 'seq'})
+    return {k: v for k, v in dataclasses.asdict(s).items() if k not in ('messages', 'seq')}
 
 
 class SnapshotsConformance(StoreFixtures):
@@ -52,7 +53,7 @@ class SnapshotsConformance(StoreFixtures):
             run_id,
             conversation(3),
             step_index=7,
-            created_at=at(7.654321),
+            timestamp=at(7.654321),
             agent_name='librarian',
             conversation_id='conv',
             parent_run_id='parent',
@@ -79,7 +80,7 @@ class SnapshotsConformance(StoreFixtures):
         assert isinstance(latest.seq, int)
         assert latest == saved
         assert await store.list_snapshots(run_id) == [saved]
-        assert latest != saved.model_copy(update={'step_index': 4}), '== must still compare the other fields'
+        assert latest != dataclasses.replace(saved, step_index=4), '== must still compare the other fields'
 
     async def test_reads_of_unknown_run(self, store: StepStore) -> None:
         missing = new_id('missing')

@@ -100,7 +100,9 @@ async def write_tool_steps(
     for i in range(steps):
         call = f'{run_id}-{i}'
         await store.append_event(StepEvent(run_id=run_id, kind=EventKind.TOOL_CALL_STARTED, step_index=i))
-        await store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id=call, tool_name='work'))
+        await store.record_tool_effect(
+            ToolEffectRecord(run_id=run_id, tool_call_id=call, tool_name='work', status=ToolEffectStatus.STARTED)
+        )
         messages.append(ModelResponse(parts=[ToolCallPart('work', {'i': i}, tool_call_id=call)]))
         messages.append(ModelRequest(parts=[ToolReturnPart('work', _result(run_id, i), tool_call_id=call)]))
         await store.record_tool_effect(

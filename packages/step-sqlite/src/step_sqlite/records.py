@@ -16,15 +16,11 @@ a few bytes, and setting up the default state cost three times the compression i
 from __future__ import annotations
 
 import zlib
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel
-
-from stepcore.codec import dump_record_compact, load_record
+from stepcore.codec import R, Record, dump_record_compact, load_record
 
 __all__ = ('dump_compact', 'load_compact', 'pack_body', 'unpack_body')
-
-R = TypeVar('R', bound=BaseModel)
 
 COMPRESS_MIN_BYTES = 256
 """Bodies shorter than this are stored as they are."""
@@ -35,7 +31,7 @@ _DEFLATE = 8
 """Low nibble of a zlib stream's first byte; `{` (0x7b), the first byte of a JSON body, never has it."""
 
 
-def dump_compact(record: BaseModel, *, exclude: set[str]) -> str:
+def dump_compact(record: Record, *, exclude: set[str]) -> str:
     """`record` as compact JSON without the `exclude`d fields and fields left at `None`."""
     return dump_record_compact(record, exclude=exclude).decode()
 

@@ -12,10 +12,9 @@ from collections.abc import Set as AbstractSet
 from typing import Any, TypeVar
 
 import pydantic
-from pydantic import BaseModel
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
 
-from .models import RECORD_FORMAT_VERSION
+from .models import RECORD_FORMAT_VERSION, ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 
 __all__ = (
     'FORMAT_KEY',
@@ -32,7 +31,8 @@ __all__ = (
 )
 
 FORMAT_KEY = 'format'
-R = TypeVar('R', bound=BaseModel)
+Record = RunRecord | StepEvent | ContinuableSnapshot | ToolEffectRecord
+R = TypeVar('R', RunRecord, StepEvent, ContinuableSnapshot, ToolEffectRecord)
 
 _MESSAGE_CONFIG = pydantic.ConfigDict(ser_json_bytes='base64', val_json_bytes='base64')
 _MESSAGE_ADAPTER: pydantic.TypeAdapter[ModelRequest | ModelResponse] = pydantic.TypeAdapter(  # pyright: ignore[reportUnknownVariableType]
@@ -63,20 +63,20 @@ PLAIN_FORMAT_VERSION = 1
 """The format of a record as plain JSON, without the checksum a store's body carries (format 2)."""
 
 
-def dump_record(record: BaseModel, *, exclude: set[str] | None = None) -> dict[str, Any]:
+def dump_record(record: Record, *, exclude: set[str] | None = None) -> dict[str, Any]:
     """A JSON-compatible dict of `record`, stamped with the plain record format version (1): the
-    form of an export document, which carries no checksums."""
-    data = record.model_dump(mode='json', exclude=exclude)
+    form of an export document, which carries no checksums. Fields go under their stored names."""
+    data = record.model_dump(mode='json', exclude=exclude, by_alias=True)
     data[FORMAT_KEY] = PLAIN_FORMAT_VERSION
     return data
 
 
-def dump_record_json(record: BaseModel, *, exclude: set[str] | None = None) -> str:
+def dump_record_json(record: Record, *, exclude: set[str] | None = None) -> str:
     """`dump_record` as a compact JSON string."""
     return json.dumps(dump_record(record, exclude=exclude), separators=(',', ':'), ensure_ascii=False)
 
 
-def dump_record_compact(record: BaseModel, *, exclude: AbstractSet[str] | None = None, **extra: int | str) -> bytes:
+def dump_record_compact(record: Record, *, exclude: AbstractSet[str] | None = None, **extra: int | str) -> bytes:
     """`record` as compact JSON (UTF-8), stamped with the format version, in one serializer pass.
 
     `None` fields and an empty `metadata` are left out (they load back as their defaults; every
@@ -84,7 +84,7 @@ def dump_record_compact(record: BaseModel, *, exclude: AbstractSet[str] | None =
     keeps elsewhere. `extra` fields (e.g. a store-assigned `seq`) replace the record's own.
     """
     skip = _skipped(record, exclude, extra)
-    body: bytes = record.__pydantic_serializer__.to_json(record, exclude=skip, exclude_none=True)
+    body: bytes = record.__pydantic_serializer__.to_json(record, exclude=skip, exclude_none=True, by_alias=True)
     head = _COMPACT_HEAD
     if extra:
         head += b''.join(b',' + _json_bytes(key) + b':' + _json_bytes(value) for key, value in extra.items())
@@ -93,17 +93,19 @@ def dump_record_compact(record: BaseModel, *, exclude: AbstractSet[str] | None =
     return head + b',' + body[1:]
 
 
-def record_fields(record: BaseModel, *, exclude: AbstractSet[str] | None = None, **extra: int | str) -> dict[str, Any]:
+def record_fields(record: Record, *, exclude: AbstractSet[str] | None = None, **extra: int | str) -> dict[str, Any]:
     """`dump_record_compact` as the JSON-compatible dict it encodes (format stamp first, then the
     record's fields, then `extra`), without encoding it: for a caller that re-encodes it anyway."""
     skip = _skipped(record, exclude, extra)
     fields: dict[str, Any] = {FORMAT_KEY: RECORD_FORMAT_VERSION}
-    fields.update(record.__pydantic_serializer__.to_python(record, mode='json', exclude=skip, exclude_none=True))
+    fields.update(
+        record.__pydantic_serializer__.to_python(record, mode='json', exclude=skip, exclude_none=True, by_alias=True)
+    )
     fields.update(extra)
     return fields
 
 
-def _skipped(record: BaseModel, exclude: AbstractSet[str] | None, extra: Mapping[str, object]) -> set[str]:
+def _skipped(record: Record, exclude: AbstractSet[str] | None, extra: Mapping[str, object]) -> set[str]:
     skip = {*(exclude or ()), *extra}
     if getattr(record, 'metadata', None) == {}:
         skip.add('metadata')

@@ -1,14 +1,29 @@
-"""The records stepcore persists: runs, step events, snapshots and tool effects."""
+"""The records stepcore persists: runs, step events, snapshots and tool effects.
+
+They are the reference's keyword-only dataclasses (`RunRecord`, `StepEvent`,
+`ContinuableSnapshot`, `ToolEffectRecord`): the same field names, in the same order, with the same
+defaults, then the fields stepcore adds. They are pydantic dataclasses, so a record is validated
+when it is built (`dataclasses.replace` validates the copy too), and `==` compares every field but
+the store-assigned `seq`.
+
+The pydantic-style helpers stepcore 0.1's models had (`model_copy`, `model_dump`,
+`model_dump_json`, `model_validate`, `model_construct`) are kept on them.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+import dataclasses
+import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic_ai.messages import ModelMessage
+from pydantic_core import SchemaSerializer, SchemaValidator
 
 __all__ = (
     'RECORD_FORMAT_VERSION',
@@ -21,6 +36,7 @@ __all__ = (
     'StepEvent',
     'ToolEffectRecord',
     'ToolEffectStatus',
+    'record_fields_of',
     'utcnow',
 )
 
@@ -36,8 +52,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def _no_metadata() -> dict[str, str]:
+    return {}
+
+
 class EventKind(StrEnum):
-    """What happened at a step boundary."""
+    """What happened at a step boundary (a `str`: `event.kind == 'run_started'` holds)."""
 
     RUN_STARTED = 'run_started'
     RUN_COMPLETED = 'run_completed'
@@ -67,38 +87,118 @@ class ToolEffectStatus(StrEnum):
     FAILED = 'failed'
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra='ignore', validate_assignment=False, use_enum_values=False)
+_RECORD_CONFIG = ConfigDict(extra='forbid', populate_by_name=True)
+"""A record refuses a keyword it does not have, as a dataclass does (`model_validate`, which reads
+stored records, leaves unknown keys out instead)."""
 
-    store_assigned: ClassVar[frozenset[str]] = frozenset()
-    """Fields the store fills in when it writes the record; `==` leaves them out."""
 
-    def __eq__(self, other: object) -> bool:
-        """Equal when every field but the store-assigned ones is equal.
+if TYPE_CHECKING:
+    # A type checker sees the records as the plain dataclasses they are to a caller.
+    from dataclasses import dataclass as _record_dataclass
+else:
 
-        A record read back from a store equals the record that was written, although the store
-        gave it a `seq` on the way.
+    def _record_dataclass(**options):
+        return pydantic_dataclass(config=_RECORD_CONFIG, **options)
+
+
+_ACCEPTED: dict[type, frozenset[str]] = {}
+
+
+def _accepted_keys(cls: type) -> frozenset[str]:
+    """The keys a record class takes: its field names and their validation aliases."""
+    keys = _ACCEPTED.get(cls)
+    if keys is None:
+        found: set[str] = set()
+        for name, info in getattr(cls, '__pydantic_fields__', {}).items():
+            found.add(name)
+            alias = info.validation_alias
+            if isinstance(alias, AliasChoices):
+                found.update(choice for choice in alias.choices if isinstance(choice, str))
+        keys = _ACCEPTED[cls] = frozenset(found)
+    return keys
+
+
+class _RecordMethods:
+    """What every record has beside its fields: stepcore 0.1's pydantic-style helpers."""
+
+    __pydantic_serializer__: ClassVar[SchemaSerializer]
+    __pydantic_validator__: ClassVar[SchemaValidator]
+
+    @classmethod
+    def model_validate(cls, data: Mapping[str, Any] | Self) -> Self:
+        """A record from a mapping of its fields (as stored, or as `model_dump` gives them), validated.
+
+        Keys the record does not have are left out, so a record written by a later release reads.
         """
-        if not isinstance(other, BaseModel):
-            return NotImplemented
-        if type(other) is not type(self):
-            return False
-        skip = self.store_assigned
-        if not skip:
-            return super().__eq__(other)
-        mine, theirs = self.__dict__, other.__dict__
-        return all(mine.get(name) == theirs.get(name) for name in type(self).model_fields if name not in skip)
+        if isinstance(data, cls):
+            return data
+        fields = cast(Mapping[str, Any], data)
+        keys = _accepted_keys(cls)
+        if not keys.issuperset(fields):
+            fields = {k: v for k, v in fields.items() if k in keys}
+        return cls.__pydantic_validator__.validate_python(fields)
+
+    @classmethod
+    def model_validate_json(cls, data: str | bytes) -> Self:
+        """`model_validate` of a JSON document."""
+        return cls.model_validate(cast(dict[str, Any], json.loads(data)))
+
+    @classmethod
+    def model_construct(cls, **values: Any) -> Self:
+        """A record from values of the right types, without validating them; missing fields take their defaults."""
+        record = object.__new__(cls)
+        for spec in dataclasses.fields(cls):  # pyright: ignore[reportArgumentType]
+            if spec.name in values:
+                continue
+            if spec.default is not dataclasses.MISSING:
+                values[spec.name] = spec.default
+            elif spec.default_factory is not dataclasses.MISSING:
+                values[spec.name] = spec.default_factory()
+            else:
+                raise TypeError(f'{cls.__name__}.model_construct() needs {spec.name}=')
+        record.__dict__.update(values)
+        return record
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with the fields in `update` replaced, not validated (`dataclasses.replace` validates)."""
+        duplicate = copy.deepcopy(self) if deep else copy.copy(self)
+        if update:
+            duplicate.__dict__.update(update)
+        return duplicate
+
+    def model_dump(
+        self,
+        *,
+        mode: Literal['python', 'json'] = 'python',
+        include: set[str] | None = None,
+        exclude: set[str] | None = None,
+        by_alias: bool = False,
+        exclude_none: bool = False,
+    ) -> dict[str, Any]:
+        """The record's fields as a dict (`mode='json'`: JSON-compatible values)."""
+        return type(self).__pydantic_serializer__.to_python(
+            self, mode=mode, include=include, exclude=exclude, by_alias=by_alias, exclude_none=exclude_none
+        )
+
+    def model_dump_json(self, *, exclude: set[str] | None = None, exclude_none: bool = False) -> str:
+        """The record as a JSON string."""
+        return type(self).__pydantic_serializer__.to_json(self, exclude=exclude, exclude_none=exclude_none).decode()
 
 
-class RunRecord(_Record):
-    """One `Agent.run` call and its lineage."""
+@_record_dataclass(kw_only=True)
+class RunRecord(_RecordMethods):
+    """One `Agent.run` call and its lineage.
+
+    `conversation_id` groups the runs of one dialogue; `parent_run_id` names the run that started
+    this one (delegation). The two are independent.
+    """
 
     run_id: str
-    agent_name: str | None = None
     conversation_id: str | None = None
     parent_run_id: str | None = None
-    started_at: datetime = Field(default_factory=utcnow)
-    metadata: dict[str, str] = Field(default_factory=dict[str, str])
+    agent_name: str | None = None
+    metadata: dict[str, str] = dataclasses.field(default_factory=_no_metadata)
+    started_at: datetime = dataclasses.field(default_factory=utcnow)
     registration_id: str | None = None
     """Identity of the registration that created this record.
 
@@ -107,49 +207,91 @@ class RunRecord(_Record):
     """
 
 
-class StepEvent(_Record):
+@_record_dataclass(kw_only=True)
+class StepEvent(_RecordMethods):
     """An append-only record of one step boundary."""
 
     run_id: str
     kind: EventKind
-    step_index: int = 0
-    timestamp: datetime = Field(default_factory=utcnow)
-    agent_name: str | None = None
+    step_index: int
+    timestamp: datetime = dataclasses.field(default_factory=utcnow)
     conversation_id: str | None = None
     parent_run_id: str | None = None
-    tool_name: str | None = None
+    agent_name: str | None = None
     tool_call_id: str | None = None
+    tool_name: str | None = None
     error: str | None = None
-    """`repr`-style description of the failure, for `*_failed` events."""
-    metadata: dict[str, str] = Field(default_factory=dict[str, str])
+    """A description of the failure, for `*_failed` events."""
+    metadata: dict[str, str] = dataclasses.field(default_factory=_no_metadata)
     idempotency_key: str | None = None
     """A key the store already applied for this run is suppressed; `None` always appends."""
-    seq: int | None = None
+    seq: int | None = dataclasses.field(default=None, compare=False)
     """Position in the run's event trail, assigned by the store on append (not compared by `==`)."""
 
-    store_assigned: ClassVar[frozenset[str]] = frozenset({'seq'})
 
-
-class ContinuableSnapshot(_Record):
+@_record_dataclass(kw_only=True)
+class ContinuableSnapshot(_RecordMethods):
     """The message history of a run at one boundary, loadable as `message_history=`."""
 
-    model_config = ConfigDict(extra='ignore', arbitrary_types_allowed=True)
-
     run_id: str
-    step_index: int = 0
-    messages: list[ModelMessage] = Field(default_factory=list[ModelMessage])
-    state: SnapshotState = SnapshotState.COMPLETE
-    created_at: datetime = Field(default_factory=utcnow)
-    agent_name: str | None = None
+    step_index: int
+    messages: list[ModelMessage]
     conversation_id: str | None = None
     parent_run_id: str | None = None
-    metadata: dict[str, str] = Field(default_factory=dict[str, str])
+    agent_name: str | None = None
+    timestamp: Annotated[
+        datetime, Field(validation_alias=AliasChoices('timestamp', 'created_at'), serialization_alias='created_at')
+    ] = dataclasses.field(default_factory=utcnow)
+    """When the snapshot was taken. Stored as `created_at`, the name stepcore 0.1 gave it, which
+    the constructor still takes."""
+    state: SnapshotState = SnapshotState.COMPLETE
     idempotency_key: str | None = None
     """A key the store already applied for this run is suppressed; `None` always saves."""
-    seq: int | None = None
+    metadata: dict[str, str] = dataclasses.field(default_factory=_no_metadata)
+    seq: int | None = dataclasses.field(default=None, compare=False)
     """Per-run monotonic position, assigned by the store on save (not compared by `==`)."""
 
-    store_assigned: ClassVar[frozenset[str]] = frozenset({'seq'})
+    @property
+    def created_at(self) -> datetime:
+        """`timestamp`, by the name stepcore 0.1 gave it."""
+        return self.timestamp
+
+
+@_record_dataclass(kw_only=True)
+class ToolEffectRecord(_RecordMethods):
+    """The ledger entry of one tool call, keyed by `(run_id, tool_call_id)`."""
+
+    tool_call_id: str
+    tool_name: str
+    run_id: str
+    status: ToolEffectStatus
+    started_at: datetime = dataclasses.field(default_factory=utcnow)
+    ended_at: datetime | None = None
+    """When the call completed or failed; `None` while it is `started`."""
+    idempotency_key: str | None = None
+    """Set by the tool through `annotate_tool_effect`: how to deduplicate its side effect."""
+    effect_summary: str | None = None
+    """Set by the tool through `annotate_tool_effect`: what the side effect was, in words."""
+    updated_at: datetime | None = None
+    """When the entry was last written: its `ended_at`, else its `started_at`, unless given."""
+    step_index: int = 0
+    error: str | None = None
+    args: Any = None
+    """The tool call's arguments as the model sent them (JSON-compatible)."""
+
+    def __post_init__(self) -> None:
+        if self.updated_at is None:
+            self.updated_at = self.ended_at if self.ended_at is not None else self.started_at
+
+    @property
+    def unresolved(self) -> bool:
+        """True while the call has a `started` record and no terminal update."""
+        return self.status is ToolEffectStatus.STARTED
+
+
+def record_fields_of(record: object) -> tuple[str, ...]:
+    """The field names of a record class or instance, in order."""
+    return tuple(spec.name for spec in dataclasses.fields(record))  # pyright: ignore[reportArgumentType]
 
 
 class SnapshotSummary(BaseModel):
@@ -187,7 +329,7 @@ class SnapshotSummary(BaseModel):
             state=SnapshotState(snapshot.state),
             step_index=snapshot.step_index,
             message_count=len(snapshot.messages) if message_count is None else message_count,
-            created_at=snapshot.created_at,
+            created_at=snapshot.timestamp,
             agent_name=snapshot.agent_name,
             conversation_id=snapshot.conversation_id,
             parent_run_id=snapshot.parent_run_id,
@@ -196,7 +338,7 @@ class SnapshotSummary(BaseModel):
         )
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SnapshotMessages:
     """Part of one stored snapshot's history: what `StepStore.get_snapshot_messages` answers.
 
@@ -211,27 +353,3 @@ class SnapshotMessages:
     @property
     def stop(self) -> int:
         return self.start + len(self.messages)
-
-
-class ToolEffectRecord(_Record):
-    """The ledger entry of one tool call, keyed by `(run_id, tool_call_id)`."""
-
-    run_id: str
-    tool_call_id: str
-    tool_name: str
-    status: ToolEffectStatus = ToolEffectStatus.STARTED
-    started_at: datetime = Field(default_factory=utcnow)
-    updated_at: datetime = Field(default_factory=utcnow)
-    step_index: int = 0
-    idempotency_key: str | None = None
-    """Set by the tool through `annotate_tool_effect`: how to deduplicate its side effect."""
-    effect_summary: str | None = None
-    """Set by the tool through `annotate_tool_effect`: what the side effect was, in words."""
-    error: str | None = None
-    args: Any = None
-    """The tool call's arguments as the model sent them (JSON-compatible)."""
-
-    @property
-    def unresolved(self) -> bool:
-        """True while the call has a `started` record and no terminal update."""
-        return self.status is ToolEffectStatus.STARTED

@@ -63,9 +63,9 @@ class StepOperations(AbstractCapability[AgentDepsT]):
 
     @durable_operation(name='save_snapshot')
     async def _op_save_snapshot(self, ctx: RunContext[Any], snapshot: ContinuableSnapshot) -> datetime:
-        created_at = utcnow()
-        await self.store.save_snapshot(snapshot.model_copy(update={'created_at': created_at}))
-        return created_at
+        timestamp = utcnow()
+        await self.store.save_snapshot(snapshot.model_copy(update={'timestamp': timestamp}))
+        return timestamp
 
     @durable_operation(name='tool_effect_started')
     async def _op_tool_effect_started(
@@ -78,7 +78,8 @@ class StepOperations(AbstractCapability[AgentDepsT]):
 
     @durable_operation(name='tool_effect_finished')
     async def _op_tool_effect_finished(self, ctx: RunContext[Any], record: ToolEffectRecord) -> ToolEffectRecord:
-        stamped = record.model_copy(update={'updated_at': utcnow()})
+        now = utcnow()
+        stamped = record.model_copy(update={'updated_at': now, 'ended_at': now})
         await self.store.record_tool_effect(stamped)
         return stamped
 

@@ -322,8 +322,8 @@ class StepStore(ABC):
         times = [
             sort_time(run.started_at),
             *(sort_time(e.timestamp) for e in events),
-            *(sort_time(e.updated_at) for e in effects),
-            *(sort_time(s.created_at) for s in snapshots),
+            *(sort_time(e.updated_at or e.started_at) for e in effects),
+            *(sort_time(s.timestamp) for s in snapshots),
         ]
         return RunFootprint(run_id, len(events), len(snapshots), len(effects), max(times), run_status(events))
 

@@ -119,7 +119,7 @@ class RunState:
             step_index=step,
             messages=messages,
             state=state,
-            created_at=utcnow(),
+            timestamp=utcnow(),
             agent_name=self.agent_name,
             conversation_id=self.conversation_id,
             parent_run_id=self.parent_run_id,

@@ -72,7 +72,8 @@ async def _finish(
     """Record the call's outcome; `summary` fills `effect_summary` when the tool did not annotate one."""
     call_id = call.tool_call_id
     current = run.in_flight.pop(call_id)
-    update: dict[str, Any] = {'status': status, 'error': error, 'updated_at': utcnow()}
+    now = utcnow()
+    update: dict[str, Any] = {'status': status, 'error': error, 'updated_at': now, 'ended_at': now}
     if current.effect_summary is None and summary is not None:
         update['effect_summary'] = summary
     finished = current.model_copy(update=update)

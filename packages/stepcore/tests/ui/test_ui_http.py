@@ -51,7 +51,7 @@ async def _fill_many(database: Path) -> None:
                     started_at=T0 + timedelta(minutes=i + 1),
                 )
             )
-        events = [StepEvent(run_id='root', kind=EventKind.RUN_STARTED, timestamp=T0)]
+        events = [StepEvent(run_id='root', kind=EventKind.RUN_STARTED, timestamp=T0, step_index=0)]
         for step in range(1, 63):
             at = T0 + timedelta(seconds=10 * step)
             call = f'call-{step}'
@@ -86,8 +86,8 @@ async def _fill_many(database: Path) -> None:
         await store.write_batch(events)
         for i in range(3):  # job-00 finished, job-01 failed, the others never ended
             kind = EventKind.RUN_COMPLETED if i == 0 else EventKind.RUN_STARTED
-            await store.append_event(StepEvent(run_id=f'job-{i:02d}', kind=kind))
-        await store.append_event(StepEvent(run_id='job-01', kind=EventKind.RUN_FAILED, error='boom'))
+            await store.append_event(StepEvent(run_id=f'job-{i:02d}', kind=kind, step_index=0))
+        await store.append_event(StepEvent(run_id='job-01', kind=EventKind.RUN_FAILED, error='boom', step_index=0))
         await store.record_tool_effect(
             ToolEffectRecord(run_id='job-02', tool_call_id='pay-1', tool_name='pay', status=ToolEffectStatus.STARTED)
         )

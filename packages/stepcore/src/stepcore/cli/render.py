@@ -152,7 +152,7 @@ def snapshots_table(
             _last_message_summary(snap.messages),
         ]
         if timestamps:
-            row.append(_when(snap.created_at))
+            row.append(_when(snap.timestamp))
         table.add_row(*row)
     return table
 
@@ -196,7 +196,7 @@ def effects_table(
         if with_errors:
             row.append(_clip(effect.error or '-', 80))
         if timestamps:
-            row.append(_when(effect.updated_at))
+            row.append(_when(effect.updated_at or effect.started_at))
         table.add_row(*row)
     return table
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Final, TypeVar, cast
 
-from pydantic import BaseModel
 from pydantic_ai.messages import ModelMessage
 
 from ..codec import FORMAT_KEY, decode_messages, load_record, record_fields
@@ -75,7 +74,6 @@ from .seal import HEAD_KEY, NO_PREV, SEALED_FORMAT, MessageDamage, Sealer, key_i
 __all__ = ('EngineStore',)
 
 T = TypeVar('T')
-R = TypeVar('R', bound=BaseModel)
 
 RUN_FIELDS_IN_ROW: Final = frozenset({'run_id'})
 EVENT_FIELDS_IN_ROW: Final = frozenset({'run_id', 'seq'})
@@ -384,7 +382,9 @@ class EngineStore(StepStore):
             data = _open(self._sealer, row.body, SNAPSHOT_FIELDS_IN_ROW, (row.run_id, row.state, row.length))
             version = data.get(FORMAT_KEY, 1)
             head = data.pop(HEAD_KEY, None)
-            snapshot = load_record(ContinuableSnapshot, data, run_id=row.run_id, seq=row.seq, state=row.state)
+            snapshot = load_record(
+                ContinuableSnapshot, data, run_id=row.run_id, seq=row.seq, state=row.state, messages=[]
+            )
             sealed = isinstance(version, int) and version >= SEALED_FORMAT
             return snapshot, head if isinstance(head, str) else None, sealed
 
@@ -508,10 +508,11 @@ class EngineStore(StepStore):
         times.extend(sort_time(e.timestamp) for e in events)
         for row in effect_rows:
             with contextlib.suppress(DamagedRecordError):
-                times.append(sort_time(self._decode_effect(row).updated_at))
+                entry = self._decode_effect(row)
+                times.append(sort_time(entry.updated_at or entry.started_at))
         for row in snapshot_rows:
             with contextlib.suppress(DamagedRecordError):
-                times.append(sort_time(self._decode_snapshot_header(row).created_at))
+                times.append(sort_time(self._decode_snapshot_header(row).timestamp))
         return RunFootprint(
             run_id=run_id,
             events=len(event_rows),

@@ -1,27 +1,27 @@
 """pydantic-ai-harness records as stepcore's.
 
-The harness's runs, events and ledger entries have the fields of ours under the same names, with
-two exceptions: a snapshot's `timestamp` is our `created_at`, and a ledger entry's `ended_at`
-(unset while the call is in flight) is our `updated_at`. Fields a harness release did not write
-yet (`state`, `idempotency_key`, `registration_id`) read as the harness reads them: `complete`,
+The harness's runs, events, snapshots and ledger entries have the fields of ours under the same
+names; a ledger entry's `updated_at`, which the harness does not keep, is its `ended_at` (unset
+while the call is in flight), else its `started_at`. Fields a harness release did not write yet
+(`state`, `idempotency_key`, `registration_id`) read as the harness reads them: `complete`,
 `None`, `None`. A naive timestamp is taken as UTC.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
 from pydantic_ai.messages import ModelMessage
 
 from ..models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 
 __all__ = ('effect_from_harness', 'event_from_harness', 'run_from_harness', 'snapshot_from_harness')
 
-R = TypeVar('R', bound=BaseModel)
+R = TypeVar('R', RunRecord, StepEvent, ContinuableSnapshot, ToolEffectRecord)
 
 
 def _metadata(value: object) -> object:
@@ -37,7 +37,7 @@ def _aware(record: R) -> R:
     """`record` with each naive datetime field taken as UTC."""
     naive = {
         name: value.replace(tzinfo=UTC)
-        for name, value in record
+        for name, value in ((spec.name, getattr(record, spec.name)) for spec in dataclasses.fields(record))
         if isinstance(value, datetime) and value.tzinfo is None
     }
     return record.model_copy(update=naive) if naive else record
@@ -58,7 +58,7 @@ def snapshot_from_harness(data: Mapping[str, Any], messages: list[ModelMessage])
     """A harness snapshot's fields (without its history) and its decoded history as a `ContinuableSnapshot`."""
     fields = {key: value for key, value in data.items() if key not in ('seq', 'messages')}
     fields['state'] = fields.get('state') or 'complete'
-    fields.setdefault('created_at', data.get('timestamp'))
+    fields['messages'] = []
     header = _aware(ContinuableSnapshot.model_validate(fields))
     return header.model_copy(update={'messages': messages})
 
@@ -66,5 +66,4 @@ def snapshot_from_harness(data: Mapping[str, Any], messages: list[ModelMessage])
 def effect_from_harness(data: Mapping[str, Any]) -> ToolEffectRecord:
     """A harness ledger entry as a `ToolEffectRecord`."""
     fields = dict(data)
-    fields.setdefault('updated_at', data.get('ended_at') or data.get('started_at'))
     return _aware(ToolEffectRecord.model_validate(fields))
