@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import bson
@@ -326,6 +326,22 @@ async def test_client_and_db_url_are_exclusive(mongo_url: str):
             MongoStepStore(client=client, db_url=mongo_url)
     finally:
         await client.close()
+
+
+async def test_dates_read_back_aware_in_utc(store: MongoStepStore):
+    """The stores' codec options decode BSON dates as aware datetimes in UTC."""
+    started = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=timezone(timedelta(hours=2)))
+    await store.register_run(RunRecord(run_id='r1', started_at=started))
+    doc = await store.database['runs'].find_one({'_id': 'r1'})
+    assert doc is not None
+    stored = doc['started_at']
+    assert isinstance(stored, datetime)
+    assert stored.utcoffset() == timedelta(0)
+    assert stored == started.replace(microsecond=123000)  # BSON dates hold milliseconds
+    assert (stored.hour, stored.tzname()) == (10, 'UTC')
+    run = await store.get_run('r1')
+    assert run is not None
+    assert run.started_at == started  # exact, from the microsecond twin
 
 
 async def test_a_shared_client_with_other_codec_options_works(mongo_url: str, db_name: str):

@@ -10,7 +10,6 @@ are obtained with `get_database(name, codec_options=...)` when the client has it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC
 from typing import Any, Protocol, cast
 
 from bson.codec_options import CodecOptions
@@ -45,7 +44,7 @@ class AsyncClient(Protocol):
 DEFAULT_DATABASE = 'stepcore'
 """Database used when neither `database=` nor the connection string names one."""
 
-CODEC_OPTIONS: CodecOptions[Document] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
+CODEC_OPTIONS: CodecOptions[Document] = CodecOptions(document_class=dict, tz_aware=True)
 """How the stores decode documents, independent of a shared client's own codec options."""
 
 
