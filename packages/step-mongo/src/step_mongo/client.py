@@ -56,6 +56,7 @@ def check_client(owner: str, client: object) -> AsyncClient:
     """
     if isinstance(client, AsyncMongoClient):
         return cast(AsyncClient, client)
+    kind = type(client).__name__
     if isinstance(client, SyncMongoClient):
         raise TypeError(
             f'{owner} got a synchronous pymongo.MongoClient as client=: the store is async, pass a '
@@ -63,7 +64,7 @@ def check_client(owner: str, client: object) -> AsyncClient:
         )
     if isinstance(client, str | bytes):
         raise TypeError(
-            f'{owner} got a {type(client).__name__} as client=: pass a connection string as db_url=, or a '
+            f'{owner} got a {kind} as client=: pass a connection string as db_url=, or a '
             'pymongo.AsyncMongoClient as client='
         )
     hands_out_databases = callable(getattr(client, 'get_database', None)) or callable(
@@ -72,7 +73,7 @@ def check_client(owner: str, client: object) -> AsyncClient:
     if hands_out_databases and not isinstance(client, Sequence):
         return cast(AsyncClient, client)
     raise TypeError(
-        f'{owner} needs an async MongoDB client as client=, got {type(client).__name__}: pass a '
+        f'{owner} needs an async MongoDB client as client=, got {kind}: pass a '
         'pymongo.AsyncMongoClient, an object with its get_database(name) / client[name] API whose collections '
         'are async, or db_url= instead'
     )
