@@ -80,15 +80,21 @@ def check_client(owner: str, client: object) -> AsyncClient:
 
 
 def open_client(owner: str, client: object | None, db_url: str | None) -> tuple[AsyncClient, bool]:
-    """The client to use and whether the store owns it (created it from `db_url`)."""
+    """The client to use and whether the store owns it (created it from `db_url`).
+
+    Exactly one of `client` and `db_url` is taken: both or neither is a `ValueError` whose message
+    says "exactly one" (the phrase pydantic-ai-harness's stores use, which callers match on).
+    """
     if client is not None and db_url is not None:
-        raise ValueError(f'{owner} takes client= or db_url=, not both: pass a shared client or a connection string')
+        raise ValueError(
+            f'{owner} takes exactly one of client= or db_url=, not both: pass a shared client or a connection string'
+        )
     if client is not None:
         return check_client(owner, client), False
     if db_url is None:
         raise ValueError(
-            f'{owner} needs client= (a shared pymongo AsyncMongoClient) or db_url= (a connection string such as '
-            "'mongodb://127.0.0.1:27017')"
+            f'{owner} needs exactly one of client= or db_url=, got neither: pass client= (a shared pymongo '
+            "AsyncMongoClient) or db_url= (a connection string such as 'mongodb://127.0.0.1:27017')"
         )
     if not db_url.startswith(('mongodb://', 'mongodb+srv://')):
         raise ValueError(
