@@ -2,9 +2,10 @@
 
 A store takes any client with pymongo's async API: a `pymongo.AsyncMongoClient`, or another object
 that hands out databases whose collections have the async collection methods (`insert_one`,
-`find`, `bulk_write`, ...) — a driver's wrapper, a proxy that adds tracing, a Motor client. Databases
-are obtained with `get_database(name, codec_options=...)` when the client has it, else with
-`client[name]`.
+`find`, `bulk_write`, ...) — a driver's wrapper, a proxy that adds tracing, a Motor client, or
+mongomock-motor's in-memory `AsyncMongoMockClient` for tests (see `compat` for how the stores adapt
+to it). Databases are obtained with `get_database(name, codec_options=...)` when the client has it,
+else with `client[name]`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient
 from pymongo import MongoClient as SyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
+
+from .compat import is_mongomock, is_synchronous_mongomock
 
 __all__ = (
     'CODEC_OPTIONS',
@@ -51,8 +54,8 @@ CODEC_OPTIONS: CodecOptions[Document] = CodecOptions(document_class=dict, tz_awa
 def check_client(owner: str, client: object) -> AsyncClient:
     """`client` when it can hand out databases (`get_database` or `client[name]`); `TypeError` otherwise.
 
-    pymongo's synchronous `MongoClient` is refused by name: its collection methods do not return
-    awaitables, so every store call would fail later, far from the cause.
+    pymongo's synchronous `MongoClient` (and mongomock's) is refused by name: its collection methods
+    do not return awaitables, so every store call would fail later, far from the cause.
     """
     if isinstance(client, AsyncMongoClient):
         return cast(AsyncClient, client)
@@ -61,6 +64,11 @@ def check_client(owner: str, client: object) -> AsyncClient:
         raise TypeError(
             f'{owner} got a synchronous pymongo.MongoClient as client=: the store is async, pass a '
             'pymongo.AsyncMongoClient (or db_url=) instead'
+        )
+    if is_synchronous_mongomock(client):
+        raise TypeError(
+            f"{owner} got mongomock's synchronous {kind} as client=: the store is async, pass "
+            "mongomock_motor.AsyncMongoMockClient (mongomock-motor's async client over mongomock) instead"
         )
     if isinstance(client, str | bytes):
         raise TypeError(
@@ -114,21 +122,33 @@ def _check_name(database: str) -> str:
 
 def _with_codec(db: Any) -> AsyncDatabase[Document]:
     """`db` reading through `CODEC_OPTIONS` where it can be given them (`with_options`)."""
+    if is_mongomock(db):
+        # mongomock's `with_options` returns its synchronous database (mongomock-motor does not
+        # wrap it): ask the async client the database belongs to for it by name instead.
+        return cast(AsyncDatabase[Document], db.client.get_database(db.name, codec_options=CODEC_OPTIONS))
     with_options = getattr(db, 'with_options', None)
     return cast(AsyncDatabase[Document], with_options(codec_options=CODEC_OPTIONS) if callable(with_options) else db)
+
+
+def _named(client: AsyncClient, name: str) -> AsyncDatabase[Document]:
+    get_database = getattr(client, 'get_database', None)
+    if callable(get_database):
+        return cast(AsyncDatabase[Document], get_database(name, codec_options=CODEC_OPTIONS))
+    return _with_codec(client[name])
 
 
 def resolve_database(client: AsyncClient, database: str | None) -> AsyncDatabase[Document]:
     """`database`, else the one named in the connection string, else `DEFAULT_DATABASE`."""
     if database is not None:
-        name = _check_name(database)
-        get_database = getattr(client, 'get_database', None)
-        if callable(get_database):
-            return cast(AsyncDatabase[Document], get_database(name, codec_options=CODEC_OPTIONS))
-        return _with_codec(client[name])
+        return _named(client, _check_name(database))
     get_default = getattr(client, 'get_default_database', None)
     if callable(get_default):
-        return cast(AsyncDatabase[Document], get_default(default=DEFAULT_DATABASE, codec_options=CODEC_OPTIONS))
+        db = get_default(default=DEFAULT_DATABASE, codec_options=CODEC_OPTIONS)
+        if is_synchronous_mongomock(db):
+            # mongomock-motor's client hands out mongomock's synchronous database here: keep
+            # its name (the connection string's, else the default) and get the async one.
+            return _named(client, cast(str, cast(Any, db).name))
+        return cast(AsyncDatabase[Document], db)
     return _with_codec(client[DEFAULT_DATABASE])
 
 
