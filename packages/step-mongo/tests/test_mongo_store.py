@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import bson
@@ -316,7 +316,7 @@ def test_a_missing_privilege_names_the_fix():
 
 
 def test_constructor_errors_say_what_to_pass():
-    with pytest.raises(ValueError, match=r'needs client= .* or db_url='):
+    with pytest.raises(ValueError, match=r'exactly one of client= or db_url=, got neither: pass client= .* or db_url='):
         MongoStepStore()
     with pytest.raises(ValueError, match="expected a 'mongodb://'"):
         MongoStepStore(db_url='postgres://x')
@@ -335,6 +335,39 @@ async def test_client_and_db_url_are_exclusive(mongo_url: str):
             MongoStepStore(client=client, db_url=mongo_url)
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize('store_class', [MongoStepStore, MongoMediaStore], ids=lambda c: c.__name__)
+async def test_exactly_one_of_client_and_db_url_is_taken(
+    store_class: type[MongoStepStore] | type[MongoMediaStore], mongo_url: str
+):
+    """Both or neither raise `ValueError` with the words "exactly one", next to what to pass."""
+    client: MongoClient = AsyncMongoClient[Document](mongo_url)
+    try:
+        with pytest.raises(ValueError, match=r'takes exactly one of client= or db_url=, not both') as both:
+            store_class(client=client, db_url=mongo_url)
+        assert str(both.value).startswith(f'{store_class.__name__} takes exactly one')
+    finally:
+        await client.close()
+    with pytest.raises(ValueError, match=r'needs exactly one of client= or db_url=, got neither') as neither:
+        store_class()
+    assert "db_url= (a connection string such as 'mongodb://127.0.0.1:27017')" in str(neither.value)
+
+
+async def test_dates_read_back_aware_in_utc(store: MongoStepStore):
+    """The stores' codec options decode BSON dates as aware datetimes in UTC."""
+    started = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=timezone(timedelta(hours=2)))
+    await store.register_run(RunRecord(run_id='r1', started_at=started))
+    doc = await store.database['runs'].find_one({'_id': 'r1'})
+    assert doc is not None
+    stored = doc['started_at']
+    assert isinstance(stored, datetime)
+    assert stored.utcoffset() == timedelta(0)
+    assert stored == started.replace(microsecond=123000)  # BSON dates hold milliseconds
+    assert (stored.hour, stored.tzname()) == (10, 'UTC')
+    run = await store.get_run('r1')
+    assert run is not None
+    assert run.started_at == started  # exact, from the microsecond twin
 
 
 async def test_a_shared_client_with_other_codec_options_works(mongo_url: str, db_name: str):

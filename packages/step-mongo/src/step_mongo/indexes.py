@@ -9,6 +9,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import OperationFailure
 
 from .client import Document
+from .compat import create_indexes
 
 __all__ = ('ensure_indexes', 'index_error')
 
@@ -38,6 +39,6 @@ def index_error(collection: str, models: Sequence[IndexModel], error: OperationF
 async def ensure_indexes(collection: AsyncCollection[Document], models: Sequence[IndexModel]) -> None:
     """Create `models` on `collection` (a no-op for indexes that already exist)."""
     try:
-        await collection.create_indexes(list(models))
+        await create_indexes(collection, models)
     except OperationFailure as error:
         raise index_error(collection.full_name, models, error) from error

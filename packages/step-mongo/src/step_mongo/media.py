@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
 
 from bson.binary import Binary
-from pymongo import ASCENDING, IndexModel, ReplaceOne
+from pymongo import ASCENDING, IndexModel
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
@@ -39,6 +39,7 @@ from stepcore.media import (
 from stepcore.setup_once import SetupOnce
 
 from .client import AsyncClient, ClientUser, Document
+from .compat import replace_all
 from .indexes import ensure_indexes
 
 __all__ = ('DEFAULT_CHUNK_SIZE_BYTES', 'MAX_CHUNK_SIZE_BYTES', 'MongoMediaStore')
@@ -117,15 +118,14 @@ class MongoMediaStore(ClientUser, MediaStore):
         count = max(1, -(-len(data) // size))
         generation = uuid.uuid4().hex
         chunks = [
-            ReplaceOne(
+            (
                 {'digest': digest, 'n': n},
                 {'digest': digest, 'n': n, 'gen': generation, 'data': Binary(data[n * size : (n + 1) * size])},
-                upsert=True,
             )
             for n in range(count)
         ]
         try:
-            await self._chunks.bulk_write(chunks, ordered=False)
+            await replace_all(self._chunks, chunks, ordered=False)
         except BulkWriteError as error:
             # A concurrent put of the same bytes upserted a chunk first: it holds the same slice.
             write_errors = cast(list[Mapping[str, Any]], error.details.get('writeErrors', []))

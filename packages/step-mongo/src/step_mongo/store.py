@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar, Final, cast
 
-from pymongo import ASCENDING, DESCENDING, IndexModel, ReplaceOne, ReturnDocument
+from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError
@@ -49,6 +49,7 @@ from stepcore.setup_once import SetupOnce
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 
 from .client import AsyncClient, ClientUser, Document
+from .compat import replace_all
 from .documents import (
     NODE_PIECE_BYTES,
     effect_document,
@@ -280,13 +281,10 @@ class MongoPort(AsyncPort):
 
     async def put_effects(self, tx: Any, op: ops.PutEffects) -> None:
         """Replace-or-insert each ledger entry, in order, in one bulk write."""
-        operations = [
-            ReplaceOne({'run_id': r.run_id, 'tool_call_id': r.tool_call_id}, effect_document(r), upsert=True)
-            for r in op.rows
-        ]
+        replacements = [({'run_id': r.run_id, 'tool_call_id': r.tool_call_id}, effect_document(r)) for r in op.rows]
         for attempt in range(3):
             try:
-                await self._effects.bulk_write(operations, ordered=True)
+                await replace_all(self._effects, replacements, ordered=True)
                 return
             except BulkWriteError as error:
                 errors = _write_errors(error)
