@@ -4,11 +4,9 @@ pydantic-ai-harness's tests run its MongoDB stores on this client, so users of i
 too. These tests need no server; they run beside the ones against STEP_MONGO_URL, which stay the
 reference for how the stores behave on MongoDB.
 
-The conformance kit runs on the mock client too. Three of its tests hand `store_spec` to another
-Python process (a writer, a process killed mid tool call, a crash-test zygote): mongomock's data
-lives in this process's memory, and a spec holding the client object cannot be sent to another
-process (`json.dumps` raises `TypeError`). Those three are expected to fail exactly that way
-(strict `xfail`, raising `TypeError`); everything else in the kit passes.
+The conformance kit runs on the mock client too, on a store that does not declare `persistent`:
+mongomock's data lives in this process's memory, where no other process (a second writer, a
+process killed mid tool call) can reach it. Every other section of the kit passes.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Any, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 import mongomock
 import pytest
@@ -48,18 +46,18 @@ from stepcore import (
     continue_run,
     is_provider_valid,
 )
+from stepcore.features import PERSISTENT
 from stepcore.media import MediaContext, media_uri
 from stepcore_conformance import MediaStoreConformance, StepStoreConformance
 
 MockClient: TypeAlias = 'AsyncMongoMockClient[Document]'
 
-_IN_ANOTHER_PROCESS = frozenset(
-    {
-        'test_writers_in_other_processes',
-        'test_a_process_killed_at_any_boundary_keeps_the_crash_rule',
-        'test_killed_process_leaves_unresolved_effect_and_settled_snapshot',
-    }
-)
+
+class InMemoryMongoStepStore(MongoStepStore):
+    """The Mongo store on an in-memory client: everything but persistence, which another process
+    cannot have (mongomock's data lives in this process only)."""
+
+    features: ClassVar[frozenset[str]] = MongoStepStore.features - {PERSISTENT}
 
 
 @pytest.fixture
@@ -69,29 +67,11 @@ def mock_client() -> MockClient:
 
 
 class TestMongomockStepStore(StepStoreConformance):
-    @pytest.fixture(autouse=True)
-    def _data_stays_in_this_process(self, request: pytest.FixtureRequest) -> None:
-        if request.node.originalname in _IN_ANOTHER_PROCESS:
-            request.node.add_marker(
-                pytest.mark.xfail(
-                    # TypeError from json.dumps; in a task group when two children are started at once
-                    raises=(TypeError, ExceptionGroup),
-                    strict=True,
-                    reason="another process cannot reach mongomock's in-memory data: the spec holding the "
-                    'client object is not JSON',
-                )
-            )
-
     @pytest.fixture
     async def store(self, mock_client: MockClient, store_options: dict[str, Any]) -> AsyncIterator[MongoStepStore]:
-        store = MongoStepStore(client=mock_client, database='kit', **store_options)
+        store = InMemoryMongoStepStore(client=mock_client, database='kit', **store_options)
         yield store
         await store.aclose()
-
-    @pytest.fixture
-    def store_spec(self, mock_client: MockClient) -> dict[str, Any]:
-        """A second store over the same data: the same client object (in this process only)."""
-        return {'backend': 'mongo', 'client': mock_client, 'database': 'kit'}
 
     @pytest.fixture
     def damage(self, mongo_damage: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
@@ -308,7 +288,7 @@ async def test_partial_unique_indexes_keep_their_filter(mock_client: MockClient)
         assert keyed['partialFilterExpression'] == {'idempotency_key': {'$type': 'string'}}
     # so any number of events without a key are kept, and a key is applied once
     for key in (None, None, 'k', 'k', None):
-        await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, idempotency_key=key))
+        await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, idempotency_key=key, step_index=0))
     assert [(e.seq, e.idempotency_key) for e in await store.list_events('r1')] == [
         (1, None),
         (2, None),
@@ -321,8 +301,10 @@ async def test_ledger_entries_are_replaced_in_order(mock_client: MockClient):
     """The ledger's replace-or-insert writes (a bulk write on a server) on mongomock."""
     store = MongoStepStore(client=mock_client, database='x')
     await store.register_run(RunRecord(run_id='r1'))
-    first = ToolEffectRecord(run_id='r1', tool_call_id='c1', tool_name='t', args={'a': 1})
-    second = ToolEffectRecord(run_id='r1', tool_call_id='c2', tool_name='t')
+    first = ToolEffectRecord(
+        run_id='r1', tool_call_id='c1', tool_name='t', args={'a': 1}, status=ToolEffectStatus.STARTED
+    )
+    second = ToolEffectRecord(run_id='r1', tool_call_id='c2', tool_name='t', status=ToolEffectStatus.STARTED)
     await store.write_batch([first, second])
     done = first.model_copy(update={'status': ToolEffectStatus.COMPLETED, 'effect_summary': 'ok'})
     await store.write_batch([done])
