@@ -49,12 +49,12 @@ class BatchWritesConformance(StoreFixtures):
         def strip(events: list[StepEvent]) -> list[StepEvent]:
             return [dataclasses.replace(e, seq=None, run_id='') for e in events]
 
-        assert strip(await store.list_events(batched)) == strip(await store.list_events(single))
-        [effect] = await store.list_tool_effects(batched)
+        assert strip(await store.list_events(run_id=batched)) == strip(await store.list_events(run_id=single))
+        [effect] = await store.list_tool_effects(run_id=batched)
         assert effect.status is ToolEffectStatus.COMPLETED, 'a later ledger entry in the batch must win'
-        [single_effect] = await store.list_tool_effects(single)
+        [single_effect] = await store.list_tool_effects(run_id=single)
         assert dataclasses.replace(effect, run_id='') == dataclasses.replace(single_effect, run_id='')
-        assert await store.list_unresolved_tool_effects(batched) == []
+        assert await store.list_unresolved_tool_effects(run_id=batched) == []
 
     async def test_events_keep_order_and_seq_after_single_appends(self, store: StepStore) -> None:
         run_id = await register(store)
@@ -62,7 +62,7 @@ class BatchWritesConformance(StoreFixtures):
         await store.write_batch([event(run_id, 1), event(run_id, 2)])
         await store.append_event(event(run_id, 3))
         await store.write_batch([event(run_id, 4)])
-        listed = await store.list_events(run_id)
+        listed = await store.list_events(run_id=run_id)
         assert [e.step_index for e in listed] == [0, 1, 2, 3, 4]
         seqs = [e.seq or 0 for e in listed]
         assert all(isinstance(e.seq, int) for e in listed), seqs
@@ -82,37 +82,37 @@ class BatchWritesConformance(StoreFixtures):
             ]
         )
         await store.write_batch([event(run_id, 6, idempotency_key='b')])  # a replayed batch
-        assert [e.step_index for e in await store.list_events(run_id)] == [0, 2, 4, 5]
+        assert [e.step_index for e in await store.list_events(run_id=run_id)] == [0, 2, 4, 5]
 
     async def test_batch_spanning_runs(self, store: StepStore) -> None:
         first, second = await register(store), await register(store)
         await store.write_batch(
             [event(first, 0), _effect(second, 'c'), event(second, 1), event(first, 2), _effect(first, 'c')]
         )
-        assert [e.step_index for e in await store.list_events(first)] == [0, 2]
-        assert [e.step_index for e in await store.list_events(second)] == [1]
-        assert [r.run_id for r in await store.list_tool_effects(first)] == [first]
-        assert [r.run_id for r in await store.list_tool_effects(second)] == [second]
+        assert [e.step_index for e in await store.list_events(run_id=first)] == [0, 2]
+        assert [e.step_index for e in await store.list_events(run_id=second)] == [1]
+        assert [r.run_id for r in await store.list_tool_effects(run_id=first)] == [first]
+        assert [r.run_id for r in await store.list_tool_effects(run_id=second)] == [second]
 
     async def test_empty_batch_writes_nothing(self, store: StepStore) -> None:
         run_id = await register(store)
         await store.write_batch([])
-        assert await store.list_events(run_id) == []
-        assert await store.list_tool_effects(run_id) == []
+        assert await store.list_events(run_id=run_id) == []
+        assert await store.list_tool_effects(run_id=run_id) == []
 
     async def test_other_records_are_refused_before_anything_is_written(self, store: StepStore) -> None:
         run_id = await register(store)
         with pytest.raises(TypeError, match='write_batch got'):
             await store.write_batch([event(run_id, 0), 'not a record'])  # pyright: ignore[reportArgumentType]
-        assert await store.list_events(run_id) == []
+        assert await store.list_events(run_id=run_id) == []
 
     async def test_apply_writes_helper_uses_the_same_semantics(self, store: StepStore) -> None:
         run_id = await register(store)
         await apply_writes(store, [_effect(run_id, 'x'), event(run_id, 0, idempotency_key='k')])
         await apply_writes(store, [event(run_id, 1, idempotency_key='k')])
         await apply_writes(store, [])
-        assert [e.step_index for e in await store.list_events(run_id)] == [0]
-        assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id)] == ['x']
+        assert [e.step_index for e in await store.list_events(run_id=run_id)] == [0]
+        assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id=run_id)] == ['x']
 
     async def test_batch_with_a_snapshot_saves_snapshot_and_records(self, store: StepStore) -> None:
         run_id = await register(store)
@@ -127,17 +127,17 @@ class BatchWritesConformance(StoreFixtures):
         await store.write_batch(
             [event(run_id, 2)], snapshot=snapshot(run_id, conversation(3), 4, idempotency_key='s:1')
         )
-        snapshots = await store.list_snapshots(run_id, include_interrupted=True)
+        snapshots = await store.list_snapshots(run_id=run_id, include_interrupted=True)
         assert [(s.step_index, s.state) for s in snapshots] == [
             (1, SnapshotState.COMPLETE),
             (2, SnapshotState.INTERRUPTED),
             (3, SnapshotState.COMPLETE),
         ]
         assert [s.messages for s in snapshots] == [canonical(first), canonical(second), canonical(second)]
-        assert [e.step_index for e in await store.list_events(run_id)] == [0, 1, 2]
-        [effect] = await store.list_tool_effects(run_id)
+        assert [e.step_index for e in await store.list_events(run_id=run_id)] == [0, 1, 2]
+        [effect] = await store.list_tool_effects(run_id=run_id)
         assert effect.status is ToolEffectStatus.COMPLETED
-        latest = await store.latest_snapshot(run_id, include_interrupted=True)
+        latest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
         assert latest is not None
         assert latest.step_index == 3
 
@@ -145,5 +145,5 @@ class BatchWritesConformance(StoreFixtures):
         run_id = await register(store)
         await apply_writes(store, [event(run_id, 0)], snapshot=snapshot(run_id, conversation(1), 1))
         await apply_writes(store, [], snapshot=snapshot(run_id, conversation(2), 2))
-        assert [s.step_index for s in await store.list_snapshots(run_id)] == [1, 2]
-        assert [e.step_index for e in await store.list_events(run_id)] == [0]
+        assert [s.step_index for s in await store.list_snapshots(run_id=run_id)] == [1, 2]
+        assert [e.step_index for e in await store.list_events(run_id=run_id)] == [0]

@@ -135,16 +135,16 @@ class CapabilityConformance(StoreFixtures):
         conversation_id = new_id('conv')
         result = await agent.run('add 1 and 2', conversation_id=conversation_id)
         run_id = result.run_id
-        record = await store.get_run(run_id)
+        record = await store.get_run(run_id=run_id)
         assert record is not None
         assert (record.agent_name, record.conversation_id) == ('adder', conversation_id)
-        assert event_kinds(await store.list_events(run_id)) == list(ONE_TOOL_CALL_RUN_EVENTS)
-        effects = await store.list_tool_effects(run_id)
+        assert event_kinds(await store.list_events(run_id=run_id)) == list(ONE_TOOL_CALL_RUN_EVENTS)
+        effects = await store.list_tool_effects(run_id=run_id)
         assert [(e.tool_name, e.tool_call_id, e.status, e.args) for e in effects] == [
             ('add', 'c1', ToolEffectStatus.COMPLETED, {'a': 1, 'b': 2})
         ]
-        assert await store.list_unresolved_tool_effects(run_id) == []
-        latest = await store.latest_snapshot(run_id)
+        assert await store.list_unresolved_tool_effects(run_id=run_id) == []
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.state is SnapshotState.COMPLETE
         assert encoded(latest.messages) == encoded(result.all_messages())
@@ -185,15 +185,15 @@ class CapabilityConformance(StoreFixtures):
         with pytest.raises(RuntimeError, match='disk on fire'):
             await agent.run('go')
 
-        effects = {e.tool_call_id: e for e in await store.list_tool_effects(run_id)}
+        effects = {e.tool_call_id: e for e in await store.list_tool_effects(run_id=run_id)}
         assert effects['c1'].status is ToolEffectStatus.COMPLETED
         assert effects['c3'].status is ToolEffectStatus.FAILED
         assert 'disk on fire' in (effects['c3'].error or '')
         # c2 returned, but its result is in no complete snapshot (its sibling raised): the crash
         # rule keeps it `started`, to be checked, rather than `completed` with the result lost.
-        assert [e.tool_call_id for e in await store.list_unresolved_tool_effects(run_id)] == ['c2']
-        assert event_kinds(await store.list_events(run_id))[-1] is EventKind.RUN_FAILED
-        newest = await store.latest_snapshot(run_id, include_interrupted=True)
+        assert [e.tool_call_id for e in await store.list_unresolved_tool_effects(run_id=run_id)] == ['c2']
+        assert event_kinds(await store.list_events(run_id=run_id))[-1] is EventKind.RUN_FAILED
+        newest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
         assert newest is not None
         assert newest.state is SnapshotState.INTERRUPTED
         assert not is_provider_valid(newest.messages)
@@ -226,7 +226,7 @@ class CapabilityConformance(StoreFixtures):
             return 'fine'
 
         await agent.run('go')
-        snapshots = await store.list_snapshots(run_id, include_interrupted=True)
+        snapshots = await store.list_snapshots(run_id=run_id, include_interrupted=True)
         assert snapshots
         assert [(e.persistence_run_id, e.step_index, e.state) for e in seen] == [
             (run_id, s.step_index, s.state) for s in snapshots

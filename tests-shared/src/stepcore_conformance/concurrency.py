@@ -46,7 +46,7 @@ class ConcurrencyConformance(StoreFixtures):
         async with anyio.create_task_group() as tg:
             for w in range(WRITERS):
                 tg.start_soon(writer, w)
-        _check_trail(await store.list_events(run_id), [str(w) for w in range(WRITERS)], PER_WRITER)
+        _check_trail(await store.list_events(run_id=run_id), [str(w) for w in range(WRITERS)], PER_WRITER)
 
     async def test_many_writers_to_many_runs(self, store: StepStore) -> None:
         run_ids = [await register(store) for _ in range(WRITERS)]
@@ -61,8 +61,8 @@ class ConcurrencyConformance(StoreFixtures):
             for run_id in run_ids:
                 tg.start_soon(writer, run_id)
         for run_id in run_ids:
-            _check_trail(await store.list_events(run_id), [run_id], PER_WRITER)
-            listed = await store.list_snapshots(run_id)
+            _check_trail(await store.list_events(run_id=run_id), [run_id], PER_WRITER)
+            listed = await store.list_snapshots(run_id=run_id)
             assert [s.messages for s in listed] == [conversation(i, tag=run_id) for i in (0, 3, 6, 9)]
 
     async def test_concurrent_snapshot_writers_to_one_run(self, store: StepStore) -> None:
@@ -78,7 +78,7 @@ class ConcurrencyConformance(StoreFixtures):
         async with anyio.create_task_group() as tg:
             for tag in tags:
                 tg.start_soon(writer, tag)
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert len(listed) == len(tags) * 4
         seqs = [s.seq for s in listed]
         assert len(set(seqs)) == len(seqs)
@@ -104,7 +104,7 @@ class ConcurrencyConformance(StoreFixtures):
                 tg.start_soon(registrar, n)
         winners = [o for o in outcomes if o != 'refused']
         assert len(winners) == 1, f'{len(winners)} registrations of one run id succeeded: {winners}'
-        stored = await store.get_run(run_id)
+        stored = await store.get_run(run_id=run_id)
         assert stored is not None
         assert stored.registration_id == winners[0]
 
@@ -118,8 +118,8 @@ class ConcurrencyConformance(StoreFixtures):
         async with anyio.create_task_group() as tg:
             for n in range(10):
                 tg.start_soon(replay, n)
-        assert len(await store.list_events(run_id)) == 1
-        listed = await store.list_snapshots(run_id)
+        assert len(await store.list_events(run_id=run_id)) == 1
+        listed = await store.list_snapshots(run_id=run_id)
         assert len(listed) == 1
         assert listed[0].messages == conversation(listed[0].step_index)
 
@@ -133,10 +133,10 @@ class ConcurrencyConformance(StoreFixtures):
         async with anyio.create_task_group() as tg:
             for n in range(WRITERS):
                 tg.start_soon(tool, n)
-        listed = await store.list_tool_effects(run_id)
+        listed = await store.list_tool_effects(run_id=run_id)
         assert [r.tool_call_id for r in listed] == [f'call-{n:02d}' for n in range(WRITERS)]
         assert {r.status for r in listed} == {ToolEffectStatus.COMPLETED}
-        assert await store.list_unresolved_tool_effects(run_id) == []
+        assert await store.list_unresolved_tool_effects(run_id=run_id) == []
 
     @needs_feature(PERSISTENT)
     async def test_writers_in_other_processes(self, store: StepStore, store_spec: dict[str, Any] | None) -> None:
@@ -170,8 +170,8 @@ class ConcurrencyConformance(StoreFixtures):
         for tag, (code, stderr) in results.items():
             assert code == 0, f'writer process {tag} failed:\n{stderr}'
         writers = ['parent', *children]
-        _check_trail(await store.list_events(run_id), writers, 30)
-        listed = await store.list_snapshots(run_id)
+        _check_trail(await store.list_events(run_id=run_id), writers, 30)
+        listed = await store.list_snapshots(run_id=run_id)
         assert len({s.seq for s in listed}) == len(listed) == 12
         for tag in writers:
             mine = [s for s in listed if s.metadata['writer'] == tag]

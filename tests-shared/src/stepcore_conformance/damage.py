@@ -81,7 +81,7 @@ async def _write(store: StepStore) -> _Runs:
         await store.save_snapshot(
             snapshot(run_id, [*second, *tool_exchange(8)[:1]], step_index=3, state=SnapshotState.INTERRUPTED)
         )
-    seqs = [s.seq for s in await store.list_snapshots(target, include_interrupted=True)]
+    seqs = [s.seq for s in await store.list_snapshots(run_id=target, include_interrupted=True)]
     known = [s for s in seqs if s is not None]
     assert len(known) == 3, f'snapshots of {target!r} must carry their seq: {seqs}'
     return _Runs(target, other, conversation_id, f'{marker} in {target}', known)
@@ -118,11 +118,11 @@ def _check_error(error: DamagedRecordError, run_id: str, *names: str) -> None:
 
 async def _other_run_reads(store: StepStore, runs: _Runs) -> None:
     """The run that was not damaged reads whole."""
-    assert await store.get_run(runs.other) is not None
-    assert len(await store.list_events(runs.other)) == 3
-    assert [e.tool_call_id for e in await store.list_tool_effects(runs.other)] == ['c1', 'c2']
-    assert [s.step_index for s in await store.list_snapshots(runs.other, include_interrupted=True)] == [1, 2, 3]
-    latest = await store.latest_snapshot(runs.other)
+    assert await store.get_run(run_id=runs.other) is not None
+    assert len(await store.list_events(run_id=runs.other)) == 3
+    assert [e.tool_call_id for e in await store.list_tool_effects(run_id=runs.other)] == ['c1', 'c2']
+    assert [s.step_index for s in await store.list_snapshots(run_id=runs.other, include_interrupted=True)] == [1, 2, 3]
+    latest = await store.latest_snapshot(run_id=runs.other)
     assert latest is not None
     assert latest.step_index == 2
 
@@ -142,11 +142,11 @@ class DamageConformance(StoreFixtures):
         _check_warned(found, runs.target, 1, 'list_runs')
         assert runs.other in [r.run_id for r in await store.list_runs()]
         with pytest.raises(DamagedRecordError) as raised:
-            await store.get_run(runs.target)
+            await store.get_run(run_id=runs.target)
         _check_error(raised.value, runs.target, 'run')
         # The run's other records do not need its record.
-        assert len(await store.list_events(runs.target)) == 3
-        assert len(await store.list_snapshots(runs.target, include_interrupted=True)) == 3
+        assert len(await store.list_events(run_id=runs.target)) == 3
+        assert len(await store.list_snapshots(run_id=runs.target, include_interrupted=True)) == 3
         await _other_run_reads(store, runs)
 
     async def test_damaged_event(
@@ -154,10 +154,10 @@ class DamageConformance(StoreFixtures):
     ) -> None:
         hook = _hook(damage, store, self)
         runs = await _write(store)
-        seqs = [e.seq for e in await store.list_events(runs.target)]
+        seqs = [e.seq for e in await store.list_events(run_id=runs.target)]
         await hook(store, 'event', runs.target, seqs[1], REPLACEMENT)
         with _warnings(caplog) as found:
-            listed = [e.seq for e in await store.list_events(runs.target)]
+            listed = [e.seq for e in await store.list_events(run_id=runs.target)]
         assert listed == [seqs[0], seqs[2]], f'list_events must skip only the damaged event (seq {seqs[1]}): {listed}'
         _check_warned(found, runs.target, 1, 'list_events')
         await _other_run_reads(store, runs)
@@ -167,14 +167,14 @@ class DamageConformance(StoreFixtures):
         runs = await _write(store)
         await hook(store, 'effect', runs.target, 'c2', REPLACEMENT)  # the started one: unresolved listings need it
         with pytest.raises(DamagedRecordError) as raised:
-            await store.list_tool_effects(runs.target)
+            await store.list_tool_effects(run_id=runs.target)
         _check_error(raised.value, runs.target, 'c2')
         with pytest.raises(DamagedRecordError) as raised:
-            await store.list_unresolved_tool_effects(runs.target)
+            await store.list_unresolved_tool_effects(run_id=runs.target)
         _check_error(raised.value, runs.target, 'c2')
         with pytest.raises(DamagedRecordError):
             await inspect_recovery(store=store, run_id=runs.target)
-        entry = await store.get_tool_effect(runs.target, 'c1')
+        entry = await store.get_tool_effect(run_id=runs.target, tool_call_id='c1')
         assert entry is not None, 'the entry that was not damaged must still read'
         assert entry.status is ToolEffectStatus.COMPLETED
         await _other_run_reads(store, runs)
@@ -187,15 +187,15 @@ class DamageConformance(StoreFixtures):
         first, second, third = runs.snapshot_seqs
         await hook(store, 'snapshot', runs.target, second, REPLACEMENT)
         await self._latest_complete_is_damaged(store, runs.target, second)
-        newest = await store.latest_snapshot(runs.target, include_interrupted=True)
+        newest = await store.latest_snapshot(run_id=runs.target, include_interrupted=True)
         assert newest is not None, 'the interrupted snapshot after the damaged one must still read'
         assert newest.seq == third
         with _warnings(caplog) as found:
-            listed = [s.seq for s in await store.list_snapshots(runs.target, include_interrupted=True)]
+            listed = [s.seq for s in await store.list_snapshots(run_id=runs.target, include_interrupted=True)]
         assert listed == [first, third], f'list_snapshots must skip only the damaged snapshot (seq {second}): {listed}'
         _check_warned(found, runs.target, 1, 'list_snapshots')
         with _warnings(caplog) as found:
-            listed = [s.seq for s in await store.list_snapshots(runs.target)]
+            listed = [s.seq for s in await store.list_snapshots(run_id=runs.target)]
         assert listed == [first], f'list_snapshots must skip the damaged snapshot (seq {second}): {listed}'
         _check_warned(found, runs.target, 1, 'list_snapshots')
         await _other_run_reads(store, runs)
@@ -209,10 +209,10 @@ class DamageConformance(StoreFixtures):
         await hook(store, 'message', runs.target, runs.marker, REPLACEMENT)
         await self._latest_complete_is_damaged(store, runs.target, second)
         with pytest.raises(DamagedRecordError) as raised:
-            await store.latest_snapshot(runs.target, include_interrupted=True)
+            await store.latest_snapshot(run_id=runs.target, include_interrupted=True)
         _check_error(raised.value, runs.target, 'snapshot', str(third))
         with _warnings(caplog) as found:
-            listed = [s.seq for s in await store.list_snapshots(runs.target, include_interrupted=True)]
+            listed = [s.seq for s in await store.list_snapshots(run_id=runs.target, include_interrupted=True)]
         # Both later snapshots hold the damaged message; the first does not.
         assert listed == [first], f'list_snapshots must skip the snapshots holding the damaged message: {listed}'
         _check_warned(found, runs.target, 2, 'list_snapshots')
@@ -220,7 +220,7 @@ class DamageConformance(StoreFixtures):
 
     async def _latest_complete_is_damaged(self, store: StepStore, run_id: str, seq: int) -> None:
         with pytest.raises(DamagedRecordError) as raised:
-            await store.latest_snapshot(run_id)
+            await store.latest_snapshot(run_id=run_id)
         _check_error(raised.value, run_id, 'snapshot', str(seq))
         try:
             await continue_run(store, run_id=run_id)

@@ -40,24 +40,24 @@ async def _fill(store: StepStore, run_id: str, *, tag: str, conversation_id: str
 
 async def _state(store: StepStore, run_id: str) -> tuple[Any, ...]:
     return (
-        await store.get_run(run_id),
-        await store.list_events(run_id),
-        await store.list_tool_effects(run_id),
-        await store.list_snapshots(run_id, include_interrupted=True),
+        await store.get_run(run_id=run_id),
+        await store.list_events(run_id=run_id),
+        await store.list_tool_effects(run_id=run_id),
+        await store.list_snapshots(run_id=run_id, include_interrupted=True),
     )
 
 
 async def _check_gone(store: StepStore, run_id: str) -> None:
-    assert await store.get_run(run_id) is None, f'the run record of {run_id!r} outlived delete_run'
+    assert await store.get_run(run_id=run_id) is None, f'the run record of {run_id!r} outlived delete_run'
     assert run_id not in [r.run_id for r in await store.list_runs()]
-    assert await store.list_events(run_id) == [], f'events of {run_id!r} outlived delete_run'
-    assert await store.list_snapshots(run_id, include_interrupted=True) == [], (
+    assert await store.list_events(run_id=run_id) == [], f'events of {run_id!r} outlived delete_run'
+    assert await store.list_snapshots(run_id=run_id, include_interrupted=True) == [], (
         f'snapshots of {run_id!r} outlived delete_run'
     )
-    assert await store.latest_snapshot(run_id, include_interrupted=True) is None
-    assert await store.list_tool_effects(run_id) == [], f'ledger entries of {run_id!r} outlived delete_run'
-    assert await store.list_unresolved_tool_effects(run_id) == []
-    assert await store.get_tool_effect(run_id, 'c1') is None
+    assert await store.latest_snapshot(run_id=run_id, include_interrupted=True) is None
+    assert await store.list_tool_effects(run_id=run_id) == [], f'ledger entries of {run_id!r} outlived delete_run'
+    assert await store.list_unresolved_tool_effects(run_id=run_id) == []
+    assert await store.get_tool_effect(run_id=run_id, tool_call_id='c1') is None
 
 
 class DeleteConformance(StoreFixtures):
@@ -87,19 +87,19 @@ class DeleteConformance(StoreFixtures):
         assert await store.delete_run(run_id) is True
         # A new registration (another registration_id), and the keys of the deleted run apply again.
         await _fill(store, run_id, tag='second')
-        record = await store.get_run(run_id)
+        record = await store.get_run(run_id=run_id)
         assert record is not None
         assert record.registration_id == 'reg-second'
-        events = await store.list_events(run_id)
+        events = await store.list_events(run_id=run_id)
         assert [(e.step_index, e.metadata['tag']) for e in events] == [(n, 'second') for n in range(3)]
-        assert [s.messages for s in await store.list_snapshots(run_id)] == [
+        assert [s.messages for s in await store.list_snapshots(run_id=run_id)] == [
             canonical(conversation(step, tag='second')) for step in range(1, 3)
         ]
-        assert [e.tool_call_id for e in await store.list_unresolved_tool_effects(run_id)] == ['c2']
+        assert [e.tool_call_id for e in await store.list_unresolved_tool_effects(run_id=run_id)] == ['c2']
         # A history written before the delete is not a base for the new run's snapshots.
         longer = [*conversation(2, tag='second'), *conversation(1, tag='third')]
         await store.save_snapshot(snapshot(run_id, longer, step_index=3))
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == canonical(longer)
 
@@ -136,7 +136,7 @@ class DeleteConformance(StoreFixtures):
             await store.save_snapshot(snapshot(run_id, conversation(6, tag='second'), step_index=1))
             longer = [*first, *tool_exchange(7)]
             await other.save_snapshot(snapshot(run_id, longer, step_index=2))
-            latest = await store.latest_snapshot(run_id)
+            latest = await store.latest_snapshot(run_id=run_id)
             assert latest is not None
             assert latest.messages == canonical(longer), (
                 "a save by a store that remembered the deleted run was chained onto the new run's messages: "

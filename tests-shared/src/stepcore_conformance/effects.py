@@ -38,16 +38,16 @@ class EffectsConformance(StoreFixtures):
             args={'to': ['a@example.org'], 'subject': 'Report ✓', 'options': {'cc': None, 'n': 2, 'x': 1.25}},
         )
         await store.record_tool_effect(record)
-        assert await store.get_tool_effect(run_id, 'call-1') == record
-        assert await store.list_tool_effects(run_id) == [record]
+        assert await store.get_tool_effect(run_id=run_id, tool_call_id='call-1') == record
+        assert await store.list_tool_effects(run_id=run_id) == [record]
 
     async def test_reads_of_unknown_entries(self, store: StepStore) -> None:
         run_id = await register(store)
-        assert await store.get_tool_effect(run_id, 'never-called') is None
+        assert await store.get_tool_effect(run_id=run_id, tool_call_id='never-called') is None
         missing = new_id('missing')
-        assert await store.get_tool_effect(missing, 'call') is None
-        assert await store.list_tool_effects(missing) == []
-        assert await store.list_unresolved_tool_effects(missing) == []
+        assert await store.get_tool_effect(run_id=missing, tool_call_id='call') is None
+        assert await store.list_tool_effects(run_id=missing) == []
+        assert await store.list_unresolved_tool_effects(run_id=missing) == []
 
     async def test_upsert_latest_write_wins(self, store: StepStore) -> None:
         run_id = await register(store)
@@ -62,14 +62,14 @@ class EffectsConformance(StoreFixtures):
             args={'n': 1},
         )
         await store.record_tool_effect(done)
-        assert await store.get_tool_effect(run_id, 'call-1') == done
-        assert await store.list_tool_effects(run_id) == [done]
-        assert await store.list_unresolved_tool_effects(run_id) == []
+        assert await store.get_tool_effect(run_id=run_id, tool_call_id='call-1') == done
+        assert await store.list_tool_effects(run_id=run_id) == [done]
+        assert await store.list_unresolved_tool_effects(run_id=run_id) == []
         # The latest write wins even when it moves the status back (a replayed start).
         restarted = effect(run_id, 'call-1', STARTED, updated_at=at(10))
         await store.record_tool_effect(restarted)
-        assert await store.get_tool_effect(run_id, 'call-1') == restarted
-        assert await store.list_unresolved_tool_effects(run_id) == [restarted]
+        assert await store.get_tool_effect(run_id=run_id, tool_call_id='call-1') == restarted
+        assert await store.list_unresolved_tool_effects(run_id=run_id) == [restarted]
 
     async def test_unresolved_lists_only_started_entries(self, store: StepStore) -> None:
         run_id = await register(store)
@@ -77,10 +77,10 @@ class EffectsConformance(StoreFixtures):
         await store.record_tool_effect(effect(run_id, 'completed', COMPLETED, started=2))
         await store.record_tool_effect(effect(run_id, 'failed', FAILED, started=3, error="TimeoutError('smtp')"))
         await store.record_tool_effect(effect(run_id, 'started-2', STARTED, started=4))
-        unresolved = await store.list_unresolved_tool_effects(run_id)
+        unresolved = await store.list_unresolved_tool_effects(run_id=run_id)
         assert [r.tool_call_id for r in unresolved] == ['started-1', 'started-2']
         assert all(r.unresolved for r in unresolved)
-        failed = await store.get_tool_effect(run_id, 'failed')
+        failed = await store.get_tool_effect(run_id=run_id, tool_call_id='failed')
         assert failed is not None
         assert (failed.status, failed.error) == (FAILED, "TimeoutError('smtp')")
 
@@ -90,27 +90,27 @@ class EffectsConformance(StoreFixtures):
             await store.record_tool_effect(effect(run_id, call, started=started))
         # Updating an entry keeps its place: it is ordered by started_at, not by write time.
         await store.record_tool_effect(effect(run_id, 'a', COMPLETED, started=10, updated_at=at(99)))
-        assert [r.tool_call_id for r in await store.list_tool_effects(run_id)] == ['a', 'b', 'c', 'd']
-        assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id)] == ['b', 'c', 'd']
+        assert [r.tool_call_id for r in await store.list_tool_effects(run_id=run_id)] == ['a', 'b', 'c', 'd']
+        assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id=run_id)] == ['b', 'c', 'd']
 
     async def test_entries_are_scoped_to_their_run(self, store: StepStore) -> None:
         run_a, run_b = await register(store), await register(store)
         await store.record_tool_effect(effect(run_a, 'call-1', STARTED, tool_name='a_tool'))
         await store.record_tool_effect(effect(run_b, 'call-1', COMPLETED, tool_name='b_tool'))
-        a = await store.get_tool_effect(run_a, 'call-1')
-        b = await store.get_tool_effect(run_b, 'call-1')
+        a = await store.get_tool_effect(run_id=run_a, tool_call_id='call-1')
+        b = await store.get_tool_effect(run_id=run_b, tool_call_id='call-1')
         assert a is not None
         assert b is not None
         assert (a.tool_name, a.status) == ('a_tool', STARTED)
         assert (b.tool_name, b.status) == ('b_tool', COMPLETED)
-        assert [r.run_id for r in await store.list_unresolved_tool_effects(run_a)] == [run_a]
-        assert await store.list_unresolved_tool_effects(run_b) == []
+        assert [r.run_id for r in await store.list_unresolved_tool_effects(run_id=run_a)] == [run_a]
+        assert await store.list_unresolved_tool_effects(run_id=run_b) == []
 
     async def test_stored_entries_are_isolated_from_caller_objects(self, store: StepStore) -> None:
         run_id = await register(store)
         record = effect(run_id, 'call-1', args={'items': [1, 2]})
         await store.record_tool_effect(record)
         record.args['items'].append(3)
-        fetched = await store.get_tool_effect(run_id, 'call-1')
+        fetched = await store.get_tool_effect(run_id=run_id, tool_call_id='call-1')
         assert fetched is not None
         assert fetched.args == {'items': [1, 2]}

@@ -109,12 +109,12 @@ class EncryptionConformance(StoreFixtures):
             )
         spy = _Spy(store)
         run_id = await _write(store)
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == _messages()  # media included: restored from the media store
-        (read,) = await store.list_events(run_id)
+        (read,) = await store.list_events(run_id=run_id)
         assert read.metadata == {'note': MARKERS[0].decode()}
-        (entry,) = await store.list_tool_effects(run_id)
+        (entry,) = await store.list_tool_effects(run_id=run_id)
         assert entry.args == {'x': MARKERS[1].decode()}
         assert spy.seen, 'the store wrote nothing through its port'
         media = MEDIA_EXTERNALIZATION in declared(store) and store.media_store is not None
@@ -163,13 +163,13 @@ class ChecksumConformance(StoreFixtures):
         run_id = await register(store)
         original = event(run_id, 1, metadata={'amount': '10'})
         await store.append_event(original)
-        (stored,) = await store.list_events(run_id)
+        (stored,) = await store.list_events(run_id=run_id)
         # the body the engine wrote, with one value changed and its checksum kept
         body = Sealer().record(dump_record_compact(original, exclude=EVENT_FIELDS_IN_ROW), (run_id,))
         altered = body.replace(b'"amount":"10"', b'"amount":"90"')
         assert altered != body
         await hook(store, 'event', run_id, stored.seq, altered)
-        assert await store.list_events(run_id) == [], 'an altered event must be skipped, not returned'
+        assert await store.list_events(run_id=run_id) == [], 'an altered event must be skipped, not returned'
 
         entry = effect(run_id, 'c1', status=ToolEffectStatus.COMPLETED, args={'to': 'alice'})
         await store.record_tool_effect(entry)
@@ -177,7 +177,7 @@ class ChecksumConformance(StoreFixtures):
         body = Sealer().record(dump_record_compact(entry, exclude=EFFECT_FIELDS_IN_ROW), columns)
         await hook(store, 'effect', run_id, 'c1', body.replace(b'"to":"alice"', b'"to":"mallory"'))
         with pytest.raises(DamagedRecordError, match='checksum'):
-            await store.list_tool_effects(run_id)
+            await store.list_tool_effects(run_id=run_id)
         # the unresolved listing reads a settled entry's bytes rather than its fields: it catches it too
         with pytest.raises(DamagedRecordError, match='checksum'):
-            await store.list_unresolved_tool_effects(run_id)
+            await store.list_unresolved_tool_effects(run_id=run_id)

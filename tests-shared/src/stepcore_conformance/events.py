@@ -41,7 +41,7 @@ class EventsConformance(StoreFixtures):
         ]
         for e in written:
             await store.append_event(e)
-        listed = await store.list_events(run_id)
+        listed = await store.list_events(run_id=run_id)
         assert _without_seq(listed) == written
 
     async def test_event_read_back_equals_the_event_written(self, store: StepStore) -> None:
@@ -50,7 +50,7 @@ class EventsConformance(StoreFixtures):
         written = [event(run_id, n, metadata={'n': str(n)}) for n in range(3)]
         for e in written:
             await store.append_event(e)
-        listed = await store.list_events(run_id)
+        listed = await store.list_events(run_id=run_id)
         assert [e.seq for e in written] == [None, None, None]
         assert all(isinstance(e.seq, int) for e in listed), [e.seq for e in listed]
         assert listed == written
@@ -60,22 +60,22 @@ class EventsConformance(StoreFixtures):
         run_id = await register(store)
         for n in range(12):
             await store.append_event(event(run_id, n))
-        seqs = [e.seq for e in await store.list_events(run_id)]
+        seqs = [e.seq for e in await store.list_events(run_id=run_id)]
         assert all(isinstance(s, int) for s in seqs), seqs
         ints = [s for s in seqs if s is not None]
         assert ints == sorted(ints)
         assert len(set(ints)) == 12
-        assert [e.step_index for e in await store.list_events(run_id)] == list(range(12))
+        assert [e.step_index for e in await store.list_events(run_id=run_id)] == list(range(12))
 
     async def test_event_seq_given_by_the_caller_is_replaced(self, store: StepStore) -> None:
         run_id = await register(store)
         for n in range(3):
             await store.append_event(event(run_id, n, seq=7))
-        seqs = [e.seq for e in await store.list_events(run_id)]
+        seqs = [e.seq for e in await store.list_events(run_id=run_id)]
         assert len(set(seqs)) == 3, f'the store kept the seq the caller set: {seqs}'
 
     async def test_list_events_of_unknown_run_is_empty(self, store: StepStore) -> None:
-        assert await store.list_events(new_id('missing')) == []
+        assert await store.list_events(run_id=new_id('missing')) == []
 
     async def test_applied_event_key_is_suppressed(self, store: StepStore) -> None:
         run_id = await register(store)
@@ -84,7 +84,7 @@ class EventsConformance(StoreFixtures):
         await store.append_event(event(run_id, 2, idempotency_key='k', metadata={'v': 'second'}))
         await store.append_event(event(run_id, 3, idempotency_key='other'))
         await store.append_event(event(run_id, 4, idempotency_key='k', kind=EventKind.RUN_FAILED))
-        listed = await store.list_events(run_id)
+        listed = await store.list_events(run_id=run_id)
         assert [e.idempotency_key for e in listed] == ['k', 'other']
         assert dataclasses.replace(listed[0], seq=None) == first
 
@@ -93,7 +93,7 @@ class EventsConformance(StoreFixtures):
         same = event(run_id, 1)
         for _ in range(3):
             await store.append_event(same)
-        listed = await store.list_events(run_id)
+        listed = await store.list_events(run_id=run_id)
         assert _without_seq(listed) == [same, same, same]
         assert len({e.seq for e in listed}) == 3
 
@@ -101,31 +101,31 @@ class EventsConformance(StoreFixtures):
         run_a, run_b = await register(store), await register(store)
         await store.append_event(event(run_a, 1, idempotency_key='shared'))
         await store.append_event(event(run_b, 1, idempotency_key='shared'))
-        assert len(await store.list_events(run_a)) == 1
-        assert len(await store.list_events(run_b)) == 1
+        assert len(await store.list_events(run_id=run_a)) == 1
+        assert len(await store.list_events(run_id=run_b)) == 1
 
     async def test_runs_have_separate_trails(self, store: StepStore) -> None:
         run_a, run_b = await register(store), await register(store)
         for n in range(3):
             await store.append_event(event(run_a, n, metadata={'run': 'a'}))
             await store.append_event(event(run_b, n, metadata={'run': 'b'}))
-        assert {e.metadata['run'] for e in await store.list_events(run_a)} == {'a'}
-        assert [e.run_id for e in await store.list_events(run_b)] == [run_b] * 3
+        assert {e.metadata['run'] for e in await store.list_events(run_id=run_a)} == {'a'}
+        assert [e.run_id for e in await store.list_events(run_id=run_b)] == [run_b] * 3
 
     async def test_stored_events_are_isolated_from_caller_objects(self, store: StepStore) -> None:
         run_id = await register(store)
         written = event(run_id, 1, metadata={'a': '1'})
         await store.append_event(written)
         written.metadata['a'] = 'changed after append'
-        listed = await store.list_events(run_id)
+        listed = await store.list_events(run_id=run_id)
         listed[0].metadata['a'] = 'changed after list'
-        assert (await store.list_events(run_id))[0].metadata == {'a': '1'}
+        assert (await store.list_events(run_id=run_id))[0].metadata == {'a': '1'}
 
     async def test_list_events_page_reads_a_window_of_the_trail(self, store: StepStore) -> None:
         run_id = await register(store)
         for n in range(25):
             await store.append_event(event(run_id, n, metadata={'n': str(n)}))
-        every = await store.list_events(run_id)
+        every = await store.list_events(run_id=run_id)
         seqs = [e.seq for e in every]
         assert await store.list_events_page(run_id) == every
         assert [e.seq for e in await store.list_events_page(run_id, limit=10)] == seqs[:10]
@@ -151,4 +151,4 @@ class EventsConformance(StoreFixtures):
         for bad in ({'limit': 0}, {'limit': -1}, {'after_seq': -1}, {'limit': 'ten'}, {'after_seq': True}):
             with pytest.raises(ValueError, match=str(next(iter(bad)))):
                 await store.list_events_page(run_id, **bad)  # pyright: ignore[reportArgumentType]
-        assert len(await store.list_events(run_id)) == 1
+        assert len(await store.list_events(run_id=run_id)) == 1

@@ -119,11 +119,11 @@ class MediaExternalizationConformance(StoreFixtures):
         run_id = await register(store)
         messages = _media_messages()
         await store.save_snapshot(snapshot(run_id, messages))
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == canonical(messages)
         assert _binary_data(latest.messages) == [ALL_BYTES, PDF, b'x']
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert [s.messages for s in listed] == [canonical(messages)]
 
     @options(kit_media)
@@ -142,7 +142,7 @@ class MediaExternalizationConformance(StoreFixtures):
         big_text = ('Large tool output ✓ ' * 200).encode()
         assert blobs.get(media_uri(big_text)) == big_text, 'a string above the threshold was not externalized'
         assert media_uri(b'kept inline') not in blobs
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == canonical(messages)
 
@@ -157,7 +157,7 @@ class MediaExternalizationConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_id, messages))
         assert media_uri(at_threshold.encode()) in media.blobs
         assert media_uri(below.encode()) not in media.blobs
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == messages
 
@@ -186,7 +186,7 @@ class MediaExternalizationConformance(StoreFixtures):
         assert media_uri(at_threshold) in media.blobs, 'binary content at the threshold was not externalized'
         assert media_uri(below) not in media.blobs, 'binary content below the threshold was externalized'
         assert len(media.blobs) == 1, f'only one payload reaches the threshold: {sorted(media.blobs)}'
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == canonical(messages)
         assert _binary_data(latest.messages) == [at_threshold, below]
@@ -215,7 +215,7 @@ class MediaExternalizationConformance(StoreFixtures):
         ]
         await store.save_snapshot(snapshot(run_id, messages))
         assert sorted(media.blobs) == [media_uri(large)], 'only the 64 KiB binary may leave the snapshot'
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert _binary_data(latest.messages) == [small, large]
 
@@ -236,7 +236,7 @@ class MediaExternalizationConformance(StoreFixtures):
         ]
         messages = [*tool_exchange(1, content=shaped), *tool_exchange(2, content={'__stepcore_media__': 'x' * 2000})]
         await store.save_snapshot(snapshot(run_id, messages))
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == messages
         assert tool_return_content(latest.messages[1]) == shaped
@@ -254,7 +254,7 @@ class MediaExternalizationConformance(StoreFixtures):
             await store.save_snapshot(snapshot(run_id, live, step_index=step))
             expected.append(canonical(live))
             puts_after_first_save = puts_after_first_save or media.puts
-        assert [s.messages for s in await store.list_snapshots(run_id)] == expected
+        assert [s.messages for s in await store.list_snapshots(run_id=run_id)] == expected
         # Later saves add no media, and the messages holding media are not written again.
         assert media.puts == puts_after_first_save, 'unchanged messages were externalized again on a later save'
 
@@ -270,11 +270,11 @@ class MediaExternalizationConformance(StoreFixtures):
         assert stored, 'the save externalized nothing to the media store it was given'
         for step in range(1, 4):
             await store.save_snapshot(snapshot(run_id, [*messages, *tool_exchange(step)], step_index=step))
-        assert [s.step_index for s in await store.list_snapshots(run_id)] == [3]
+        assert [s.step_index for s in await store.list_snapshots(run_id=run_id)] == [3]
         for uri, data in stored.items():
             assert await media.get(uri) == data
         other = await register(store)
         await store.save_snapshot(snapshot(other, messages))
-        latest = await store.latest_snapshot(other)
+        latest = await store.latest_snapshot(run_id=other)
         assert latest is not None
         assert latest.messages == canonical(messages)

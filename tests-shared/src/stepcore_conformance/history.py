@@ -47,10 +47,10 @@ class HistoryConformance(StoreFixtures):
             state = SnapshotState.INTERRUPTED if step % 9 == 4 else SnapshotState.COMPLETE
             await store.save_snapshot(snapshot(run_id, live, step_index=step, state=state))
             expected.append(_copy(live))
-            newest = await store.latest_snapshot(run_id, include_interrupted=True)
+            newest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
             assert newest is not None
             assert newest.messages == expected[-1]
-        listed = await store.list_snapshots(run_id, include_interrupted=True)
+        listed = await store.list_snapshots(run_id=run_id, include_interrupted=True)
         assert [s.messages for s in listed] == expected
         assert [len(s.messages) for s in listed] == [1 + 2 * (step + 1) for step in range(40)]
 
@@ -66,7 +66,7 @@ class HistoryConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_id, trimmed, step_index=3))
         grown = [*trimmed, *tool_exchange(50), reply('done', 51)]
         await store.save_snapshot(snapshot(run_id, grown, step_index=4))
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert [s.messages for s in listed] == [conversation(6), _copy(compacted), _copy(trimmed), _copy(grown)]
 
     async def test_prefix_of_previous_history(self, store: StepStore) -> None:
@@ -76,7 +76,7 @@ class HistoryConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_id, live[:4], step_index=2))
         await store.save_snapshot(snapshot(run_id, live[:4], step_index=3))
         await store.save_snapshot(snapshot(run_id, live, step_index=4))
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert [s.messages for s in listed] == [
             conversation(5),
             conversation(5)[:4],
@@ -93,7 +93,7 @@ class HistoryConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_id, rewritten, step_index=2))
         # And back: the original objects again after a rewrite.
         await store.save_snapshot(snapshot(run_id, live, step_index=3))
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert [s.messages for s in listed] == [conversation(10), _copy(rewritten), conversation(10)]
         assert len(rewritten) == len(live)
 
@@ -103,7 +103,7 @@ class HistoryConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_id, live))
         rewritten = [user('a different first prompt'), *live[1:]]
         await store.save_snapshot(snapshot(run_id, rewritten))
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert [s.messages for s in listed] == [conversation(4), _copy(rewritten)]
 
     async def test_equal_content_in_new_objects(self, store: StepStore) -> None:
@@ -112,7 +112,7 @@ class HistoryConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_id, conversation(5)))
         reloaded = [*conversation(5), *tool_exchange(5)]
         await store.save_snapshot(snapshot(run_id, reloaded))
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert [s.messages for s in listed] == [conversation(5), _copy(reloaded)]
 
     async def test_stamped_last_message_mutated_in_place_after_save(self, store: StepStore) -> None:
@@ -136,7 +136,7 @@ class HistoryConformance(StoreFixtures):
         last.usage = RequestUsage(input_tokens=5, output_tokens=7)
         again = _copy(live)
         await store.save_snapshot(snapshot(run_id, live, step_index=3))
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert [s.messages for s in listed] == [before, after, again]
         assert before != after != again
 
@@ -148,8 +148,8 @@ class HistoryConformance(StoreFixtures):
         fork = [*shared, user('forked question', 20)]
         await store.save_snapshot(snapshot(run_b, fork))
         await store.save_snapshot(snapshot(run_a, [*shared, *tool_exchange(3)]))
-        a = await store.list_snapshots(run_a)
-        b = await store.list_snapshots(run_b)
+        a = await store.list_snapshots(run_id=run_a)
+        b = await store.list_snapshots(run_id=run_b)
         assert [s.messages for s in a] == [conversation(3), [*conversation(3), *tool_exchange(3)]]
         assert [s.messages for s in b] == [_copy(fork)]
 
@@ -192,6 +192,6 @@ class HistoryConformance(StoreFixtures):
             ModelResponse(parts=[TextPart(content='ünïcode ✓ 𝄞 "quotes" \\ back\nslash')], timestamp=at(3)),
         ]
         await store.save_snapshot(snapshot(run_id, messages))
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == _copy(messages)

@@ -23,10 +23,10 @@ async def _ids(store: StepStore, **filters: Any) -> list[str]:
 
 async def _gone(store: StepStore, run_id: str) -> bool:
     return (
-        await store.get_run(run_id) is None
-        and await store.list_events(run_id) == []
-        and await store.list_tool_effects(run_id) == []
-        and await store.list_snapshots(run_id, include_interrupted=True) == []
+        await store.get_run(run_id=run_id) is None
+        and await store.list_events(run_id=run_id) == []
+        and await store.list_tool_effects(run_id=run_id) == []
+        and await store.list_snapshots(run_id=run_id, include_interrupted=True) == []
     )
 
 
@@ -44,7 +44,7 @@ class DeleteConversationConformance(StoreFixtures):
             assert await _gone(store, run_id), f'{run_id!r} outlived delete_conversation'
         assert await _ids(store, conversation_id=doomed) == []
         assert await _ids(store, conversation_id=kept) == [other]
-        assert await store.get_run(delegate) is not None, 'a delegate went without include_delegates=True'
+        assert await store.get_run(run_id=delegate) is not None, 'a delegate went without include_delegates=True'
         assert await store.delete_conversation(doomed) == 0
 
     async def test_include_delegates_follows_the_parent_chain(self, store: StepStore) -> None:
@@ -57,20 +57,20 @@ class DeleteConversationConformance(StoreFixtures):
         assert await store.delete_conversation(conversation_id, include_delegates=True) == 3
         for run_id in (root, child, grandchild):
             assert await _gone(store, run_id), f'{run_id!r} outlived delete_conversation(include_delegates=True)'
-        assert await store.get_run(unrelated) is not None
-        assert await store.get_run(unrelated_parent) is not None
+        assert await store.get_run(run_id=unrelated) is not None
+        assert await store.get_run(run_id=unrelated_parent) is not None
 
     async def test_an_unknown_conversation_removes_nothing(self, store: StepStore) -> None:
         run_id = await register(store, conversation_id=new_id('conv'))
         assert await store.delete_conversation(new_id('never')) == 0
-        assert await store.get_run(run_id) is not None
+        assert await store.get_run(run_id=run_id) is not None
 
     @pytest.mark.parametrize('bad', ['', None, 42])
     async def test_a_bad_conversation_id_is_refused(self, store: StepStore, bad: Any) -> None:
         run_id = await register(store, conversation_id=new_id('conv'))
         with pytest.raises(ValueError, match=f'conversation_id {bad!r}'):
             await store.delete_conversation(bad)
-        assert await store.get_run(run_id) is not None
+        assert await store.get_run(run_id=run_id) is not None
 
 
 def _ago(days: float) -> datetime:
@@ -119,7 +119,7 @@ class PruneConformance(StoreFixtures):
         assert report.runs == [idle]
         assert report.kept_active == [by_event, by_ledger, by_snapshot]
         assert await _ids(store, conversation_id=conversation_id) == [by_event, by_ledger, by_snapshot]
-        assert len(await store.list_events(by_event)) == 3
+        assert len(await store.list_events(run_id=by_event)) == 3
 
     async def test_dry_run_reports_the_same_and_removes_nothing(self, store: StepStore) -> None:
         conversation_id = new_id('conv')
@@ -135,8 +135,8 @@ class PruneConformance(StoreFixtures):
         assert report.runs == [old]
         assert (report.snapshots, report.events, report.ledger_entries) == (2, 2, 2)
         assert calls == [(0, 1), (1, 1)]
-        assert await store.get_run(old) is not None
-        assert len(await store.list_snapshots(old)) == 2
+        assert await store.get_run(run_id=old) is not None
+        assert len(await store.list_snapshots(run_id=old)) == 2
         assert (await store.prune(timedelta(days=30), conversation_id=conversation_id)).runs == [old]
 
     async def test_only_the_given_conversation_is_pruned(self, store: StepStore) -> None:
@@ -144,7 +144,7 @@ class PruneConformance(StoreFixtures):
         doomed = await _old_run(store, mine)
         kept = await _old_run(store, theirs)
         assert (await store.prune(timedelta(days=30), conversation_id=mine)).runs == [doomed]
-        assert await store.get_run(kept) is not None
+        assert await store.get_run(run_id=kept) is not None
         dry = await store.prune(timedelta(days=30), dry_run=True)
         assert kept in dry.runs
         assert doomed not in dry.runs
@@ -161,7 +161,7 @@ class PruneConformance(StoreFixtures):
         old = await _old_run(store, conversation_id)
         with pytest.raises(ValueError, match=re.escape(f'older_than {bad!r}')):
             await store.prune(bad, conversation_id=conversation_id)
-        assert await store.get_run(old) is not None
+        assert await store.get_run(run_id=old) is not None
 
     async def test_a_run_record_with_no_other_records_is_pruned_by_its_start(self, store: StepStore) -> None:
         conversation_id = new_id('conv')

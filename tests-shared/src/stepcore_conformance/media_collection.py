@@ -130,7 +130,7 @@ class MediaCollectionConformance:
         assert report.runs >= 1
         assert not await media.exists(loose_uri)
         assert await media.exists(media_uri(kept))
-        assert _image_of(await gc_step_store.latest_snapshot(run_id)) == kept
+        assert _image_of(await gc_step_store.latest_snapshot(run_id=run_id)) == kept
 
     @feature_test(MEDIA_COLLECTION)
     async def test_young_blobs_stay(self, media_store: MediaStore, gc_step_store: StepStore) -> None:
@@ -208,7 +208,7 @@ class MediaCollectionConformance:
         report = await collect_garbage(gc_step_store, media, now=utcnow() + LATER)
         assert report.removed_uris == [media_uri(mine)]
         assert await media.exists(media_uri(shared))
-        assert _image_of(await gc_step_store.latest_snapshot(survivor)) == shared
+        assert _image_of(await gc_step_store.latest_snapshot(run_id=survivor)) == shared
 
     @feature_test(MEDIA_COLLECTION)
     async def test_interrupted_and_older_snapshots_hold_their_media(

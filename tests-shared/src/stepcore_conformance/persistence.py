@@ -46,16 +46,16 @@ class PersistenceConformance(StoreFixtures):
             await store.record_tool_effect(effect(run_id, 'call-1', ToolEffectStatus.STARTED))
             assert await other.get_run(run_id) == record
             assert await other.list_runs(conversation_id=record.conversation_id) == [record]
-            assert await other.list_events(run_id) == await store.list_events(run_id)
+            assert await other.list_events(run_id) == await store.list_events(run_id=run_id)
             assert await other.list_snapshots(run_id, include_interrupted=True) == await store.list_snapshots(
-                run_id, include_interrupted=True
+                run_id=run_id, include_interrupted=True
             )
             assert [r.tool_call_id for r in await other.list_unresolved_tool_effects(run_id)] == ['call-1']
             # The second store knows the keys and the registration the first one applied.
             await other.append_event(event(run_id, 2, idempotency_key='e1'))
             await other.save_snapshot(snapshot(run_id, conversation(4), step_index=4, idempotency_key='s1'))
-            assert len(await store.list_events(run_id)) == 1
-            assert len(await store.list_snapshots(run_id)) == 1
+            assert len(await store.list_events(run_id=run_id)) == 1
+            assert len(await store.list_snapshots(run_id=run_id)) == 1
             with pytest.raises(ValueError, match=run_id):
                 await other.register_run(RunRecord(run_id=run_id))
 

@@ -41,7 +41,7 @@ class RetentionConformance(StoreFixtures):
             await store.save_snapshot(snapshot(run_id, conversation(step), step_index=step, state=state, **fields))
 
     async def _retained_steps(self, store: StepStore, run_id: str) -> list[int]:
-        listed = await store.list_snapshots(run_id, include_interrupted=True)
+        listed = await store.list_snapshots(run_id=run_id, include_interrupted=True)
         for s in listed:
             assert s.messages == conversation(s.step_index), f'snapshot of step {s.step_index} changed after pruning'
         return [s.step_index for s in listed]
@@ -65,11 +65,11 @@ class RetentionConformance(StoreFixtures):
         await self._save(store, run_id, [COMPLETE, COMPLETE, INTERRUPTED, INTERRUPTED, INTERRUPTED, INTERRUPTED])
         # The retain set exceeds N: step 1 is the newest complete snapshot.
         assert await self._retained_steps(store, run_id) == [1, 4, 5]
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.step_index == 1
         assert latest.messages == conversation(1)
-        newest = await store.latest_snapshot(run_id, include_interrupted=True)
+        newest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
         assert newest is not None
         assert newest.step_index == 5
 
@@ -101,7 +101,7 @@ class RetentionConformance(StoreFixtures):
         seen: list[int] = []
         for step in range(6):
             await store.save_snapshot(snapshot(run_id, conversation(step), step_index=step))
-            newest = await store.latest_snapshot(run_id)
+            newest = await store.latest_snapshot(run_id=run_id)
             assert newest is not None
             assert newest.seq is not None
             seen.append(newest.seq)
@@ -136,7 +136,7 @@ class RetentionConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_id, long[:3], step_index=1))  # compaction
         await store.save_snapshot(snapshot(run_id, conversation(8), step_index=2))
         await store.save_snapshot(snapshot(run_id, [*long, *conversation(1, tag='more')], step_index=3))
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert [s.messages for s in listed] == [conversation(8), [*conversation(8), *conversation(1, tag='more')]]
 
     @options(

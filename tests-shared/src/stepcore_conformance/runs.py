@@ -29,24 +29,24 @@ class RunsConformance(StoreFixtures):
             registration_id='reg-1',
         )
         await store.register_run(record)
-        assert await store.get_run(record.run_id) == record
+        assert await store.get_run(run_id=record.run_id) == record
 
     async def test_optional_fields_round_trip_as_none(self, store: StepStore) -> None:
         record = RunRecord(run_id=new_id('run'), started_at=at(0))
         await store.register_run(record)
-        assert await store.get_run(record.run_id) == record
+        assert await store.get_run(run_id=record.run_id) == record
 
     async def test_get_run_of_unknown_id_is_none(self, store: StepStore) -> None:
-        assert await store.get_run(new_id('missing')) is None
+        assert await store.get_run(run_id=new_id('missing')) is None
 
     async def test_stored_run_is_isolated_from_caller_objects(self, store: StepStore) -> None:
         record = RunRecord(run_id=new_id('run'), metadata={'a': '1'}, started_at=at(0))
         await store.register_run(record)
         record.metadata['a'] = 'changed after register'
-        fetched = await store.get_run(record.run_id)
+        fetched = await store.get_run(run_id=record.run_id)
         assert fetched is not None
         fetched.metadata['b'] = 'changed after get'
-        again = await store.get_run(record.run_id)
+        again = await store.get_run(run_id=record.run_id)
         assert again is not None
         assert again.metadata == {'a': '1'}
 
@@ -54,7 +54,7 @@ class RunsConformance(StoreFixtures):
         run_id = await register(store, agent_name='first')
         with pytest.raises(ValueError, match=rf"{run_id}'? is already in the store"):
             await store.register_run(RunRecord(run_id=run_id, agent_name='second', started_at=at(5)))
-        stored = await store.get_run(run_id)
+        stored = await store.get_run(run_id=run_id)
         assert stored is not None
         assert stored.agent_name == 'first'
 
@@ -76,7 +76,7 @@ class RunsConformance(StoreFixtures):
         retry = dataclasses.replace(original, metadata={'try': '2'}, started_at=at(9))
         await store.register_run(retry)
         await store.register_run(retry)
-        assert await store.get_run(original.run_id) == original
+        assert await store.get_run(run_id=original.run_id) == original
         assert [r.run_id for r in await store.list_runs(conversation_id=None)].count(original.run_id) == 1
 
     async def test_list_runs_orders_by_started_at_ascending(self, store: StepStore) -> None:

@@ -61,12 +61,12 @@ class SnapshotsConformance(StoreFixtures):
             idempotency_key='save-1',
         )
         await store.save_snapshot(saved)
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert _header(latest) == _header(saved)
         assert latest.messages == saved.messages
         assert isinstance(latest.seq, int)
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert listed == [latest]
 
     async def test_snapshot_read_back_equals_the_snapshot_written(self, store: StepStore) -> None:
@@ -74,24 +74,24 @@ class SnapshotsConformance(StoreFixtures):
         run_id = await register(store)
         saved = snapshot(run_id, conversation(2), step_index=3, metadata={'k': 'v'}, idempotency_key='eq-1')
         await store.save_snapshot(saved)
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert saved.seq is None
         assert isinstance(latest.seq, int)
         assert latest == saved
-        assert await store.list_snapshots(run_id) == [saved]
+        assert await store.list_snapshots(run_id=run_id) == [saved]
         assert latest != dataclasses.replace(saved, step_index=4), '== must still compare the other fields'
 
     async def test_reads_of_unknown_run(self, store: StepStore) -> None:
         missing = new_id('missing')
-        assert await store.latest_snapshot(missing) is None
-        assert await store.latest_snapshot(missing, include_interrupted=True) is None
-        assert await store.list_snapshots(missing) == []
+        assert await store.latest_snapshot(run_id=missing) is None
+        assert await store.latest_snapshot(run_id=missing, include_interrupted=True) is None
+        assert await store.list_snapshots(run_id=missing) == []
 
     async def test_empty_history_round_trips(self, store: StepStore) -> None:
         run_id = await register(store)
         await store.save_snapshot(snapshot(run_id, []))
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == []
 
@@ -110,21 +110,21 @@ class SnapshotsConformance(StoreFixtures):
         part = last_request.parts[0]
         assert isinstance(part, ToolReturnPart)
         part.content = cast(Any, 'mutated after save')
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == expected
 
     async def test_reads_return_independent_copies(self, store: StepStore) -> None:
         run_id = await register(store)
         await store.save_snapshot(snapshot(run_id, conversation(1), metadata={'a': '1'}))
-        first = await store.latest_snapshot(run_id)
+        first = await store.latest_snapshot(run_id=run_id)
         assert first is not None
         first.messages.append(reply('appended to a read copy'))
         first.metadata['a'] = 'changed'
         response = first.messages[1]
         assert not isinstance(response, ModelRequest)
         response.parts = [TextPart(content='replaced in a read copy')]
-        second = await store.latest_snapshot(run_id)
+        second = await store.latest_snapshot(run_id=run_id)
         assert second is not None
         assert second.messages == conversation(1)
         assert second.metadata == {'a': '1'}
@@ -133,7 +133,7 @@ class SnapshotsConformance(StoreFixtures):
         run_id = await register(store)
         for step in range(6):
             await store.save_snapshot(snapshot(run_id, conversation(step), step_index=step))
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         seqs = [s.seq for s in listed]
         assert all(isinstance(s, int) for s in seqs), seqs
         ints = [s for s in seqs if s is not None]
@@ -146,9 +146,9 @@ class SnapshotsConformance(StoreFixtures):
         run_id = await register(store)
         for step in range(3):
             await store.save_snapshot(snapshot(run_id, conversation(step), step_index=step, seq=1))
-        seqs = [s.seq for s in await store.list_snapshots(run_id)]
+        seqs = [s.seq for s in await store.list_snapshots(run_id=run_id)]
         assert len(set(seqs)) == 3, f'the store kept the seq the caller set: {seqs}'
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.step_index == 2
 
@@ -157,9 +157,9 @@ class SnapshotsConformance(StoreFixtures):
         run_id = await register(store)
         await store.save_snapshot(snapshot(run_id, conversation(1, tag='first call'), step_index=0))
         await store.save_snapshot(snapshot(run_id, conversation(1, tag='second call'), step_index=0))
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert [s.messages for s in listed] == [conversation(1, tag='first call'), conversation(1, tag='second call')]
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == conversation(1, tag='second call')
 
@@ -168,11 +168,11 @@ class SnapshotsConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_id, conversation(1), step_index=1, state=COMPLETE))
         await store.save_snapshot(snapshot(run_id, conversation(2), step_index=2, state=COMPLETE))
         await store.save_snapshot(snapshot(run_id, conversation(3), step_index=3, state=INTERRUPTED))
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert (latest.step_index, latest.state) == (2, COMPLETE)
         assert latest.messages == conversation(2)
-        newest = await store.latest_snapshot(run_id, include_interrupted=True)
+        newest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
         assert newest is not None
         assert (newest.step_index, newest.state) == (3, INTERRUPTED)
         assert newest.messages == conversation(3)
@@ -180,8 +180,8 @@ class SnapshotsConformance(StoreFixtures):
     async def test_latest_with_only_interrupted_snapshots(self, store: StepStore) -> None:
         run_id = await register(store)
         await store.save_snapshot(snapshot(run_id, conversation(1), state=INTERRUPTED))
-        assert await store.latest_snapshot(run_id) is None
-        newest = await store.latest_snapshot(run_id, include_interrupted=True)
+        assert await store.latest_snapshot(run_id=run_id) is None
+        newest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
         assert newest is not None
         assert newest.state is INTERRUPTED
 
@@ -190,7 +190,7 @@ class SnapshotsConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_id, conversation(1), step_index=1, state=INTERRUPTED))
         await store.save_snapshot(snapshot(run_id, conversation(2), step_index=2, state=COMPLETE))
         for include in (False, True):
-            latest = await store.latest_snapshot(run_id, include_interrupted=include)
+            latest = await store.latest_snapshot(run_id=run_id, include_interrupted=include)
             assert latest is not None
             assert latest.step_index == 2
 
@@ -199,13 +199,13 @@ class SnapshotsConformance(StoreFixtures):
         states = [COMPLETE, INTERRUPTED, INTERRUPTED, COMPLETE, INTERRUPTED]
         for step, state in enumerate(states):
             await store.save_snapshot(snapshot(run_id, conversation(step), step_index=step, state=state))
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert [(s.step_index, s.state) for s in listed] == [(0, COMPLETE), (3, COMPLETE)], (
             'list_snapshots(run_id) must give only the complete snapshots, in write order'
         )
         assert [s.messages for s in listed] == [conversation(0), conversation(3)]
-        assert await store.list_snapshots(run_id, include_interrupted=False) == listed
-        everything = await store.list_snapshots(run_id, include_interrupted=True)
+        assert await store.list_snapshots(run_id=run_id, include_interrupted=False) == listed
+        everything = await store.list_snapshots(run_id=run_id, include_interrupted=True)
         assert [s.state for s in everything] == states, (
             'list_snapshots(run_id, include_interrupted=True) must give every snapshot, in write order'
         )
@@ -215,8 +215,8 @@ class SnapshotsConformance(StoreFixtures):
     async def test_list_snapshots_of_a_run_with_only_interrupted_ones(self, store: StepStore) -> None:
         run_id = await register(store)
         await store.save_snapshot(snapshot(run_id, conversation(1), state=INTERRUPTED))
-        assert await store.list_snapshots(run_id) == []
-        assert [s.state for s in await store.list_snapshots(run_id, include_interrupted=True)] == [INTERRUPTED]
+        assert await store.list_snapshots(run_id=run_id) == []
+        assert [s.state for s in await store.list_snapshots(run_id=run_id, include_interrupted=True)] == [INTERRUPTED]
 
     async def test_applied_snapshot_key_is_suppressed(self, store: StepStore) -> None:
         run_id = await register(store)
@@ -227,10 +227,10 @@ class SnapshotsConformance(StoreFixtures):
         await store.save_snapshot(
             snapshot(run_id, conversation(6), step_index=6, state=INTERRUPTED, idempotency_key='k2')
         )
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert [(s.step_index, s.idempotency_key) for s in listed] == [(1, 'k1'), (2, 'k2')]
         assert [s.messages for s in listed] == [conversation(1), conversation(2)]
-        newest = await store.latest_snapshot(run_id, include_interrupted=True)
+        newest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
         assert newest is not None
         assert newest.step_index == 2
 
@@ -239,7 +239,7 @@ class SnapshotsConformance(StoreFixtures):
         same = snapshot(run_id, conversation(1))
         for _ in range(3):
             await store.save_snapshot(same)
-        listed = await store.list_snapshots(run_id)
+        listed = await store.list_snapshots(run_id=run_id)
         assert len(listed) == 3
         assert len({s.seq for s in listed}) == 3
 
@@ -247,7 +247,7 @@ class SnapshotsConformance(StoreFixtures):
         run_a, run_b = await register(store), await register(store)
         await store.save_snapshot(snapshot(run_a, conversation(1), idempotency_key='shared'))
         await store.save_snapshot(snapshot(run_b, conversation(2), idempotency_key='shared'))
-        latest_b = await store.latest_snapshot(run_b)
+        latest_b = await store.latest_snapshot(run_id=run_b)
         assert latest_b is not None
         assert latest_b.messages == conversation(2)
 
@@ -256,8 +256,8 @@ class SnapshotsConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_a, conversation(2, tag='a')))
         await store.save_snapshot(snapshot(run_b, conversation(1, tag='b')))
         await store.save_snapshot(snapshot(run_a, conversation(3, tag='a')))
-        assert [s.messages for s in await store.list_snapshots(run_b)] == [conversation(1, tag='b')]
-        assert [len(s.messages) for s in await store.list_snapshots(run_a)] == [5, 7]
+        assert [s.messages for s in await store.list_snapshots(run_id=run_b)] == [conversation(1, tag='b')]
+        assert [len(s.messages) for s in await store.list_snapshots(run_id=run_a)] == [5, 7]
 
     async def test_payload_using_reserved_marker_keys_round_trips_exactly(self, store: StepStore) -> None:
         run_id = await register(store)
@@ -267,7 +267,7 @@ class SnapshotsConformance(StoreFixtures):
             *tool_exchange(2, content=[RESERVED_KEY_PAYLOAD, {'__stepcore_media__': None}]),
         ]
         await store.save_snapshot(snapshot(run_id, messages))
-        latest = await store.latest_snapshot(run_id)
+        latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
         assert latest.messages == messages
         assert tool_return_content(latest.messages[2]) == RESERVED_KEY_PAYLOAD
@@ -277,7 +277,7 @@ class SnapshotsConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_id, conversation(1), step_index=1, metadata={'k': 'v'}))
         await store.save_snapshot(snapshot(run_id, conversation(2)[:-1], step_index=2, state=INTERRUPTED))
         await store.save_snapshot(snapshot(run_id, conversation(3), step_index=3, idempotency_key='third'))
-        every = await store.list_snapshots(run_id, include_interrupted=True)
+        every = await store.list_snapshots(run_id=run_id, include_interrupted=True)
         summaries = await store.list_snapshot_summaries(run_id, include_interrupted=True)
         assert summaries == [SnapshotSummary.of(s) for s in every]
         assert [(s.step_index, s.state, s.message_count) for s in summaries] == [
@@ -288,7 +288,7 @@ class SnapshotsConformance(StoreFixtures):
         assert summaries[0].metadata == {'k': 'v'}
         assert summaries[2].idempotency_key == 'third'
         complete = await store.list_snapshot_summaries(run_id)
-        assert [s.seq for s in complete] == [s.seq for s in await store.list_snapshots(run_id)]
+        assert [s.seq for s in complete] == [s.seq for s in await store.list_snapshots(run_id=run_id)]
         assert await store.list_snapshot_summaries(new_id('never-written')) == []
 
     async def test_get_snapshot_reads_one_snapshot_by_seq(self, store: StepStore) -> None:
@@ -298,7 +298,7 @@ class SnapshotsConformance(StoreFixtures):
             await store.save_snapshot(
                 snapshot(run_id, conversation(step, tag=f's{step}'), step_index=step, state=state)
             )
-        every = await store.list_snapshots(run_id, include_interrupted=True)
+        every = await store.list_snapshots(run_id=run_id, include_interrupted=True)
         for stored in every:
             assert stored.seq is not None
             found = await store.get_snapshot(run_id, stored.seq)
@@ -316,7 +316,7 @@ class SnapshotsConformance(StoreFixtures):
         run_id = await register(store)
         await store.save_snapshot(snapshot(run_id, conversation(1), step_index=1))
         await store.save_snapshot(snapshot(run_id, conversation(3), step_index=3, state=INTERRUPTED))
-        first, newest = await store.list_snapshots(run_id, include_interrupted=True)
+        first, newest = await store.list_snapshots(run_id=run_id, include_interrupted=True)
         assert first.seq is not None
         assert newest.seq is not None
         everything = conversation(3)
@@ -354,7 +354,9 @@ class SnapshotsConformance(StoreFixtures):
         await store.save_snapshot(snapshot(run_id, conversation(3), step_index=3))
         await store.save_snapshot(snapshot(run_id, rewritten, step_index=4, state=INTERRUPTED))
         await store.save_snapshot(snapshot(run_id, conversation(1, tag='other'), step_index=5))
-        one, three, rewrite, other = [s.seq or 0 for s in await store.list_snapshots(run_id, include_interrupted=True)]
+        one, three, rewrite, other = [
+            s.seq or 0 for s in await store.list_snapshots(run_id=run_id, include_interrupted=True)
+        ]
         # a history that grew shares all of the shorter one, whichever way it is asked
         assert await store.shared_message_count(run_id, three, one) == len(conversation(1))
         assert await store.shared_message_count(run_id, one, three) == len(conversation(1))

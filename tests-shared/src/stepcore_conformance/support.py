@@ -118,22 +118,22 @@ async def write_tool_steps(
 
 async def check_tool_steps(store: StepStore, run_id: str, steps: int) -> None:
     """Assert that `store` holds exactly what `write_tool_steps(store, run_id, steps)` wrote, nothing lost."""
-    events = await store.list_events(run_id)
+    events = await store.list_events(run_id=run_id)
     assert [e.seq for e in events] == list(range(1, 2 * steps + 1))
     assert [(e.kind, e.step_index) for e in events] == [
         (kind, i) for i in range(steps) for kind in (EventKind.TOOL_CALL_STARTED, EventKind.TOOL_CALL_COMPLETED)
     ]
-    effects = await store.list_tool_effects(run_id)
+    effects = await store.list_tool_effects(run_id=run_id)
     assert [e.tool_call_id for e in effects] == [f'{run_id}-{i}' for i in range(steps)]
     assert all(e.status is ToolEffectStatus.COMPLETED for e in effects)
-    assert await store.list_unresolved_tool_effects(run_id) == []
-    snapshots = await store.list_snapshots(run_id, include_interrupted=True)
+    assert await store.list_unresolved_tool_effects(run_id=run_id) == []
+    snapshots = await store.list_snapshots(run_id=run_id, include_interrupted=True)
     seqs = [s.seq for s in snapshots if s.seq is not None]
     assert len(seqs) == len(snapshots)  # every listed snapshot carries its store-assigned seq
     assert seqs == sorted(set(seqs))  # increasing per run; gapless is a backend's own promise, if it makes it
     assert [s.step_index for s in snapshots] == list(range(steps))
     assert all(s.state is SnapshotState.COMPLETE for s in snapshots)
-    latest = await store.latest_snapshot(run_id)
+    latest = await store.latest_snapshot(run_id=run_id)
     assert latest is not None
     assert latest.messages == snapshots[-1].messages
     assert len(latest.messages) == 1 + 2 * steps
@@ -150,8 +150,8 @@ async def check_crash_rule(store: StepStore, run_id: str, *, context: str = '') 
     whatever a crash left behind (`context` is added to a failure message, e.g. where it stopped).
     """
     where = f' ({context})' if context else ''
-    effects = await store.list_tool_effects(run_id)
-    latest = await store.latest_snapshot(run_id)
+    effects = await store.list_tool_effects(run_id=run_id)
+    latest = await store.latest_snapshot(run_id=run_id)
     returned = {
         part.tool_call_id
         for message in (latest.messages if latest is not None else [])
@@ -159,7 +159,7 @@ async def check_crash_rule(store: StepStore, run_id: str, *, context: str = '') 
         for part in message.parts
         if isinstance(part, ToolReturnPart)
     }
-    unresolved = {e.tool_call_id for e in await store.list_unresolved_tool_effects(run_id)}
+    unresolved = {e.tool_call_id for e in await store.list_unresolved_tool_effects(run_id=run_id)}
     recovery = await inspect_recovery(store=store, run_id=run_id)
     reported = {e.tool_call_id for e in recovery.unresolved_effects}
     for entry in effects:

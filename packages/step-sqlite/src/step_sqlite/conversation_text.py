@@ -38,7 +38,7 @@ def conversation_text(messages: Sequence[ModelMessage]) -> str:
 
     Every text entry of a multimodal prompt is a line of its own. All of `messages` is rendered,
     compacted history included; `''` when there is no text. For a stored run, pass the messages
-    of its latest snapshot: `conversation_text((await store.latest_snapshot(run_id)).messages)`.
+    of its latest snapshot: `conversation_text((await store.latest_snapshot(run_id=run_id)).messages)`.
     """
     return '\n'.join(f'{role}: {text}' for role, text in _text_parts(messages))
 

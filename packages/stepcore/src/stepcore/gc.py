@@ -184,7 +184,7 @@ async def _references_through_api(store: StepStore, run_id: str) -> set[str]:
     snapshots hold, whatever its size (its threshold is not known here; marking more is safe)."""
     addresses = _Addresses()
     walker = MediaWalker(addresses, threshold_bytes=1)
-    for snapshot in await store.list_snapshots(run_id, include_interrupted=True):
+    for snapshot in await store.list_snapshots(run_id=run_id, include_interrupted=True):
         for message in snapshot.messages:
             await walker.externalize(encode_message(message))
     return addresses.seen

@@ -115,10 +115,10 @@ async def continue_run(store: StepStore, *, run_id: str, include_interrupted: bo
     """The messages of the run's newest settled snapshot, to pass as `message_history=`.
 
     With `include_interrupted=True` the newest snapshot of any state is used (check
-    `store.list_unresolved_tool_effects(run_id)` first). Raises `LookupError` ("no continuable
+    `store.list_unresolved_tool_effects(run_id=run_id)` first). Raises `LookupError` ("no continuable
     snapshot for run_id ...") when the run has no matching snapshot.
     """
-    snapshot = await store.latest_snapshot(run_id, include_interrupted=include_interrupted)
+    snapshot = await store.latest_snapshot(run_id=run_id, include_interrupted=include_interrupted)
     if snapshot is None:
         raise LookupError(await _no_snapshot_message(store, run_id, include_interrupted=include_interrupted))
     return snapshot.messages
@@ -128,7 +128,7 @@ async def _no_snapshot_message(store: StepStore, run_id: str, *, include_interru
     which = 'snapshot' if include_interrupted else 'complete snapshot'
     message = f'no continuable snapshot for run_id {run_id!r}: the run has no {which} in {type(store).__name__}'
     older = dotted_run_id(run_id)
-    if older is not None and await store.get_run(older) is not None:
+    if older is not None and await store.get_run(run_id=older) is not None:
         return (
             f'{message}. This agent run was recorded by stepcore 0.1 under run_id {older!r}: '
             f'pass run_id={older!r} to read it'

@@ -313,12 +313,12 @@ class StepStore(ABC):
 
     async def _run_footprint(self, run_id: str) -> RunFootprint | None:
         """How much a run holds and when it was last written (`None`: no such run)."""
-        run = await self.get_run(run_id)
+        run = await self.get_run(run_id=run_id)
         if run is None:
             return None
-        events = await self.list_events(run_id)
-        effects = await self.list_tool_effects(run_id)
-        snapshots = await self.list_snapshots(run_id, include_interrupted=True)
+        events = await self.list_events(run_id=run_id)
+        effects = await self.list_tool_effects(run_id=run_id)
+        snapshots = await self.list_snapshots(run_id=run_id, include_interrupted=True)
         times = [
             sort_time(run.started_at),
             *(sort_time(e.timestamp) for e in events),
@@ -352,7 +352,7 @@ class StepStore(ABC):
         without reading the whole trail override this.
         """
         check_event_window(after_seq, limit)
-        return event_window(await self.list_events(run_id), after_seq, limit, newest)
+        return event_window(await self.list_events(run_id=run_id), after_seq, limit, newest)
 
     # -- snapshots ----------------------------------------------------------------------------
 
@@ -367,20 +367,21 @@ class StepStore(ABC):
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         """The newest complete snapshot, or the newest of any state with `include_interrupted=True`."""
-        found = await self.list_snapshots(run_id, include_interrupted=include_interrupted)
+        found = await self.list_snapshots(run_id=run_id, include_interrupted=include_interrupted)
         return found[-1] if found else None
 
     async def list_snapshot_summaries(self, run_id: str, *, include_interrupted: bool = False) -> list[SnapshotSummary]:
         """`list_snapshots` without the messages: each retained snapshot's seq, state, step and
         message count, oldest first. Stores that keep messages apart override this to read none."""
         return [
-            SnapshotSummary.of(s) for s in await self.list_snapshots(run_id, include_interrupted=include_interrupted)
+            SnapshotSummary.of(s)
+            for s in await self.list_snapshots(run_id=run_id, include_interrupted=include_interrupted)
         ]
 
     async def get_snapshot(self, run_id: str, seq: int) -> ContinuableSnapshot | None:
         """The retained snapshot with this `seq` (complete or interrupted), or `None`."""
         check_seq(seq)
-        for snapshot in await self.list_snapshots(run_id, include_interrupted=True):
+        for snapshot in await self.list_snapshots(run_id=run_id, include_interrupted=True):
             if snapshot.seq == seq:
                 return snapshot
         return None
@@ -440,14 +441,14 @@ class StepStore(ABC):
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         """One ledger entry, or `None`."""
-        for record in await self.list_tool_effects(run_id):
+        for record in await self.list_tool_effects(run_id=run_id):
             if record.tool_call_id == tool_call_id:
                 return record
         return None
 
     async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         """Entries still `started`: the call may or may not have happened."""
-        return [r for r in await self.list_tool_effects(run_id) if r.status is ToolEffectStatus.STARTED]
+        return [r for r in await self.list_tool_effects(run_id=run_id) if r.status is ToolEffectStatus.STARTED]
 
     # -- several writes at once ---------------------------------------------------------------
 

@@ -81,13 +81,13 @@ async def inspect_recovery(*, store: StepStore, run_id: str) -> RecoveryReport:
     Nothing is executed or rewritten. The tools that completed or failed come from the run's events,
     so a call id that failed and later completed counts in both.
     """
-    events = await store.list_events(run_id)
+    events = await store.list_events(run_id=run_id)
     return RecoveryReport(
         run_id=run_id,
-        run=await store.get_run(run_id),
-        latest=await store.latest_snapshot(run_id, include_interrupted=True),
-        settled=await store.latest_snapshot(run_id),
-        unresolved=tuple(await store.list_unresolved_tool_effects(run_id)),
+        run=await store.get_run(run_id=run_id),
+        latest=await store.latest_snapshot(run_id=run_id, include_interrupted=True),
+        settled=await store.latest_snapshot(run_id=run_id),
+        unresolved=tuple(await store.list_unresolved_tool_effects(run_id=run_id)),
         completed_tools=_tools(events, EventKind.TOOL_CALL_COMPLETED),
         failed_tools=_tools(events, EventKind.TOOL_CALL_FAILED),
     )

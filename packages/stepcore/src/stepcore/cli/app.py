@@ -207,7 +207,7 @@ async def _resolve_run(store: StepStore, run_id: str) -> str:
     """The stored run `run_id` names: the run with that id, else the only run whose id starts with it."""
     if not run_id:
         raise LookupError('no run id given: pass a run id, or the start of one (list them with `stepcore runs`)')
-    if await store.get_run(run_id) is not None:
+    if await store.get_run(run_id=run_id) is not None:
         return run_id
     matches = sorted(r.run_id for r in await store.list_runs() if r.run_id.startswith(run_id))
     if len(matches) == 1:
@@ -425,12 +425,12 @@ def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = F
     """Show a run and the runs delegated from it, with their status."""
 
     async def build(s: StepStore, rid: str, seen: set[str]) -> render.RunNode:
-        record = await s.get_run(rid)
+        record = await s.get_run(run_id=rid)
         if record is None:
             raise LookupError(f'run {rid!r} not found in this store: list the stored runs with `stepcore runs`')
         seen.add(rid)
         status = render.run_status(await s.list_events_page(rid, newest=True, limit=1))
-        unresolved = len(await s.list_unresolved_tool_effects(rid))
+        unresolved = len(await s.list_unresolved_tool_effects(run_id=rid))
         children = [
             await build(s, child.run_id, seen)
             for child in await s.list_runs(parent_run_id=rid)
@@ -450,7 +450,7 @@ def events(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption =
     """List a run's step events in the order they were appended."""
 
     async def body(s: StepStore, rid: str) -> list[Any]:
-        return await s.list_events(rid)
+        return await s.list_events(run_id=rid)
 
     run_id, found = _with_run(store, run_id, body)
     if as_json:
@@ -464,7 +464,7 @@ def snapshots(run_id: RunArgument, store: StoreOption = None, as_json: JsonOptio
     """List a run's retained snapshots (see `show` for their messages)."""
 
     async def body(s: StepStore, rid: str) -> list[Any]:
-        return await s.list_snapshots(rid, include_interrupted=True)
+        return await s.list_snapshots(run_id=rid, include_interrupted=True)
 
     run_id, found = _with_run(store, run_id, body)
     if as_json:
@@ -488,11 +488,11 @@ def show(
 
     async def body(s: StepStore, rid: str) -> Any:
         if seq is None:
-            snap = await s.latest_snapshot(rid, include_interrupted=True)
+            snap = await s.latest_snapshot(run_id=rid, include_interrupted=True)
             if snap is None:
                 raise LookupError(f'run {rid!r} has no snapshot yet: see its events with `stepcore events {rid}`')
             return snap
-        retained = await s.list_snapshots(rid, include_interrupted=True)
+        retained = await s.list_snapshots(run_id=rid, include_interrupted=True)
         for snap in retained:
             if snap.seq == seq:
                 return snap
@@ -522,7 +522,7 @@ def effects(
     """List a run's tool-effect ledger: which tool calls completed, failed, or may or may not have run."""
 
     async def body(s: StepStore, rid: str) -> list[Any]:
-        return await (s.list_unresolved_tool_effects(rid) if unresolved else s.list_tool_effects(rid))
+        return await (s.list_unresolved_tool_effects(run_id=rid) if unresolved else s.list_tool_effects(run_id=rid))
 
     run_id, found = _with_run(store, run_id, body)
     if as_json:

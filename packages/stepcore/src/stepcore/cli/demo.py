@@ -114,11 +114,11 @@ async def _inspect_and_resume(database: Path, workdir: Path, console: Console) -
 
 
 async def _tree(store: StepStore, run_id: str) -> render.RunNode:
-    record = await store.get_run(run_id)
+    record = await store.get_run(run_id=run_id)
     assert record is not None
     children = [await _tree(store, child.run_id) for child in await store.list_runs(parent_run_id=run_id)]
-    status = render.run_status(await store.list_events(run_id))
-    unresolved = len(await store.list_unresolved_tool_effects(run_id))
+    status = render.run_status(await store.list_events(run_id=run_id))
+    unresolved = len(await store.list_unresolved_tool_effects(run_id=run_id))
     return render.RunNode(record, status, unresolved, children)
 
 
@@ -139,7 +139,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'Events are appended as the run goes, so the trail ends where the process died: a tool call '
         'that started and never completed.',
     )
-    events = await store.list_events(FIRST_RUN_ID)
+    events = await store.list_events(run_id=FIRST_RUN_ID)
     console.print(render.events_table(events, timestamps=False))
 
     _stage(
@@ -149,7 +149,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'A complete snapshot is saved each time a round of tool calls has settled; it is a safe point '
         'to continue from.',
     )
-    snapshots = await store.list_snapshots(FIRST_RUN_ID, include_interrupted=True)
+    snapshots = await store.list_snapshots(run_id=FIRST_RUN_ID, include_interrupted=True)
     console.print(render.snapshots_table(snapshots, timestamps=False))
 
     _stage(
@@ -159,7 +159,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'send_email is still "started": the ledger cannot tell whether the email went out. The tool '
         'recorded an idempotency key before acting, so it can check for itself.',
     )
-    effects = await store.list_tool_effects(FIRST_RUN_ID)
+    effects = await store.list_tool_effects(run_id=FIRST_RUN_ID)
     console.print(render.effects_table(effects, timestamps=False, compact=True))
     outbox = workdir / OUTBOX_FILE
     sent = len(outbox.read_text(encoding='utf-8').splitlines()) if outbox.exists() else 0
@@ -172,7 +172,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
 
 async def _resume(store: StepStore, workdir: Path, console: Console) -> None:
     history = await continue_run(store, run_id=FIRST_RUN_ID)
-    settled = await store.latest_snapshot(FIRST_RUN_ID)
+    settled = await store.latest_snapshot(run_id=FIRST_RUN_ID)
     assert settled is not None
     _stage(
         console,
@@ -193,9 +193,9 @@ async def _resume(store: StepStore, workdir: Path, console: Console) -> None:
 
     _stage(console, 8, 'The conversation now', 'Both runs share the conversation id; the second one completed.')
     runs = await store.list_runs(conversation_id=CONVERSATION_ID)
-    statuses = [render.run_status(await store.list_events(r.run_id)) for r in runs]
+    statuses = [render.run_status(await store.list_events(run_id=r.run_id)) for r in runs]
     console.print(render.runs_table(runs, statuses, timestamps=False))
-    unresolved = await store.list_unresolved_tool_effects(RESUMED_RUN_ID)
+    unresolved = await store.list_unresolved_tool_effects(run_id=RESUMED_RUN_ID)
     outbox = workdir / OUTBOX_FILE
     sent = len(outbox.read_text(encoding='utf-8').splitlines()) if outbox.exists() else 0
     console.print(f'Unresolved tool calls in {RESUMED_RUN_ID}: {len(unresolved)}. Outbox: {sent} email(s) sent.')

@@ -69,19 +69,19 @@ def _load_snapshot(data: Mapping[str, Any]) -> ContinuableSnapshot:
 
 async def collect_run(store: StepStore, run_id: str, *, progress: Progress | None = None) -> RunExport:
     """Read one run's record, events, snapshots and tool effects; `LookupError` for an unknown run."""
-    record = await store.get_run(run_id)
+    record = await store.get_run(run_id=run_id)
     if record is None:
         raise LookupError(f'run {run_id!r} not found in this store: list the stored runs with `stepcore runs`')
     export = RunExport(run=record)
     if progress:
         progress(1)
-    export.events = await store.list_events(run_id)
+    export.events = await store.list_events(run_id=run_id)
     if progress:
         progress(len(export.events))
-    export.snapshots = await store.list_snapshots(run_id, include_interrupted=True)
+    export.snapshots = await store.list_snapshots(run_id=run_id, include_interrupted=True)
     if progress:
         progress(len(export.snapshots))
-    export.tool_effects = await store.list_tool_effects(run_id)
+    export.tool_effects = await store.list_tool_effects(run_id=run_id)
     if progress:
         progress(len(export.tool_effects))
     return export
@@ -153,7 +153,7 @@ async def import_runs(store: StepStore, runs: Sequence[RunExport], *, progress: 
     kept every snapshot.
     """
     for export in runs:
-        if await store.get_run(export.run.run_id) is not None:
+        if await store.get_run(run_id=export.run.run_id) is not None:
             raise ValueError(
                 f'run {export.run.run_id!r} already exists in the target store: import into another store, '
                 'or leave that run out of the export'

@@ -97,7 +97,7 @@ async def _import_run(run: HarnessRun, store: StepStore, summary: HarnessImportS
     summary.skipped += run.skipped
     if run.record is None and not (run.events or run.snapshots or run.tool_effects):
         return  # nothing of it could be read
-    stored = await store.get_run(run.run_id)
+    stored = await store.get_run(run_id=run.run_id)
     if stored is not None:
         if run.record is not None and _same_run(stored, run.record):
             summary.already_imported.append(run.run_id)

@@ -319,7 +319,7 @@ def create_app(
         return render(request, 'runs.html', where=where, found=found, statuses=queries.STATUSES)
 
     async def _record(run_id: str) -> Any:
-        record = await store.get_run(run_id)
+        record = await store.get_run(run_id=run_id)
         if record is None:
             raise LookupError(f'run {run_id!r} is not in this store: find it by the start of its id on the runs page')
         return record
@@ -328,7 +328,7 @@ def create_app(
         run_id = request.path_params['run_id']
         record = await _record(run_id)
         facts = await queries.run_facts(store, run_id)
-        effects = await store.list_tool_effects(run_id)
+        effects = await store.list_tool_effects(run_id=run_id)
         report = await queries.recovery_view(store, record, run_id, effects)
         ledger_page = queries.page_of(_int_param(request, 'ledger'), LEDGER_PER_PAGE, len(effects))
         family = await queries.lineage(store, record, facts.status, len(report.unresolved_effects))

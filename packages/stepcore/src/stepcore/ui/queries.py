@@ -204,7 +204,7 @@ async def runs_page(store: StepStore, where: RunFilter, number: int, size: int =
     rows: list[RunRow] = []
     for record in found[page.start : page.end]:
         status = where.status or await status_of(store, record.run_id)
-        unresolved = len(await store.list_unresolved_tool_effects(record.run_id))
+        unresolved = len(await store.list_unresolved_tool_effects(run_id=record.run_id))
         rows.append(RunRow(record=record, status=status, unresolved=unresolved))
     return RunsPage(rows=rows, page=page, agents=agents)
 
@@ -241,7 +241,7 @@ async def lineage(store: StepStore, record: RunRecord, status: str, unresolved: 
     missing: str | None = None
     parent_id = record.parent_run_id
     while parent_id and parent_id not in seen and len(ancestors) < LINEAGE_LIMIT:
-        parent = await store.get_run(parent_id)
+        parent = await store.get_run(run_id=parent_id)
         if parent is None:
             missing = parent_id
             break
@@ -259,7 +259,7 @@ async def lineage(store: StepStore, record: RunRecord, status: str, unresolved: 
             made = LineageNode(
                 record=run,
                 status=await status_of(store, run.run_id),
-                unresolved=len(await store.list_unresolved_tool_effects(run.run_id)),
+                unresolved=len(await store.list_unresolved_tool_effects(run_id=run.run_id)),
             )
         visited.add(run.run_id)
         for child in await store.list_runs(parent_run_id=run.run_id):
