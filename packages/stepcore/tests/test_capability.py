@@ -304,20 +304,38 @@ class _RewriteFinalHistory(AbstractCapability[Any]):
         return result
 
 
-def test_step_persistence_declares_itself_outermost() -> None:
-    ordering = StepPersistence[None]().get_ordering()
+def test_step_persistence_keeps_its_place_in_the_list_unless_asked_for_the_outside() -> None:
+    assert StepPersistence[None]().get_ordering() is None
+    ordering = StepPersistence[None](outermost=True).get_ordering()
+    assert ordering is not None
     assert ordering.position == 'outermost'
 
 
-async def test_the_final_snapshot_holds_a_rewrite_made_by_a_capability_listed_before_it() -> None:
+async def test_the_final_snapshot_holds_a_rewrite_made_by_a_capability_listed_after_it() -> None:
     store = InMemoryStepStore()
     agent = Agent(
         function_model(lambda messages, info: _text('original')),
-        capabilities=[_RewriteFinalHistory(), StepPersistence(store=store, run_id='rewritten')],
+        capabilities=[StepPersistence(store=store, run_id='rewritten'), _RewriteFinalHistory()],
     )
     await agent.run('go')
     history = await continue_run(store, run_id='rewritten')
     assert history[-1].parts[0] == TextPart('rewritten')
+
+
+@pytest.mark.parametrize(('outermost', 'saved'), [(False, 'original'), (True, 'rewritten')])
+async def test_a_rewrite_by_a_capability_listed_before_it_is_saved_only_when_outermost(
+    outermost: bool, saved: str
+) -> None:
+    """As in the reference, after hooks run in reverse list order: a capability listed before the
+    recorder rewrites the history after the recorder saved it, unless the recorder is outermost."""
+    store = InMemoryStepStore()
+    agent = Agent(
+        function_model(lambda messages, info: _text('original')),
+        capabilities=[_RewriteFinalHistory(), StepPersistence(store=store, run_id='listed', outermost=outermost)],
+    )
+    await agent.run('go')
+    history = await continue_run(store, run_id='listed')
+    assert history[-1].parts[0] == TextPart(saved)
 
 
 async def test_from_spec_builds_a_persistent_backend(tmp_path: Path) -> None:

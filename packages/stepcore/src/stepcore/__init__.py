@@ -22,7 +22,7 @@ from .models import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from .protocols import StepStore
+from .protocols import StepStore, StepStoreProtocol
 from .recovery import RecoveryReport, inspect_recovery
 from .registry import media_from_spec, open_store
 from .registry import store_from_spec as from_spec
@@ -48,6 +48,7 @@ __all__ = (
     'StepEvent',
     'StepPersistence',
     'StepStore',
+    'StepStoreProtocol',
     'ToolEffectRecord',
     'ToolEffectStatus',
     'annotate_tool_effect',

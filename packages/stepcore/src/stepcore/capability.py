@@ -24,7 +24,7 @@ from .context import ActiveToolCall, active_run_id, active_tool_call, inside_run
 from .memory import InMemoryStepStore
 from .models import EventKind, SnapshotState
 from .operations import CAPABILITY_ID, OPERATION_NAMES, StepOperations
-from .protocols import StepStore
+from .protocols import StepStoreProtocol
 from .run_state import RunState, describe_error, resolve_run_id
 from .run_writer import DEFERRED_WRITE_DELAY, RunWriter
 from .tool_calls import annotate_in_flight, record_tool_call
@@ -51,10 +51,13 @@ current directory), as pydantic-ai-harness does."""
 class StepPersistence(StepOperations[AgentDepsT]):
     """Record a run's step events, continuable snapshots and tool-effect ledger in a `StepStore`.
 
-    Attach it at `Agent(capabilities=[...])` construction. It places itself outermost
-    (`get_ordering`), so its `after_run` sees the history other capabilities rewrite in theirs. Per
-    run it registers a `RunRecord`, appends a `StepEvent` at every run, model-request and tool-call
-    boundary, keeps a `ToolEffectRecord` per tool call, and saves a `ContinuableSnapshot`:
+    Attach it at `Agent(capabilities=[...])` construction. It runs where it is listed, as every
+    capability does: `before_*` hooks in list order, `after_*` and error hooks in reverse, so list it
+    before the capabilities whose `after_run` rewrites the history to save what they leave (or pass
+    `outermost=True` to have it placed outside all the others). A capability listed before it that
+    rejects a run in its `before_run` leaves nothing stored. Per run it registers a `RunRecord`,
+    appends a `StepEvent` at every run, model-request and tool-call boundary, keeps a
+    `ToolEffectRecord` per tool call, and saves a `ContinuableSnapshot`:
 
     - after every tool cycle whose calls all returned (the tool returns folded in), and after the
       final tool-less response;
@@ -89,8 +92,9 @@ class StepPersistence(StepOperations[AgentDepsT]):
     `parent_run_id` and `agent_name`.
     """
 
-    store: StepStore = field(default_factory=InMemoryStepStore)
-    """Where runs, events, snapshots and tool effects go."""
+    store: StepStoreProtocol = field(default_factory=InMemoryStepStore)
+    """Where runs, events, snapshots and tool effects go: any object with the reference's store
+    methods (`stepcore.StepStoreProtocol`), a `StepStore` subclass included."""
     agent_name: str | None = None
     """Logical agent name, recorded on the run and encoded into the derived run id.
 
@@ -107,9 +111,13 @@ class StepPersistence(StepOperations[AgentDepsT]):
 
     _: KW_ONLY
     id: str | None = CAPABILITY_ID
+    outermost: bool = False
+    """Place the capability outside every other one, whatever the list order (its `before_run`
+    first, its `after_run` last), instead of where it is listed."""
 
     def __post_init__(self) -> None:
         self._state: RunState | None = None
+        _ = self.bound_store  # a store without the contract's methods is refused here, naming them
         for key, value in cast(dict[object, object], self.metadata).items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise ValueError(
@@ -149,7 +157,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
         defaults = SPEC_DEFAULTS.get(backend, {})
         if not any(name in store_options for name in (*defaults, 'connection')):
             store_options = {**defaults, **store_options}
-        store = cast(StepStore, store_from_spec(backend, **store_options))
+        store = cast(StepStoreProtocol, store_from_spec(backend, **store_options))
         return StepPersistence[Any](
             store=store,
             agent_name=agent_name,
@@ -159,9 +167,9 @@ class StepPersistence(StepOperations[AgentDepsT]):
             capture_frontier=capture_frontier,
         )
 
-    def get_ordering(self) -> CapabilityOrdering:
-        """Outermost: its `after_run` runs after the other capabilities', so it saves the history they rewrote."""
-        return CapabilityOrdering(position='outermost')
+    def get_ordering(self) -> CapabilityOrdering | None:
+        """Where it was listed, unless `outermost=True` asked for the outside of every other capability."""
+        return CapabilityOrdering(position='outermost') if self.outermost else None
 
     def compaction_transcript_handle(self) -> str | None:
         """This run's id in the store (for compaction receipts).
@@ -183,23 +191,34 @@ class StepPersistence(StepOperations[AgentDepsT]):
         parent_run_id = self.parent_run_id if self.parent_run_id is not None else active_run_id()
         agent_name = self.agent_name if self.agent_name is not None else (agent.name if agent is not None else None)
         copy = replace(self, run_id=run_id, parent_run_id=parent_run_id, agent_name=agent_name)
+        copy._state = copy._new_run(ctx)
+        return copy
+
+    def _new_run(self, ctx: RunContext[Any]) -> RunState:
+        """The state of the run `ctx` belongs to, recorded under this instance's (resolved) ids."""
+        run_id = (
+            self.run_id if self.run_id is not None else resolve_run_id(ctx, run_id=None, agent_name=self.agent_name)
+        )
         # Inside a durable container the operations are journaled: one per write, nothing batched.
-        writer = RunWriter(self.store, copy, journaled=ctx.in_durable_context, run_id=run_id)
-        copy._state = RunState(
+        writer = RunWriter(self.bound_store, self, journaled=ctx.in_durable_context, run_id=run_id)
+        return RunState(
             run_id=run_id,
-            parent_run_id=parent_run_id,
-            agent_name=agent_name,
+            parent_run_id=self.parent_run_id,
+            agent_name=self.agent_name,
             conversation_id=ctx.conversation_id,
             metadata=dict(self.metadata),
             writer=writer,
         )
-        return copy
 
-    def _run(self, ctx: RunContext[Any] | None = None) -> RunState:
-        """The run's state; with `ctx` (from a node, model or tool hook), brought up to its step."""
+    def _run(self, ctx: RunContext[Any], *, node: bool = False) -> RunState:
+        """The run's state; from a node, model or tool hook (`node=True`), brought up to its step.
+
+        A hook called on an instance `for_run` did not bind (as a test may call one) records the
+        run `ctx` belongs to, as the reference's hooks do.
+        """
         if self._state is None:
-            raise RuntimeError('StepPersistence hooks ran without for_run: attach the capability to an Agent')
-        if ctx is not None:
+            self._state = self._new_run(ctx)
+        if node:
             self._state.step_index = ctx.run_step
             self._state.live = ctx.messages
         return self._state
@@ -215,7 +234,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
         request pydantic-ai stamps for sending in the meantime is stored once, as sent, instead of
         unstamped now and again stamped at the next save.
         """
-        run = self._run()
+        run = self._run(ctx)
         snapshot = run.snapshot(messages, state)
         if defer:
             await run.writer.defer(ctx, snapshot=snapshot)
@@ -226,7 +245,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
     async def _event(
         self, ctx: RunContext[Any], kind: EventKind, *, error: BaseException | None = None, defer: bool = False
     ) -> None:
-        run = self._run()
+        run = self._run(ctx)
         discriminator = 'run' if kind.value.startswith('run_') else str(run.step_index)
         event = run.event(kind, discriminator=discriminator, error=None if error is None else describe_error(error))
         await (run.writer.defer(ctx, event) if defer else run.writer.write(ctx, event))
@@ -234,17 +253,17 @@ class StepPersistence(StepOperations[AgentDepsT]):
     # --- run lifecycle -------------------------------------------------------------------------
 
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
-        with inside_run(self._run().run_id):
+        with inside_run(self._run(ctx).run_id):
             return await handler()
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
-        run = self._run()
+        run = self._run(ctx)
         run.given = list(ctx.messages)
         await self.journal_registration(ctx, run.run_record())
         await self._event(ctx, EventKind.RUN_STARTED)
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
-        run = self._run()
+        run = self._run(ctx)
         if (final := points.final_history(run, result)) is not None:
             await self._save(ctx, final, run.state_of(final))
         await self._event(ctx, EventKind.RUN_COMPLETED)
@@ -252,7 +271,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
         return result
 
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
-        run = self._run()
+        run = self._run(ctx)
         try:
             if (messages := points.at_failure(run, capture_frontier=self.capture_frontier)) is not None:
                 await self._save(ctx, messages, run.state_of(messages))
@@ -267,7 +286,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
     async def before_node_run(
         self, ctx: RunContext[AgentDepsT], *, node: AgentNode[AgentDepsT]
     ) -> AgentNode[AgentDepsT]:
-        run = self._run(ctx)
+        run = self._run(ctx, node=True)
         if self.capture_frontier and (messages := points.proposed_calls(run, ctx, node)) is not None:
             await self._save(ctx, messages, run.state_of(messages))
         return node
@@ -275,7 +294,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
     async def after_node_run(
         self, ctx: RunContext[AgentDepsT], *, node: AgentNode[AgentDepsT], result: NodeResult[AgentDepsT]
     ) -> NodeResult[AgentDepsT]:
-        run = self._run(ctx)
+        run = self._run(ctx, node=True)
         run.progressed = run.progressed or not isinstance(node, UserPromptNode)
         if (messages := points.settled_tool_cycle(run, ctx, node, result)) is not None:
             # Before another model request the snapshot goes with that request's started event.
@@ -285,7 +304,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
     async def before_model_request(
         self, ctx: RunContext[AgentDepsT], request_context: ModelRequestContext
     ) -> ModelRequestContext:
-        run = self._run(ctx)
+        run = self._run(ctx, node=True)
         await self._event(ctx, EventKind.MODEL_REQUEST_STARTED)
         if self.capture_frontier and (messages := points.accepted_requests(run, ctx)) is not None:
             await self._save(ctx, messages, run.state_of(messages))
@@ -294,14 +313,14 @@ class StepPersistence(StepOperations[AgentDepsT]):
     async def after_model_request(
         self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, response: ModelResponse
     ) -> ModelResponse:
-        self._run(ctx)
+        self._run(ctx, node=True)
         await self._event(ctx, EventKind.MODEL_REQUEST_COMPLETED, defer=True)
         return response
 
     async def on_model_request_error(
         self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, error: Exception
     ) -> ModelResponse:
-        self._run(ctx)
+        self._run(ctx, node=True)
         await self._event(ctx, EventKind.MODEL_REQUEST_FAILED, error=error)
         raise error
 
@@ -316,12 +335,12 @@ class StepPersistence(StepOperations[AgentDepsT]):
         args: ValidatedToolArgs,
         handler: WrapToolExecuteHandler,
     ) -> Any:
-        return await record_tool_call(self._run(ctx), ctx, call, self, lambda: handler(args))
+        return await record_tool_call(self._run(ctx, node=True), ctx, call, self, lambda: handler(args))
 
     async def annotate(
         self,
         ctx: RunContext[Any],
-        store: StepStore,
+        store: StepStoreProtocol,
         tool_call_id: str,
         *,
         idempotency_key: str | None,
@@ -329,5 +348,10 @@ class StepPersistence(StepOperations[AgentDepsT]):
     ) -> None:
         """Merge annotations into the in-flight record of `tool_call_id` (see `annotate_tool_effect`)."""
         await annotate_in_flight(
-            self._run(), ctx, store, tool_call_id, idempotency_key=idempotency_key, effect_summary=effect_summary
+            self._run(ctx),
+            ctx,
+            store if store is not self.store else self.bound_store,
+            tool_call_id,
+            idempotency_key=idempotency_key,
+            effect_summary=effect_summary,
         )

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from pydantic_ai.tools import RunContext
 
-from .protocols import StepStore
+from .protocols import StepStoreProtocol
 
 __all__ = (
     'ActiveToolCall',
@@ -28,7 +28,7 @@ class ToolEffectAnnotator(Protocol):
     async def annotate(
         self,
         ctx: RunContext[Any],
-        store: StepStore,
+        store: StepStoreProtocol,
         tool_call_id: str,
         *,
         idempotency_key: str | None,

@@ -17,9 +17,10 @@ from pydantic_ai.messages import (
 from pydantic_ai.tools import RunContext
 
 from .context import active_tool_call
+from .contract import as_step_store
 from .history import TAIL_RECHECK, shares_prefix, starts_with
 from .ids import dotted_run_id
-from .protocols import StepStore
+from .protocols import StepStore, StepStoreProtocol
 
 __all__ = ('annotate_tool_effect', 'continue_run', 'fork_run', 'is_provider_valid', 'unanswered_tool_calls')
 
@@ -111,22 +112,29 @@ def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
     return _scan_tool_calls(messages, pending) and not pending
 
 
-async def continue_run(store: StepStore, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:
+async def continue_run(
+    store: StepStoreProtocol, *, run_id: str, include_interrupted: bool = False
+) -> list[ModelMessage]:
     """The messages of the run's newest settled snapshot, to pass as `message_history=`.
 
     With `include_interrupted=True` the newest snapshot of any state is used (check
     `store.list_unresolved_tool_effects(run_id=run_id)` first). Raises `LookupError` ("no continuable
     snapshot for run_id ...") when the run has no matching snapshot.
     """
-    snapshot = await store.latest_snapshot(run_id=run_id, include_interrupted=include_interrupted)
+    bound = as_step_store(store)
+    snapshot = await bound.latest_snapshot(run_id=run_id, include_interrupted=include_interrupted)
     if snapshot is None:
-        raise LookupError(await _no_snapshot_message(store, run_id, include_interrupted=include_interrupted))
+        raise LookupError(
+            await _no_snapshot_message(
+                bound, run_id, include_interrupted=include_interrupted, name=type(store).__name__
+            )
+        )
     return snapshot.messages
 
 
-async def _no_snapshot_message(store: StepStore, run_id: str, *, include_interrupted: bool) -> str:
+async def _no_snapshot_message(store: StepStore, run_id: str, *, include_interrupted: bool, name: str) -> str:
     which = 'snapshot' if include_interrupted else 'complete snapshot'
-    message = f'no continuable snapshot for run_id {run_id!r}: the run has no {which} in {type(store).__name__}'
+    message = f'no continuable snapshot for run_id {run_id!r}: the run has no {which} in {name}'
     older = dotted_run_id(run_id)
     if older is not None and await store.get_run(run_id=older) is not None:
         return (
@@ -138,7 +146,7 @@ async def _no_snapshot_message(store: StepStore, run_id: str, *, include_interru
     return message
 
 
-async def fork_run(store: StepStore, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:
+async def fork_run(store: StepStoreProtocol, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:
     """Like `continue_run`, for starting a new branch from the snapshot.
 
     Pass the result to a new `Agent.run` (which gets its own run id); give it a fresh
@@ -148,7 +156,7 @@ async def fork_run(store: StepStore, *, run_id: str, include_interrupted: bool =
 
 
 async def annotate_tool_effect(
-    store: StepStore,
+    store: StepStoreProtocol,
     ctx: RunContext[Any],
     *,
     idempotency_key: str | None = None,

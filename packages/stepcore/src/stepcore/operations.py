@@ -11,8 +11,9 @@ from pydantic_ai.capabilities import durable_operation
 from pydantic_ai.capabilities.abstract import AbstractCapability
 from pydantic_ai.tools import AgentDepsT, RunContext
 
+from .contract import as_step_store
 from .models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus, utcnow
-from .protocols import StepStore, StepWrite
+from .protocols import StepStore, StepStoreProtocol, StepWrite
 
 __all__ = ('CAPABILITY_ID', 'OPERATION_NAMES', 'RegistrationIdentity', 'StepOperations')
 
@@ -45,7 +46,16 @@ class StepOperations(AbstractCapability[AgentDepsT]):
     run inline. Each operation stamps its record with the time it runs.
     """
 
-    store: StepStore
+    store: StepStoreProtocol
+
+    @property
+    def bound_store(self) -> StepStore:
+        """`store` as stepcore reaches it (`stepcore.contract.as_step_store`), made once per store."""
+        bound: tuple[object, StepStore] | None = self.__dict__.get('_bound_store')
+        if bound is None or bound[0] is not self.store:
+            bound = (self.store, as_step_store(self.store))
+            self.__dict__['_bound_store'] = bound
+        return bound[1]
 
     @durable_operation(name='registration_identity')
     async def _op_registration_identity(self, ctx: RunContext[Any]) -> RegistrationIdentity:
@@ -53,18 +63,18 @@ class StepOperations(AbstractCapability[AgentDepsT]):
 
     @durable_operation(name='register_run')
     async def _op_register_run(self, ctx: RunContext[Any], record: RunRecord) -> None:
-        await self.store.register_run(record)
+        await self.bound_store.register_run(record)
 
     @durable_operation(name='append_event')
     async def _op_append_event(self, ctx: RunContext[Any], event: StepEvent) -> datetime:
         timestamp = utcnow()
-        await self.store.append_event(event.model_copy(update={'timestamp': timestamp}))
+        await self.bound_store.append_event(event.model_copy(update={'timestamp': timestamp}))
         return timestamp
 
     @durable_operation(name='save_snapshot')
     async def _op_save_snapshot(self, ctx: RunContext[Any], snapshot: ContinuableSnapshot) -> datetime:
         timestamp = utcnow()
-        await self.store.save_snapshot(snapshot.model_copy(update={'timestamp': timestamp}))
+        await self.bound_store.save_snapshot(snapshot.model_copy(update={'timestamp': timestamp}))
         return timestamp
 
     @durable_operation(name='tool_effect_started')
@@ -73,14 +83,14 @@ class StepOperations(AbstractCapability[AgentDepsT]):
     ) -> ToolEffectRecord:
         now = utcnow()
         stamped = record.model_copy(update={'started_at': now, 'updated_at': now} if new_call else {'updated_at': now})
-        await self.store.record_tool_effect(stamped)
+        await self.bound_store.record_tool_effect(stamped)
         return stamped
 
     @durable_operation(name='tool_effect_finished')
     async def _op_tool_effect_finished(self, ctx: RunContext[Any], record: ToolEffectRecord) -> ToolEffectRecord:
         now = utcnow()
         stamped = record.model_copy(update={'updated_at': now, 'ended_at': now})
-        await self.store.record_tool_effect(stamped)
+        await self.bound_store.record_tool_effect(stamped)
         return stamped
 
     async def journal_registration(self, ctx: RunContext[Any], record: RunRecord) -> RunRecord:

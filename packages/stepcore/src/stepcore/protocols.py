@@ -5,10 +5,10 @@ from __future__ import annotations
 import inspect
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, ClassVar, Self, TypeAlias, cast
+from typing import Any, ClassVar, Protocol, Self, TypeAlias, cast, runtime_checkable
 
 from .lifecycle import (
     PruneProgress,
@@ -36,15 +36,88 @@ from .models import (
 )
 
 __all__ = (
+    'CONTRACT_METHODS',
     'StepStore',
+    'StepStoreProtocol',
     'StepWrite',
     'check_event_window',
     'check_message_window',
     'check_seq',
     'check_writes',
+    'paged_list_runs',
     'shared_prefix',
     'sort_time',
 )
+
+CONTRACT_METHODS: tuple[str, ...] = (
+    'register_run',
+    'get_run',
+    'list_runs',
+    'append_event',
+    'list_events',
+    'save_snapshot',
+    'latest_snapshot',
+    'record_tool_effect',
+    'get_tool_effect',
+    'list_unresolved_tool_effects',
+)
+"""The reference's protocol: what `StepPersistence` requires of a store."""
+
+
+@runtime_checkable
+class StepStoreProtocol(Protocol):
+    """The reference's contract, as a protocol: what a store must have for `StepPersistence`.
+
+    A class with these methods and no base class is a store (a `StepStore` subclass has them too).
+    Type your own store's parameter with it to accept both.
+    """
+
+    async def register_run(self, record: RunRecord) -> None: ...
+
+    async def get_run(self, *, run_id: str) -> RunRecord | None: ...
+
+    async def list_runs(
+        self, *, parent_run_id: str | None = None, conversation_id: str | None = None
+    ) -> list[RunRecord]: ...
+
+    async def append_event(self, event: StepEvent) -> None: ...
+
+    async def list_events(self, *, run_id: str) -> list[StepEvent]: ...
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None: ...
+
+    async def latest_snapshot(
+        self, *, run_id: str, include_interrupted: bool = False
+    ) -> ContinuableSnapshot | None: ...
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None: ...
+
+    async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None: ...
+
+    async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]: ...
+
+
+def _defines(cls: type, name: str) -> bool:
+    """Whether `cls` or a class it inherits from defines `name` (never through `__getattr__`)."""
+    return any(name in vars(klass) for klass in cls.__mro__)
+
+
+def _overrides(store: object, name: str) -> bool:
+    """Whether the store's class defines `name` below `StepStore` (the base's default does not count)."""
+    for klass in type(store).__mro__:
+        if klass is StepStore:
+            return False
+        if name in vars(klass):
+            return True
+    return False
+
+
+def _missing(store: object, method: str, purpose: str) -> NotImplementedError:
+    return NotImplementedError(
+        f'{type(store).__name__} does not implement {method}, which stepcore needs {purpose}: '
+        f'implement {method} on the store'
+    )
+
 
 StepWrite: TypeAlias = StepEvent | ToolEffectRecord
 """One write `StepStore.write_batch` applies: an event to append or a ledger entry to upsert."""
@@ -117,9 +190,20 @@ def check_writes(writes: Sequence[object]) -> Sequence[StepWrite]:
 class StepStore(ABC):
     """Async persistence for runs, step events, snapshots and the tool-effect ledger.
 
-    Subclass it and implement the abstract methods (a class that leaves one out cannot be
-    instantiated), or subclass `stepcore.engine.EngineStore`, which implements all of them over a
-    small I/O port. The other methods are derived from those and can be overridden for speed.
+    The contract is the reference's protocol (`StepStoreProtocol`): `register_run`, `get_run`,
+    `list_runs`, `append_event`, `list_events`, `save_snapshot`, `latest_snapshot`,
+    `record_tool_effect`, `get_tool_effect` and `list_unresolved_tool_effects`. A class with those
+    methods works as a store without subclassing anything (`isinstance(obj, StepStore)` holds for
+    it, and stepcore reaches it through `stepcore.contract.as_step_store`).
+
+    Subclass it to have the rest: implement the abstract methods (a class that leaves one out
+    cannot be instantiated) and the reads (`latest_snapshot` or `list_snapshots`;
+    `get_tool_effect` and `list_unresolved_tool_effects`, or `list_tool_effects`), or subclass
+    `stepcore.engine.EngineStore`, which implements everything over a small I/O port. Every other
+    method is an extension with a default here, derived from the contract, which a store overrides
+    to be faster; stepcore uses a store's own extension only where no contract method it stands in
+    for is overridden below it (see `stepcore.contract`). An extension that cannot be derived
+    (`delete_run`, listing every snapshot or ledger entry) raises `NotImplementedError` by default.
 
     Guarantees every store keeps (checked by `stepcore-conformance`):
 
@@ -232,12 +316,13 @@ class StepStore(ABC):
         page = runs[:limit]
         return RunPage(page, query.cursor_after(page[-1]))
 
-    @abstractmethod
     async def delete_run(self, run_id: str) -> bool:
         """Remove the run's record, events, snapshots and ledger; False when there was nothing to remove.
 
-        Media blobs stay: they are content-addressed and may be shared with other runs.
+        Media blobs stay: they are content-addressed and may be shared with other runs. Not part of
+        the reference's contract: a store that does not implement it raises `NotImplementedError`.
         """
+        raise _missing(self, 'delete_run', 'to remove runs (delete_conversation and prune use it)')
 
     async def delete_conversation(self, conversation_id: str, *, include_delegates: bool = False) -> int:
         """Remove every run of the conversation through `delete_run`; answers how many runs were removed.
@@ -360,13 +445,22 @@ class StepStore(ABC):
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
         """Store a copy of the snapshot (suppressed when its idempotency key was applied)."""
 
-    @abstractmethod
     async def list_snapshots(self, run_id: str, *, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         """The run's retained `complete` snapshots, or all of them with `include_interrupted=True`,
-        oldest `seq` first (write order)."""
+        oldest `seq` first (write order).
+
+        Implement this or `latest_snapshot` (or both): each is derived from the other as far as it
+        can be. A store with `latest_snapshot` alone answers the newest snapshot only; ask it for
+        all of them and it raises `NotImplementedError`.
+        """
+        if _overrides(self, 'latest_snapshot'):
+            raise _missing(self, 'list_snapshots', 'to list every snapshot of a run (it has latest_snapshot only)')
+        raise _missing(self, 'list_snapshots or latest_snapshot', 'to read snapshots')
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         """The newest complete snapshot, or the newest of any state with `include_interrupted=True`."""
+        if not _overrides(self, 'list_snapshots'):
+            raise _missing(self, 'list_snapshots or latest_snapshot', 'to read snapshots')
         found = await self.list_snapshots(run_id=run_id, include_interrupted=include_interrupted)
         return found[-1] if found else None
 
@@ -435,12 +529,19 @@ class StepStore(ABC):
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         """Insert or replace the ledger entry for `(record.run_id, record.tool_call_id)`."""
 
-    @abstractmethod
     async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        """Every ledger entry of the run, oldest `started_at` first."""
+        """Every ledger entry of the run, oldest `started_at` first.
+
+        Implement this, or `get_tool_effect` and `list_unresolved_tool_effects` (the reference's
+        contract), which this one derives from where it can. Without it a store can tell its
+        unresolved entries but not list all of them: it raises `NotImplementedError`.
+        """
+        raise _missing(self, 'list_tool_effects', 'to list every ledger entry of a run')
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         """One ledger entry, or `None`."""
+        if not _overrides(self, 'list_tool_effects'):
+            raise _missing(self, 'get_tool_effect or list_tool_effects', 'to read the ledger')
         for record in await self.list_tool_effects(run_id=run_id):
             if record.tool_call_id == tool_call_id:
                 return record
@@ -448,6 +549,8 @@ class StepStore(ABC):
 
     async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         """Entries still `started`: the call may or may not have happened."""
+        if not _overrides(self, 'list_tool_effects'):
+            raise _missing(self, 'list_unresolved_tool_effects or list_tool_effects', 'to read the ledger')
         return [r for r in await self.list_tool_effects(run_id=run_id) if r.status is ToolEffectStatus.STARTED]
 
     # -- several writes at once ---------------------------------------------------------------
@@ -488,6 +591,14 @@ class StepStore(ABC):
         traceback: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> bool:
+        """A class with every method of the reference's contract counts as a `StepStore`, as an
+        object of it passes `isinstance` against the reference's runtime-checkable protocol."""
+        if cls is StepStore and all(_defines(other, name) for name in CONTRACT_METHODS):
+            return True
+        return NotImplemented
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -542,21 +653,30 @@ def _paged(owner: str, by_lineage: Callable[..., object]) -> Callable[..., Await
     earlier = cast(ListRunsByLineage, by_lineage)
 
     async def list_runs(self: StepStore, **arguments: Any) -> list[RunRecord]:
-        query = RunQuery.make(**arguments)
-        if set(arguments) <= {'conversation_id', 'parent_run_id'}:
-            # the earlier call shape: the store's own answer, with runs of one instant put in run_id order
-            return _ties_by_run_id(await earlier(self, **arguments))
-
-        async def fetch(after: RunKey | None, batch: int | None) -> tuple[list[RunRecord], bool, RunKey | None]:
-            del after, batch  # the earlier signature answers every run of the lineage at once
-            found = await earlier(self, conversation_id=query.conversation_id, parent_run_id=query.parent_run_id)
-            return list(found), True, None
-
-        return await collect_runs(query, fetch, self._status_of)  # pyright: ignore[reportPrivateUsage]
+        return await paged_list_runs(self, lambda **lineage: earlier(self, **lineage), arguments)
 
     list_runs.__qualname__ = f'{owner}.list_runs'
     list_runs.__doc__ = by_lineage.__doc__
     return list_runs
+
+
+async def paged_list_runs(
+    store: StepStore, by_lineage: Callable[..., Awaitable[list[RunRecord]]], arguments: Mapping[str, Any]
+) -> list[RunRecord]:
+    """`list_runs(**arguments)` of the current signature, answered by `by_lineage`, a `list_runs` that
+    takes only `conversation_id` and `parent_run_id` (the reference's): the other filters, the order
+    and the paging are applied over its answer."""
+    query = RunQuery.make(**arguments)
+    if set(arguments) <= {'conversation_id', 'parent_run_id'}:
+        # the earlier call shape: the store's own answer, with runs of one instant put in run_id order
+        return _ties_by_run_id(list(await by_lineage(**arguments)))
+
+    async def fetch(after: RunKey | None, batch: int | None) -> tuple[list[RunRecord], bool, RunKey | None]:
+        del after, batch  # the earlier signature answers every run of the lineage at once
+        found = await by_lineage(conversation_id=query.conversation_id, parent_run_id=query.parent_run_id)
+        return list(found), True, None
+
+    return await collect_runs(query, fetch, store._status_of)  # pyright: ignore[reportPrivateUsage]
 
 
 def _ties_by_run_id(runs: list[RunRecord]) -> list[RunRecord]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from .contract import as_step_store
 from .models import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
-from .protocols import StepStore
+from .protocols import StepStoreProtocol
 
 __all__ = ('RecoveryInspection', 'RecoveryReport', 'inspect_recovery')
 
@@ -75,12 +76,13 @@ def _tools(events: list[StepEvent], kind: EventKind) -> tuple[str, ...]:
     return tuple(dict.fromkeys(e.tool_name for e in events if e.kind is kind and e.tool_name))
 
 
-async def inspect_recovery(*, store: StepStore, run_id: str) -> RecoveryReport:
+async def inspect_recovery(*, store: StepStoreProtocol, run_id: str) -> RecoveryReport:
     """Gather the run record, newest and settled snapshots, unresolved ledger entries and tool outcomes of `run_id`.
 
     Nothing is executed or rewritten. The tools that completed or failed come from the run's events,
     so a call id that failed and later completed counts in both.
     """
+    store = as_step_store(store)
     events = await store.list_events(run_id=run_id)
     return RecoveryReport(
         run_id=run_id,

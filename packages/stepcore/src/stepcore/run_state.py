@@ -31,7 +31,7 @@ def resolve_run_id(ctx: RunContext[Any], *, run_id: str | None, agent_name: str 
     context_run_id = ctx.run_id
     if not context_run_id:
         raise RuntimeError(
-            'StepPersistence needs the run id pydantic-ai assigns to each run, but RunContext.run_id is '
+            'StepPersistence needs the run id the agent graph assigns to each run, but RunContext.run_id is '
             f'{context_run_id!r}: pass run_id= to StepPersistence or run the agent through Agent.run/iter'
         )
     return derive_run_id(agent_name, context_run_id) if agent_name is not None else context_run_id

@@ -10,11 +10,11 @@ from typing import Any
 from pydantic_ai.messages import ModelMessage, ModelRequest
 from pydantic_ai.tools import RunContext
 
+from .contract import write_records
 from .events import announce_snapshot
 from .models import ContinuableSnapshot, SnapshotState, StepEvent, ToolEffectRecord
 from .operations import StepOperations
 from .protocols import StepStore, StepWrite
-from .writes import apply_writes
 
 __all__ = ('DEFERRED_WRITE_DELAY', 'RunWriter')
 
@@ -135,7 +135,7 @@ class RunWriter:
         pending, self._deferred_snapshot = self._deferred_snapshot, None
         batch = [*deferred, *(write for completion in released for write in completion), *writes]
         try:
-            await apply_writes(self.store, batch, snapshot=pending if pending is not None else snapshot)
+            await write_records(self.store, batch, snapshot=pending if pending is not None else snapshot)
         except BaseException:
             self._deferred[:0] = deferred
             self._deferred_snapshot = pending

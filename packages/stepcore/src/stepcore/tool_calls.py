@@ -10,7 +10,7 @@ from pydantic_ai.tools import RunContext
 
 from .context import ActiveToolCall, ToolEffectAnnotator, inside_tool_call
 from .models import EventKind, ToolEffectRecord, ToolEffectStatus, utcnow
-from .protocols import StepStore
+from .protocols import StepStoreProtocol
 from .run_state import RunState, describe_error
 
 __all__ = ('annotate_in_flight', 'record_tool_call')
@@ -96,7 +96,7 @@ async def _finish(
 async def annotate_in_flight(
     run: RunState,
     ctx: RunContext[Any],
-    store: StepStore,
+    store: StepStoreProtocol,
     tool_call_id: str,
     *,
     idempotency_key: str | None,

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from .models import ContinuableSnapshot
-from .protocols import StepStore, StepWrite, check_writes
+from .contract import write_records
+from .protocols import check_writes
 
 __all__ = ('apply_writes', 'check_writes')
 
-
-async def apply_writes(
-    store: StepStore, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None
-) -> None:
-    """Save `snapshot` and apply `writes` with the store's `write_batch` (see `StepStore.write_batch`)."""
-    await store.write_batch(writes, snapshot=snapshot)
+apply_writes = write_records
+"""Save a snapshot and apply event and ledger writes to any store (`stepcore.contract.write_records`)."""
