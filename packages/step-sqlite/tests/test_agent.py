@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from pydantic_ai import Agent
@@ -9,7 +10,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from step_sqlite import SqliteStepStore
-from stepcore import EventKind, SnapshotState, ToolEffectStatus
+from stepcore import ContinuableSnapshot, EventKind, SnapshotState, ToolEffectStatus
 from stepcore.capability import StepPersistence
 
 
@@ -54,5 +55,33 @@ async def test_a_run_persisted_through_from_spec_reads_back_from_the_file(tmp_pa
         # the continued conversation is accepted by pydantic-ai as message_history
         follow_up = await Agent(FunctionModel(_model)).run('and again?', message_history=latest.messages)
         assert follow_up.output == 'all doubled'
+    finally:
+        await store.aclose()
+
+
+class _TrimmingStore(SqliteStepStore):
+    """A subclass that keeps only the last two messages of every snapshot it saves."""
+
+    saved: int = 0
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        self.saved += 1
+        await super().save_snapshot(dataclasses.replace(snapshot, messages=snapshot.messages[-2:]))
+
+
+async def test_a_subclass_overriding_save_snapshot_sees_and_shapes_every_snapshot(tmp_path: Path) -> None:
+    store = _TrimmingStore(database=tmp_path / 'runs.db')
+    agent = Agent(FunctionModel(_model), capabilities=[StepPersistence(store=store, agent_name='doubler')])
+
+    @agent.tool_plain
+    def double(n: int) -> str:
+        return str(2 * n)
+
+    try:
+        await agent.run('double 1, 2 and 3')
+        (run,) = await store.list_runs()
+        stored = await store.list_snapshots(run.run_id, include_interrupted=True)
+        assert store.saved == len(stored) >= 4
+        assert all(len(s.messages) <= 2 for s in stored)
     finally:
         await store.aclose()

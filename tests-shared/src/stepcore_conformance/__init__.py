@@ -21,6 +21,7 @@ from ._support import Damage
 from .batches import BatchWritesConformance
 from .capability import CapabilityConformance
 from .concurrency import ConcurrencyConformance
+from .contract import ContractConformance
 from .crash_window import CrashWindowConformance
 from .damage import DamageConformance
 from .delete import DeleteConformance
@@ -45,6 +46,7 @@ __all__ = (
     'CapabilityConformance',
     'ChecksumConformance',
     'ConcurrencyConformance',
+    'ContractConformance',
     'CrashWindowConformance',
     'Damage',
     'DamageConformance',
@@ -93,5 +95,6 @@ class StepStoreConformance(
     EncryptionConformance,
     ChecksumConformance,
     CapabilityConformance,
+    ContractConformance,
 ):
     """Every section of the step-store suite. Override `store` (and `store_spec` and `damage` where they apply)."""
