@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sqlite3
 import stat
@@ -34,7 +35,7 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.codec import encode_message
+from stepcore.codec import encode_message, record_fields
 from stepcore.engine.seal import Sealer
 
 
@@ -367,6 +368,50 @@ async def test_a_ledger_status_changed_in_the_database_is_caught_by_the_unresolv
         with sqlite3.connect(db) as raw:
             raw.execute("UPDATE tool_effects SET status = 'completed' WHERE tool_call_id = 'open'")
         with pytest.raises(DamagedRecordError, match=r"ledger entry of tool call 'open'.*checksum"):
+            await store.list_unresolved_tool_effects('r')
+    finally:
+        await store.aclose()
+
+
+async def _one_started_entry(db: Path) -> tuple[SqliteStepStore, dict[str, object]]:
+    """A store on `db` holding run 'r' with one ledger entry ('c', started), and that entry's stored fields."""
+    store = SqliteStepStore(database=db)
+    await store.register_run(RunRecord(run_id='r'))
+    entry = ToolEffectRecord(run_id='r', tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED)
+    await store.record_tool_effect(entry)
+    return store, record_fields(entry, exclude=frozenset({'run_id'}))
+
+
+@pytest.mark.parametrize('sealed', [False, True], ids=['format-1', 'resealed'])
+async def test_a_ledger_entry_with_an_unknown_status_names_it(tmp_path: Path, sealed: bool) -> None:
+    # A status column and body set to a value the ledger does not know: in a body of record format 1
+    # (no checksum) or one sealed again to match, the entry reaches validation and is refused in the
+    # words pydantic-ai-harness uses.
+    db = tmp_path / 'runs.db'
+    store, fields = await _one_started_entry(db)
+    try:
+        fields['status'] = 'sent'
+        sent = Sealer().record(fields, ('r', 'c', 'sent')).decode() if sealed else json.dumps({**fields, 'format': 1})
+        with sqlite3.connect(db) as raw:
+            raw.execute("UPDATE tool_effects SET status = 'sent', record = ? WHERE tool_call_id = 'c'", (sent,))
+        for read in (lambda: store.list_tool_effects('r'), lambda: store.get_tool_effect('r', 'c')):
+            with pytest.raises(DamagedRecordError) as caught:
+                await read()
+            assert isinstance(caught.value, ValueError)
+            assert "unknown tool effect status: 'sent'" in str(caught.value)
+            assert caught.value.reason.startswith("unknown tool effect status: 'sent'")
+    finally:
+        await store.aclose()
+
+
+async def test_a_ledger_entry_with_fields_of_the_wrong_types_says_so(tmp_path: Path) -> None:
+    db = tmp_path / 'runs.db'
+    store, fields = await _one_started_entry(db)
+    try:
+        body = json.dumps({**fields, 'format': 1, 'tool_name': {'name': 't'}})
+        with sqlite3.connect(db) as raw:
+            raw.execute("UPDATE tool_effects SET record = ? WHERE tool_call_id = 'c'", (body,))
+        with pytest.raises(DamagedRecordError, match='tool effect record has wrong types: tool_name: '):
             await store.list_unresolved_tool_effects('r')
     finally:
         await store.aclose()
