@@ -484,6 +484,56 @@ async def test_a_shared_connection_is_used_off_the_loop_and_left_open(tmp_path: 
         connection.close()
 
 
+@pytest.mark.parametrize('written', [False, True], ids=['empty-database', 'stepcore-database'])
+async def test_a_read_only_shared_connection_reports_the_drivers_readonly_database(
+    tmp_path: Path, written: bool
+) -> None:
+    # SQLite's own words ("attempt to write a readonly database") reach the caller, with a note
+    # saying which store was doing what: on an empty database the tables cannot even be created.
+    db = tmp_path / 'app.db'
+    if written:
+        owner = SqliteStepStore(database=db)
+        await owner.register_run(RunRecord(run_id='old'))
+        await owner.aclose()
+    else:
+        sqlite3.connect(db).close()
+    connection = sqlite3.connect(f'file:{db}?mode=ro', uri=True, check_same_thread=False)
+    store = SqliteStepStore(connection=connection)
+    image = [ModelRequest(parts=[UserPromptPart(['look', BinaryContent(b'z' * 70_000, media_type='image/png')])])]
+    writes = {
+        'register_run': lambda: store.register_run(RunRecord(run_id='r')),
+        'append_event': lambda: store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0)),
+        'record_tool_effect': lambda: store.record_tool_effect(
+            ToolEffectRecord(run_id='r', tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED)
+        ),
+        'save_snapshot': lambda: store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_step(0), step_index=0)),
+        'save_snapshot with media': lambda: store.save_snapshot(
+            ContinuableSnapshot(run_id='r', messages=image, step_index=1)
+        ),
+        'delete_run': lambda: store.delete_run('old'),
+    }
+    try:
+        for write, call in writes.items():
+            with pytest.raises(sqlite3.OperationalError, match='attempt to write a readonly database') as caught:
+                await call()
+            (note,) = caught.value.__notes__
+            if write == 'save_snapshot with media' and written:
+                assert note.startswith('SqliteMediaStore on the shared connection, storing media blob media+sha256://')
+            elif write == 'delete_run':
+                assert note == "SqliteStepStore on the shared connection, writing run 'old'", write
+            else:
+                assert note == "SqliteStepStore on the shared connection, writing run 'r'", write
+        if written:
+            assert await store.get_run('old') is not None  # reading needs no write
+        else:
+            with pytest.raises(sqlite3.OperationalError, match='readonly database') as caught:
+                await store.get_run('old')
+            assert caught.value.__notes__ == ["SqliteStepStore on the shared connection, reading run 'old'"]
+    finally:
+        await store.aclose()
+        connection.close()
+
+
 async def test_aclose_closes_an_owned_connection(tmp_path: Path) -> None:
     store = SqliteStepStore(database=tmp_path / 'runs.db')
     await store.register_run(RunRecord(run_id='r'))
