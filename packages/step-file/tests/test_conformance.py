@@ -17,6 +17,7 @@ from step_file.logs import json_object
 from step_file.nodes import node_id_of, parse_nodes
 from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, StepStore, ToolEffectRecord, ToolEffectStatus
 from stepcore.engine import DamagedRecordError
+from stepcore.engine.seal import Sealer
 from stepcore_conformance import (
     ConcurrencyConformance,
     EffectsConformance,
@@ -232,3 +233,126 @@ async def test_damaged_run_record_is_skipped_by_list_runs_and_raised_by_get_run(
     (warning,) = _warnings(caplog)
     assert "run 'r'" in warning
     assert [e.seq for e in await damaged_store.list_events('r')] == [1, 2, 3]  # the rest of the run is readable
+
+
+# -- the words a damaged record's error uses -------------------------------------------------------
+# Bodies of record format 1 carry no checksum, so an altered one reaches validation; each error
+# carries pydantic-ai-harness's phrase for the case, which callers match on, and names the field.
+
+
+async def _damaged_error(read: Callable[[], Awaitable[object]]) -> DamagedRecordError:
+    with pytest.raises(DamagedRecordError) as caught:
+        await read()
+    error = caught.value
+    assert isinstance(error, ValueError)
+    assert error.run_id == 'r'
+    assert error.kind == 'unparsable'
+    assert 'checksum' not in str(error)  # the body got as far as validation
+    return error
+
+
+async def test_a_run_record_with_fields_of_the_wrong_types_says_so(
+    damaged_store: FileStepStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _write_run(damaged_store, 'r')
+    await damage_file_store(damaged_store, 'run', 'r', None, b'{"format":1,"metadata":"tags","agent_name":7}')
+    error = await _damaged_error(lambda: damaged_store.get_run('r'))
+    assert error.reason.startswith('run record has wrong types: ')
+    assert "metadata: Input should be a valid dictionary (found 'tags')" in error.reason
+    assert 'agent_name: Input should be a valid string (found 7)' in error.reason
+    where = damaged_store.port.describe()
+    assert f"run record of run 'r' in {where} is unparsable: run record has wrong types: " in str(error)
+    with caplog.at_level(logging.WARNING):
+        assert [r.run_id for r in await damaged_store.list_runs()] == ['other']
+    (warning,) = _warnings(caplog)
+    assert 'run record has wrong types' in warning
+
+
+async def test_a_ledger_entry_with_fields_of_the_wrong_types_says_so(damaged_store: FileStepStore) -> None:
+    await _write_run(damaged_store, 'r')
+    await damage_file_store(
+        damaged_store, 'effect', 'r', 'b', b'{"format":1,"tool_call_id":"b","tool_name":["t"],"status":"started"}'
+    )
+    for read in (
+        lambda: damaged_store.list_tool_effects('r'),
+        lambda: damaged_store.list_unresolved_tool_effects('r'),
+        lambda: damaged_store.get_tool_effect('r', 'b'),
+    ):
+        error = await _damaged_error(read)
+        assert (
+            error.reason
+            == "tool effect record has wrong types: tool_name: Input should be a valid string (found ['t'])"
+        )
+        assert 'tool effect record has wrong types' in str(error)
+
+
+@pytest.mark.parametrize(
+    ('status', 'said'),
+    [
+        (b'"sent"', "unknown tool effect status: 'sent' (known: 'started', 'completed' or 'failed')"),
+        (b'""', "unknown tool effect status: ''"),
+        (b'3', 'tool effect record has wrong types: status: '),  # not text: a type, as the harness says
+    ],
+)
+async def test_a_ledger_entry_with_an_unknown_status_names_it(
+    damaged_store: FileStepStore, status: bytes, said: str
+) -> None:
+    await _write_run(damaged_store, 'r')
+    line = b'{"format":1,"tool_call_id":"b","tool_name":"t","status":%s}' % status
+    await damage_file_store(damaged_store, 'effect', 'r', 'b', line)
+    for read in (
+        lambda: damaged_store.list_tool_effects('r'),
+        lambda: damaged_store.list_unresolved_tool_effects('r'),
+        lambda: damaged_store.get_tool_effect('r', 'a'),
+    ):
+        error = await _damaged_error(read)
+        assert error.reason.startswith(said), error.reason
+        assert said in str(error)
+
+
+async def test_a_snapshot_with_fields_of_the_wrong_types_says_so(
+    damaged_store: FileStepStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _write_run(damaged_store, 'r')
+    await damage_file_store(damaged_store, 'snapshot', 'r', 2, b'{"format":1,"state":"complete","step_index":"two"}')
+    error = await _damaged_error(lambda: damaged_store.latest_snapshot('r'))
+    assert error.reason.startswith('snapshot has wrong types: step_index: Input should be a valid integer')
+    assert "(found 'two')" in error.reason
+    assert "snapshot seq=2 of run 'r'" in str(error)
+    for read in (lambda: damaged_store.get_snapshot('r', 2), lambda: damaged_store.get_snapshot_messages('r', 2)):
+        assert 'snapshot has wrong types' in str(await _damaged_error(read))
+    with caplog.at_level(logging.WARNING):
+        assert [s.seq for s in await damaged_store.list_snapshots('r')] == [1]
+    (warning,) = _warnings(caplog)
+    assert 'snapshot has wrong types' in warning
+
+
+async def test_a_snapshot_with_an_unknown_state_names_it(damaged_store: FileStepStore) -> None:
+    await _write_run(damaged_store, 'r')
+    await damage_file_store(damaged_store, 'snapshot', 'r', 2, b'{"format":1,"state":"paused","step_index":2}')
+    error = await _damaged_error(lambda: damaged_store.get_snapshot('r', 2))
+    assert error.reason == "unknown snapshot state: 'paused' (known: 'complete' or 'interrupted')"
+
+
+async def test_an_event_with_fields_of_the_wrong_types_says_so(
+    damaged_store: FileStepStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _write_run(damaged_store, 'r')
+    await damage_file_store(damaged_store, 'event', 'r', 2, b'{"format":1,"seq":2,"kind":"run_paused"}')
+    with caplog.at_level(logging.WARNING):
+        assert [e.seq for e in await damaged_store.list_events('r')] == [1, 3]
+    (warning,) = _warnings(caplog)
+    assert "unknown event kind: 'run_paused'" in warning
+    assert 'event payload has wrong types: step_index: missing' in warning
+
+
+async def test_a_resealed_record_of_the_current_format_with_wrong_types_says_so(damaged_store: FileStepStore) -> None:
+    # Altered and given a matching checksum (as the store itself would seal it), the record passes
+    # its checksum and is refused by validation, in the same words.
+    await _write_run(damaged_store, 'r')
+    path = damaged_store.directory / 'r' / 'run.json'
+    fields = json.loads(path.read_bytes())
+    del fields['c'], fields['run_id']
+    path.write_bytes(Sealer().record({**fields, 'started_at': 'yesterday'}, ('r',)))
+    error = await _damaged_error(lambda: damaged_store.get_run('r'))
+    assert error.reason.startswith('run record has wrong types: started_at: Input should be a valid datetime')

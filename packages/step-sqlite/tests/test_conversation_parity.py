@@ -379,6 +379,43 @@ def test_ensure_inactive_checks_only_running_conversations_with_an_owner() -> No
         ensure_inactive(ConversationSummary(id='c', outcome='running', owner_pid=os.getpid()))
 
 
+async def test_conflicts_say_busy_and_another_process_as_the_harness_does(
+    conversations: SqliteConversationStore, db_path: Path
+) -> None:
+    # Callers of pydantic-ai-harness match "another process" (a save that lost the race to another
+    # writer) and "busy" (a conversation a live process is running).
+    first = await conversations.save(summary=ConversationSummary(id='c', workspace='/w'), messages=turn('a', 'b'))
+    async with SqliteConversationStore(database=db_path) as elsewhere:
+        await elsewhere.save(summary=first, messages=turn('a', 'c'))
+    with pytest.raises(ConversationConflict) as lost:
+        await conversations.save(summary=first, messages=turn('a', 'stale'))
+    assert isinstance(lost.value, ValueError)
+    assert 'another process' in str(lost.value)
+    assert 'based on revision 1 but revision 2 is stored' in str(lost.value)
+
+    sleeper = await anyio.open_process([sys.executable, '-c', 'import time; time.sleep(120)'], stdout=None)
+    try:
+        current = await conversations.get(conversation_id='c')
+        assert current is not None
+        running = current.summary.model_copy(update={'outcome': 'running', 'writer_pid': sleeper.pid})
+        held = await conversations.save(summary=running, messages=current.messages)  # as the harness's app does
+        with pytest.raises(ConversationConflict) as busy:
+            ensure_inactive(held)
+        assert isinstance(busy.value, ValueError)
+        assert f'running in process {sleeper.pid} on this machine, so it is busy' in str(busy.value)
+        for refused in (
+            lambda: conversations.save(summary=held, messages=current.messages, in_progress=True),
+            lambda: conversations.delete(source=held),
+        ):
+            with pytest.raises(ConversationConflict, match=f'running in process {sleeper.pid}') as busy:
+                await refused()
+            assert 'busy' in str(busy.value)
+    finally:
+        sleeper.kill()
+        await sleeper.wait()
+        await sleeper.aclose()
+
+
 async def test_the_owner_itself_and_harness_style_saves_keep_the_conversation(
     conversations: SqliteConversationStore,
 ) -> None:

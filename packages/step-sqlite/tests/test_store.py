@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sqlite3
 import stat
@@ -34,7 +35,7 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.codec import encode_message
+from stepcore.codec import encode_message, record_fields
 from stepcore.engine.seal import Sealer
 
 
@@ -372,6 +373,50 @@ async def test_a_ledger_status_changed_in_the_database_is_caught_by_the_unresolv
         await store.aclose()
 
 
+async def _one_started_entry(db: Path) -> tuple[SqliteStepStore, dict[str, object]]:
+    """A store on `db` holding run 'r' with one ledger entry ('c', started), and that entry's stored fields."""
+    store = SqliteStepStore(database=db)
+    await store.register_run(RunRecord(run_id='r'))
+    entry = ToolEffectRecord(run_id='r', tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED)
+    await store.record_tool_effect(entry)
+    return store, record_fields(entry, exclude=frozenset({'run_id'}))
+
+
+@pytest.mark.parametrize('sealed', [False, True], ids=['format-1', 'resealed'])
+async def test_a_ledger_entry_with_an_unknown_status_names_it(tmp_path: Path, sealed: bool) -> None:
+    # A status column and body set to a value the ledger does not know: in a body of record format 1
+    # (no checksum) or one sealed again to match, the entry reaches validation and is refused in the
+    # words pydantic-ai-harness uses.
+    db = tmp_path / 'runs.db'
+    store, fields = await _one_started_entry(db)
+    try:
+        fields['status'] = 'sent'
+        sent = Sealer().record(fields, ('r', 'c', 'sent')).decode() if sealed else json.dumps({**fields, 'format': 1})
+        with sqlite3.connect(db) as raw:
+            raw.execute("UPDATE tool_effects SET status = 'sent', record = ? WHERE tool_call_id = 'c'", (sent,))
+        for read in (lambda: store.list_tool_effects('r'), lambda: store.get_tool_effect('r', 'c')):
+            with pytest.raises(DamagedRecordError) as caught:
+                await read()
+            assert isinstance(caught.value, ValueError)
+            assert "unknown tool effect status: 'sent'" in str(caught.value)
+            assert caught.value.reason.startswith("unknown tool effect status: 'sent'")
+    finally:
+        await store.aclose()
+
+
+async def test_a_ledger_entry_with_fields_of_the_wrong_types_says_so(tmp_path: Path) -> None:
+    db = tmp_path / 'runs.db'
+    store, fields = await _one_started_entry(db)
+    try:
+        body = json.dumps({**fields, 'format': 1, 'tool_name': {'name': 't'}})
+        with sqlite3.connect(db) as raw:
+            raw.execute("UPDATE tool_effects SET record = ? WHERE tool_call_id = 'c'", (body,))
+        with pytest.raises(DamagedRecordError, match='tool effect record has wrong types: tool_name: '):
+            await store.list_unresolved_tool_effects('r')
+    finally:
+        await store.aclose()
+
+
 # -- files, connections, threads -----------------------------------------------------------
 
 
@@ -436,6 +481,56 @@ async def test_a_shared_connection_is_used_off_the_loop_and_left_open(tmp_path: 
         assert connection.execute('SELECT COUNT(*) FROM runs').fetchone()[0] == 1
         assert connection.execute('SELECT COUNT(*) FROM media').fetchone()[0] == 1
     finally:
+        connection.close()
+
+
+@pytest.mark.parametrize('written', [False, True], ids=['empty-database', 'stepcore-database'])
+async def test_a_read_only_shared_connection_reports_the_drivers_readonly_database(
+    tmp_path: Path, written: bool
+) -> None:
+    # SQLite's own words ("attempt to write a readonly database") reach the caller, with a note
+    # saying which store was doing what: on an empty database the tables cannot even be created.
+    db = tmp_path / 'app.db'
+    if written:
+        owner = SqliteStepStore(database=db)
+        await owner.register_run(RunRecord(run_id='old'))
+        await owner.aclose()
+    else:
+        sqlite3.connect(db).close()
+    connection = sqlite3.connect(f'file:{db}?mode=ro', uri=True, check_same_thread=False)
+    store = SqliteStepStore(connection=connection)
+    image = [ModelRequest(parts=[UserPromptPart(['look', BinaryContent(b'z' * 70_000, media_type='image/png')])])]
+    writes = {
+        'register_run': lambda: store.register_run(RunRecord(run_id='r')),
+        'append_event': lambda: store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0)),
+        'record_tool_effect': lambda: store.record_tool_effect(
+            ToolEffectRecord(run_id='r', tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED)
+        ),
+        'save_snapshot': lambda: store.save_snapshot(ContinuableSnapshot(run_id='r', messages=_step(0), step_index=0)),
+        'save_snapshot with media': lambda: store.save_snapshot(
+            ContinuableSnapshot(run_id='r', messages=image, step_index=1)
+        ),
+        'delete_run': lambda: store.delete_run('old'),
+    }
+    try:
+        for write, call in writes.items():
+            with pytest.raises(sqlite3.OperationalError, match='attempt to write a readonly database') as caught:
+                await call()
+            (note,) = caught.value.__notes__
+            if write == 'save_snapshot with media' and written:
+                assert note.startswith('SqliteMediaStore on the shared connection, storing media blob media+sha256://')
+            elif write == 'delete_run':
+                assert note == "SqliteStepStore on the shared connection, writing run 'old'", write
+            else:
+                assert note == "SqliteStepStore on the shared connection, writing run 'r'", write
+        if written:
+            assert await store.get_run('old') is not None  # reading needs no write
+        else:
+            with pytest.raises(sqlite3.OperationalError, match='readonly database') as caught:
+                await store.get_run('old')
+            assert caught.value.__notes__ == ["SqliteStepStore on the shared connection, reading run 'old'"]
+    finally:
+        await store.aclose()
         connection.close()
 
 

@@ -7,7 +7,15 @@ from typing import Any
 import pytest
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
-from stepcore import ContinuableSnapshot, DamagedRecordError, InMemoryStepStore, RunRecord, StepEvent
+from stepcore import (
+    ContinuableSnapshot,
+    DamagedRecordError,
+    InMemoryStepStore,
+    RunRecord,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
 from stepcore.engine import KeyConflict, ops
 from stepcore.memory import MemoryPort
 from stepcore.models import EventKind
@@ -122,6 +130,75 @@ async def test_an_unparsable_body_is_a_damaged_record_with_its_reason(caplog: py
     assert [r.run_id for r in await store.list_runs()] == ['good']
     assert "skipping an unparsable record: run record of run 'bad' in process memory is unparsable" in caplog.text
     assert 'ValueError: torn envelope' in caplog.text
+
+
+class _OldBodies(MemoryPort):
+    """Hands over the run record and ledger entries of run 'old' as bodies of record format 1 (no
+    checksum), with the fields given, as a store written before checksums might hold them."""
+
+    def __init__(self, run: dict[str, Any], effect: dict[str, Any], status: str) -> None:
+        super().__init__()
+        self.run_fields = run
+        self.effect_fields = effect
+        self.status = status
+
+    def get_run(self, tx: Any, op: ops.GetRun) -> ops.RunRow | None:
+        row = super().get_run(tx, op)
+        if row is None or row.run_id != 'old':
+            return row
+        return ops.RunRow(
+            row.run_id, row.started_at, row.conversation_id, row.parent_run_id, {'format': 1, **self.run_fields}
+        )
+
+    def list_effects(self, tx: Any, op: ops.ListEffects) -> list[ops.EffectRow]:
+        return [
+            ops.EffectRow(r.run_id, r.tool_call_id, self.status, r.started_at, {'format': 1, **self.effect_fields})
+            if r.run_id == 'old'
+            else r
+            for r in super().list_effects(tx, op)
+        ]
+
+
+async def _old_run(port: _OldBodies) -> InMemoryStepStore:
+    store = _store(port)
+    await store.register_run(RunRecord(run_id='old'))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id='old', tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED)
+    )
+    return store
+
+
+async def test_a_record_whose_fields_do_not_validate_says_it_has_wrong_types() -> None:
+    store = await _old_run(_OldBodies({'registration_id': 5}, {'tool_call_id': 'c', 'tool_name': None}, 'started'))
+    with pytest.raises(DamagedRecordError) as raised:
+        await store.get_run('old')
+    reason = 'run record has wrong types: registration_id: Input should be a valid string (found 5)'
+    assert raised.value.reason == reason
+    assert str(raised.value) == f"run record of run 'old' in process memory is unparsable: {reason}"
+    with pytest.raises(DamagedRecordError) as raised:
+        await store.get_tool_effect('old', 'c')
+    reason = 'tool effect record has wrong types: tool_name: Input should be a valid string (found None)'
+    assert raised.value.reason == reason
+
+
+async def test_a_ledger_status_that_is_no_known_status_is_named() -> None:
+    store = await _old_run(_OldBodies({}, {'tool_call_id': 'c', 'tool_name': 't', 'status': 'sent'}, 'sent'))
+    with pytest.raises(DamagedRecordError) as raised:
+        await store.list_tool_effects('old')
+    assert raised.value.reason == "unknown tool effect status: 'sent' (known: 'started', 'completed' or 'failed')"
+    # a port that could not read the status hands it over as '': the body's value is named
+    store = await _old_run(_OldBodies({}, {'tool_call_id': 'c', 'tool_name': 1, 'status': 'sent'}, ''))
+    with pytest.raises(DamagedRecordError) as raised:
+        await store.list_tool_effects('old')
+    assert raised.value.reason == (
+        "unknown tool effect status: 'sent' (known: 'started', 'completed' or 'failed'); "
+        'tool effect record has wrong types: tool_name: Input should be a valid string (found 1)'
+    )
+    # and one the body does not have at all is missing
+    store = await _old_run(_OldBodies({}, {'tool_call_id': 'c', 'tool_name': 't'}, ''))
+    with pytest.raises(DamagedRecordError) as raised:
+        await store.list_tool_effects('old')
+    assert raised.value.reason == 'tool effect record has wrong types: status: missing'
 
 
 class _Racing(MemoryPort):

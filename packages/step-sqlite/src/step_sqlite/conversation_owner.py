@@ -72,6 +72,7 @@ def ensure_inactive(summary: ConversationSummary) -> None:
     if pid is not None:
         raise ConversationConflict(
             summary.conversation_id,
-            f'it is running in process {pid} on this machine: wait for that process to finish or stop it, '
-            'then read the conversation again (a process id reused by another program also counts as running)',
+            f'it is running in process {pid} on this machine, so it is busy: wait for that process to finish or '
+            'stop it, then read the conversation again (a process id reused by another program also counts as '
+            'running)',
         )

@@ -367,15 +367,16 @@ class SqliteConversationStore:
                     raise ConversationConflict(
                         conversation_id,
                         f'the save was based on revision {summary.revision} but revision {row[_REVISION]} is '
-                        'stored: reload it with get() and apply your change again',
+                        'stored: it was saved since by another process (or another writer in this one); reload it '
+                        'with get() and apply your change again',
                     )
                 current = self._summary(row)  # raises on a metadata version this release does not read
                 holder = running_owner(current)
                 if holder is not None and outcome == 'running' and owner is not None and owner != holder:
                     raise ConversationConflict(
                         conversation_id,
-                        f'it is running in process {holder} on this machine: this save would take it for '
-                        f'process {owner}; wait for process {holder} to finish or stop it, then read the '
+                        f'it is running in process {holder} on this machine, so it is busy: this save would take '
+                        f'it for process {owner}; wait for process {holder} to finish or stop it, then read the '
                         'conversation again',
                     )
                 kept = wanted.model_copy(

@@ -111,7 +111,12 @@ class SqliteMediaStore(MediaStore):
             with write_transaction(connection):
                 connection.execute(self._insert, row)
 
-        await self._db.run(work)
+        try:
+            await self._db.run(work)
+        except sqlite3.Error as error:
+            # the driver's own words (e.g. "attempt to write a readonly database") stay the message
+            error.add_note(f'{type(self).__name__} on {self._db.describe}, storing media blob {uri}')
+            raise
         return uri
 
     async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:

@@ -11,13 +11,24 @@ A damaged record is one of two kinds, and the error and the warning say which:
   be). A port hands such a record over with an `ops.Unreadable` body.
 - `unparsable`: its bytes were read but do not decode (bad JSON, fields that do not validate, a
   message chain with a node missing, a port's own framing broken: `ops.Unparsable`).
+
+A record whose fields do not validate says so in pydantic-ai-harness's words, which callers match
+on: "run record has wrong types", "event payload has wrong types", "tool effect record has wrong
+types", "snapshot has wrong types", and for a text value that is no known member of its kind
+"unknown tool effect status", "unknown event kind" or "unknown snapshot state", each followed by
+the fields and values at fault (`validated`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Final, Literal, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal, TypeVar
+
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+
+from ..codec import load_record
 
 __all__ = (
     'UNPARSABLE',
@@ -25,12 +36,15 @@ __all__ = (
     'DamageKind',
     'DamagedRecordError',
     'UnreadableBody',
+    'WrongTypes',
     'decoded',
     'logger',
     'skip_damaged',
+    'validated',
 )
 
 T = TypeVar('T')
+R = TypeVar('R')
 
 logger = logging.getLogger('stepcore.engine')
 
@@ -60,10 +74,68 @@ class UnreadableBody(Exception):
     """Raised while decoding a record whose port could not read its bytes (an `ops.Unreadable` body)."""
 
 
+class WrongTypes(ValueError):
+    """A stored record that parses but whose fields do not validate as that record; the message names
+    the record's kind, the fields at fault and the values found (see `validated`)."""
+
+
+_SHOWN_VALUE: Final = 60
+"""How many characters of a value at fault a message shows."""
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN_VALUE else text[:_SHOWN_VALUE] + '...'
+
+
+def _wrong_types(error: ValidationError, what: str, stored: Mapping[str, Any], kinds: Mapping[str, str]) -> str:
+    unknown: list[str] = []
+    wrong: list[str] = []
+    problem: ErrorDetails
+    for problem in error.errors(include_url=False):
+        loc = problem['loc']
+        field = loc[0] if len(loc) == 1 else None
+        found: object = problem['input']
+        missing = problem['type'] == 'missing'
+        if isinstance(field, str) and found == '':
+            # A port hands over a field it could not read from the record (a ledger entry's status,
+            # a snapshot's state) as '': the value at fault is the one in the record's body.
+            missing = field not in stored
+            found = stored.get(field, found)
+        if missing:
+            wrong.append(f'{".".join(map(str, loc))}: missing')
+        elif problem['type'] == 'enum' and isinstance(field, str) and field in kinds and isinstance(found, str):
+            expected = (problem.get('ctx') or {}).get('expected')
+            unknown.append(f'unknown {kinds[field]}: {_shown(found)}' + (f' (known: {expected})' if expected else ''))
+        else:
+            where = '.'.join(map(str, loc)) or 'the record'
+            wrong.append(f'{where}: {problem["msg"]} (found {_shown(found)})')
+    if wrong or not unknown:
+        unknown.append(f'{what} has wrong types: ' + ('; '.join(wrong) or str(error).replace('\n', ' ')))
+    return '; '.join(unknown)
+
+
+def validated(
+    cls: type[R], stored: Mapping[str, Any], *, what: str, kinds: Mapping[str, str] | None = None, **extra: Any
+) -> R:
+    """`load_record(cls, stored, **extra)`, with a record whose fields do not validate raised as
+    `WrongTypes`: "<what> has wrong types: <field>: <problem> (found <value>)".
+
+    `kinds` names the record's enumerated fields (`{'status': 'tool effect status'}`): a text value
+    that is none of the field's members is told first, as "unknown tool effect status: 'sent'".
+    """
+    try:
+        return load_record(cls, stored, **extra)
+    except ValidationError as error:
+        raise WrongTypes(_wrong_types(error, what, stored, kinds or {})) from error
+
+
 def _reason(error: BaseException) -> str:
     text = str(error).strip().replace('\n', ' ')
     if len(text) > 300:
         text = text[:300] + '...'
+    if isinstance(error, WrongTypes):
+        return text  # it names the record's kind and its fields at fault itself
     return f'{type(error).__name__}: {text}' if text else type(error).__name__
 
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 
 from pydantic_ai.messages import ModelMessage
 
-from ..codec import FORMAT_KEY, decode_messages, load_record, record_fields
+from ..codec import FORMAT_KEY, decode_messages, record_fields
 from ..encryption import EncryptingMediaStore, Encryption
 from ..features import ENCRYPTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from ..history import HistoryDelta, HistoryIndex, walk_chain
@@ -46,7 +46,7 @@ from ..protocols import (
 from ..registration import check_registration
 from ..retention import check_max_snapshots
 from ..walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker, stored_references
-from .damage import DamagedRecordError, UnreadableBody, decoded, skip_damaged
+from .damage import DamagedRecordError, UnreadableBody, decoded, skip_damaged, validated
 from .group import NOT_PREPARED, WriteGroups
 from .ops import (
     Body,
@@ -330,8 +330,11 @@ class EngineStore(StepStore):
 
     def _decode_run(self, row: RunRow) -> RunRecord:
         return decoded(
-            lambda: load_record(
-                RunRecord, _open(self._sealer, row.body, RUN_FIELDS_IN_ROW, (row.run_id,)), run_id=row.run_id
+            lambda: validated(
+                RunRecord,
+                _open(self._sealer, row.body, RUN_FIELDS_IN_ROW, (row.run_id,)),
+                what='run record',
+                run_id=row.run_id,
             ),
             run_id=row.run_id,
             record='run record',
@@ -340,9 +343,11 @@ class EngineStore(StepStore):
 
     def _decode_event(self, row: EventRow) -> StepEvent:
         return decoded(
-            lambda: load_record(
+            lambda: validated(
                 StepEvent,
                 _open(self._sealer, row.body, EVENT_FIELDS_IN_ROW, (row.run_id,)),
+                what='event payload',
+                kinds={'kind': 'event kind'},
                 run_id=row.run_id,
                 seq=row.seq,
             ),
@@ -353,9 +358,11 @@ class EngineStore(StepStore):
 
     def _decode_effect(self, row: EffectRow) -> ToolEffectRecord:
         return decoded(
-            lambda: load_record(
+            lambda: validated(
                 ToolEffectRecord,
                 _open(self._sealer, row.body, EFFECT_FIELDS_IN_ROW, (row.run_id, row.tool_call_id, row.status)),
+                what='tool effect record',
+                kinds={'status': 'tool effect status'},
                 run_id=row.run_id,
                 tool_call_id=row.tool_call_id,
                 status=row.status,
@@ -382,8 +389,15 @@ class EngineStore(StepStore):
             data = _open(self._sealer, row.body, SNAPSHOT_FIELDS_IN_ROW, (row.run_id, row.state, row.length))
             version = data.get(FORMAT_KEY, 1)
             head = data.pop(HEAD_KEY, None)
-            snapshot = load_record(
-                ContinuableSnapshot, data, run_id=row.run_id, seq=row.seq, state=row.state, messages=[]
+            snapshot = validated(
+                ContinuableSnapshot,
+                data,
+                what='snapshot',
+                kinds={'state': 'snapshot state'},
+                run_id=row.run_id,
+                seq=row.seq,
+                state=row.state,
+                messages=[],
             )
             sealed = isinstance(version, int) and version >= SEALED_FORMAT
             return snapshot, head if isinstance(head, str) else None, sealed
