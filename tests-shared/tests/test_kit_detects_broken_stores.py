@@ -22,7 +22,7 @@ import pytest
 from memory_hook import damage_memory
 from stepcore import InMemoryStepStore, StepStore
 from stepcore.engine import DamagedRecordError
-from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION, require_feature
 from stepcore.retention import check_max_snapshots
 from stepcore_conformance import (
     BatchWritesConformance,
@@ -83,6 +83,13 @@ class IgnoresMediaStore(InMemoryStepStore):
 
     def __init__(self, *, media_store=None, media_threshold_bytes=None, **options):
         super().__init__(**options)  # payloads stay inline
+
+
+class RefusesAuto(InMemoryStepStore):
+    def __init__(self, *, media_store=None, **options):
+        if media_store is not None:  # 'auto' taken for a media store of the caller's
+            require_feature(self, MEDIA_EXTERNALIZATION, option='media_store')
+        super().__init__(**options)
 
 
 class CompletedBeforeSnapshot(InMemoryStepStore):
@@ -202,6 +209,10 @@ class TestIgnoresMediaStore(Built, MediaExternalizationConformance):
     store_class = IgnoresMediaStore
 
 
+class TestRefusesAuto(Built, MediaExternalizationConformance):
+    store_class = RefusesAuto
+
+
 class TestCompletedBeforeSnapshot(Built, BatchWritesConformance, CrashWindowConformance):
     store_class = CompletedBeforeSnapshot
 
@@ -302,6 +313,15 @@ def _media_options_taken_but_ignored_fail(outcome: pytest.RunResult) -> None:
     lines = outcome.stdout.fnmatch_lines
     lines(['FAILED*TestIgnoresMediaStore::test_payloads_are_stored_in_the_media_store*'])
     lines(['*TestIgnoresMediaStore*', '*features: *media_externalization: FAILED (*failed: *'])
+    # 'auto' must reach the store's default media store, and a bogus media_store must be refused.
+    lines(['FAILED*TestIgnoresMediaStore::test_media_store_auto_externalizes_to_the_default_media_store*'])
+    lines(["*IgnoresMediaStore declares feature 'media_externalization' but, built with media_store='auto'*"])
+    lines(["FAILED*TestIgnoresMediaStore::test_a_bogus_media_store_is_refused*media_store='disk'*"])
+    lines(["*media_store='disk' was accepted; it must raise TypeError or ValueError*"])
+    # A store without the feature still takes 'auto', its default: refusing it is an error, not a skip.
+    lines(['ERROR*TestRefusesAuto::test_media_store_auto_is_every_stores_default*'])
+    lines(["*the store refused media_store='auto'*"])
+    assert 'TestRefusesAuto::test_media_store_auto_is_every_stores_default' not in _skipped(outcome)
 
 
 def _completed_entry_before_its_snapshot_fails_the_crash_window(outcome: pytest.RunResult) -> None:

@@ -150,10 +150,11 @@ def test_url_options_split_the_store_options_from_the_client_ones() -> None:
         'key_prefix': 'app',
     }
     assert redis_url_options(' rediss://cache:6380 ') == {'url': 'rediss://cache:6380'}
-    assert redis_url_options('redis://h/0?max_snapshots_per_run=3&media_threshold_bytes=10') == {
+    assert redis_url_options('redis://h/0?max_snapshots_per_run=3&media_threshold_bytes=10&media_store=auto') == {
         'url': 'redis://h/0',
         'max_snapshots_per_run': '3',
         'media_threshold_bytes': '10',
+        'media_store': 'auto',
     }
     with pytest.raises(ValueError, match=r"names database 'agents': a Redis database is a number"):
         redis_url_options('redis://h:6379/agents')
@@ -162,12 +163,13 @@ def test_url_options_split_the_store_options_from_the_client_ones() -> None:
 
 
 async def test_open_store_and_from_spec_build_the_redis_backends(redis_url: str, key_prefix: str) -> None:
-    store = stepcore.open_store(f'{redis_url}?key_prefix={key_prefix}&max_snapshots_per_run=2')
-    spec_store = stepcore.from_spec('redis', url=redis_url, key_prefix=key_prefix)
+    store = stepcore.open_store(f'{redis_url}?key_prefix={key_prefix}&max_snapshots_per_run=2&media_store=auto')
+    spec_store = stepcore.from_spec('redis', url=redis_url, key_prefix=key_prefix, media_store='auto')
     media = stepcore.media_from_spec('redis', url=redis_url, key_prefix=key_prefix)
     try:
         assert isinstance(store, RedisStepStore)
         assert (store.key_prefix, store.max_snapshots_per_run) == (key_prefix, 2)
+        assert isinstance(store.media_store, RedisMediaStore)  # 'auto' in the URL is a store option
         assert isinstance(media, RedisMediaStore)
         await store.register_run(RunRecord(run_id='by-url'))
         assert [r.run_id for r in await spec_store.list_runs()] == ['by-url']

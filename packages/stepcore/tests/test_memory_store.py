@@ -10,6 +10,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 import stepcore
 from stepcore import ContinuableSnapshot, InMemoryStepStore, RunRecord, StepStore
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore_conformance import InMemoryMediaStore
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -28,7 +29,9 @@ def test_declares_retention_only() -> None:
     assert isinstance(InMemoryStepStore(), StepStore)
 
 
-@pytest.mark.parametrize('options', [{'media_threshold_bytes': 1024}, {'media_store': object()}])
+@pytest.mark.parametrize(
+    'options', [{'media_threshold_bytes': 1024}, {'media_store': InMemoryMediaStore()}], ids=['threshold', 'store']
+)
 def test_media_options_are_refused(options: dict[str, object]) -> None:
     with pytest.raises(NotImplementedError, match="'media_externalization' is not declared"):
         InMemoryStepStore(**options)  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -168,6 +168,26 @@ async def test_file_urls_open_one_folder(tmp_path: Path, monkeypatch: pytest.Mon
     assert await _run_ids(stepcore.open_store('file://runs?durability=full')) == ['file-run']
 
 
+@pytest.mark.parametrize(
+    ('url', 'media'),
+    [
+        ('sqlite:///runs.db?media_store=auto', 'SqliteMediaStore'),
+        ('file:runs?media_store=auto', 'DiskMediaStore'),
+        ('memory://?media_store=auto', None),
+    ],
+)
+async def test_media_store_auto_in_a_url_is_the_default_media_store(
+    url: str, media: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = stepcore.open_store(url)
+    assert isinstance(store, EngineStore)
+    assert (type(store.media_store).__name__ if store.media_store is not None else None) == media
+    with pytest.raises(ValueError, match="media_store='disk' is not a media store"):
+        stepcore.open_store(url.replace('=auto', '=disk'))
+    await store.aclose()
+
+
 def _server(variable: str, script: str) -> str:
     url = os.environ.get(variable, '').strip()
     if not url:
@@ -187,8 +207,9 @@ def mongo_database() -> Iterator[tuple[str, str]]:
 
 async def test_mongodb_url_opens_the_named_database(mongo_database: tuple[str, str]) -> None:
     url, name = mongo_database
-    store = stepcore.open_store(f'{url}/{name}', max_snapshots_per_run=3)
+    store = stepcore.open_store(f'{url}/{name}', max_snapshots_per_run=3, media_store='auto')
     assert type(store).__name__ == 'MongoStepStore'
+    assert type(cast(EngineStore, store).media_store).__name__ == 'MongoMediaStore'
     await _register(store, 'mongo-run')
     with MongoClient[dict[str, Any]](url, serverSelectionTimeoutMS=5000) as client:
         assert name in client.list_database_names()
@@ -211,8 +232,9 @@ def postgres_prefix() -> Iterator[tuple[str, str]]:
 
 async def test_postgresql_url_is_the_dsn(postgres_prefix: tuple[str, str]) -> None:
     url, prefix = postgres_prefix
-    store = stepcore.open_store(url, table_prefix=prefix)
+    store = stepcore.open_store(url, table_prefix=prefix, media_store='auto')
     assert type(store).__name__ == 'PostgresStepStore'
+    assert type(cast(EngineStore, store).media_store).__name__ == 'PostgresMediaStore'
     await _register(store, 'postgres-run')
     short = 'postgres://' + url.split('://', 1)[1]
     assert await _run_ids(stepcore.open_store(f'{short}', table_prefix=prefix)) == ['postgres-run']

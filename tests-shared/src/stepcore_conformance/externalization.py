@@ -5,6 +5,11 @@ strings in UTF-8 bytes) leave the stored snapshot for a
 `MediaStore` and come back exactly on read. Tests run twice: with the backend's default media
 store, and with the kit's `InMemoryMediaStore` passed as `media_store=`, which lets them check
 what was actually externalized.
+
+`media_store='auto'` is every store's default and callers pass it explicitly, so every store
+takes it, with or without the feature: it means the store's own default media store (none for a
+store that keeps payloads inline). Any other value that is neither `None` nor a media store is
+refused with `TypeError` or `ValueError` naming `media_store`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import operator
 from collections.abc import Callable
 from typing import Any, cast
 
+import pytest
 from pydantic_ai.messages import (
     BinaryContent,
     ModelMessage,
@@ -24,8 +30,9 @@ from pydantic_ai.messages import (
 
 from stepcore import StepStore
 from stepcore.features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
-from stepcore.media import media_uri
+from stepcore.media import MediaStore, media_uri
 
+from ._declared import declared, feature_test, refusal_verdict
 from ._support import (
     StoreFixtures,
     at,
@@ -36,6 +43,7 @@ from ._support import (
     snapshot,
     tool_exchange,
     tool_return_content,
+    user,
 )
 from .memory_media import InMemoryMediaStore
 from .snapshots import RESERVED_KEY_PAYLOAD
@@ -57,6 +65,11 @@ def default_media() -> dict[str, Any]:
     return {'media_threshold_bytes': THRESHOLD}
 
 
+def auto_media() -> dict[str, Any]:
+    """`media_store='auto'` (the backend's own default media store), with a low threshold."""
+    return {'media_store': 'auto', 'media_threshold_bytes': THRESHOLD}
+
+
 def kit_media() -> dict[str, Any]:
     """The kit's `InMemoryMediaStore` (fresh per test), with a low threshold."""
     return {'media_store': InMemoryMediaStore(), 'media_threshold_bytes': THRESHOLD}
@@ -70,6 +83,17 @@ def kit_media_default_threshold() -> dict[str, Any]:
 def kit_media_with_retention() -> dict[str, Any]:
     """`kit_media` with `max_snapshots_per_run=1`."""
     return {**kit_media(), 'max_snapshots_per_run': 1}
+
+
+def _default_media_store(store: StepStore) -> MediaStore:
+    """The media store a store built with `media_store='auto'` keeps as its `media_store` attribute."""
+    media: object = getattr(store, 'media_store', None)
+    if not isinstance(media, MediaStore) or isinstance(media, type):
+        pytest.fail(
+            f"{type(store).__name__} declares feature 'media_externalization' but, built with media_store='auto', "
+            f'its media_store attribute is {media!r}, not its default media store'
+        )
+    return media
 
 
 def _kit_media_store(store_options: dict[str, Any]) -> InMemoryMediaStore:
@@ -109,9 +133,88 @@ def _binary_data(messages: list[ModelMessage]) -> list[bytes]:
 
 BOTH = options(default_media, kit_media)
 
+LARGE_IMAGE = bytes(range(256)) * 260
+"""65 KiB: above the default threshold (64 KiB) of a store that externalizes."""
+BOGUS_MEDIA_STORES: tuple[object, ...] = ('disk', 42, {'kind': 'disk'})
+
 
 class MediaExternalizationConformance(StoreFixtures):
     """Round-trips of binary content and large text through `media_store` / `media_threshold_bytes`."""
+
+    @pytest.fixture
+    def media_store_auto_accepted(self, request: pytest.FixtureRequest) -> None:
+        """Build the store with `media_store='auto'`: refusing it fails, whatever the store declares."""
+        try:
+            request.getfixturevalue('store')
+        except NotImplementedError as error:
+            pytest.fail(
+                f"the store refused media_store='auto' ({error}). 'auto' is the default of media_store= and callers "
+                "pass it explicitly: take it as the store's own default media store, which for a store without "
+                "feature 'media_externalization' is none (stepcore.media.resolve_media_store does this)"
+            )
+
+    @options({'media_store': 'auto'})
+    @pytest.mark.usefixtures('media_store_auto_accepted')
+    async def test_media_store_auto_is_every_stores_default(self, store: StepStore) -> None:
+        run_id = await register(store)
+        image = _binary(data=LARGE_IMAGE, media_type='image/png')
+        messages: list[ModelMessage] = [
+            ModelRequest(parts=[UserPromptPart(content=['look', image], timestamp=at(0))]),
+            *tool_exchange(1, content='small'),
+        ]
+        await store.save_snapshot(snapshot(run_id, messages))
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None
+        assert latest.messages == canonical(messages)
+        assert _binary_data(latest.messages) == [LARGE_IMAGE]
+        if MEDIA_EXTERNALIZATION in declared(store):
+            media = _default_media_store(store)
+            assert await media.exists(media_uri(LARGE_IMAGE)), (
+                f"with media_store='auto' a 64 KiB image did not reach the default media store {media!r}"
+            )
+
+    @options(auto_media)
+    @needs_feature(MEDIA_EXTERNALIZATION)
+    async def test_media_store_auto_externalizes_to_the_default_media_store(self, store: StepStore) -> None:
+        run_id = await register(store)
+        messages = _media_messages()
+        await store.save_snapshot(snapshot(run_id, messages))
+        media = _default_media_store(store)
+        big_text = ('Large tool output ✓ ' * 200).encode()
+        for data, what in ((ALL_BYTES, 'binary content'), (big_text, 'a string')):
+            assert await media.get(media_uri(data)) == data, f'{what} above the threshold did not reach {media!r}'
+        assert not await media.exists(media_uri(PDF)), 'binary content below the threshold was externalized'
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None
+        assert latest.messages == canonical(messages)
+        assert _binary_data(latest.messages) == [ALL_BYTES, PDF, b'x']
+        other = await register(store)
+        await store.save_snapshot(snapshot(other, [user('again'), *messages[1:]]))
+        again = await store.latest_snapshot(run_id=other)
+        assert again is not None
+        assert again.messages[1:] == canonical(messages)[1:]
+
+    @options(*({'media_store': bad} for bad in BOGUS_MEDIA_STORES))
+    @feature_test(MEDIA_EXTERNALIZATION)
+    def test_a_bogus_media_store_is_refused(
+        self, request: pytest.FixtureRequest, store_options: dict[str, Any]
+    ) -> None:
+        bad: object = store_options['media_store']
+        rejection: TypeError | ValueError | None = None
+        try:
+            request.getfixturevalue('store')
+        except NotImplementedError as error:
+            refusal_verdict(error, (MEDIA_EXTERNALIZATION,), 'feature')
+        except (TypeError, ValueError) as error:
+            rejection = error
+        if rejection is None:
+            pytest.fail(
+                f"media_store={bad!r} was accepted; it must raise TypeError or ValueError: media_store= takes 'auto', "
+                'None or a media store'
+            )
+        message = str(rejection)
+        for needed in ('media_store', repr(bad), "'auto'"):
+            assert needed in message, f'the error does not say {needed}: {rejection}'
 
     @BOTH
     @needs_feature(MEDIA_EXTERNALIZATION)

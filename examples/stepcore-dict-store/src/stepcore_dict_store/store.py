@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from stepcore import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, StepStore, ToolEffectRecord
 from stepcore.codec import decode_messages, encode_messages
 from stepcore.features import ENCRYPTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
+from stepcore.media import resolve_media_store
 from stepcore.registration import check_registration
 
 __all__ = ('DictStepStore',)
@@ -24,7 +25,6 @@ __all__ = ('DictStepStore',)
 _FEATURE_OPTIONS = {
     'encryption': ENCRYPTION,
     'max_snapshots_per_run': SNAPSHOT_RETENTION,
-    'media_store': MEDIA_EXTERNALIZATION,
     'media_threshold_bytes': MEDIA_EXTERNALIZATION,
 }
 
@@ -50,6 +50,13 @@ class DictStepStore(StepStore):
     features: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, **options: Any) -> None:
+        # media_store='auto' (every store's default, which callers may pass) is no media store here,
+        # and so is None; a media store of the caller's is refused, a bogus value too.
+        media_store = resolve_media_store(
+            options.pop('media_store', 'auto'), default=lambda: None, owner='DictStepStore'
+        )
+        if media_store is not None:
+            require_feature(self, MEDIA_EXTERNALIZATION, option='media_store')
         for option in options:
             if option in _FEATURE_OPTIONS:
                 require_feature(self, _FEATURE_OPTIONS[option], option=option)

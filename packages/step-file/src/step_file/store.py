@@ -28,7 +28,7 @@ from stepcore.engine.store import EngineStore
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.fileio import TEMP_NAME, fsync_dir, make_dir, write_atomic, write_temp
 from stepcore.ids import validate_path_safe_run_id
-from stepcore.media import MediaStore
+from stepcore.media import MediaStoreOption, resolve_media_store
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
 from stepcore.worker import WorkerThread, WouldBlock, running_inline
@@ -77,13 +77,6 @@ _MAX_CACHED_RUNS = 1024
 Durability = Literal['normal', 'full']
 """How much of each write is forced to disk (see `FileStepStore`)."""
 _DURABILITY = ('normal', 'full')
-
-
-class _DefaultMedia:
-    """Marker for "a `DiskMediaStore` in `<directory>/media`"."""
-
-
-_DEFAULT_MEDIA = _DefaultMedia()
 
 
 @dataclass(slots=True)
@@ -531,8 +524,9 @@ class FileStepStore(EngineStore):
 
     Saving a step appends only the messages that are new since the previous save (see
     `stepcore.history`), so bytes grow linearly with the run. Payloads of `media_threshold_bytes` or
-    more (`BinaryContent` data and strings) go to `media_store`, by default a `DiskMediaStore` in
-    `<directory>/media`; pass `media_store=None` to keep them inline.
+    more (`BinaryContent` data and strings) go to `media_store`: with `'auto'` (the default) a
+    `DiskMediaStore` in `<directory>/media`; pass `media_store=None` to keep them inline, or a
+    media store of your own.
 
     Several processes may share one directory: every write to a run happens under an exclusive
     `flock` on its `.lock` file, and registration creates `run.json` with an atomic hard link. A
@@ -550,7 +544,7 @@ class FileStepStore(EngineStore):
     def __init__(
         self,
         directory: str | os.PathLike[str],
-        media_store: MediaStore | None | _DefaultMedia = _DEFAULT_MEDIA,
+        media_store: MediaStoreOption = 'auto',
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         max_snapshots_per_run: int | None = None,
         *,
@@ -561,13 +555,14 @@ class FileStepStore(EngineStore):
             raise ValueError(f'durability={durability!r} is not a durability level: use one of {_DURABILITY}')
         self.durability: Durability = durability
         self.directory = Path(directory)
-        if isinstance(media_store, _DefaultMedia):
-            media_store = DiskMediaStore(self.directory / MEDIA_DIR)
+        media = resolve_media_store(
+            media_store, default=lambda: DiskMediaStore(self.directory / MEDIA_DIR), owner=type(self).__name__
+        )
         self.media_threshold_bytes = media_threshold_bytes
         super().__init__(
             FilePort(self.directory, full=durability == 'full'),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=media_store,
+            media_store=media,
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

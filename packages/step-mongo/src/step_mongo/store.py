@@ -42,7 +42,7 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.media import MediaStore
+from stepcore.media import MediaStoreOption, check_media_store, resolve_media_store
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.retention import check_max_snapshots
 from stepcore.setup_once import SetupOnce
@@ -369,14 +369,6 @@ class MongoPort(AsyncPort):
         return nodes_from([doc async for doc in self._nodes.find({'run_id': op.run_id, 'n': {'$lte': max(heads)}})])
 
 
-class _DefaultMedia:
-    def __repr__(self) -> str:
-        return '<MongoMediaStore on the same client>'
-
-
-_DEFAULT_MEDIA: Final = _DefaultMedia()
-
-
 class MongoStepStore(ClientUser, EngineStore):
     """Step persistence in MongoDB through pymongo's native async client.
 
@@ -386,9 +378,10 @@ class MongoStepStore(ClientUser, EngineStore):
     giving databases whose collections are async), such as a wrapper that delegates to one.
     `database` defaults to the one named in the connection string, else `stepcore`.
 
-    By default, binary content and strings of `media_threshold_bytes` or more are externalized to
-    a `MongoMediaStore` on the same client and database; pass `media_store=None` to keep them
-    inline, or any other `MediaStore`. `max_snapshots_per_run` bounds the snapshots kept per run.
+    Binary content and strings of `media_threshold_bytes` or more are externalized to `media_store`:
+    with `'auto'` (the default) a `MongoMediaStore` on the same client and database; pass
+    `media_store=None` to keep them inline, or any other `MediaStore`. `max_snapshots_per_run`
+    bounds the snapshots kept per run.
     Writes are not transactions: see the module docstring for their order.
     """
 
@@ -402,7 +395,7 @@ class MongoStepStore(ClientUser, EngineStore):
         client: AsyncClient | None = None,
         db_url: str | None = None,
         database: str | None = None,
-        media_store: MediaStore | _DefaultMedia | None = _DEFAULT_MEDIA,
+        media_store: MediaStoreOption = 'auto',
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         max_snapshots_per_run: int | None = None,
         encryption: Encryption | None = None,
@@ -410,13 +403,17 @@ class MongoStepStore(ClientUser, EngineStore):
         # options are checked before a client is created, so a bad one leaves nothing to close
         check_max_snapshots(max_snapshots_per_run)
         MediaWalker(None, media_threshold_bytes)
+        check_media_store(media_store, owner=type(self).__name__)
         self._use_client('MongoStepStore', client, db_url, database)
-        if isinstance(media_store, _DefaultMedia):
-            media_store = MongoMediaStore(client=self._client, database=self._db.name)
+        media = resolve_media_store(
+            media_store,
+            default=lambda: MongoMediaStore(client=self._client, database=self._db.name),
+            owner=type(self).__name__,
+        )
         super().__init__(
             MongoPort(self._db),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=media_store,
+            media_store=media,
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

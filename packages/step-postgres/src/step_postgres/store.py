@@ -23,7 +23,7 @@ from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
 from stepcore.engine.sql import event_window
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.media import MediaStore
+from stepcore.media import AUTO, MediaStoreOption, resolve_media_store
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.setup_once import SetupOnce
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
@@ -38,13 +38,8 @@ T = TypeVar('T')
 Rows: TypeAlias = list[tuple[Any, ...]]
 
 
-class _DefaultMedia:
-    def __repr__(self) -> str:
-        return '<PostgresMediaStore on the same pool>'
-
-
-DEFAULT_MEDIA: Final = _DefaultMedia()
-"""`media_store=` default: a `PostgresMediaStore` on the store's pool and table prefix."""
+DEFAULT_MEDIA: Final = AUTO
+"""`media_store=` default, `'auto'`: a `PostgresMediaStore` on the store's pool and table prefix."""
 
 _NODE_ID_BLOCK: Final = 128
 """Message node ids a port takes from the database's sequence at a time (see `PostgresPort`)."""
@@ -484,8 +479,9 @@ class PostgresStepStore(EngineStore):
     Snapshots are stored incrementally: each message is one row of a node table pointing at the
     message before it, and a snapshot row holds only its newest node and its length, so a save
     sends the server just the messages that are new since the run's previous save.
-    `BinaryContent` data and strings of `media_threshold_bytes` or more go to `media_store` (by
-    default a `PostgresMediaStore` on the same pool and prefix; `None` keeps everything inline).
+    `BinaryContent` data and strings of `media_threshold_bytes` or more go to `media_store` (with
+    `'auto'`, the default, a `PostgresMediaStore` on the same pool and prefix; `None` keeps
+    everything inline; or a media store of your own).
     `max_snapshots_per_run` bounds the snapshots kept per run.
     """
 
@@ -499,7 +495,7 @@ class PostgresStepStore(EngineStore):
         pool: AsyncConnectionPool[Any] | None = None,
         dsn: str | None = None,
         table_prefix: str = DEFAULT_TABLE_PREFIX,
-        media_store: MediaStore | None | _DefaultMedia = DEFAULT_MEDIA,
+        media_store: MediaStoreOption = 'auto',
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         max_snapshots_per_run: int | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
@@ -508,12 +504,15 @@ class PostgresStepStore(EngineStore):
         self.tables = Tables(table_prefix)
         self.table_prefix = table_prefix
         self._handle = PoolHandle(pool=pool, dsn=dsn, owner='PostgresStepStore', connect_timeout=connect_timeout)
-        if isinstance(media_store, _DefaultMedia):
-            media_store = PostgresMediaStore(table_prefix=table_prefix, _handle=self._handle)
+        media = resolve_media_store(
+            media_store,
+            default=lambda: PostgresMediaStore(table_prefix=table_prefix, _handle=self._handle),
+            owner=type(self).__name__,
+        )
         super().__init__(
             PostgresPort(self._handle, self.tables),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=media_store,
+            media_store=media,
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

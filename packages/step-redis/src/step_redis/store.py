@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, StaleHistory, ops
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.media import MediaStore
+from stepcore.media import MediaStoreOption, check_media_store, resolve_media_store
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.retention import check_max_snapshots
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
@@ -366,14 +366,6 @@ class RedisPort(AsyncPort):
         return found
 
 
-class _DefaultMedia:
-    def __repr__(self) -> str:
-        return '<RedisMediaStore on the same client and key prefix>'
-
-
-_DEFAULT_MEDIA: Final = _DefaultMedia()
-
-
 class RedisStepStore(ClientUser, EngineStore):
     """Step persistence in Redis through redis-py's asyncio client.
 
@@ -387,8 +379,9 @@ class RedisStepStore(ClientUser, EngineStore):
     settings: see the documentation (`appendonly yes` with `appendfsync always` makes it durable
     before the call returns).
 
-    By default, binary content and strings of `media_threshold_bytes` or more go to a
-    `RedisMediaStore` on the same client and prefix; `media_store=None` keeps them inline.
+    Binary content and strings of `media_threshold_bytes` or more go to `media_store`: with
+    `'auto'` (the default) a `RedisMediaStore` on the same client and prefix; `None` keeps them
+    inline; or pass a media store of your own.
     `max_snapshots_per_run` bounds the snapshots kept per run.
     """
 
@@ -402,7 +395,7 @@ class RedisStepStore(ClientUser, EngineStore):
         url: str | None = None,
         client: Redis | None = None,
         key_prefix: str = DEFAULT_KEY_PREFIX,
-        media_store: MediaStore | _DefaultMedia | None = _DEFAULT_MEDIA,
+        media_store: MediaStoreOption = 'auto',
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         max_snapshots_per_run: int | None = None,
         encryption: Encryption | None = None,
@@ -411,14 +404,18 @@ class RedisStepStore(ClientUser, EngineStore):
         keys = Keys(key_prefix)
         check_max_snapshots(max_snapshots_per_run)
         MediaWalker(None, media_threshold_bytes)
+        check_media_store(media_store, owner=type(self).__name__)
         self._use_client('RedisStepStore', client, url)
         self.key_prefix = key_prefix
-        if isinstance(media_store, _DefaultMedia):
-            media_store = RedisMediaStore(client=self._client, key_prefix=key_prefix)
+        media = resolve_media_store(
+            media_store,
+            default=lambda: RedisMediaStore(client=self._client, key_prefix=key_prefix),
+            owner=type(self).__name__,
+        )
         super().__init__(
             RedisPort(self._client, keys),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=media_store,
+            media_store=media,
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

@@ -178,7 +178,7 @@ def _copy_media(connection: sqlite3.Connection) -> None:
 
 def _migrate(connection: sqlite3.Connection, *, where: str, externalize: bool, threshold: int) -> HarnessImportSummary:
     """Replace the harness tables by stepcore's holding the same runs (inside the caller's transaction)."""
-    from .store import DEFAULT_MEDIA_STORE, SqliteStepStore
+    from .store import SqliteStepStore
 
     present = _tables(connection)
     for table in HARNESS_TABLES:
@@ -189,7 +189,7 @@ def _migrate(connection: sqlite3.Connection, *, where: str, externalize: bool, t
     _copy_media(connection)
     here = _ThisThread(connection, describe=where)
     store = SqliteStepStore.__new__(SqliteStepStore)
-    store._attach(here, DEFAULT_MEDIA_STORE if externalize else None, threshold, None)
+    store._attach(here, 'auto' if externalize else None, threshold, None)
     source = HarnessSqliteSource(connection, where=where, prefix=ASIDE)
     # A loop of its own, not installed as the thread's: the stores' calls all run right here.
     loop = asyncio.new_event_loop()

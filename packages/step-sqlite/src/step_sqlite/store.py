@@ -11,7 +11,6 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from enum import Enum
 from typing import Any, ClassVar, Final, TypeVar
 
 from stepcore.encryption import Encryption
@@ -19,7 +18,7 @@ from stepcore.engine import KeyConflict, SyncPort, ops
 from stepcore.engine.sql import event_window
 from stepcore.engine.store import EngineStore
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.media import MediaStore
+from stepcore.media import AUTO, MediaStoreOption, check_media_store, resolve_media_store
 from stepcore.models import SnapshotState, ToolEffectStatus
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
 
@@ -37,12 +36,8 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
 
 
-class _Default(Enum):
-    MEDIA_STORE = 'default'
-
-
-DEFAULT_MEDIA_STORE: Final = _Default.MEDIA_STORE
-"""`media_store=` default: a `SqliteMediaStore` on the same database (its `media` table)."""
+DEFAULT_MEDIA_STORE: Final = AUTO
+"""`media_store=` default, `'auto'`: a `SqliteMediaStore` on the same database (its `media` table)."""
 
 
 def _micros(moment: datetime) -> int:
@@ -330,8 +325,9 @@ class SqliteStepStore(EngineStore):
     Pass `database=` (a path; the file is created readable by its owner only and the store closes
     its connection in `aclose`) or `connection=` (an open `sqlite3.Connection` created with
     `check_same_thread=False`, shared with your application and never closed by the store).
-    Large payloads are externalized to `media_store` (default: a `SqliteMediaStore` on the same
-    database; `None` keeps them inline). `max_snapshots_per_run` bounds the snapshots kept per run.
+    Large payloads are externalized to `media_store` (`'auto'`, the default: a `SqliteMediaStore`
+    on the same database; `None` keeps them inline; or a media store of your own).
+    `max_snapshots_per_run` bounds the snapshots kept per run.
     Every write is one transaction: a batch's snapshot, ledger entries and events commit together.
     """
 
@@ -344,7 +340,7 @@ class SqliteStepStore(EngineStore):
         database: str | os.PathLike[str] | None = None,
         *,
         connection: sqlite3.Connection | None = None,
-        media_store: MediaStore | None | _Default = DEFAULT_MEDIA_STORE,
+        media_store: MediaStoreOption = 'auto',
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         max_snapshots_per_run: int | None = None,
         timeout: float = 30.0,
@@ -358,18 +354,19 @@ class SqliteStepStore(EngineStore):
     def on_database(cls, db: Database) -> SqliteStepStore:
         """A step store on another store's connection (sharing its lock and thread; never closes it)."""
         store = cls.__new__(cls)
-        store._attach(db.share(cls.__name__), DEFAULT_MEDIA_STORE, DEFAULT_MEDIA_THRESHOLD_BYTES, None)
+        store._attach(db.share(cls.__name__), AUTO, DEFAULT_MEDIA_THRESHOLD_BYTES, None)
         return store
 
     def _attach(
         self,
         db: Database,
-        media_store: MediaStore | None | _Default,
+        media_store: MediaStoreOption,
         media_threshold_bytes: int,
         max_snapshots_per_run: int | None,
         encryption: Encryption | None = None,
     ) -> None:
-        externalize = isinstance(media_store, _Default)  # a harness file's media go to this database's own
+        # a harness file's media go to this database's own when that is the store's media store
+        externalize = check_media_store(media_store, owner=type(self).__name__) == AUTO
         db.add_setup(
             'harness',
             lambda conn: migrate_harness_database(
@@ -377,13 +374,14 @@ class SqliteStepStore(EngineStore):
             ),
         )
         db.add_setup(STEPS.name, lambda conn: ensure_schema(conn, STEPS, where=db.describe))
-        if isinstance(media_store, _Default):
-            media_store = SqliteMediaStore.on_database(db)
+        media = resolve_media_store(
+            media_store, default=lambda: SqliteMediaStore.on_database(db), owner=type(self).__name__
+        )
         self._db = db
         super().__init__(
             SqlitePort(db),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=media_store,
+            media_store=media,
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

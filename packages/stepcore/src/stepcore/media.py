@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import hashlib
+import reprlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, TypeAlias, cast, runtime_checkable
 
 __all__ = (
+    'AUTO',
     'EMPTY_CONTEXT',
     'MEDIA_URI_PREFIX',
     'CollectableMediaStore',
     'KeyStrategy',
     'MediaContext',
     'MediaStore',
+    'MediaStoreOption',
     'PublicUrlResolver',
     'StoredMedia',
+    'check_media_store',
     'default_key',
     'digest_of_uri',
     'media_uri',
+    'resolve_media_store',
     'resolve_public_url',
     'uri_of_digest',
 )
@@ -143,3 +148,53 @@ class CollectableMediaStore(MediaStore, Protocol):
         since it was listed stays. Removing a blob that is not there returns `False`.
         """
         ...
+
+
+AUTO: Literal['auto'] = 'auto'
+"""`media_store='auto'`, every step store's default: the store's own default media store."""
+
+MediaStoreOption: TypeAlias = MediaStore | Literal['auto'] | None
+"""What a step store's `media_store=` takes: `'auto'` (the store's own default media store, the
+default), `None` (no media store: every payload stays inline) or a `MediaStore`."""
+
+
+def check_media_store(value: object, *, owner: str) -> MediaStoreOption:
+    """`value` as a `media_store=` option; `TypeError` / `ValueError` naming it when it is none of the three.
+
+    A media store is any object (not a class) with the five methods of `MediaStore`: `put`, `get`,
+    `exists`, `public_url` and `get_metadata`. `owner` names the store in the message.
+    """
+    if value is None or (isinstance(value, str) and value == AUTO):
+        return cast(MediaStoreOption, value)
+    missing = [name for name in _MEDIA_METHODS if not callable(getattr(value, name, None))]
+    if not missing and not isinstance(value, type):
+        return cast(MediaStore, value)
+    if isinstance(value, type):
+        problem = 'is a class, not a media store: pass an instance of it'
+    elif isinstance(value, str):
+        problem = "is not a media store: the only string it takes is 'auto'"
+    else:
+        problem = f'is not a media store ({type(value).__name__} has no {", ".join(missing)})'
+    message = (
+        f"{owner}: media_store={_SHOWN.repr(value)} {problem}. Pass {AUTO!r} (the default: the store's own "
+        'media store), None (keep every payload inline) or a media store (an object with async put, get, '
+        'exists, public_url and get_metadata, e.g. DiskMediaStore(path))'
+    )
+    raise (ValueError if isinstance(value, str) else TypeError)(message)
+
+
+def resolve_media_store(value: object, *, default: Callable[[], MediaStore | None], owner: str) -> MediaStore | None:
+    """The media store a step store built with `media_store=value` uses.
+
+    `'auto'` is `default()`, the store's own default media store (`None` for a store that keeps
+    every payload inline); `None` is no media store; a media store is used as it is. Anything else
+    raises as `check_media_store` does, before `default` is called.
+    """
+    option = check_media_store(value, owner=owner)
+    return default() if isinstance(option, str) else option
+
+
+_MEDIA_METHODS = ('put', 'get', 'exists', 'public_url', 'get_metadata')
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 80

@@ -11,7 +11,7 @@ from .engine.plans import KeyConflict
 from .engine.port import SyncPort
 from .engine.store import EngineStore
 from .features import CHECKSUMS, ENCRYPTION, SNAPSHOT_RETENTION
-from .media import MediaStore
+from .media import MediaStoreOption, resolve_media_store
 from .models import SnapshotState, ToolEffectStatus
 
 __all__ = ('InMemoryStepStore', 'MemoryPort')
@@ -160,6 +160,10 @@ class InMemoryStepStore(EngineStore):
     Records are kept encoded, as the persistent stores keep them, and snapshots use the same
     incremental node scheme: a later mutation of a message object never changes a stored snapshot,
     and a long run does not pay a full copy of its history per step.
+
+    It has no media store: with `media_store='auto'` (the default) or `None`, every payload stays
+    in the snapshot. A media store of your own is refused (the store does not declare
+    `media_externalization`).
     """
 
     features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS})
@@ -168,14 +172,14 @@ class InMemoryStepStore(EngineStore):
         self,
         *,
         max_snapshots_per_run: int | None = None,
-        media_store: MediaStore | None = None,
+        media_store: MediaStoreOption = 'auto',
         media_threshold_bytes: int | None = None,
         encryption: Encryption | None = None,
     ) -> None:
         super().__init__(
             MemoryPort(),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=media_store,
+            media_store=resolve_media_store(media_store, default=lambda: None, owner=type(self).__name__),
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

@@ -21,7 +21,7 @@ from ..encryption import EncryptingMediaStore, Encryption
 from ..features import ENCRYPTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from ..history import HistoryDelta, HistoryIndex, walk_chain
 from ..lifecycle import RunFootprint, RunKey, RunQuery, RunStatus, collect_runs, run_status
-from ..media import MediaStore
+from ..media import MediaStore, MediaStoreOption, resolve_media_store
 from ..models import (
     ContinuableSnapshot,
     RunRecord,
@@ -195,7 +195,9 @@ class EngineStore(StepStore):
 
     `max_snapshots_per_run` needs the feature `snapshot_retention` and `media_store` /
     `media_threshold_bytes` the feature `media_externalization` to be declared in `features`: an
-    undeclared one is refused with `NotImplementedError`.
+    undeclared one is refused with `NotImplementedError`. `media_store` takes a media store, `None`
+    or `'auto'`, which here means none: a store with a default media store of its own resolves
+    `'auto'` to it (`stepcore.media.resolve_media_store`) before calling this.
     """
 
     features: ClassVar[frozenset[str]] = frozenset()
@@ -205,13 +207,14 @@ class EngineStore(StepStore):
         port: Port,
         *,
         max_snapshots_per_run: int | None = None,
-        media_store: MediaStore | None = None,
+        media_store: MediaStoreOption = None,
         media_threshold_bytes: int | None = None,
         history_runs: int = 256,
         encryption: Encryption | None = None,
     ) -> None:
         if not isinstance(port, SyncPort | AsyncPort):
             raise TypeError(f'{type(self).__name__} needs a SyncPort or an AsyncPort, got {type(port).__name__}')
+        media_store = resolve_media_store(media_store, default=lambda: None, owner=type(self).__name__)
         if max_snapshots_per_run is not None:
             require_feature(self, SNAPSHOT_RETENTION, option='max_snapshots_per_run')
         if media_store is not None or media_threshold_bytes is not None:
