@@ -424,3 +424,11 @@ async def test_a_run_deleted_with_its_conversation_can_be_written_again(db_path:
     finally:
         await conversations.aclose()
         await steps.aclose()
+
+
+async def test_media_store_takes_auto_none_or_a_media_store_and_refuses_anything_else(db_path: Path) -> None:
+    auto = SqliteConversationStore(database=db_path, media_store='auto')
+    assert auto.media_store is not None
+    assert SqliteConversationStore(database=db_path, media_store=None).media_store is None
+    with pytest.raises(ValueError, match=r"SqliteConversationStore: media_store='disk' is not a media store"):
+        SqliteConversationStore(database=db_path, media_store='disk')  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ from typing import Any, TypeVar, cast
 from pydantic_ai.messages import ModelMessage, ModelResponse
 
 from stepcore.codec import check_format_version, decode_messages, encode_message
-from stepcore.media import MediaStore
+from stepcore.media import MediaStore, MediaStoreOption, resolve_media_store
 from stepcore.models import RECORD_FORMAT_VERSION, utcnow
 from stepcore.protocols import StepStore
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
@@ -152,7 +152,7 @@ def _iso(value: datetime | None) -> str | None:
 class SqliteConversationStore:
     """Conversation heads in a SQLite database (the same file as `SqliteStepStore` works well).
 
-    `media_store` defaults to a `SqliteMediaStore` on the same database; large parts are
+    `media_store` defaults to `'auto'`: a `SqliteMediaStore` on the same database; large parts are
     externalized exactly as in step snapshots. `media_store=None` keeps them inline.
 
     Deleting a conversation deletes its runs through `step_store.delete_run`: by default the
@@ -165,17 +165,20 @@ class SqliteConversationStore:
         database: str | os.PathLike[str] | None = None,
         *,
         connection: sqlite3.Connection | None = None,
-        media_store: MediaStore | None = _UNSET,
+        media_store: MediaStoreOption = 'auto',
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         step_store: StepStore | None = _UNSET,
     ) -> None:
         self._db = Database(database, connection, owner='SqliteConversationStore')
         self._db.add_setup(CONVERSATIONS.name, lambda conn: ensure_schema(conn, CONVERSATIONS, where=self._db.describe))
-        if media_store is _UNSET:
+
+        def same_database() -> MediaStore:
             from .media import SqliteMediaStore
 
-            media_store = SqliteMediaStore.on_database(self._db)
-        self._walker = MediaWalker(media_store, media_threshold_bytes)
+            return SqliteMediaStore.on_database(self._db)
+
+        media = resolve_media_store(media_store, default=same_database, owner='SqliteConversationStore')
+        self._walker = MediaWalker(media, media_threshold_bytes)
         self._own_steps = step_store is _UNSET
         if step_store is _UNSET:
             from .store import SqliteStepStore
