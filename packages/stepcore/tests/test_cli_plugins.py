@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from stepcore import hookspecs
 from stepcore.cli import app
-from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
 from stepcore.registry import Registry
 
@@ -41,13 +41,14 @@ def test_plugins_json_lists_all_six_distributions() -> None:
     for distribution, expected in OURS.items():
         assert backends.get(distribution) == expected, f'{distribution}: {backends.get(distribution)}'
     by_key = {(b['kind'], b['key']): b for row in rows for b in row['backends']}
-    assert by_key[('step', 'memory')]['features'] == sorted([SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS])
+    assert by_key[('step', 'memory')]['features'] == sorted([SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS, ENGINE_PORT])
     assert set(by_key[('step', 'sqlite')]['features']) == {
         SNAPSHOT_RETENTION,
         MEDIA_EXTERNALIZATION,
         PERSISTENT,
         ENCRYPTION,
         CHECKSUMS,
+        ENGINE_PORT,
     }
     assert by_key[('step', 'memory')]['urls'] == ['memory://']
     assert by_key[('step', 'sqlite')]['urls'] == ['sqlite://']
@@ -92,7 +93,7 @@ def test_a_backend_whose_driver_is_missing_is_listed_as_unavailable(monkeypatch:
     assert gone['key'] == 'gone'
     assert gone['unavailable'] == "ModuleNotFoundError: No module named 'stepcore_missing_driver'"
     assert gone['features'] == []
-    assert here['features'] == sorted([SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS])
+    assert here['features'] == sorted([SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS, ENGINE_PORT])
     assert 'unavailable' not in here
     table = CliRunner().invoke(app, ['plugins'], env={'COLUMNS': '250'})
     assert table.exit_code == 0, table.output

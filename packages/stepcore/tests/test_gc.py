@@ -29,6 +29,7 @@ from stepcore import (
 from stepcore.media import EMPTY_CONTEXT, MediaContext, MediaStore, media_uri
 from stepcore.models import utcnow
 from stepcore_conformance import InMemoryMediaStore
+from stepcore_conformance.contract import ProtocolOnlyStore
 from stepcore_conformance.media_collection import MediaMemoryStepStore
 
 LATER = timedelta(days=1)
@@ -200,3 +201,29 @@ async def test_an_encrypted_store_is_collected_through_its_keys(tmp_path: Path) 
         assert cast(list[BinaryContent], part.content)[1].data == b'k' * 2048
     finally:
         await store.aclose()
+
+
+async def test_a_store_that_cannot_list_its_snapshots_is_refused_before_anything_is_removed() -> None:
+    media = InMemoryMediaStore()
+    inner = MediaMemoryStepStore(media_store=media, media_threshold_bytes=1024)
+    store = ProtocolOnlyStore(inner)  # the reference's ten methods: latest_snapshot, no list_snapshots
+    await store.register_run(RunRecord(run_id='kept'))
+    await store.save_snapshot(ContinuableSnapshot(run_id='kept', messages=_with_image(b'k' * 2048), step_index=0))
+    loose = await media.put(b'l' * 2048)
+    with pytest.raises(NotImplementedError, match='implement list_snapshots'):
+        await collect_garbage(cast(StepStore, store), media, now=utcnow() + LATER)
+    assert await media.exists(loose)
+
+
+async def test_the_maintenance_defaults_read_the_contract() -> None:
+    media = InMemoryMediaStore()
+    store = _NotOnTheEngine(MediaMemoryStepStore(media_store=media, media_threshold_bytes=1024))
+    await store.register_run(RunRecord(run_id='b'))
+    await store.register_run(RunRecord(run_id='a'))
+    await store.save_snapshot(ContinuableSnapshot(run_id='a', messages=_with_image(b'k' * 2048), step_index=0))
+    assert await store.stored_run_ids() == ['a', 'b']
+    assert media_uri(b'k' * 2048) in await store.media_references('a')  # every payload counts: safe
+    assert await store.media_references('b') == set()
+    assert await store.stored_key_ids('a') == {None}
+    assert await store.stored_key_ids('missing') == set()
+    assert store.encryption is None

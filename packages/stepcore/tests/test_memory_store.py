@@ -9,7 +9,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 
 import stepcore
 from stepcore import ContinuableSnapshot, InMemoryStepStore, RunRecord, StepStore
-from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore_conformance import InMemoryMediaStore
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
@@ -23,7 +23,7 @@ def step(n: int) -> list[ModelMessage]:
 
 
 def test_declares_retention_only() -> None:
-    assert InMemoryStepStore.features == frozenset({SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS})
+    assert InMemoryStepStore.features == frozenset({SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS, ENGINE_PORT})
     assert MEDIA_EXTERNALIZATION not in InMemoryStepStore.features
     assert PERSISTENT not in InMemoryStepStore.features
     assert isinstance(InMemoryStepStore(), StepStore)

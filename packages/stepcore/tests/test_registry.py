@@ -14,7 +14,7 @@ import pytest
 
 import stepcore
 from stepcore import hookspecs
-from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.features import CHECKSUMS, ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
 from stepcore.memory import InMemoryStepStore
 from stepcore.registry import Kind, Registry, build_manager, get_registry, load_factory, store_from_spec
@@ -251,7 +251,14 @@ def test_every_installed_step_backend_declares_its_features_on_the_class() -> No
     registry = get_registry()
     for key in ('file', 'sqlite', 'mongo', 'postgres', 'redis'):
         backend = registry.get('step', key)
-        assert backend.features() == {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}, key
+        assert backend.features() == {
+            SNAPSHOT_RETENTION,
+            MEDIA_EXTERNALIZATION,
+            PERSISTENT,
+            ENCRYPTION,
+            CHECKSUMS,
+            ENGINE_PORT,
+        }, key
         assert backend.features() == backend.load().features
 
 

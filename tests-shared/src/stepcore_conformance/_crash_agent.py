@@ -17,9 +17,10 @@ from pydantic_ai.messages import ModelResponse, TextPart
 
 import stepcore
 from stepcore import InMemoryStepStore, StepPersistence
-from stepcore.engine import EngineStore
 from stepcore.engine.faults import inject_faults
+from stepcore.features import ENGINE_PORT
 
+from ._declared import declared
 from .capability import function_model, script, tool_call
 
 __all__ = ('FINAL_ANSWER', 'SLOW_SECONDS', 'TOOL_CALLS', 'agent_run')
@@ -33,8 +34,8 @@ FINAL_ANSWER = 'both looked up'
 async def agent_run(spec: dict[str, Any] | None, k: int, run_id: str) -> None:
     """Run the agent on a store built from `spec` (in memory: `None`), killing this process at write boundary `k`."""
     store = stepcore.from_spec(**spec) if spec is not None else InMemoryStepStore()
-    if not isinstance(store, EngineStore):
-        raise TypeError(f'{type(store).__name__} is not built on stepcore.engine.EngineStore: no write boundaries')
+    if ENGINE_PORT not in declared(store):
+        raise TypeError(f'{type(store).__name__} does not declare feature {ENGINE_PORT!r}: it has no write boundaries')
     seen = 0
 
     def hook(boundary: str) -> None:

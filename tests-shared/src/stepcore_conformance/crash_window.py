@@ -5,8 +5,9 @@ the snapshot holding its result. So whatever a crash leaves, every `completed` l
 has its result in the latest complete snapshot, or the call is still `started` and reported by
 `list_unresolved_tool_effects` and `inspect_recovery` (`support.check_crash_rule`).
 
-Two tests, both through the fault points of `stepcore.engine` (a store not built on
-`EngineStore` has none, and skips them with that reason):
+Two tests, both through the fault points of `stepcore.engine`, for a store declaring the feature
+`engine_port` (every `EngineStore` does; a store that does not has no fault points, and skips them
+with that reason):
 
 - a tool cycle written as `StepPersistence` writes it (the call's `started` entry and event in one
   `write_batch`, then its `completed` entry and event with the snapshot holding its result in
@@ -43,10 +44,11 @@ from stepcore import (
 )
 from stepcore.engine import EngineStore
 from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at
-from stepcore.features import PERSISTENT
+from stepcore.features import ENGINE_PORT, PERSISTENT
 from stepcore.protocols import StepWrite
 
 from ._crash_agent import FINAL_ANSWER, TOOL_CALLS
+from ._declared import declared
 from ._support import StoreFixtures, at, needs_feature, new_id, register, snapshot, user
 from .report import SUMMARY_PROPERTY
 from .support import check_crash_rule
@@ -61,12 +63,12 @@ REPLY_TIMEOUT_SECONDS = 120
 
 
 def _engine_store(store: StepStore) -> EngineStore:
-    if not isinstance(store, EngineStore):
+    if ENGINE_PORT not in declared(store):
         pytest.skip(
-            f'{type(store).__name__} is not built on stepcore.engine.EngineStore: the crash-window section needs '
+            f'{type(store).__name__} does not declare feature {ENGINE_PORT!r}: the crash-window section needs '
             "the engine's fault points (stepcore.engine.faults) to stop a write between its steps"
         )
-    return store
+    return cast(EngineStore, store)
 
 
 class _Cycle:

@@ -28,7 +28,7 @@ from stepcore.encryption import Encryption, generate_key
 from stepcore.engine import DamagedRecordError, EngineStore
 from stepcore.engine.seal import Sealer
 from stepcore.engine.store import EFFECT_FIELDS_IN_ROW, EVENT_FIELDS_IN_ROW
-from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION
+from stepcore.features import CHECKSUMS, ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION
 
 from ._declared import declared
 from ._support import Damage, StoreFixtures, at, event, needs_feature, options, register, snapshot
@@ -102,12 +102,13 @@ class EncryptionConformance(StoreFixtures):
     @options(_encrypted)
     @needs_feature(ENCRYPTION)
     async def test_encrypted_round_trip_stores_nothing_in_clear(self, store: StepStore) -> None:
-        if not isinstance(store, EngineStore):
+        if ENGINE_PORT not in declared(store):
             pytest.fail(
-                f'{type(store).__name__} declares {ENCRYPTION!r} but is not built on stepcore.engine.EngineStore: '
+                f'{type(store).__name__} declares {ENCRYPTION!r} but not {ENGINE_PORT!r}: '
                 'the kit checks what the engine hands the port'
             )
-        spy = _Spy(store)
+        engine = cast(EngineStore, store)
+        spy = _Spy(engine)
         run_id = await _write(store)
         latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
@@ -117,7 +118,7 @@ class EncryptionConformance(StoreFixtures):
         (entry,) = await store.list_tool_effects(run_id=run_id)
         assert entry.args == {'x': MARKERS[1].decode()}
         assert spy.seen, 'the store wrote nothing through its port'
-        media = MEDIA_EXTERNALIZATION in declared(store) and store.media_store is not None
+        media = MEDIA_EXTERNALIZATION in declared(store) and engine.media_store is not None
         for marker in MARKERS if media else MARKERS[:2]:
             assert not spy.holds(marker), f'{marker!r} reached the storage in clear'
 
@@ -129,9 +130,9 @@ class EncryptionConformance(StoreFixtures):
         if store_spec is None:
             # no second store can open the same data: the bodies the store wrote are opened with
             # other keys the way the engine opens them
-            if not isinstance(store, EngineStore):
+            if ENGINE_PORT not in declared(store):
                 pytest.fail(f'{type(store).__name__} declares {ENCRYPTION!r} without a store_spec fixture')
-            spy = _Spy(store)
+            spy = _Spy(cast(EngineStore, store))
             await _write(store)
             records = [b for b in spy.seen if b.startswith(b'{"format":')]
             assert records, 'the store wrote no record bodies'

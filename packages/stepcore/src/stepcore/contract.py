@@ -306,6 +306,18 @@ class ProtocolStore(StepStore):
             return await super().prune(older_than, conversation_id=conversation_id, dry_run=dry_run, progress=progress)
         return await own(older_than, conversation_id=conversation_id, dry_run=dry_run, progress=progress)
 
+    async def stored_run_ids(self) -> list[str]:
+        own = self._own('stored_run_ids')
+        return list(await own()) if own is not None else await super().stored_run_ids()
+
+    async def media_references(self, run_id: str) -> set[str]:
+        own = self._own('media_references')
+        return set(await own(run_id)) if own is not None else await super().media_references(run_id)
+
+    async def stored_key_ids(self, run_id: str) -> set[str | None]:
+        own = self._own('stored_key_ids')
+        return set(await own(run_id)) if own is not None else await super().stored_key_ids(run_id)
+
     async def aclose(self) -> None:
         own = self._own('aclose')
         if own is not None:

@@ -10,6 +10,7 @@ __all__ = (
     'ALL_FEATURES',
     'CHECKSUMS',
     'ENCRYPTION',
+    'ENGINE_PORT',
     'MEDIA_COLLECTION',
     'MEDIA_EXTERNALIZATION',
     'PERSISTENT',
@@ -31,9 +32,13 @@ ENCRYPTION = 'encryption'
 """Accepts `encryption=` (a `stepcore.Encryption`) and keeps bodies and media blobs encrypted at rest."""
 CHECKSUMS = 'checksums'
 """Checks a checksum on every record it reads: a stored body altered after it was written is damage."""
+ENGINE_PORT = 'engine_port'
+"""Built on `stepcore.engine.EngineStore`: every read and write goes through an I/O port (`store.port`)
+and stops at the engine's write boundaries (`stepcore.engine.faults`), where the conformance kit
+injects faults and watches what reaches storage. Every `EngineStore` subclass declares it."""
 
 ALL_FEATURES = frozenset(
-    {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, MEDIA_COLLECTION, ENCRYPTION, CHECKSUMS}
+    {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, MEDIA_COLLECTION, ENCRYPTION, CHECKSUMS, ENGINE_PORT}
 )
 
 

@@ -3,10 +3,11 @@
 Mark, then sweep:
 
 1. **mark**: every `media+sha256://` URI referenced by a kept snapshot (complete or interrupted)
-   of any run of the step store(s). A store built on the engine answers from its stored messages
-   without fetching a blob, and stops on a snapshot it cannot read (`DamagedRecordError`) rather
-   than let that snapshot's media go; any other `StepStore` is read through its public API
-   (`list_runs`, `list_snapshots(include_interrupted=True)`) and every payload in it is counted.
+   of any run of the step store(s), as each store's `stored_run_ids` and `media_references`
+   answer. A store built on the engine answers from its stored messages without fetching a blob,
+   and stops on a snapshot it cannot read (`DamagedRecordError`) rather than let that snapshot's
+   media go; the `StepStore` defaults read the public API (`list_runs`,
+   `list_snapshots(include_interrupted=True)`) and count every payload.
 2. **sweep**: every blob the media store lists that is not marked and was last put before
    `now - grace` is removed, each with `delete_media(uri, older_than=now - grace)`, so a blob put
    again while the collection runs stays.
@@ -27,13 +28,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import cast
 
-from .codec import encode_message
-from .engine import EngineStore
+from .contract import as_step_store
 from .features import MEDIA_COLLECTION, require_feature
-from .media import EMPTY_CONTEXT, CollectableMediaStore, MediaContext, MediaStore, StoredMedia, media_uri
+from .media import CollectableMediaStore, MediaStore, StoredMedia
 from .models import utcnow
 from .protocols import StepStore
-from .walker import MediaWalker
 
 __all__ = ('DEFAULT_GRACE', 'GcProgress', 'GcReport', 'collect_garbage')
 
@@ -107,7 +106,7 @@ async def collect_garbage(
     if start.tzinfo is None:
         raise ValueError(f'now={now!r} must be an aware datetime (e.g. datetime.now(UTC))')
     report = GcReport(dry_run=dry_run, cutoff=start - grace)
-    marked = await _mark(stores, report, progress)
+    marked = await _mark([as_step_store(s) for s in stores], report, progress)
     await _sweep(media, marked, report, progress)
     return report
 
@@ -132,62 +131,20 @@ async def _mark(stores: Sequence[StepStore], report: GcReport, progress: GcProgr
     marked: set[str] = set()
     plan: list[tuple[StepStore, list[str]]] = []
     for store in stores:
-        if isinstance(store, EngineStore):
-            ids = await store.stored_run_ids()
-        else:
-            ids = [r.run_id for r in await store.list_runs()]
-        plan.append((store, ids))
+        plan.append((store, await store.stored_run_ids()))
     total = sum(len(ids) for _, ids in plan)
     done = 0
     if progress is not None:
         progress('mark', 0, total)
     for store, ids in plan:
         for run_id in ids:
-            if isinstance(store, EngineStore):
-                marked |= await store.media_references(run_id)
-            else:
-                marked |= await _references_through_api(store, run_id)
+            marked |= await store.media_references(run_id)
             done += 1
             if progress is not None:
                 progress('mark', done, total)
     report.runs = total
     report.referenced = len(marked)
     return marked
-
-
-class _Addresses(MediaStore):
-    """A media store that stores nothing: it only notes the address of every payload offered."""
-
-    def __init__(self) -> None:
-        self.seen: set[str] = set()
-
-    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
-        uri = media_uri(data)
-        self.seen.add(uri)
-        return uri
-
-    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
-        raise LookupError(uri)
-
-    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
-        return uri in self.seen
-
-    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
-        return None
-
-    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> None:
-        return None
-
-
-async def _references_through_api(store: StepStore, run_id: str) -> set[str]:
-    """What a store not built on the engine may reference: the address of every payload its
-    snapshots hold, whatever its size (its threshold is not known here; marking more is safe)."""
-    addresses = _Addresses()
-    walker = MediaWalker(addresses, threshold_bytes=1)
-    for snapshot in await store.list_snapshots(run_id=run_id, include_interrupted=True):
-        for message in snapshot.messages:
-            await walker.externalize(encode_message(message))
-    return addresses.seen
 
 
 async def _sweep(media: CollectableMediaStore, marked: set[str], report: GcReport, progress: GcProgress | None) -> None:

@@ -8,8 +8,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, ClassVar, Protocol, Self, TypeAlias, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeAlias, cast, runtime_checkable
 
+from .codec import encode_message
 from .lifecycle import (
     PruneProgress,
     PruneReport,
@@ -34,6 +35,10 @@ from .models import (
     ToolEffectStatus,
     utcnow,
 )
+from .walker import payload_addresses
+
+if TYPE_CHECKING:
+    from .encryption import Encryption
 
 __all__ = (
     'CONTRACT_METHODS',
@@ -233,6 +238,13 @@ class StepStore(ABC):
 
     features: ClassVar[frozenset[str]] = frozenset()
     """Optional behaviours this backend provides (see `stepcore.features`), declared once, here."""
+
+    implied_features: ClassVar[frozenset[str]] = frozenset()
+    """Features every subclass has, whatever its own `features` says (`EngineStore`: `engine_port`)."""
+
+    encryption: Encryption | None = None
+    """The keys the store seals bodies and blobs with (`None`: it stores them in clear). Only a store
+    declaring the feature `encryption` sets it."""
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -575,6 +587,37 @@ class StepStore(ABC):
             else:
                 await self.record_tool_effect(write)
 
+    # -- whole-store maintenance ------------------------------------------------------------
+
+    async def stored_run_ids(self) -> list[str]:
+        """The id of every run the store holds, sorted: what garbage collection and rekey visit.
+
+        Derived from `list_runs`. A store that can hold data of a run `list_runs` does not show (a
+        damaged run record, a snapshot saved without `register_run`) overrides it so that
+        maintenance does not overlook what it cannot read.
+        """
+        return sorted({run.run_id for run in await self.list_runs()})
+
+    async def media_references(self, run_id: str) -> set[str]:
+        """The `media+sha256://` URIs the run's snapshots (complete and interrupted) may reference.
+
+        Derived from `list_snapshots`: the address of every payload the snapshots hold, whatever its
+        size, since the store's threshold is not known here (counting more is safe: garbage
+        collection keeps what is counted). A store that knows what it externalized overrides it.
+        """
+        snapshots = await self.list_snapshots(run_id, include_interrupted=True)
+        return await payload_addresses(encode_message(m) for s in snapshots for m in s.messages)
+
+    async def stored_key_ids(self, run_id: str) -> set[str | None]:
+        """The encryption key ids the run's stored bodies were written with (`None`: in clear).
+
+        A store without the feature `encryption` keeps everything in clear: `{None}` for a run it
+        holds, an empty set for one it does not. `stepcore rekey` uses it to find the runs to rewrite.
+        """
+        if await self.get_run(run_id) is not None:
+            return {None}
+        return {None} if await self.latest_snapshot(run_id, include_interrupted=True) is not None else set()
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def aclose(self) -> None:
@@ -605,6 +648,8 @@ class StepStore(ABC):
         features: object = cls.__dict__.get('features', cls.features)
         if not isinstance(features, frozenset):
             raise TypeError(f'{cls.__name__}.features must be a frozenset of feature names, got {features!r}')
+        if not cls.implied_features <= features:
+            cls.features = cast(frozenset[str], features) | cls.implied_features
         own_runs: object = cls.__dict__.get('list_runs')
         if callable(own_runs) and not _takes_keywords(own_runs, 'limit', 'cursor'):
             cls.list_runs = _paged(cls.__name__, own_runs)  # pyright: ignore[reportAttributeAccessIssue]

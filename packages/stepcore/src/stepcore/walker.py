@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable
 from typing import Any, cast
 
-from .media import MediaContext, MediaStore
+from .media import EMPTY_CONTEXT, MediaContext, MediaStore, media_uri
 
 __all__ = (
     'DEFAULT_MEDIA_THRESHOLD_BYTES',
@@ -22,6 +23,7 @@ __all__ = (
     'MARKER_FORMAT_KEY',
     'MARKER_KEY',
     'MediaWalker',
+    'payload_addresses',
     'stored_references',
 )
 
@@ -236,3 +238,38 @@ def _collect(value: Any, found: set[str]) -> None:
                 _collect(escaped, found)
         elif key != MARKER_FORMAT_KEY:
             _collect(item, found)
+
+
+class _Addresses(MediaStore):
+    """A media store that stores nothing: it only notes the address of every payload offered."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+        uri = media_uri(data)
+        self.seen.add(uri)
+        return uri
+
+    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
+        raise LookupError(uri)
+
+    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
+        return uri in self.seen
+
+    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
+        return None
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> None:
+        return None
+
+
+async def payload_addresses(encoded_messages: Iterable[bytes]) -> set[str]:
+    """The `media+sha256://` address every payload of these encoded messages has (or would have)
+    in a media store, whatever its size: what a store whose threshold is not known may reference
+    (counting more than it holds is safe for garbage collection)."""
+    addresses = _Addresses()
+    walker = MediaWalker(addresses, threshold_bytes=1)
+    for message in encoded_messages:
+        await walker.externalize(message)
+    return addresses.seen

@@ -768,7 +768,7 @@ def rekey(
     ] = Path('.stepcore-rekey'),
 ) -> None:
     """Re-encrypt every run of a store under the active key (safe to stop and run again)."""
-    from ..engine.store import EngineStore
+    from ..features import ENCRYPTION
     from .rekey import rekey_store
 
     options: dict[str, Any] = {}
@@ -780,8 +780,10 @@ def rekey(
     async def main() -> Any:
         s = open_store(resolve_store_url(store), **options)
         try:
-            if not isinstance(s, EngineStore):
-                raise ValueError(f'{type(s).__name__} is not built on the stepcore engine: it cannot be re-encrypted')
+            if ENCRYPTION not in type(s).features:
+                raise ValueError(
+                    f'{type(s).__name__} does not declare feature {ENCRYPTION!r}: its runs cannot be re-encrypted'
+                )
             with _progress('re-encrypting', None) as advance:
                 return await rekey_store(s, journal, progress=lambda _run: advance(1))
         finally:

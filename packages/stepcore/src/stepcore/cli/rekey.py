@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine.store import EngineStore
 from ..fileio import fsync_dir
+from ..protocols import StepStore
 from .transfer import collect_run, dump_export, import_runs, parse_export
 
 __all__ = ('RekeyReport', 'rekey_store')
@@ -42,7 +42,7 @@ def _journal_file(journal: Path, run_id: str) -> Path:
     return journal / f'{run_id.encode().hex()}{_JOURNAL_SUFFIX}'
 
 
-async def _write_back(store: EngineStore, entry: Path) -> str:
+async def _write_back(store: StepStore, entry: Path) -> str:
     encryption = store.encryption
     assert encryption is not None
     (export,) = parse_export(json.loads(encryption.open_blob(entry.read_bytes(), what=f'journal file {entry}')))
@@ -54,9 +54,7 @@ async def _write_back(store: EngineStore, entry: Path) -> str:
     return run_id
 
 
-async def rekey_store(
-    store: EngineStore, journal: Path, *, progress: Callable[[str], None] | None = None
-) -> RekeyReport:
+async def rekey_store(store: StepStore, journal: Path, *, progress: Callable[[str], None] | None = None) -> RekeyReport:
     """Rewrite every run of `store` not wholly under its active key (see the module docstring).
 
     `journal` is a folder of this store's own (created owner-only) that holds each run between

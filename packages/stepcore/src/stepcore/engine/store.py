@@ -18,7 +18,7 @@ from pydantic_ai.messages import ModelMessage
 
 from ..codec import FORMAT_KEY, decode_messages, record_fields
 from ..encryption import EncryptingMediaStore, Encryption
-from ..features import ENCRYPTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
+from ..features import ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from ..history import HistoryDelta, HistoryIndex, walk_chain
 from ..lifecycle import RunFootprint, RunKey, RunQuery, RunStatus, collect_runs, run_status
 from ..media import MediaStore, MediaStoreOption, resolve_media_store
@@ -200,7 +200,8 @@ class EngineStore(StepStore):
     `'auto'` to it (`stepcore.media.resolve_media_store`) before calling this.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset()
+    features: ClassVar[frozenset[str]] = frozenset({ENGINE_PORT})
+    implied_features: ClassVar[frozenset[str]] = frozenset({ENGINE_PORT})
 
     def __init__(
         self,
