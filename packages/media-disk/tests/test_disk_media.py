@@ -67,23 +67,6 @@ async def test_sidecar_of_a_newer_format_is_refused(tmp_path: Path) -> None:
         await store.get_metadata(uri)
 
 
-async def test_missing_blob_is_a_lookup_error(tmp_path: Path) -> None:
-    store = DiskMediaStore(tmp_path)
-    uri = media_uri(b'never stored')
-    assert not await store.exists(uri)
-    with pytest.raises(LookupError, match='is not stored'):
-        await store.get(uri)
-    assert await store.get_metadata(uri) is None
-
-
-async def test_damaged_blob_is_detected(tmp_path: Path) -> None:
-    store = DiskMediaStore(tmp_path)
-    uri = await store.put(b'original bytes')
-    (tmp_path / f'{digest_of_uri(uri)}.bin').write_bytes(b'tampered')
-    with pytest.raises(ValueError, match='does not hold the content'):
-        await store.get(uri)
-
-
 async def test_malformed_uri_is_refused(tmp_path: Path) -> None:
     store = DiskMediaStore(tmp_path)
     with pytest.raises(ValueError, match='media URI'):
