@@ -48,7 +48,7 @@ from stepcore import (
 )
 from stepcore.features import PERSISTENT
 from stepcore.media import MediaContext, media_uri
-from stepcore_conformance import MediaStoreConformance, StepStoreConformance
+from stepcore_conformance import MediaDamage, MediaStoreConformance, StepStoreConformance
 
 MockClient: TypeAlias = 'AsyncMongoMockClient[Document]'
 
@@ -84,6 +84,10 @@ class TestMongomockMediaStore(MediaStoreConformance):
         store = MongoMediaStore(client=mock_client, database='kit')
         yield store
         await store.aclose()
+
+    @pytest.fixture
+    def media_damage(self, mongo_media_damage: MediaDamage) -> MediaDamage:
+        return mongo_media_damage
 
     @pytest.fixture
     async def gc_step_store(
@@ -257,9 +261,9 @@ async def test_media_store_round_trips_chunked_blobs(mock_client: MockClient):
 
     missing = media_uri(b'never stored')
     assert await media.exists(missing) is False
-    assert await media.get_metadata(missing) is None
-    with pytest.raises(LookupError, match='no blob stored at'):
-        await media.get(missing)
+    for read in (media.get, media.get_metadata):
+        with pytest.raises(LookupError, match='media not found'):
+            await read(missing)
 
     assert await media.delete_media(uri) is True
     assert await media.exists(uri) is False

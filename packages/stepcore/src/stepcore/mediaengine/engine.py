@@ -46,7 +46,8 @@ class MediaEngine:
     features: ClassVar[frozenset[str]] = frozenset({MEDIA_COLLECTION})
 
     def __init__(self, *, public_url: PublicUrlResolver | None = None) -> None:
-        self._public_url_resolver = public_url
+        self.public_url_resolver = public_url
+        """The `public_url=` resolver: `(uri, context) -> url | None`, sync or async."""
         self._listed: dict[str, object] = {}
         """Where `list_media` found each blob (a key strategy may use a context `delete_media` lacks)."""
 
@@ -106,7 +107,7 @@ class MediaEngine:
 
     async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
         """The configured resolver's URL for `uri`, or `None` without a resolver."""
-        return await resolve_public_url(self._public_url_resolver, BlobRef.of(uri, context).uri, context)
+        return await resolve_public_url(self.public_url_resolver, BlobRef.of(uri, context).uri, context)
 
     async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
         """The metadata stored with the blob, `None` when it was stored without any; `MediaNotFoundError`
