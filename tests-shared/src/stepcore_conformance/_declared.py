@@ -29,7 +29,10 @@ __all__ = (
     'refusal_verdict',
     'refusing_class',
     'require_feature_declared',
+    'require_hook',
 )
+
+H = TypeVar('H')
 
 FEATURE_ATTRIBUTE = '__stepcore_feature__'
 """Set on a kit test function: the features it checks (the report's verdicts are built from it)."""
@@ -140,3 +143,21 @@ def feature_gate(request: pytest.FixtureRequest) -> None:
             'store_spec fixture: override store_spec to return the stepcore.from_spec arguments (with backend=) '
             'that open another store over the same data, so the kit can check that data outlives the store'
         )
+
+
+def require_hook(hook: H | None, store: object, owner: object, *, fixture: str, does: str, see: str, needs: str) -> H:
+    """The backend's damage hook `hook` (the `fixture` of test class `owner`), when it has one.
+
+    Without one the calling test fails for a store declaring `persistent` (its data outlives the
+    process, so it can be damaged) and is skipped for others. `does` says what the hook must do,
+    `see` where it is described, `needs` what the test needs it for.
+    """
+    if hook is not None:
+        return hook
+    if PERSISTENT in declared(store):
+        pytest.fail(
+            f"{type(store).__name__} declares feature 'persistent' but {type(owner).__name__} has no {fixture} "
+            f"fixture: override {fixture} with an async callable that {does} in the backend's own storage "
+            f'(see {see})'
+        )
+    pytest.skip(f'{type(owner).__name__} has no {fixture} fixture: {needs}')

@@ -21,11 +21,10 @@ from typing import TypeAlias
 import anyio
 import pytest
 
-from stepcore.features import PERSISTENT
 from stepcore.media import MediaContext, MediaStore, digest_of_uri, media_uri
 from stepcore.mediaengine import DamagedMediaError
 
-from ._declared import declared
+from ._declared import require_hook
 from .media_collection import MediaCollectionConformance
 
 __all__ = ('MediaDamage', 'MediaStoreConformance')
@@ -208,12 +207,12 @@ def _check_not_found(error: BaseException, uri: str, method: str) -> None:
 
 
 def _damage_hook(damage: MediaDamage | None, store: MediaStore, owner: object) -> MediaDamage:
-    if damage is not None:
-        return damage
-    if PERSISTENT in declared(store):
-        pytest.fail(
-            f"{type(store).__name__} declares feature 'persistent' but {type(owner).__name__} has no media_damage "
-            "fixture: override it with an async callable (store, uri, replacement) that overwrites a blob's bytes in "
-            "the backend's own storage (see MediaStoreConformance.media_damage)"
-        )
-    pytest.skip(f'{type(owner).__name__} has no media_damage fixture: the damage test needs one to damage a blob')
+    return require_hook(
+        damage,
+        store,
+        owner,
+        fixture='media_damage',
+        does="(store, uri, replacement) overwrites a blob's bytes",
+        see='MediaStoreConformance.media_damage',
+        needs='the damage test needs one to damage a blob',
+    )
