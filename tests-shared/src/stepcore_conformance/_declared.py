@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import pytest
@@ -20,6 +21,7 @@ from stepcore.features import PERSISTENT
 
 __all__ = (
     'FEATURE_ATTRIBUTE',
+    'Hook',
     'declared',
     'declared_by',
     'feature_gate',
@@ -145,19 +147,31 @@ def feature_gate(request: pytest.FixtureRequest) -> None:
         )
 
 
-def require_hook(hook: H | None, store: object, owner: object, *, fixture: str, does: str, see: str, needs: str) -> H:
-    """The backend's damage hook `hook` (the `fixture` of test class `owner`), when it has one.
+@dataclass(frozen=True)
+class Hook:
+    """A backend fixture a kit section needs to damage stored data, and how messages describe it."""
+
+    fixture: str
+    does: str
+    """What the callable does, in the backend's own storage."""
+    see: str
+    """Where it is described."""
+    needs: str
+    """What the section needs it for (the reason a skip gives)."""
+
+
+def require_hook(hook: H | None, store: object, owner: object, spec: Hook) -> H:
+    """The backend's `spec.fixture` callable `hook` (of test class `owner`), when it has one.
 
     Without one the calling test fails for a store declaring `persistent` (its data outlives the
-    process, so it can be damaged) and is skipped for others. `does` says what the hook must do,
-    `see` where it is described, `needs` what the test needs it for.
+    process, so it can be damaged) and is skipped for others.
     """
     if hook is not None:
         return hook
     if PERSISTENT in declared(store):
         pytest.fail(
-            f"{type(store).__name__} declares feature 'persistent' but {type(owner).__name__} has no {fixture} "
-            f"fixture: override {fixture} with an async callable that {does} in the backend's own storage "
-            f'(see {see})'
+            f"{type(store).__name__} declares feature 'persistent' but {type(owner).__name__} has no {spec.fixture} "
+            f"fixture: override {spec.fixture} with an async callable that {spec.does} in the backend's own storage "
+            f'(see {spec.see})'
         )
-    pytest.skip(f'{type(owner).__name__} has no {fixture} fixture: {needs}')
+    pytest.skip(f'{type(owner).__name__} has no {spec.fixture} fixture: {spec.needs}')

@@ -27,7 +27,7 @@ from pydantic_ai.messages import ModelMessage
 from stepcore import EventKind, SnapshotState, StepStore, ToolEffectStatus, continue_run, inspect_recovery
 from stepcore.engine import DamagedRecordError
 
-from ._declared import require_hook
+from ._declared import Hook, require_hook
 from ._support import Damage, StoreFixtures, conversation, event, new_id, register, snapshot, tool_exchange
 from .effects import effect
 
@@ -39,16 +39,16 @@ REPLACEMENT = b'{"format":1,"kind":17,"metadata":17}'
 LOGGER = 'stepcore.engine'
 
 
+DAMAGE_HOOK = Hook(
+    fixture='damage',
+    does='overwrites one stored record',
+    see='StoreFixtures.damage in the stepcore-conformance README',
+    needs='the damage section needs one to damage a stored record',
+)
+
+
 def _hook(damage: Damage | None, store: StepStore, owner: object) -> Damage:
-    return require_hook(
-        damage,
-        store,
-        owner,
-        fixture='damage',
-        does='overwrites one stored record',
-        see='StoreFixtures.damage in the stepcore-conformance README',
-        needs='the damage section needs one to damage a stored record',
-    )
+    return require_hook(damage, store, owner, DAMAGE_HOOK)
 
 
 @dataclass

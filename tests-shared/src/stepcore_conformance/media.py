@@ -24,7 +24,7 @@ import pytest
 from stepcore.media import MediaContext, MediaStore, digest_of_uri, media_uri
 from stepcore.mediaengine import DamagedMediaError
 
-from ._declared import require_hook
+from ._declared import Hook, require_hook
 from .media_collection import MediaCollectionConformance
 
 __all__ = ('MediaDamage', 'MediaStoreConformance')
@@ -101,7 +101,7 @@ class MediaStoreConformance(MediaCollectionConformance):
         assert dict(await media_store.get_metadata(stored) or {}) == {'k': 'v'}
 
     async def test_damaged_blob_is_reported(self, media_store: MediaStore, media_damage: MediaDamage | None) -> None:
-        damage = _damage_hook(media_damage, media_store, self)
+        damage = require_hook(media_damage, media_store, self, MEDIA_DAMAGE_HOOK)
         data, intact = _blob('damaged', 4096), _blob('intact', 4096)
         uri = await media_store.put(data, context=MediaContext(metadata={'state': 'whole'}))
         other = await media_store.put(intact)
@@ -206,13 +206,9 @@ def _check_not_found(error: BaseException, uri: str, method: str) -> None:
     assert digest_of_uri(uri) in str(error), f'{method} of a missing blob does not name it ({uri}): {error}'
 
 
-def _damage_hook(damage: MediaDamage | None, store: MediaStore, owner: object) -> MediaDamage:
-    return require_hook(
-        damage,
-        store,
-        owner,
-        fixture='media_damage',
-        does="(store, uri, replacement) overwrites a blob's bytes",
-        see='MediaStoreConformance.media_damage',
-        needs='the damage test needs one to damage a blob',
-    )
+MEDIA_DAMAGE_HOOK = Hook(
+    fixture='media_damage',
+    does="(store, uri, replacement) overwrites a blob's bytes",
+    see='MediaStoreConformance.media_damage',
+    needs='the damage test needs one to damage a blob',
+)
