@@ -137,6 +137,9 @@ class DiskMediaStore(MediaEngine):
         except FileNotFoundError:
             return None
 
+    async def _blob_exists(self, ref: BlobRef) -> bool:
+        return await anyio.to_thread.run_sync(self.path_for(ref.uri, ref.context).is_file)
+
     async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
         return await anyio.to_thread.run_sync(self._head_sync, self.path_for(ref.uri, ref.context))
 

@@ -66,6 +66,10 @@ class MediaEngine:
     async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
         raise NotImplementedError(f'{type(self).__name__} does not implement _blob_head')
 
+    async def _blob_exists(self, ref: BlobRef) -> bool:
+        """Whether a blob is stored; a port overrides it when it can tell without reading the metadata."""
+        return await self._blob_head(ref) is not None
+
     def _blob_list(self) -> AsyncIterator[ListedBlob]:
         raise NotImplementedError(f'{type(self).__name__} does not implement _blob_list')
 
@@ -103,7 +107,7 @@ class MediaEngine:
 
     async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
         """Whether a blob is stored at `uri` (its bytes are not read, so not checked)."""
-        return await self._blob_head(BlobRef.of(uri, context)) is not None
+        return await self._blob_exists(BlobRef.of(uri, context))
 
     async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
         """The configured resolver's URL for `uri`, or `None` without a resolver."""

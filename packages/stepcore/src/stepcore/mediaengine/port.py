@@ -10,6 +10,7 @@ URLs, raises the missing-blob and damage errors and keeps the collection bookkee
   time it was last put. Concurrent puts of one blob must not fail or store it half.
 - `_blob_get(ref)`: the stored bytes, `None` when there is no blob. No checking: the engine does it.
 - `_blob_head(ref)`: `BlobHead` with the stored metadata, `None` when there is no blob.
+  (`_blob_exists(ref)` asks it, unless a port overrides it to tell without the metadata.)
 - `_blob_list()`: every stored blob as a `ListedBlob`, read in pages.
 - `_blob_delete(ref, location, older_than)`: remove the blob (and its metadata), with `older_than`
   only while it was last put before then, in a way a concurrent put cannot lose its blob to;
