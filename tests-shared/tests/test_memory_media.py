@@ -2,10 +2,19 @@
 
 import pytest
 
-from stepcore_conformance import InMemoryMediaStore, MediaStoreConformance
+from stepcore.media import MediaStore
+from stepcore_conformance import InMemoryMediaStore, MediaDamage, MediaStoreConformance
 
 
 class TestInMemoryMediaStore(MediaStoreConformance):
     @pytest.fixture
     async def media_store(self):
         return InMemoryMediaStore()
+
+    @pytest.fixture
+    def media_damage(self) -> MediaDamage:
+        async def damage(store: MediaStore, uri: str, replacement: bytes) -> None:
+            assert isinstance(store, InMemoryMediaStore)
+            store.damage(uri, replacement)
+
+        return damage

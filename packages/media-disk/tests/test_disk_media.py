@@ -67,23 +67,6 @@ async def test_sidecar_of_a_newer_format_is_refused(tmp_path: Path) -> None:
         await store.get_metadata(uri)
 
 
-async def test_missing_blob_is_a_lookup_error(tmp_path: Path) -> None:
-    store = DiskMediaStore(tmp_path)
-    uri = media_uri(b'never stored')
-    assert not await store.exists(uri)
-    with pytest.raises(LookupError, match='is not stored'):
-        await store.get(uri)
-    assert await store.get_metadata(uri) is None
-
-
-async def test_damaged_blob_is_detected(tmp_path: Path) -> None:
-    store = DiskMediaStore(tmp_path)
-    uri = await store.put(b'original bytes')
-    (tmp_path / f'{digest_of_uri(uri)}.bin').write_bytes(b'tampered')
-    with pytest.raises(ValueError, match='does not hold the content'):
-        await store.get(uri)
-
-
 async def test_malformed_uri_is_refused(tmp_path: Path) -> None:
     store = DiskMediaStore(tmp_path)
     with pytest.raises(ValueError, match='media URI'):
@@ -156,3 +139,13 @@ async def test_blobs_sidecars_and_folders_are_owner_only_whatever_the_umask(tmp_
     assert len([p for p in created if p.is_file()]) == 3  # two blobs and a sidecar
     modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in [tmp_path / 'missing', *created]}
     assert modes == {name: 0o700 if (tmp_path / name).is_dir() else 0o600 for name in modes}
+
+
+async def test_a_damaged_sidecar_fails_get_metadata_only(tmp_path: Path) -> None:
+    store = DiskMediaStore(tmp_path)
+    uri = await store.put(b'blob', context=MediaContext(metadata={'k': 'v'}))
+    DiskMediaStore.sidecar_path(store.path_for(uri)).write_bytes(b'{not json')
+    assert await store.exists(uri)
+    assert await store.get(uri) == b'blob'
+    with pytest.raises(ValueError, match='is not valid JSON'):
+        await store.get_metadata(uri)

@@ -6,13 +6,35 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from media_s3 import S3MediaStore
 from stepcore.media import MediaStore
-from stepcore_conformance import MediaStoreConformance
+from stepcore_conformance import MediaDamage, MediaStoreConformance
 
 from .conftest import S3Server
 
 
-class TestS3MediaConformance(MediaStoreConformance):
+async def _damage(store: MediaStore, uri: str, replacement: bytes) -> None:
+    """Overwrite the blob's object with `replacement`, keeping its content type and metadata."""
+    assert isinstance(store, S3MediaStore)
+    client = await store.client()
+    key = store.key_for(uri)
+    head = await client.head_object(Bucket=store.bucket, Key=key)
+    await client.put_object(
+        Bucket=store.bucket,
+        Key=key,
+        Body=replacement,
+        ContentType=head.get('ContentType') or 'binary/octet-stream',
+        Metadata=head.get('Metadata') or {},
+    )
+
+
+class _Damage:
+    @pytest.fixture
+    def media_damage(self) -> MediaDamage:
+        return _damage
+
+
+class TestS3MediaConformance(_Damage, MediaStoreConformance):
     stored_at_resolution = 1.0  # LastModified keeps whole seconds
 
     @pytest.fixture
@@ -21,7 +43,7 @@ class TestS3MediaConformance(MediaStoreConformance):
             yield store
 
 
-class TestS3MediaConformanceMultipart(MediaStoreConformance):
+class TestS3MediaConformanceMultipart(_Damage, MediaStoreConformance):
     """The same suite with every blob of 512 KiB or more sent as a multipart upload."""
 
     stored_at_resolution = 1.0

@@ -97,6 +97,25 @@ async def _damage_messages(nodes: Any, run_id: str, marker: str, replacement: by
         await nodes.delete_many({'run_id': run_id, 'n': n, 'part': {'$gt': 0}})
 
 
+async def damage_media(store: object, uri: str, replacement: bytes) -> None:
+    """The kit's media damage hook for `MongoMediaStore`: the blob's bytes become `replacement`, all in
+    its first chunk."""
+    from step_mongo.media import MongoMediaStore
+
+    assert isinstance(store, MongoMediaStore)
+    chunks = store.database[f'{store.collection_name}_chunks']
+    digest = uri.removeprefix('media+sha256://')
+    changed = await chunks.update_one({'digest': digest, 'n': 0}, {'$set': {'data': Binary(replacement)}})
+    assert changed.matched_count == 1, f'no chunk of {uri} to damage'
+    await chunks.delete_many({'digest': digest, 'n': {'$gt': 0}})
+
+
+@pytest.fixture
+def mongo_media_damage() -> Callable[[object, str, bytes], Awaitable[None]]:
+    """The conformance kit's `media_damage` hook for `MongoMediaStore` (see `damage_media`)."""
+    return damage_media
+
+
 @pytest.fixture
 def mongo_damage() -> Damage:
     """The conformance kit's damage hook for `MongoStepStore` (see `damage_record`)."""

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from step_mongo import MongoMediaStore, MongoStepStore
-from stepcore_conformance import MediaStoreConformance, StepStoreConformance
+from stepcore_conformance import MediaDamage, MediaStoreConformance, StepStoreConformance
 
 
 class TestMongoStepStore(StepStoreConformance):
@@ -33,6 +33,10 @@ class TestMongoMediaStore(MediaStoreConformance):
         store = MongoMediaStore(db_url=mongo_url, database=db_name)
         yield store
         await store.aclose()
+
+    @pytest.fixture
+    def media_damage(self, mongo_media_damage: MediaDamage) -> MediaDamage:
+        return mongo_media_damage
 
     @pytest.fixture
     async def gc_step_store(

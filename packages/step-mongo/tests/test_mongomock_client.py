@@ -48,7 +48,8 @@ from stepcore import (
 )
 from stepcore.features import PERSISTENT
 from stepcore.media import MediaContext, media_uri
-from stepcore_conformance import MediaStoreConformance, StepStoreConformance
+from stepcore.mediaengine import DamagedMediaError
+from stepcore_conformance import MediaDamage, MediaStoreConformance, StepStoreConformance
 
 MockClient: TypeAlias = 'AsyncMongoMockClient[Document]'
 
@@ -84,6 +85,10 @@ class TestMongomockMediaStore(MediaStoreConformance):
         store = MongoMediaStore(client=mock_client, database='kit')
         yield store
         await store.aclose()
+
+    @pytest.fixture
+    def media_damage(self, mongo_media_damage: MediaDamage) -> MediaDamage:
+        return mongo_media_damage
 
     @pytest.fixture
     async def gc_step_store(
@@ -257,9 +262,9 @@ async def test_media_store_round_trips_chunked_blobs(mock_client: MockClient):
 
     missing = media_uri(b'never stored')
     assert await media.exists(missing) is False
-    assert await media.get_metadata(missing) is None
-    with pytest.raises(LookupError, match='no blob stored at'):
-        await media.get(missing)
+    for read in (media.get, media.get_metadata):
+        with pytest.raises(LookupError, match='media not found'):
+            await read(missing)
 
     assert await media.delete_media(uri) is True
     assert await media.exists(uri) is False
@@ -271,7 +276,7 @@ async def test_a_damaged_blob_is_reported(mock_client: MockClient):
     media = MongoMediaStore(client=mock_client, database='m', chunk_size_bytes=4)
     uri = await media.put(b'0123456789')
     await mock_client['m']['media_chunks'].delete_one({'n': 1})
-    with pytest.raises(ValueError, match='expected 3 chunks and 10 bytes, found 1 chunks and 4 bytes'):
+    with pytest.raises(DamagedMediaError, match='is unparsable: its 4 stored bytes have sha256'):
         await media.get(uri)
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from step_postgres import PostgresMediaStore, PostgresStepStore
-from stepcore_conformance import MediaStoreConformance, StepStoreConformance
+from stepcore.media import MediaStore
+from stepcore_conformance import MediaDamage, MediaStoreConformance, StepStoreConformance
 
 
 class TestPostgresStepStore(StepStoreConformance):
@@ -36,6 +37,18 @@ class TestPostgresMediaStore(MediaStoreConformance):
         store = PostgresMediaStore(dsn=postgres_url, table_prefix=table_prefix)
         yield store
         await store.aclose()
+
+    @pytest.fixture
+    def media_damage(self) -> MediaDamage:
+        async def damage(store: MediaStore, uri: str, replacement: bytes) -> None:
+            assert isinstance(store, PostgresMediaStore)
+            assert store.pool is not None
+            query = store.tables.query('UPDATE {media} SET data = %s WHERE digest = %s')
+            async with store.pool.connection() as conn:
+                cur = await conn.execute(query, (replacement, uri.removeprefix('media+sha256://')))
+                assert cur.rowcount == 1, f'no row of {uri} to damage'
+
+        return damage
 
     @pytest.fixture
     async def gc_step_store(

@@ -34,9 +34,9 @@ async def test_round_trip_and_dedup(media: PostgresMediaStore) -> None:
 async def test_missing_and_malformed_uris(media: PostgresMediaStore) -> None:
     absent = media_uri(b'never stored')
     assert not await media.exists(absent)
-    with pytest.raises(LookupError, match='no media stored at'):
+    with pytest.raises(LookupError, match='media not found'):
         await media.get(absent)
-    with pytest.raises(LookupError, match='no media stored at'):
+    with pytest.raises(LookupError, match='media not found'):
         await media.get_metadata(absent)
     with pytest.raises(ValueError, match='is not a media'):
         await media.get('https://example.invalid/x')

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from step_redis import RedisMediaStore, RedisStepStore
-from stepcore_conformance import Damage, MediaStoreConformance, StepStoreConformance
+from stepcore.media import MediaStore
+from stepcore_conformance import Damage, MediaDamage, MediaStoreConformance, StepStoreConformance
 
 
 class TestRedisStepStore(StepStoreConformance):
@@ -36,6 +37,15 @@ class TestRedisMediaStore(MediaStoreConformance):
         store = RedisMediaStore(url=redis_url, key_prefix=key_prefix)
         yield store
         await store.aclose()
+
+    @pytest.fixture
+    def media_damage(self) -> MediaDamage:
+        async def damage(store: MediaStore, uri: str, replacement: bytes) -> None:
+            assert isinstance(store, RedisMediaStore)
+            key = store.keys.media(uri.removeprefix('media+sha256://'))
+            assert await store.client.set(key, replacement, xx=True), f'no key of {uri} to damage'
+
+        return damage
 
     @pytest.fixture
     async def gc_step_store(

@@ -18,6 +18,7 @@ from stepcore_conformance import (
     Damage,
     EventsConformance,
     HistoryConformance,
+    MediaDamage,
     MediaStoreConformance,
     SnapshotsConformance,
     StepStoreConformance,
@@ -104,6 +105,17 @@ class TestSqliteMediaStore(MediaStoreConformance):
         store = SqliteMediaStore(database=tmp_path / 'media.db')
         yield store
         await store.aclose()
+
+    @pytest.fixture
+    def media_damage(self, tmp_path: Path) -> MediaDamage:
+        async def damage(store: object, uri: str, replacement: bytes) -> None:
+            with closing(sqlite3.connect(tmp_path / 'media.db')) as conn, conn:
+                changed = conn.execute(
+                    'UPDATE media SET data = ? WHERE digest = ?', (replacement, uri.removeprefix('media+sha256://'))
+                ).rowcount
+            assert changed == 1, f'no row of {uri} to damage'
+
+        return damage
 
     @pytest.fixture
     async def gc_step_store(self, tmp_path: Path, media_store: SqliteMediaStore) -> AsyncIterator[SqliteStepStore]:

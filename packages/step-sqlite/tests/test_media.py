@@ -53,7 +53,7 @@ async def test_missing_and_malformed_uris(tmp_path: Path) -> None:
     missing = 'media+sha256://' + 'a' * 64
     try:
         assert not await store.exists(missing)
-        with pytest.raises(LookupError, match='no media blob'):
+        with pytest.raises(LookupError, match='media not found'):
             await store.get(missing)
         with pytest.raises(ValueError, match='is not a media'):
             await store.get('s3://bucket/key')

@@ -32,7 +32,7 @@ from .externalization import MediaExternalizationConformance
 from .features import FeaturesConformance
 from .history import HistoryConformance
 from .lifecycle import DeleteConversationConformance, PruneConformance
-from .media import MediaStoreConformance
+from .media import MediaDamage, MediaStoreConformance
 from .media_collection import MediaCollectionConformance
 from .memory_media import InMemoryMediaStore
 from .paging import PagingConformance
@@ -59,6 +59,7 @@ __all__ = (
     'HistoryConformance',
     'InMemoryMediaStore',
     'MediaCollectionConformance',
+    'MediaDamage',
     'MediaExternalizationConformance',
     'MediaStoreConformance',
     'PagingConformance',

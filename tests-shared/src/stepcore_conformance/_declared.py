@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import pytest
@@ -20,6 +21,7 @@ from stepcore.features import PERSISTENT
 
 __all__ = (
     'FEATURE_ATTRIBUTE',
+    'Hook',
     'declared',
     'declared_by',
     'feature_gate',
@@ -29,7 +31,10 @@ __all__ = (
     'refusal_verdict',
     'refusing_class',
     'require_feature_declared',
+    'require_hook',
 )
+
+H = TypeVar('H')
 
 FEATURE_ATTRIBUTE = '__stepcore_feature__'
 """Set on a kit test function: the features it checks (the report's verdicts are built from it)."""
@@ -140,3 +145,33 @@ def feature_gate(request: pytest.FixtureRequest) -> None:
             'store_spec fixture: override store_spec to return the stepcore.from_spec arguments (with backend=) '
             'that open another store over the same data, so the kit can check that data outlives the store'
         )
+
+
+@dataclass(frozen=True)
+class Hook:
+    """A backend fixture a kit section needs to damage stored data, and how messages describe it."""
+
+    fixture: str
+    does: str
+    """What the callable does, in the backend's own storage."""
+    see: str
+    """Where it is described."""
+    needs: str
+    """What the section needs it for (the reason a skip gives)."""
+
+
+def require_hook(hook: H | None, store: object, owner: object, spec: Hook) -> H:
+    """The backend's `spec.fixture` callable `hook` (of test class `owner`), when it has one.
+
+    Without one the calling test fails for a store declaring `persistent` (its data outlives the
+    process, so it can be damaged) and is skipped for others.
+    """
+    if hook is not None:
+        return hook
+    if PERSISTENT in declared(store):
+        pytest.fail(
+            f"{type(store).__name__} declares feature 'persistent' but {type(owner).__name__} has no {spec.fixture} "
+            f"fixture: override {spec.fixture} with an async callable that {spec.does} in the backend's own storage "
+            f'(see {spec.see})'
+        )
+    pytest.skip(f'{type(owner).__name__} has no {spec.fixture} fixture: {spec.needs}')

@@ -26,9 +26,8 @@ from pydantic_ai.messages import ModelMessage
 
 from stepcore import EventKind, SnapshotState, StepStore, ToolEffectStatus, continue_run, inspect_recovery
 from stepcore.engine import DamagedRecordError
-from stepcore.features import PERSISTENT
 
-from ._declared import declared
+from ._declared import Hook, require_hook
 from ._support import Damage, StoreFixtures, conversation, event, new_id, register, snapshot, tool_exchange
 from .effects import effect
 
@@ -40,16 +39,16 @@ REPLACEMENT = b'{"format":1,"kind":17,"metadata":17}'
 LOGGER = 'stepcore.engine'
 
 
+DAMAGE_HOOK = Hook(
+    fixture='damage',
+    does='overwrites one stored record',
+    see='StoreFixtures.damage in the stepcore-conformance README',
+    needs='the damage section needs one to damage a stored record',
+)
+
+
 def _hook(damage: Damage | None, store: StepStore, owner: object) -> Damage:
-    if damage is not None:
-        return damage
-    if PERSISTENT in declared(store):
-        pytest.fail(
-            f"{type(store).__name__} declares feature 'persistent' but {type(owner).__name__} has no damage fixture: "
-            "override damage with an async callable that overwrites one stored record in the backend's own storage "
-            '(see StoreFixtures.damage in the stepcore-conformance README)'
-        )
-    pytest.skip(f'{type(owner).__name__} has no damage fixture: the damage section needs one to damage a stored record')
+    return require_hook(damage, store, owner, DAMAGE_HOOK)
 
 
 @dataclass

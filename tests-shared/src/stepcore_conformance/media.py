@@ -1,19 +1,37 @@
-"""`MediaStoreConformance`: the checks every `MediaStore` backend passes."""
+"""`MediaStoreConformance`: the checks every `MediaStore` backend passes.
+
+Besides the round trip, it pins the two behaviours a reader relies on when something is wrong:
+
+- a blob that is not stored: `exists` is `False`, and `get` and `get_metadata` raise an error that
+  is both a `FileNotFoundError` (pydantic-ai-harness's) and a `LookupError` (stepcore's):
+  `stepcore.mediaengine.MediaNotFoundError`;
+- a blob whose stored bytes were changed: `get` raises `stepcore.mediaengine.DamagedMediaError`
+  (a `ValueError`) naming it, and every other blob still reads. The damage is done in the backend's
+  own storage by its `media_damage` fixture; without one the test fails for a store declaring
+  `persistent` and is skipped for others.
+"""
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeAlias
 
 import anyio
 import pytest
 
-from stepcore.media import MediaContext, MediaStore, media_uri
+from stepcore.media import MediaContext, MediaStore, digest_of_uri, media_uri
+from stepcore.mediaengine import DamagedMediaError
 
+from ._declared import Hook, require_hook
 from .media_collection import MediaCollectionConformance
 
-__all__ = ('MediaStoreConformance',)
+__all__ = ('MediaDamage', 'MediaStoreConformance')
+
+MediaDamage: TypeAlias = Callable[[MediaStore, str, bytes], Awaitable[None]]
+"""The `media_damage` fixture's callable: `await media_damage(store, uri, replacement)` overwrites the
+stored bytes of the blob at `uri` with `replacement`, in the backend's own storage."""
 
 URI = re.compile(r'media\+sha256://[0-9a-f]{64}')
 
@@ -29,7 +47,8 @@ class MediaStoreConformance(MediaCollectionConformance):
     `public_url` resolver, closed afterwards if it needs closing).
 
     The garbage-collection tests (`MediaCollectionConformance`) run for a store declaring the
-    feature `media_collection` and skip, with the reason, for one that does not."""
+    feature `media_collection` and skip, with the reason, for one that does not. Override
+    `media_damage` too, to run the damage test."""
 
     @pytest.fixture
     async def media_store(self) -> AsyncIterator[MediaStore]:
@@ -39,6 +58,13 @@ class MediaStoreConformance(MediaCollectionConformance):
             'a MediaStore built without a public_url resolver (see the stepcore-conformance README)'
         )
         return  # pragma: no cover
+
+    @pytest.fixture
+    def media_damage(self) -> MediaDamage | None:
+        """Override this to run the damage test: an async callable `(store, uri, replacement)` that
+        overwrites the bytes stored for `uri` with `replacement` in the backend's own storage (a file,
+        a row, a key, an object), leaving its metadata as it is."""
+        return None
 
     async def test_put_returns_the_content_address(self, media_store: MediaStore) -> None:
         data = _blob('address')
@@ -57,6 +83,42 @@ class MediaStoreConformance(MediaCollectionConformance):
         assert await media_store.exists(uri) is False
         with pytest.raises(LookupError):
             await media_store.get(uri)
+
+    async def test_get_of_a_missing_blob_is_file_not_found(self, media_store: MediaStore) -> None:
+        uri = media_uri(_blob('never stored'))
+        with pytest.raises(FileNotFoundError) as raised:
+            await media_store.get(uri)
+        _check_not_found(raised.value, uri, 'get')
+
+    async def test_metadata_of_a_missing_blob_is_file_not_found(self, media_store: MediaStore) -> None:
+        uri = media_uri(_blob('never stored'))
+        with pytest.raises(FileNotFoundError) as raised:
+            await media_store.get_metadata(uri)
+        _check_not_found(raised.value, uri, 'get_metadata')
+        stored = await media_store.put(_blob('stored beside'), context=MediaContext(metadata={'k': 'v'}))
+        with pytest.raises(FileNotFoundError):
+            await media_store.get_metadata(uri)
+        assert dict(await media_store.get_metadata(stored) or {}) == {'k': 'v'}
+
+    async def test_damaged_blob_is_reported(self, media_store: MediaStore, media_damage: MediaDamage | None) -> None:
+        damage = require_hook(media_damage, media_store, self, MEDIA_DAMAGE_HOOK)
+        data, intact = _blob('damaged', 4096), _blob('intact', 4096)
+        uri = await media_store.put(data, context=MediaContext(metadata={'state': 'whole'}))
+        other = await media_store.put(intact)
+        flipped = bytearray(data)
+        flipped[len(flipped) // 2] ^= 0x01
+        for replacement in (bytes(flipped), data[: len(data) // 2], b''):
+            await damage(media_store, uri, replacement)
+            with pytest.raises(DamagedMediaError) as raised:
+                await media_store.get(uri)
+            error = raised.value
+            assert isinstance(error, ValueError)
+            assert error.uri == uri, f'DamagedMediaError.uri is {error.uri!r}, not {uri!r}'
+            assert error.kind == 'unparsable', f'DamagedMediaError.kind is {error.kind!r}, not unparsable'
+            assert digest_of_uri(uri) in str(error), f'the error does not name the blob {uri}: {error}'
+            assert await media_store.exists(uri) is True
+        assert await media_store.get(other) == intact, 'a blob that was not damaged must still read'
+        assert dict(await media_store.get_metadata(uri) or {}) == {'state': 'whole'}
 
     async def test_malformed_uri_is_a_value_error(self, media_store: MediaStore) -> None:
         for uri in ('https://example.org/x.png', 'media+sha256://not-a-digest', 'media+sha256://' + 'A' * 64):
@@ -134,3 +196,19 @@ class MediaStoreConformance(MediaCollectionConformance):
         assert len(stored) == len(blobs)
         for uri, data in stored.items():
             assert await media_store.get(uri) == data
+
+
+def _check_not_found(error: BaseException, uri: str, method: str) -> None:
+    assert isinstance(error, LookupError), (
+        f'{method} of a missing blob raised {type(error).__name__}, a FileNotFoundError but not a LookupError: '
+        'raise stepcore.mediaengine.MediaNotFoundError (both)'
+    )
+    assert digest_of_uri(uri) in str(error), f'{method} of a missing blob does not name it ({uri}): {error}'
+
+
+MEDIA_DAMAGE_HOOK = Hook(
+    fixture='media_damage',
+    does="(store, uri, replacement) overwrites a blob's bytes",
+    see='MediaStoreConformance.media_damage',
+    needs='the damage test needs one to damage a blob',
+)

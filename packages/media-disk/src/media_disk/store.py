@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
-import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -19,31 +17,19 @@ import anyio.to_thread
 
 from stepcore.features import MEDIA_COLLECTION, PERSISTENT
 from stepcore.fileio import make_dir, write_atomic
-from stepcore.media import (
-    EMPTY_CONTEXT,
-    KeyStrategy,
-    MediaContext,
-    MediaStore,
-    PublicUrlResolver,
-    StoredMedia,
-    default_key,
-    digest_of_uri,
-    media_uri,
-    resolve_public_url,
-    uri_of_digest,
-)
+from stepcore.media import EMPTY_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, default_key
+from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, digest_in_name, strategy_key
 
 __all__ = ('SIDECAR_SUFFIX', 'DiskMediaStore')
 
 SIDECAR_SUFFIX = '.meta.json'
 """Appended to a blob's path to name the JSON file holding its metadata."""
 _SIDECAR_FORMAT = 1
-_DIGEST = re.compile(r'[0-9a-f]{64}')
 _LIST_BATCH = 256
 logger = logging.getLogger(__name__)
 
 
-class DiskMediaStore(MediaStore):
+class DiskMediaStore(MediaEngine):
     """Stores each blob once, as a file under `directory` (by default `<sha256>.bin`).
 
     - Writes are atomic: a temporary file in the same directory is fsynced and renamed into
@@ -73,11 +59,9 @@ class DiskMediaStore(MediaStore):
         key_strategy: KeyStrategy | None = None,
         public_url: PublicUrlResolver | None = None,
     ) -> None:
+        super().__init__(public_url=public_url)
         self.directory = Path(directory)
         self.key_strategy: KeyStrategy = key_strategy if key_strategy is not None else default_key
-        self._public_url = public_url
-        self._listed: dict[str, Path] = {}
-        """Where `list_media` found each blob, for `delete_media` (a key strategy may use the context)."""
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}({str(self.directory)!r})'
@@ -86,10 +70,7 @@ class DiskMediaStore(MediaStore):
 
     def path_for(self, uri: str, context: MediaContext = EMPTY_CONTEXT) -> Path:
         """Where the blob for `uri` lives; `ValueError` for a malformed URI or an unsafe key."""
-        digest_of_uri(uri)
-        key = cast(object, self.key_strategy(uri, context))
-        if not isinstance(key, str) or not key:
-            raise ValueError(f'key_strategy returned {key!r} for {uri!r}: it must return a non-empty relative path')
+        key = strategy_key(self.key_strategy, BlobRef.of(uri, context))
         segments = key.replace('\\', '/').split('/')
         if key.startswith(('/', '\\')) or os.path.isabs(key) or (len(key) > 1 and key[1] == ':'):
             raise ValueError(
@@ -110,26 +91,21 @@ class DiskMediaStore(MediaStore):
         """The metadata sidecar of a blob."""
         return blob_path.with_name(blob_path.name + SIDECAR_SUFFIX)
 
-    # -- MediaStore -------------------------------------------------------------------------
+    # -- the blob port -----------------------------------------------------------------------
 
-    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
-        """Store `data` once per content and return its `media+sha256://` URI."""
-        data = bytes(data)
-        uri = media_uri(data)
-        path = self.path_for(uri, context)
+    def _blob_where(self) -> str:
+        return f'media directory {str(self.directory)!r}'
+
+    async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
+        path = self.path_for(ref.uri, ref.context)
         sidecar: bytes | None = None
-        if context.metadata:
+        if meta.metadata:
             sidecar = json.dumps(
-                {
-                    'format': _SIDECAR_FORMAT,
-                    'metadata': dict(context.metadata),
-                    'media_type': context.media_type,
-                },
+                {'format': _SIDECAR_FORMAT, 'metadata': dict(meta.metadata), 'media_type': meta.media_type},
                 ensure_ascii=False,
                 separators=(',', ':'),
             ).encode()
         await anyio.to_thread.run_sync(self._put_sync, path, data, sidecar)
-        return uri
 
     def _put_sync(self, path: Path, data: bytes, sidecar: bytes | None) -> None:
         # The time of the put, from the clock collection compares with (a file system stamps new
@@ -154,40 +130,27 @@ class DiskMediaStore(MediaStore):
             if current != sidecar:
                 write_atomic(side, sidecar)
 
-    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
-        """The blob's bytes; `LookupError` when absent, `ValueError` when its content does not match `uri`."""
-        path = self.path_for(uri, context)
+    async def _blob_get(self, ref: BlobRef) -> bytes | None:
+        path = self.path_for(ref.uri, ref.context)
         try:
-            data = await anyio.to_thread.run_sync(path.read_bytes)
-        except FileNotFoundError:
-            raise LookupError(
-                f'media {uri!r} is not stored in {str(self.directory)!r} (looked for {str(path)!r})'
-            ) from None
-        if hashlib.sha256(data).hexdigest() != digest_of_uri(uri):
-            raise ValueError(
-                f'media file {str(path)!r} does not hold the content of {uri!r} (it was modified or damaged): '
-                'restore it from a backup or delete it so the next put rewrites it'
-            )
-        return data
-
-    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
-        """Whether the blob for `uri` is stored."""
-        path = self.path_for(uri, context)
-        return await anyio.to_thread.run_sync(path.is_file)
-
-    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
-        """The configured resolver's URL for `uri`, or `None` without a resolver."""
-        digest_of_uri(uri)
-        return await resolve_public_url(self._public_url, uri, context)
-
-    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
-        """The metadata stored with the blob; `None` when it was stored without any."""
-        path = self.path_for(uri, context)
-        side = self.sidecar_path(path)
-        try:
-            raw = await anyio.to_thread.run_sync(side.read_bytes)
+            return await anyio.to_thread.run_sync(path.read_bytes)
         except FileNotFoundError:
             return None
+
+    async def _blob_exists(self, ref: BlobRef) -> bool:
+        return await anyio.to_thread.run_sync(self.path_for(ref.uri, ref.context).is_file)
+
+    async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
+        return await anyio.to_thread.run_sync(self._head_sync, self.path_for(ref.uri, ref.context))
+
+    def _head_sync(self, path: Path) -> BlobHead | None:
+        if not path.is_file():
+            return None
+        side = self.sidecar_path(path)
+        try:
+            raw = side.read_bytes()
+        except FileNotFoundError:
+            return BlobHead()
         try:
             value: Any = json.loads(raw)
         except ValueError as exc:
@@ -204,12 +167,9 @@ class DiskMediaStore(MediaStore):
         metadata = content.get('metadata')
         if not isinstance(metadata, dict):
             raise ValueError(f'media metadata file {str(side)!r} has no "metadata" object: delete or fix it')
-        return {str(k): str(v) for k, v in cast(dict[Any, Any], metadata).items()}
+        return BlobHead(metadata=cast(dict[str, Any], metadata))
 
-    # -- garbage collection -----------------------------------------------------------------
-
-    async def list_media(self) -> AsyncIterator[StoredMedia]:
-        """Every blob under the directory, with the time it was last put (its modification time)."""
+    async def _blob_list(self) -> AsyncIterator[ListedBlob]:
         walk = self._walk()
         done = object()
         while True:
@@ -217,10 +177,10 @@ class DiskMediaStore(MediaStore):
             for item in batch:
                 if item is done:
                     return
-                assert isinstance(item, StoredMedia)
+                assert isinstance(item, ListedBlob)
                 yield item
 
-    def _walk(self) -> Iterator[StoredMedia]:
+    def _walk(self) -> Iterator[ListedBlob]:
         unnamed = 0
         stack = [self.directory]
         while stack:
@@ -235,17 +195,20 @@ class DiskMediaStore(MediaStore):
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(Path(entry.path))
                     continue
-                found = _DIGEST.findall(entry.name)
-                if len(found) != 1:
+                digest = digest_in_name(entry.name)
+                if digest is None:
                     unnamed += 1
                     continue
                 try:
                     stat = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                uri = uri_of_digest(found[0])
-                self._listed[uri] = Path(entry.path)
-                yield StoredMedia(uri=uri, stored_at=datetime.fromtimestamp(stat.st_mtime, UTC), size=stat.st_size)
+                yield ListedBlob(
+                    digest=digest,
+                    stored_at=datetime.fromtimestamp(stat.st_mtime, UTC),
+                    size=stat.st_size,
+                    location=Path(entry.path),
+                )
         if unnamed:
             logger.warning(
                 '%d file(s) under %s do not name one sha256 digest, so they are never collected: '
@@ -254,13 +217,9 @@ class DiskMediaStore(MediaStore):
                 self.directory,
             )
 
-    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
-        """Remove a blob and its metadata; with `older_than`, only while it was last put before then."""
-        path = self._listed.get(uri) or self.path_for(uri)
-        removed = await anyio.to_thread.run_sync(self._delete_sync, path, older_than)
-        if removed:
-            self._listed.pop(uri, None)
-        return removed
+    async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
+        path = location if isinstance(location, Path) else self.path_for(ref.uri)
+        return await anyio.to_thread.run_sync(self._delete_sync, path, older_than)
 
     def _delete_sync(self, path: Path, older_than: datetime | None) -> bool:
         aside = path.with_name(f'.{path.name}.{uuid.uuid4().hex}.removing')

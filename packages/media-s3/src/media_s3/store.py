@@ -9,10 +9,8 @@ instance roles) are botocore's. One client per store is opened on first use and 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
-import re
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager
@@ -40,18 +38,8 @@ from media_s3.client import S3Client
 from media_s3.errors import S3AccessDeniedError, S3BucketNotFoundError, S3EndpointUnreachableError, S3MediaError
 from media_s3.metadata import decode_metadata, encode_metadata
 from stepcore.features import MEDIA_COLLECTION, PERSISTENT
-from stepcore.media import (
-    EMPTY_CONTEXT,
-    KeyStrategy,
-    MediaContext,
-    PublicUrlResolver,
-    StoredMedia,
-    default_key,
-    digest_of_uri,
-    media_uri,
-    resolve_public_url,
-    uri_of_digest,
-)
+from stepcore.media import EMPTY_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, default_key
+from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, digest_in_name, strategy_key
 
 __all__ = ('DEFAULT_MULTIPART_THRESHOLD_BYTES', 'DEFAULT_PART_BYTES', 'S3MediaStore')
 
@@ -83,7 +71,6 @@ _ACCESS_CODES = frozenset(
     }
 )
 _MISSING_KEY_CODES = frozenset({'NoSuchKey', 'NotFound', '404'})
-_DIGEST = re.compile(r'[0-9a-f]{64}')
 _LIST_PAGE = 1000
 
 AddressingStyle = Literal['path', 'virtual', 'auto']
@@ -111,7 +98,7 @@ def _error_code(exc: ClientError) -> tuple[str, int | None, str]:
     return str(error.get('Code', '')), status if isinstance(status, int) else None, str(error.get('Message', ''))
 
 
-class S3MediaStore:
+class S3MediaStore(MediaEngine):
     """Blobs in an S3-compatible bucket, one object per content address.
 
     The object key is `key_prefix + key_strategy(uri, context)`, by default `<prefix><sha256>.bin`.
@@ -185,6 +172,7 @@ class S3MediaStore:
         if addressing_style not in ('path', 'virtual', 'auto'):
             raise ValueError(f"addressing_style must be 'path', 'virtual' or 'auto', got {addressing_style!r}")
 
+        super().__init__(public_url=public_url)
         self.bucket = bucket
         self.endpoint = endpoint
         self.region = region if region is not None else ('us-east-1' if endpoint is not None else None)
@@ -193,7 +181,6 @@ class S3MediaStore:
         self.multipart_part_bytes = multipart_part_bytes
         self.multipart_concurrency = multipart_concurrency
         self._key_strategy: KeyStrategy = key_strategy or default_key
-        self._public_url = public_url
         self._access_key_id = access_key_id
         self._secret_access_key = secret_access_key
         self._session_token = session_token
@@ -217,8 +204,6 @@ class S3MediaStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open_lock = asyncio.Lock()
         self._bucket_confirmed = False
-        self._listed: dict[str, str] = {}
-        """The object key `list_media` found for each blob, for `delete_media` (a key strategy may use the context)."""
 
     def __repr__(self) -> str:
         return f'S3MediaStore(bucket={self.bucket!r}, endpoint={self._where!r}, key_prefix={self.key_prefix!r})'
@@ -290,34 +275,32 @@ class S3MediaStore:
 
     def key_for(self, uri: str, context: MediaContext = EMPTY_CONTEXT) -> str:
         """The object key of `uri`: `key_prefix` plus the key strategy's result."""
-        digest_of_uri(uri)
-        key = self.key_prefix + self._key_strategy(uri, context)
-        if not isinstance(key, str) or not key:  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(f'key_strategy returned {key!r} for {uri!r}: return a non-empty object key string')
+        key = self.key_prefix + strategy_key(self._key_strategy, BlobRef.of(uri, context))
         if len(key.encode('utf-8')) > MAX_KEY_BYTES:
             raise ValueError(f'object key for {uri!r} is over {MAX_KEY_BYTES} bytes, the S3 limit: shorten key_prefix')
         return key
 
-    # -- MediaStore -------------------------------------------------------------------------------
+    # -- the blob port ----------------------------------------------------------------------------
 
-    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
-        """Store `data` once per content and return its `media+sha256://<hex>` URI."""
-        data = bytes(data)
-        uri = media_uri(data)
-        key = self.key_for(uri, context)
-        metadata = encode_metadata(context.metadata)
+    def _blob_where(self) -> str:
+        return f'bucket {self.bucket!r} at {self._where}'
+
+    async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
+        # The service's clock stamps the object (LastModified): `stored_us` is not sent.
+        key = self.key_for(ref.uri, ref.context)
+        metadata = encode_metadata(meta.metadata)
         try:
             head = await self._head(key)
             if head is not None and await self._refresh(key, head):
-                return uri
+                return
         except S3AccessDeniedError:
             # AWS answers 403 rather than 404 for a missing object when the credentials lack
             # s3:ListBucket. Upload anyway: credentials that are really wrong fail the upload too,
             # with the service's own error code.
             pass
         extra: dict[str, Any] = {}
-        if context.media_type:
-            extra['ContentType'] = context.media_type
+        if meta.media_type:
+            extra['ContentType'] = meta.media_type
         if metadata:
             extra['Metadata'] = metadata
         client = await self.client()
@@ -327,7 +310,6 @@ class S3MediaStore:
             else:
                 await client.put_object(Bucket=self.bucket, Key=key, Body=data, **extra)
         self._bucket_confirmed = True
-        return uri
 
     async def _refresh(self, key: str, head: Mapping[str, Any]) -> bool:
         """Move an existing object's `LastModified` to now by copying it onto itself; `False` when it is gone."""
@@ -352,10 +334,32 @@ class S3MediaStore:
                 raise
         return True
 
-    # -- garbage collection -----------------------------------------------------------------------
+    async def _blob_get(self, ref: BlobRef) -> bytes | None:
+        key = self.key_for(ref.uri, ref.context)
+        client = await self.client()
+        with self._translate('download', key):
+            try:
+                response = await client.get_object(Bucket=self.bucket, Key=key)
+            except ClientError as exc:
+                code, status, _ = _error_code(exc)
+                if code in _MISSING_KEY_CODES or (status == 404 and code != 'NoSuchBucket'):
+                    return None
+                raise
+            self._bucket_confirmed = True
+            body = response['Body']
+            chunks: list[bytes] = []
+            async with body:
+                async for chunk in body.iter_chunks(READ_CHUNK_BYTES):
+                    chunks.append(chunk)
+        return b''.join(chunks)
 
-    async def list_media(self) -> AsyncIterator[StoredMedia]:
-        """Every blob under `key_prefix` (`ListObjectsV2`, a thousand keys a page), with its `LastModified`."""
+    async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
+        head = await self._head(self.key_for(ref.uri, ref.context))
+        if head is None:
+            return None
+        return BlobHead(metadata=decode_metadata(cast(Mapping[str, str], head.get('Metadata') or {})))
+
+    async def _blob_list(self) -> AsyncIterator[ListedBlob]:
         client = await self.client()
         token: str | None = None
         while True:
@@ -366,20 +370,18 @@ class S3MediaStore:
                 )
             for item in cast(list[Mapping[str, Any]], page.get('Contents') or []):
                 key = cast(str, item['Key'])
-                found = _DIGEST.findall(key[len(self.key_prefix) :])
-                if len(found) != 1:
+                digest = digest_in_name(key[len(self.key_prefix) :])
+                if digest is None:
                     continue  # not a blob of this store
-                uri = uri_of_digest(found[0])
-                self._listed[uri] = key
                 stored_at = cast(datetime, item['LastModified']).astimezone(UTC)
-                yield StoredMedia(uri=uri, stored_at=stored_at, size=int(item.get('Size', 0)))
+                yield ListedBlob(digest=digest, stored_at=stored_at, size=int(item.get('Size', 0)), location=key)
             token = cast(str | None, page.get('NextContinuationToken'))
             if not page.get('IsTruncated') or not token:
                 return
 
-    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
-        """Delete the blob's object; with `older_than`, only if its `LastModified` is before then (see the class)."""
-        key = self._listed.get(uri) or self.key_for(uri)
+    async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
+        # S3 has no delete-if-unchanged: a put landing between the HEAD and the delete loses its blob.
+        key = location if isinstance(location, str) else self.key_for(ref.uri)
         head = await self._head(key)
         if head is None:
             return False
@@ -388,63 +390,9 @@ class S3MediaStore:
         client = await self.client()
         with self._translate('delete', key):
             await client.delete_object(Bucket=self.bucket, Key=key)
-        self._listed.pop(uri, None)
         return True
 
-    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
-        """The bytes at `uri`; `LookupError` when no object exists at its key."""
-        key = self.key_for(uri, context)
-        client = await self.client()
-        with self._translate('download', key):
-            try:
-                response = await client.get_object(Bucket=self.bucket, Key=key)
-            except ClientError as exc:
-                code, status, _ = _error_code(exc)
-                if code in _MISSING_KEY_CODES or (status == 404 and code != 'NoSuchBucket'):
-                    raise self._missing(uri, key) from None
-                raise
-            self._bucket_confirmed = True
-            body = response['Body']
-            chunks: list[bytes] = []
-            async with body:
-                async for chunk in body.iter_chunks(READ_CHUNK_BYTES):
-                    chunks.append(chunk)
-        data = b''.join(chunks)
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != digest_of_uri(uri):
-            raise S3MediaError(
-                f'object s3://{self.bucket}/{key} at {self._where} has sha256 {actual}, not the digest {uri!r} names: '
-                'it was changed outside the store, or key_strategy maps different blobs to one key',
-                bucket=self.bucket,
-                endpoint=self._where,
-            )
-        return data
-
-    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
-        """Whether an object exists at the key of `uri` (one HEAD request)."""
-        return await self._head(self.key_for(uri, context)) is not None
-
-    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
-        """The configured `public_url` resolver's URL for `uri`, or `None` without a resolver."""
-        digest_of_uri(uri)
-        return await resolve_public_url(self._public_url, uri, context)
-
-    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
-        """The `x-amz-meta-*` metadata stored with the blob, `None` when it has none; `LookupError` if absent."""
-        key = self.key_for(uri, context)
-        head = await self._head(key)
-        if head is None:
-            raise self._missing(uri, key)
-        metadata = decode_metadata(cast(Mapping[str, str], head.get('Metadata') or {}))
-        return metadata or None
-
     # -- internals --------------------------------------------------------------------------------
-
-    def _missing(self, uri: str, key: str) -> LookupError:
-        return LookupError(
-            f'no media blob {uri!r}: object s3://{self.bucket}/{key} does not exist at {self._where} '
-            '(check key_prefix and key_strategy match the store that wrote it)'
-        )
 
     async def _head(self, key: str) -> dict[str, Any] | None:
         """The HEAD response of `key`, `None` when the object does not exist."""

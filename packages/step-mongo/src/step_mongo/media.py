@@ -11,12 +11,9 @@ digest, which would lose deduplication.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar, cast
 
 from bson.binary import Binary
@@ -25,17 +22,8 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from stepcore.features import MEDIA_COLLECTION, PERSISTENT
-from stepcore.media import (
-    EMPTY_CONTEXT,
-    MediaContext,
-    MediaStore,
-    PublicUrlResolver,
-    StoredMedia,
-    digest_of_uri,
-    media_uri,
-    resolve_public_url,
-    uri_of_digest,
-)
+from stepcore.media import PublicUrlResolver
+from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros, now_micros
 from stepcore.setup_once import SetupOnce
 
 from .client import AsyncClient, ClientUser, Document
@@ -52,11 +40,7 @@ _DUPLICATE_KEY = 11000
 _LIST_BATCH = 1000
 
 
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
-class MongoMediaStore(ClientUser, MediaStore):
+class MongoMediaStore(ClientUser, MediaEngine):
     """Blobs in a MongoDB database, deduplicated by their sha256 digest.
 
     Pass a shared client as `client=` (never closed by this store: a `pymongo.AsyncMongoClient` or
@@ -92,10 +76,10 @@ class MongoMediaStore(ClientUser, MediaStore):
                 f'chunk_size_bytes={chunk_size_bytes!r} must be an integer from 1 to {MAX_CHUNK_SIZE_BYTES} '
                 '(15 MiB, so a chunk document stays under the 16 MiB BSON limit)'
             )
+        MediaEngine.__init__(self, public_url=public_url)
         self._use_client('MongoMediaStore', client, db_url, database)
         self.collection_name = collection
         self.chunk_size_bytes = chunk_size_bytes
-        self.public_url_resolver = public_url
         self._manifests: AsyncCollection[Document] = self._db[collection]
         self._chunks: AsyncCollection[Document] = self._db[f'{collection}_chunks']
         self._ensure_indexes = SetupOnce(self._create_indexes)
@@ -105,14 +89,18 @@ class MongoMediaStore(ClientUser, MediaStore):
             self._chunks, [IndexModel([('digest', ASCENDING), ('n', ASCENDING)], unique=True, name='digest_n')]
         )
 
-    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
-        uri = media_uri(data)
-        digest = digest_of_uri(uri)
+    # -- the blob port -----------------------------------------------------------------------
+
+    def _blob_where(self) -> str:
+        return f'MongoDB collection {self._manifests.full_name!r}'
+
+    async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
+        digest = ref.digest
         refreshed = await self._manifests.update_one(
-            {'_id': digest, 'removing': {'$exists': False}}, {'$set': {'stored_us': _now_us()}}
+            {'_id': digest, 'removing': {'$exists': False}}, {'$set': {'stored_us': stored_us}}
         )
         if refreshed.matched_count:
-            return uri  # already stored: it now counts as put now
+            return  # already stored: it now counts as put now
         await self._ensure_indexes()
         size = self.chunk_size_bytes
         count = max(1, -(-len(data) // size))
@@ -136,71 +124,47 @@ class MongoMediaStore(ClientUser, MediaStore):
             'length': len(data),
             'chunk_size': size,
             'chunks': count,
-            'media_type': context.media_type,
-            'filename': context.filename,
-            'metadata': json.dumps(dict(context.metadata), ensure_ascii=False) if context.metadata else None,
+            'media_type': meta.media_type,
+            'filename': meta.filename,
+            'metadata': meta.text,
             'gen': generation,
-            'stored_us': _now_us(),
+            'stored_us': now_micros(),
         }
         with contextlib.suppress(DuplicateKeyError):  # a concurrent put of the same bytes finished first
             await self._manifests.replace_one({'_id': digest}, manifest, upsert=True)
-        return uri
 
-    async def _manifest(self, uri: str) -> Document | None:
-        return await self._manifests.find_one({'_id': digest_of_uri(uri)})
-
-    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
-        manifest = await self._manifest(uri)
+    async def _blob_get(self, ref: BlobRef) -> bytes | None:
+        manifest = await self._manifests.find_one({'_id': ref.digest}, projection={'chunks': 1})
         if manifest is None:
-            raise LookupError(f'no blob stored at {uri} in MongoDB collection {self._manifests.full_name!r}')
-        digest = cast(str, manifest['_id'])
+            return None
         count = cast(int, manifest['chunks'])
         pieces: list[bytes] = []
-        async for chunk in self._chunks.find({'digest': digest}, sort=[('n', ASCENDING)]):
+        async for chunk in self._chunks.find({'digest': ref.digest, 'n': {'$lt': count}}, sort=[('n', ASCENDING)]):
             if chunk['n'] != len(pieces):
-                break
+                break  # a chunk is missing: the bytes read are not the blob's, which the engine reports
             pieces.append(bytes(chunk['data']))
-        data = b''.join(pieces)
-        if len(pieces) != count or len(data) != manifest['length'] or hashlib.sha256(data).hexdigest() != digest:
-            raise ValueError(
-                f'blob {uri} in {self._chunks.full_name!r} is damaged: expected {count} chunks and '
-                f'{manifest["length"]} bytes, found {len(pieces)} chunks and {len(data)} bytes, or the digest '
-                'does not match; put the original bytes again to repair it'
-            )
-        return data
+        return b''.join(pieces)
 
-    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
-        return await self._manifests.find_one({'_id': digest_of_uri(uri)}, projection={'_id': 1}) is not None
+    async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
+        manifest = await self._manifests.find_one({'_id': ref.digest}, projection={'metadata': 1})
+        return None if manifest is None else BlobHead(metadata=cast(str | None, manifest.get('metadata')))
 
-    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
-        digest_of_uri(uri)
-        return await resolve_public_url(self.public_url_resolver, uri, context)
-
-    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
-        manifest = await self._manifest(uri)
-        if manifest is None or manifest.get('metadata') is None:
-            return None
-        return cast(dict[str, str], json.loads(cast(str, manifest['metadata'])))
-
-    async def list_media(self) -> AsyncIterator[StoredMedia]:
-        """Every blob with a manifest, with when it was last put."""
+    async def _blob_list(self) -> AsyncIterator[ListedBlob]:
         projection = {'_id': 1, 'length': 1, 'stored_us': 1}
         async for manifest in self._manifests.find({}, projection=projection, batch_size=_LIST_BATCH):
             stored_us = manifest.get('stored_us')
-            yield StoredMedia(
-                uri=uri_of_digest(cast(str, manifest['_id'])),
-                stored_at=datetime.fromtimestamp((stored_us if isinstance(stored_us, int) else 0) / 1_000_000, UTC),
+            yield ListedBlob(
+                digest=cast(str, manifest['_id']),
+                stored_at=from_micros(stored_us if isinstance(stored_us, int) else None),
                 size=int(cast(int, manifest.get('length', 0))),
             )
 
-    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
-        """Remove the blob; with `older_than`, only while it was last put before then."""
-        digest = digest_of_uri(uri)
+    async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
+        digest = ref.digest
         claim: Document = {'_id': digest, 'removing': {'$exists': False}}
         if older_than is not None:
             # A manifest written before collection existed has no time: it counts as put long ago.
-            cutoff = int(older_than.timestamp() * 1_000_000)
-            claim['$or'] = [{'stored_us': {'$lt': cutoff}}, {'stored_us': {'$exists': False}}]
+            claim['$or'] = [{'stored_us': {'$lt': micros(older_than)}}, {'stored_us': {'$exists': False}}]
         token = uuid.uuid4().hex
         marked = await self._manifests.find_one_and_update(claim, {'$set': {'removing': token}})
         if marked is None:

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from stepcore.features import MEDIA_COLLECTION, PERSISTENT
-from stepcore.media import (
-    EMPTY_CONTEXT,
-    MediaContext,
-    PublicUrlResolver,
-    StoredMedia,
-    digest_of_uri,
-    media_uri,
-    resolve_public_url,
-    uri_of_digest,
-)
-from stepcore.models import utcnow
+from stepcore.media import PublicUrlResolver
+from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros
 from stepcore.setup_once import SetupOnce
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
@@ -32,7 +22,7 @@ __all__ = ('PostgresMediaStore',)
 _LIST_PAGE = 1000
 
 
-class PostgresMediaStore:
+class PostgresMediaStore(MediaEngine):
     """Blobs in `<table_prefix>_media`, one row per sha256 digest.
 
     Pass `pool=` to share an `AsyncConnectionPool` you open and close yourself, or `dsn=` for a
@@ -57,6 +47,7 @@ class PostgresMediaStore:
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
         _handle: PoolHandle | None = None,
     ) -> None:
+        super().__init__(public_url=public_url)
         self.tables = Tables(table_prefix)
         self.table_prefix = table_prefix
         self._owns_handle = _handle is None
@@ -65,7 +56,6 @@ class PostgresMediaStore:
             if _handle is not None
             else PoolHandle(pool=pool, dsn=dsn, owner='PostgresMediaStore', connect_timeout=connect_timeout)
         )
-        self._public_url = public_url
         self._ensure = SetupOnce(self._create_schema)
         q = self.tables.query
         self._q_put = q(
@@ -73,7 +63,6 @@ class PostgresMediaStore:
             ON CONFLICT (digest) DO UPDATE SET stored_at = excluded.stored_at"""
         )
         self._q_get = q('SELECT data FROM {media} WHERE digest = %s')
-        self._q_exists = q('SELECT EXISTS (SELECT 1 FROM {media} WHERE digest = %s)')
         self._q_meta = q('SELECT metadata FROM {media} WHERE digest = %s')
         self._q_list = q(
             'SELECT digest, stored_at, length(data) FROM {media} WHERE digest > %s ORDER BY digest LIMIT '
@@ -99,43 +88,25 @@ class PostgresMediaStore:
             row = await cur.fetchone()
         return (False, None) if row is None else (True, row[0])
 
-    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
-        """Store `data` once per content and return its `media+sha256://` URI."""
-        uri = media_uri(data)
-        metadata = json.dumps(dict(context.metadata), ensure_ascii=False) if context.metadata else None
+    # -- the blob port -----------------------------------------------------------------------
+
+    def _blob_where(self) -> str:
+        return f'table {self.tables.name("media")!r}'
+
+    async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
         await self._ensure()
         async with self._handle.connection() as conn:
-            await conn.execute(self._q_put, (digest_of_uri(uri), data, context.media_type, metadata, utcnow()))
-        return uri
+            await conn.execute(self._q_put, (ref.digest, data, meta.media_type, meta.text, from_micros(stored_us)))
 
-    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
-        """The bytes stored at `uri`; `LookupError` when there are none."""
-        found, value = await self._fetch_value(self._q_get, digest_of_uri(uri))
-        if not found:
-            raise LookupError(f'no media stored at {uri!r} in table {self.tables.name("media")!r}')
-        return bytes(value)
+    async def _blob_get(self, ref: BlobRef) -> bytes | None:
+        found, value = await self._fetch_value(self._q_get, ref.digest)
+        return bytes(value) if found else None
 
-    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
-        """Whether a blob is stored at `uri`."""
-        _, value = await self._fetch_value(self._q_exists, digest_of_uri(uri))
-        return bool(value)
+    async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
+        found, value = await self._fetch_value(self._q_meta, ref.digest)
+        return BlobHead(metadata=value) if found else None
 
-    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
-        """The configured resolver's URL for `uri`, else `None`."""
-        digest_of_uri(uri)
-        return await resolve_public_url(self._public_url, uri, context)
-
-    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
-        """The metadata stored with the blob; `None` when it had none; `LookupError` when absent."""
-        found, value = await self._fetch_value(self._q_meta, digest_of_uri(uri))
-        if not found:
-            raise LookupError(f'no media stored at {uri!r} in table {self.tables.name("media")!r}')
-        if value is None:
-            return None
-        return {str(k): str(v) for k, v in cast(dict[str, Any], value).items()}
-
-    async def list_media(self) -> AsyncIterator[StoredMedia]:
-        """Every blob, with when it was last put, read a thousand rows at a time."""
+    async def _blob_list(self) -> AsyncIterator[ListedBlob]:
         await self._ensure()
         after = ''
         while True:
@@ -144,20 +115,18 @@ class PostgresMediaStore:
                 await cur.execute(self._q_list, (after,))
                 rows = await cur.fetchall()
             for digest, stored_at, size in rows:
-                yield StoredMedia(uri=uri_of_digest(digest), stored_at=stored_at, size=int(size))
+                yield ListedBlob(digest=digest, stored_at=stored_at, size=int(size))
             if len(rows) < _LIST_PAGE:
                 return
             after = rows[-1][0]
 
-    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
-        """Remove the blob; with `older_than`, only while it was last put before then (one statement)."""
-        digest = digest_of_uri(uri)
+    async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
         await self._ensure()
         async with self._handle.connection() as conn:
             if older_than is None:
-                cur = await conn.execute(self._q_delete, (digest,))
+                cur = await conn.execute(self._q_delete, (ref.digest,))
             else:
-                cur = await conn.execute(self._q_delete_old, (digest, older_than))
+                cur = await conn.execute(self._q_delete_old, (ref.digest, older_than))
             return cur.rowcount > 0
 
     async def aclose(self) -> None:

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
-from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import ClassVar, Final, cast
 
 from redis.asyncio import Redis
 
 from stepcore.features import MEDIA_COLLECTION, PERSISTENT
-from stepcore.media import (
-    EMPTY_CONTEXT,
-    MediaContext,
-    PublicUrlResolver,
-    StoredMedia,
-    digest_of_uri,
-    media_uri,
-    resolve_public_url,
-    uri_of_digest,
-)
+from stepcore.media import PublicUrlResolver
+from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros
 
 from .client import ClientUser
 from .keys import DEFAULT_KEY_PREFIX, Keys
@@ -43,7 +32,7 @@ return 1
 _SCAN_COUNT = 1000
 
 
-class RedisMediaStore(ClientUser):
+class RedisMediaStore(ClientUser, MediaEngine):
     """Blobs in Redis, one string per sha256 digest (`<key_prefix>:media:<digest>`).
 
     Pass a Redis URL as `url=` (the store owns that client: `await store.aclose()`) or a shared
@@ -69,49 +58,36 @@ class RedisMediaStore(ClientUser):
         key_prefix: str = DEFAULT_KEY_PREFIX,
         public_url: PublicUrlResolver | None = None,
     ) -> None:
+        MediaEngine.__init__(self, public_url=public_url)
         self.keys = Keys(key_prefix)
         self.key_prefix = key_prefix
         self._use_client('RedisMediaStore', client, url)
-        self.public_url_resolver = public_url
         self._delete_media = self._client.register_script(DELETE_MEDIA)
 
-    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
-        uri = media_uri(data)
-        digest = digest_of_uri(uri)
+    # -- the blob port -----------------------------------------------------------------------
+
+    def _blob_where(self) -> str:
+        return f'Redis key {self.keys.media("<sha256>").decode()!r}'
+
+    async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
         pipe = self._client.pipeline(transaction=True)
-        pipe.set(self.keys.media(digest), bytes(data), nx=True)
-        if context.metadata:
-            pipe.set(self.keys.media_meta(digest), json.dumps(dict(context.metadata), ensure_ascii=False), nx=True)
-        pipe.zadd(self.keys.media_times, {digest: time.time_ns() // 1000})
+        pipe.set(self.keys.media(ref.digest), data, nx=True)
+        if meta.text is not None:
+            pipe.set(self.keys.media_meta(ref.digest), meta.text, nx=True)
+        pipe.zadd(self.keys.media_times, {ref.digest: stored_us})
         await pipe.execute()
-        return uri
 
-    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
-        digest = digest_of_uri(uri)
-        key = self.keys.media(digest)
-        data = cast(bytes | None, await self._client.get(key))
-        if data is None:
-            raise LookupError(f'no blob stored at {uri} in Redis key {key.decode()!r}')
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise ValueError(
-                f'blob {uri} in Redis key {key.decode()!r} is damaged: its {len(data)} bytes do not match the digest; '
-                'put the original bytes again after deleting the key to repair it'
-            )
-        return data
+    async def _blob_get(self, ref: BlobRef) -> bytes | None:
+        return cast(bytes | None, await self._client.get(self.keys.media(ref.digest)))
 
-    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
-        return bool(await self._client.exists(self.keys.media(digest_of_uri(uri))))
+    async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.exists(self.keys.media(ref.digest))
+        pipe.get(self.keys.media_meta(ref.digest))
+        found, metadata = await pipe.execute()
+        return BlobHead(metadata=cast(bytes | None, metadata)) if found else None
 
-    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
-        digest_of_uri(uri)
-        return await resolve_public_url(self.public_url_resolver, uri, context)
-
-    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
-        found = cast(bytes | None, await self._client.get(self.keys.media_meta(digest_of_uri(uri))))
-        return cast(dict[str, str], json.loads(found)) if found is not None else None
-
-    async def list_media(self) -> AsyncIterator[StoredMedia]:
-        """Every blob under the prefix (found with `SCAN`), with when it was last put."""
+    async def _blob_list(self) -> AsyncIterator[ListedBlob]:
         start = len(self.keys.media(''))
         cursor: int = 0
         while True:
@@ -127,18 +103,12 @@ class RedisMediaStore(ClientUser):
                     stored, size = replies[2 * n], replies[2 * n + 1]
                     if not size and stored is None:
                         continue  # removed since the scan saw it
-                    micros = int(stored) if stored is not None else 0
-                    yield StoredMedia(
-                        uri=uri_of_digest(key[start:].decode()),
-                        stored_at=datetime.fromtimestamp(micros / 1_000_000, UTC),
-                        size=int(size),
-                    )
+                    digest = key[start:].decode()
+                    yield ListedBlob(digest=digest, stored_at=from_micros(stored), size=int(size))
             if cursor == 0:
                 return
 
-    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
-        """Remove the blob and its metadata; with `older_than`, only while it was last put before then."""
-        digest = digest_of_uri(uri)
-        cutoff = '' if older_than is None else str(int(older_than.timestamp() * 1_000_000))
-        keys = [self.keys.media(digest), self.keys.media_meta(digest), self.keys.media_times]
-        return bool(await self._delete_media(keys=keys, args=[digest, cutoff]))
+    async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
+        cutoff = '' if older_than is None else str(micros(older_than))
+        keys = [self.keys.media(ref.digest), self.keys.media_meta(ref.digest), self.keys.media_times]
+        return bool(await self._delete_media(keys=keys, args=[ref.digest, cutoff]))

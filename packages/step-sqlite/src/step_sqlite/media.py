@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sqlite3
-import time
-from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime
-from typing import Any, ClassVar, cast
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import ClassVar, cast
 
 from stepcore.features import MEDIA_COLLECTION, PERSISTENT
-from stepcore.media import (
-    EMPTY_CONTEXT,
-    MediaContext,
-    MediaStore,
-    PublicUrlResolver,
-    StoredMedia,
-    digest_of_uri,
-    media_uri,
-    resolve_public_url,
-    uri_of_digest,
-)
+from stepcore.media import PublicUrlResolver
+from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros
 from stepcore.models import utcnow
 
 from .connection import Database, Synchronous, write_transaction
@@ -47,7 +36,7 @@ def _check_table(table: str) -> str:
     return table
 
 
-class SqliteMediaStore(MediaStore):
+class SqliteMediaStore(MediaEngine):
     """One row per blob, keyed by its sha256 digest; a second put of the same bytes is a no-op.
 
     `metadata` from the `MediaContext` is kept as a JSON column and `media_type` in its own column.
@@ -83,9 +72,9 @@ class SqliteMediaStore(MediaStore):
         return store
 
     def _attach(self, db: Database, *, public_url: PublicUrlResolver | None, table: str) -> None:
+        MediaEngine.__init__(self, public_url=public_url)
         self.table = _check_table(table)
         self._db = db
-        self._public_url = public_url
         component = media_component(self.table)
         db.add_setup(component.name, lambda conn: ensure_schema(conn, component, where=db.describe))
         self._insert = (
@@ -93,19 +82,13 @@ class SqliteMediaStore(MediaStore):
             'VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO UPDATE SET stored_us = excluded.stored_us'
         )
 
-    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
-        uri = media_uri(data)
-        digest = digest_of_uri(uri)
-        metadata = json.dumps(dict(context.metadata), ensure_ascii=False) if context.metadata else None
-        row = (
-            digest,
-            bytes(data),
-            len(data),
-            context.media_type,
-            metadata,
-            utcnow().isoformat(),
-            time.time_ns() // 1000,
-        )
+    # -- the blob port -----------------------------------------------------------------------
+
+    def _blob_where(self) -> str:
+        return f'table {self.table!r} of {self._db.describe}'
+
+    async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
+        row = (ref.digest, data, len(data), meta.media_type, meta.text, utcnow().isoformat(), stored_us)
 
         def work(connection: sqlite3.Connection) -> None:
             with write_transaction(connection):
@@ -115,64 +98,39 @@ class SqliteMediaStore(MediaStore):
             await self._db.run(work)
         except sqlite3.Error as error:
             # the driver's own words (e.g. "attempt to write a readonly database") stay the message
-            error.add_note(f'{type(self).__name__} on {self._db.describe}, storing media blob {uri}')
+            error.add_note(f'{type(self).__name__} on {self._db.describe}, storing media blob {ref.uri}')
             raise
-        return uri
 
-    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
-        digest = digest_of_uri(uri)
+    async def _blob_get(self, ref: BlobRef) -> bytes | None:
         sql = f'SELECT data FROM {self.table} WHERE digest = ?'
-        row = await self._db.run(lambda conn: conn.execute(sql, (digest,)).fetchone())
-        if row is None:
-            raise LookupError(f'no media blob {uri!r} in table {self.table!r} of {self._db.describe}')
-        return bytes(row[0])
+        row = await self._db.run(lambda conn: conn.execute(sql, (ref.digest,)).fetchone())
+        return None if row is None else bytes(row[0])
 
-    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
-        digest = digest_of_uri(uri)
-        sql = f'SELECT 1 FROM {self.table} WHERE digest = ?'
-        return await self._db.run(lambda conn: conn.execute(sql, (digest,)).fetchone()) is not None
-
-    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
-        digest_of_uri(uri)
-        return await resolve_public_url(self._public_url, uri, context)
-
-    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
-        digest = digest_of_uri(uri)
+    async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
         sql = f'SELECT metadata FROM {self.table} WHERE digest = ?'
-        row = await self._db.run(lambda conn: conn.execute(sql, (digest,)).fetchone())
-        if row is None:
-            raise LookupError(f'no media blob {uri!r} in table {self.table!r} of {self._db.describe}')
-        if row[0] is None:
-            return None
-        value = json.loads(row[0])
-        if not isinstance(value, dict):
-            raise ValueError(f'media blob {uri!r} has malformed metadata {row[0]!r}: expected a JSON object')
-        return {str(k): str(v) for k, v in cast(dict[Any, Any], value).items()}
+        row = await self._db.run(lambda conn: conn.execute(sql, (ref.digest,)).fetchone())
+        return None if row is None else BlobHead(metadata=row[0])
 
-    async def list_media(self) -> AsyncIterator[StoredMedia]:
-        """Every blob, with when it was last put, read a thousand rows at a time."""
+    async def _blob_list(self) -> AsyncIterator[ListedBlob]:
         sql = f'SELECT digest, stored_us, size FROM {self.table} WHERE digest > ? ORDER BY digest LIMIT {_LIST_PAGE}'
         after = ''
         while True:
             rows = await self._db.run(lambda conn, a=after: conn.execute(sql, (a,)).fetchall())
             for digest, stored_us, size in rows:
-                yield StoredMedia(
-                    uri=uri_of_digest(digest),
-                    stored_at=datetime.fromtimestamp(stored_us / 1_000_000, UTC),
-                    size=int(size),
-                )
+                yield ListedBlob(digest=digest, stored_at=from_micros(stored_us), size=int(size))
             if len(rows) < _LIST_PAGE:
                 return
             after = rows[-1][0]
 
-    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
-        """Remove the blob; with `older_than`, only while it was last put before then."""
-        digest = digest_of_uri(uri)
+    async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
+        params: tuple[str, ...] | tuple[str, int]
         if older_than is None:
-            sql, params = f'DELETE FROM {self.table} WHERE digest = ?', (digest,)
+            sql, params = f'DELETE FROM {self.table} WHERE digest = ?', (ref.digest,)
         else:
-            cutoff = int(older_than.timestamp() * 1_000_000)
-            sql, params = f'DELETE FROM {self.table} WHERE digest = ? AND stored_us < ?', (digest, cutoff)
+            sql, params = (
+                f'DELETE FROM {self.table} WHERE digest = ? AND stored_us < ?',
+                (ref.digest, micros(older_than)),
+            )
 
         def work(connection: sqlite3.Connection) -> bool:
             with write_transaction(connection):

@@ -93,14 +93,28 @@ async def resolve_public_url(resolver: PublicUrlResolver | None, uri: str, conte
 
 @runtime_checkable
 class MediaStore(Protocol):
-    """Where externalized blobs live. Every method takes a `MediaContext`."""
+    """Where externalized blobs live. Every method takes a `MediaContext`.
+
+    The contract (every media store of stepcore keeps it through `stepcore.mediaengine.MediaEngine`,
+    and `stepcore_conformance.MediaStoreConformance` checks it):
+
+    - A URI that is not `media+sha256://<64 lowercase hex>` is a `ValueError`, before any I/O.
+    - A blob that is not stored: `exists` is `False`; `get` and `get_metadata` raise
+      `stepcore.mediaengine.MediaNotFoundError`, which is both a `FileNotFoundError` (what
+      pydantic-ai-harness's media stores raise) and a `LookupError`.
+    - A stored blob whose bytes do not hash to its address: `get` raises
+      `stepcore.mediaengine.DamagedMediaError` (a `ValueError`, like every damaged record) naming
+      it; other blobs still read.
+    - Metadata maps strings to strings; `get_metadata` is `None` for a blob put without any.
+    """
 
     async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
         """Store `data` (once per content) and return its `media+sha256://<hex>` URI."""
         ...
 
     async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
-        """The bytes at `uri`; `LookupError` when absent."""
+        """The bytes at `uri`; `MediaNotFoundError` (a `FileNotFoundError` and a `LookupError`) when
+        absent, `DamagedMediaError` (a `ValueError`) when the stored bytes are not the blob's."""
         ...
 
     async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
@@ -112,7 +126,8 @@ class MediaStore(Protocol):
         ...
 
     async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
-        """The metadata mapping stored with the blob, `None` when it was stored without any."""
+        """The metadata mapping stored with the blob, `None` when it was stored without any;
+        `MediaNotFoundError` when no blob is stored at `uri`."""
         ...
 
 

@@ -1,0 +1,144 @@
+"""`MediaEngine`: the `MediaStore` contract written once, over a backend's blob port."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
+from typing import ClassVar
+
+from ..features import MEDIA_COLLECTION
+from ..media import (
+    EMPTY_CONTEXT,
+    MediaContext,
+    PublicUrlResolver,
+    StoredMedia,
+    media_uri,
+    resolve_public_url,
+    uri_of_digest,
+)
+from .errors import DamagedMediaError, MediaNotFoundError
+from .metadata import BlobMeta, decode_metadata
+from .port import BlobHead, BlobRef, ListedBlob, now_micros
+
+__all__ = ('MediaEngine',)
+
+
+class MediaEngine:
+    """A `MediaStore` (and a `CollectableMediaStore`) on a backend's blob port.
+
+    A backend subclasses it, implements the port's coroutines (`stepcore.mediaengine.port`) and
+    calls `super().__init__(public_url=...)`. Written here, the same for every backend:
+
+    - addresses: `put` returns `media+sha256://<sha256 of the bytes>`; a malformed address is a
+      `ValueError` before any I/O;
+    - a missing blob: `get` and `get_metadata` raise `MediaNotFoundError` (a `FileNotFoundError` and
+      a `LookupError`), `exists` is `False`;
+    - damage: every `get` hashes the bytes it read, and bytes that are not the blob's raise
+      `DamagedMediaError` (a `ValueError`) naming the blob and the store;
+    - metadata: `context.metadata` must map strings to strings and is kept only when not empty;
+      `get_metadata` is `None` for a blob stored without any;
+    - `public_url`: the configured resolver (sync or async), else `None`;
+    - collection: every `put` marks the blob put now; `list_media` and `delete_media` follow
+      `stepcore.media.CollectableMediaStore`.
+    """
+
+    features: ClassVar[frozenset[str]] = frozenset({MEDIA_COLLECTION})
+
+    def __init__(self, *, public_url: PublicUrlResolver | None = None) -> None:
+        self.public_url_resolver = public_url
+        """The `public_url=` resolver: `(uri, context) -> url | None`, sync or async."""
+        self._listed: dict[str, object] = {}
+        """Where `list_media` found each blob (a key strategy may use a context `delete_media` lacks)."""
+
+    # -- the port (implemented by the backend) ------------------------------------------------------
+
+    def _blob_where(self) -> str:
+        """Where the blobs live, for messages (`"table 'media' of database runs.db"`)."""
+        return type(self).__name__
+
+    async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
+        raise NotImplementedError(f'{type(self).__name__} does not implement _blob_put')
+
+    async def _blob_get(self, ref: BlobRef) -> bytes | None:
+        raise NotImplementedError(f'{type(self).__name__} does not implement _blob_get')
+
+    async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
+        raise NotImplementedError(f'{type(self).__name__} does not implement _blob_head')
+
+    async def _blob_exists(self, ref: BlobRef) -> bool:
+        """Whether a blob is stored; a port overrides it when it can tell without reading the metadata."""
+        return await self._blob_head(ref) is not None
+
+    def _blob_list(self) -> AsyncIterator[ListedBlob]:
+        raise NotImplementedError(f'{type(self).__name__} does not implement _blob_list')
+
+    async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
+        raise NotImplementedError(f'{type(self).__name__} does not implement _blob_delete')
+
+    # -- MediaStore -----------------------------------------------------------------------------------
+
+    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+        """Store `data` once per content and return its `media+sha256://<hex>` URI."""
+        data = bytes(data)
+        meta = BlobMeta.of(context)
+        ref = BlobRef.of(media_uri(data), context)
+        await self._blob_put(ref, data, meta, now_micros())
+        return ref.uri
+
+    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
+        """The blob's bytes; `MediaNotFoundError` when absent, `DamagedMediaError` when they are not its bytes."""
+        ref = BlobRef.of(uri, context)
+        data = await self._blob_get(ref)
+        if data is None:
+            raise MediaNotFoundError(uri, self._blob_where())
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != ref.digest:
+            raise DamagedMediaError(
+                uri=uri,
+                where=self._blob_where(),
+                reason=(
+                    f'its {len(data)} stored bytes have sha256 {actual}, not the digest its address names '
+                    '(they were changed outside the store, or a key_strategy maps two blobs to one key): '
+                    'restore it from a backup, or delete it (delete_media) and put the original bytes again'
+                ),
+            )
+        return data
+
+    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
+        """Whether a blob is stored at `uri` (its bytes are not read, so not checked)."""
+        return await self._blob_exists(BlobRef.of(uri, context))
+
+    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
+        """The configured resolver's URL for `uri`, or `None` without a resolver."""
+        return await resolve_public_url(self.public_url_resolver, BlobRef.of(uri, context).uri, context)
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str] | None:
+        """The metadata stored with the blob, `None` when it was stored without any; `MediaNotFoundError`
+        when there is no blob."""
+        ref = BlobRef.of(uri, context)
+        head = await self._blob_head(ref)
+        if head is None:
+            raise MediaNotFoundError(uri, self._blob_where())
+        try:
+            return decode_metadata(head.metadata)
+        except ValueError as error:
+            raise DamagedMediaError(uri=uri, where=self._blob_where(), reason=str(error)) from None
+
+    # -- garbage collection ---------------------------------------------------------------------------
+
+    async def list_media(self) -> AsyncIterator[StoredMedia]:
+        """Every stored blob, with when it was last put, read in pages."""
+        async for blob in self._blob_list():
+            uri = uri_of_digest(blob.digest)  # checked: a port lists names it may not have written
+            if blob.location is not None:
+                self._listed[uri] = blob.location
+            yield StoredMedia(uri=uri, stored_at=blob.stored_at, size=blob.size)
+
+    async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
+        """Remove the blob at `uri`; with `older_than`, only while it was last put before then."""
+        ref = BlobRef.of(uri)
+        removed = await self._blob_delete(ref, self._listed.get(uri), older_than)
+        if removed:
+            self._listed.pop(uri, None)
+        return removed
