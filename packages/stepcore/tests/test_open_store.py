@@ -238,3 +238,29 @@ async def test_postgresql_url_is_the_dsn(postgres_prefix: tuple[str, str]) -> No
     await _register(store, 'postgres-run')
     short = 'postgres://' + url.split('://', 1)[1]
     assert await _run_ids(stepcore.open_store(f'{short}', table_prefix=prefix)) == ['postgres-run']
+
+
+def test_must_exist_checks_the_location_through_the_backend_s_plugin(tmp_path: Path) -> None:
+    from stepcore.registry import StoreLocationError
+
+    with pytest.raises(StoreLocationError, match=r'no sqlite store at .*missing\.db.* does not exist'):
+        stepcore.open_store(f'sqlite:///{tmp_path}/missing.db', must_exist=True)
+    assert not (tmp_path / 'missing.db').exists()
+    (tmp_path / 'notes.txt').write_text('not a database')
+    with pytest.raises(StoreLocationError, match='is not a SQLite database'):
+        stepcore.open_store(f'sqlite:///{tmp_path}/notes.txt', must_exist=True)
+    with pytest.raises(StoreLocationError, match='is a folder, not a SQLite database file'):
+        stepcore.open_store(f'sqlite:///{tmp_path}', must_exist=True)
+    with pytest.raises(StoreLocationError, match='is a file, not a folder of runs'):
+        stepcore.open_store(f'file://{tmp_path}/notes.txt', must_exist=True)
+
+
+def test_the_inspector_does_not_import_the_command_line() -> None:
+    import ast
+
+    ui = Path(stepcore.__file__).parent / 'ui'
+    for module in sorted(ui.glob('*.py')):
+        for node in ast.walk(ast.parse(module.read_text(encoding='utf-8'))):
+            if isinstance(node, ast.ImportFrom):
+                name = '.' * node.level + (node.module or '')
+                assert 'cli' not in name.split('.'), f'{module.name} imports {name}'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from stepcore.hookspecs import BackendInfo, hookimpl
@@ -14,6 +15,12 @@ def file_url_options(url: str) -> dict[str, Any]:
     return {'directory': directory, **query_options(url)}
 
 
+def check_folder(path: Path) -> None:
+    """`ValueError` unless `path` is a folder (of runs)."""
+    if not path.is_dir():
+        raise ValueError(f'{str(path)!r} is a file, not a folder of runs: for a SQLite database use sqlite://')
+
+
 @hookimpl
 def register_step_stores() -> list[BackendInfo]:
     return [
@@ -22,6 +29,8 @@ def register_step_stores() -> list[BackendInfo]:
             factory='step_file.store:FileStepStore',
             schemes=('file',),
             url_options=file_url_options,
+            default_location={'directory': '.step-persistence'},
+            check_location='step_file.plugin:check_folder',
             summary='One folder per run on the local file system.',
         )
     ]

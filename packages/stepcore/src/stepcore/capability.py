@@ -43,8 +43,10 @@ SPEC_DEFAULTS: dict[str, dict[str, Any]] = {
     'file': {'directory': '.step-persistence'},
     'sqlite': {'database': '.step-persistence.db'},
 }
-"""Where `StepPersistence.from_spec` keeps a backend's data when the spec does not say (relative to the
-current directory), as pydantic-ai-harness does."""
+"""Where `StepPersistence.from_spec` keeps the built-in file and SQLite backends' data when the spec does
+not say (relative to the current directory), as pydantic-ai-harness does. Each backend declares its
+own in its plugin (`BackendInfo.default_location`), which is what `from_spec` reads; this table is
+what those two declare."""
 
 
 @dataclass
@@ -152,12 +154,13 @@ class StepPersistence(StepOperations[AgentDepsT]):
         the database `.step-persistence.db`. Both are relative paths, so they are found in the
         current directory when the store is first used, not when the spec is read.
         """
-        from .registry import store_from_spec
+        from .registry import get_registry
 
-        defaults = SPEC_DEFAULTS.get(backend, {})
-        if not any(name in store_options for name in (*defaults, 'connection')):
+        registered = get_registry().get('step', backend)
+        defaults = registered.info.default_location
+        if not any(name in store_options for name in (*defaults, *registered.info.location_options)):
             store_options = {**defaults, **store_options}
-        store = cast(StepStoreProtocol, store_from_spec(backend, **store_options))
+        store = cast(StepStoreProtocol, registered.create(**store_options))
         return StepPersistence[Any](
             store=store,
             agent_name=agent_name,

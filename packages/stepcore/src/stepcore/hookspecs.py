@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import InitVar, dataclass
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import pluggy
@@ -57,6 +57,15 @@ class BackendInfo:
     cannot use, and returns a local file or folder as a `pathlib.Path` (so tools can check that
     it exists). Default: the URL's query string, `?option=value&...`.
     """
+    default_location: Mapping[str, Any] = field(default_factory=dict[str, Any])
+    """The options `StepPersistence.from_spec` adds when a spec names no location: none of these
+    options and none of `location_options` (e.g. `{'database': '.step-persistence.db'}`)."""
+    location_options: tuple[str, ...] = ()
+    """Other options that also say where the store keeps its data (e.g. `('connection',)`)."""
+    check_location: str | None = None
+    """`"module:function"` called with the local file or folder a URL names, when it exists, before a
+    reading tool (`stepcore` commands, the inspector) opens it; it raises `ValueError` saying what
+    is wrong (`'runs' is a folder, not a SQLite database file ...`). Imported only when called."""
     features: InitVar[frozenset[str] | None] = None
     """Ignored: declare features on the store class (`features: ClassVar[frozenset[str]]`)."""
 

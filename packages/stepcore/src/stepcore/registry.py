@@ -6,6 +6,7 @@ import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 from urllib.parse import urlsplit
 
@@ -25,8 +26,11 @@ __all__ = (
     'PluginInfo',
     'RegisteredBackend',
     'Registry',
+    'StoreLocationError',
+    'check_store_location',
     'get_registry',
     'load_factory',
+    'local_location',
     'media_from_spec',
     'open_store',
     'store_from_spec',
@@ -314,13 +318,45 @@ def media_from_spec(backend: str, **options: Any) -> Any:
     return get_registry().create('media', backend, **options)
 
 
-def open_store(url: str, /, **options: Any) -> StepStore:
+def open_store(url: str, /, *, must_exist: bool = False, **options: Any) -> StepStore:
     """Build the `StepStore` a URL names, e.g. `open_store('sqlite:///runs.db', max_snapshots_per_run=20)`.
 
     The URL's scheme picks the backend (`sqlite://`, `file://`, `mongodb://`, `postgresql://`, or
     `KEY://?option=value` for any installed key); the options it gives are merged with the
     keyword `options`. An unknown scheme, a URL the backend cannot use, or an option its store
     class does not take raises `ValueError`.
+
+    With `must_exist=True` (what reading tools pass), a local file or folder the URL names must
+    already be there and pass the backend's `check_location`; otherwise `StoreLocationError` (a
+    `ValueError`) says what is wrong, rather than an empty store being created by looking.
     """
     backend, url_options = get_registry().for_url('step', url)
+    if must_exist:
+        check_store_location(backend, url, url_options)
     return cast('StepStore', backend.create(**backend.merge_options(url_options, options)))
+
+
+class StoreLocationError(ValueError):
+    """A store URL naming a local file or folder that is missing or not what its backend keeps."""
+
+
+def local_location(url_options: Mapping[str, Any]) -> Path | None:
+    """The local file or folder among a URL's options (a plugin's `url_options` gives it as a `Path`)."""
+    return next((value for value in url_options.values() if isinstance(value, Path)), None)
+
+
+def check_store_location(backend: RegisteredBackend, url: str, url_options: Mapping[str, Any]) -> None:
+    """`StoreLocationError` when the local file or folder `url` names is missing or its backend refuses it."""
+    path = local_location(url_options)
+    if path is None:
+        return
+    if not path.exists():
+        raise StoreLocationError(
+            f'no {backend.info.key} store at {path}: {url!r} does not exist. '
+            'Check the path, or run `stepcore demo` first'
+        )
+    if backend.info.check_location is not None:
+        try:
+            load_factory(backend.info.check_location)(path)
+        except ValueError as error:
+            raise StoreLocationError(str(error)) from None

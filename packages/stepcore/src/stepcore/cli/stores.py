@@ -64,8 +64,7 @@ def parse_store_url(url: str) -> StoreTarget:
         backend, options = registry.get_registry().for_url('step', url)
     except ValueError as exc:
         raise StoreError(str(exc)) from None
-    local = next((value for value in options.values() if isinstance(value, Path)), None)
-    return StoreTarget(backend=backend.info.key, options=options, local_path=local)
+    return StoreTarget(backend=backend.info.key, options=options, local_path=registry.local_location(options))
 
 
 def resolve_store_url(url: str | None) -> str:
@@ -81,33 +80,13 @@ def resolve_store_url(url: str | None) -> str:
 def open_store(url: str, *, must_exist: bool = True, **options: Any) -> StepStore:
     """Build the store a URL names, through `stepcore.open_store` (given `options` too, e.g. `media_store=`).
 
-    With `must_exist`, a local database file or folder that is not there is an error rather than
-    an empty store created as a side effect of looking.
+    With `must_exist`, a local database file or folder that is not there, or not what its backend
+    keeps, is an error rather than an empty store created as a side effect of looking.
     """
     target = parse_store_url(url)
-    path = target.local_path
-    if must_exist and path is not None and not path.exists():
-        raise StoreError(
-            f'no {target.describe()}: {url!r} does not exist. Check the path, or run `stepcore demo` first'
-        )
-    if target.backend == 'sqlite' and path is not None:
-        if path.is_dir():
-            raise StoreError(f'{str(path)!r} is a folder, not a SQLite database file: for a folder of runs use file://')
-        if path.is_file():
-            _check_sqlite_file(path)
-    if target.backend == 'file' and path is not None and path.exists() and not path.is_dir():
-        raise StoreError(f'{str(path)!r} is a file, not a folder of runs: for a SQLite database use sqlite://')
     try:
-        return registry.open_store(url, **options)
+        return registry.open_store(url, must_exist=must_exist, **options)
+    except registry.StoreLocationError as exc:
+        raise StoreError(str(exc)) from None
     except TypeError as exc:
         raise StoreError(f'cannot open a {target.backend} store with options {sorted(target.options)}: {exc}') from None
-
-
-def _check_sqlite_file(path: Path) -> None:
-    try:
-        with path.open('rb') as f:
-            header = f.read(16)
-    except OSError as exc:
-        raise StoreError(f'cannot read database {str(path)!r}: {exc.strerror or exc}') from None
-    if header and header != b'SQLite format 3\x00':
-        raise StoreError(f'{str(path)!r} is not a SQLite database: point --store at a database written by stepcore')

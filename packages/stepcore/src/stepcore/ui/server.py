@@ -12,10 +12,9 @@ from typing import Any
 
 import uvicorn
 
-from ..cli.stores import open_store
 from ..media import MediaStore
 from ..protocols import StepStore
-from ..registry import get_registry
+from ..registry import get_registry, open_store
 from .app import create_app
 from .snippets import display_url
 
@@ -101,7 +100,7 @@ def serve(
 
     async def main() -> None:
         options: dict[str, Any] = {} if media is None else {'media_store': media}
-        store: StepStore = open_store(store_url, **options)
+        store: StepStore = open_store(store_url, must_exist=True, **options)
         app = create_app(store, store_url=store_url, media_hint=media_hint, loopback_only=loopback)
         config = uvicorn.Config(app, log_level='warning', access_log=False, lifespan='on')
         server = uvicorn.Server(config)
