@@ -15,10 +15,12 @@ from typing import Any, cast
 import psycopg
 import pytest
 from psycopg import sql
+from pydantic_ai import Agent
+from pydantic_ai.models.test import TestModel
 from pymongo import MongoClient
 
 import stepcore
-from stepcore import RunRecord, StepStore
+from stepcore import RunRecord, StepPersistence, StepStore, continue_run
 from stepcore.engine import EngineStore
 from stepcore.memory import InMemoryStepStore
 from stepcore.registry import Registry, build_manager, get_registry
@@ -238,3 +240,16 @@ async def test_postgresql_url_is_the_dsn(postgres_prefix: tuple[str, str]) -> No
     await _register(store, 'postgres-run')
     short = 'postgres://' + url.split('://', 1)[1]
     assert await _run_ids(stepcore.open_store(f'{short}', table_prefix=prefix)) == ['postgres-run']
+
+
+async def test_from_spec_builds_a_persistent_backend(tmp_path: Path) -> None:
+    database = tmp_path / 'runs.db'
+    capability = StepPersistence.from_spec('sqlite', database=str(database), max_snapshots_per_run=2)
+    agent = Agent(TestModel(), capabilities=[capability])
+    try:
+        result = await agent.run('hi')
+        assert type(capability.store).__name__ == 'SqliteStepStore'
+        assert database.exists()
+        assert len(await continue_run(capability.store, run_id=result.run_id)) == 2
+    finally:
+        await capability.store.aclose()
