@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the test suite against the oldest pydantic-ai release stepcore supports.
+# Run the tests that depend on pydantic-ai against the oldest pydantic-ai release stepcore supports.
 #
 #   scripts/test-oldest.sh [pytest args...]
 #
@@ -7,7 +7,8 @@
 # builds a second virtualenv (.venv-oldest, or $STEPCORE_OLDEST_VENV) holding every workspace
 # package in editable mode with `pydantic-ai-slim` forced to the lower bound that
 # packages/stepcore/pyproject.toml declares (or $STEPCORE_PYDANTIC_AI, to try another release),
-# and runs pytest there. Everything else is pinned as in the root pyproject.toml.
+# and runs pytest there on the selection below. Extra arguments are added to it (-x, -k EXPR; a
+# path runs beside the selection). Everything else is pinned as in the root pyproject.toml.
 #
 # It needs the test servers that scripts/test.sh starts (STEP_POSTGRES_URL, STEP_MONGO_URL,
 # STEP_S3_ENDPOINT); scripts/test.sh calls it once the main run passed.
@@ -74,4 +75,35 @@ installed = importlib.metadata.version('pydantic-ai-slim')
 if release(installed) != release(sys.argv[1]):
     sys.exit(f'test-oldest: expected pydantic-ai-slim {sys.argv[1]}, the environment has {installed}')
 PY
-"$venv/bin/python" -m pytest -p no:cacheprovider "$@"
+
+# What changes with the pydantic-ai release is what stepcore does with pydantic-ai: the capability's
+# hooks around a real Agent run, the message codec, resuming and recovery, and the conformance kit,
+# whose capability section drives an Agent through each store. So this runs:
+#   - the whole core package's tests: the capability, its crash rule, DBOS, recovery, the message
+#     codec, history and media walking (most of its tests build or store pydantic-ai messages, the
+#     rest take seconds), so new core tests are included without editing this list;
+#   - the kit on the in-memory store (tests-shared/tests) and on SQLite, with SQLite's own tests of
+#     agent runs, conversation parity with pydantic-ai-harness and reading a harness database;
+#   - the workspace tests that drive agents or convert messages: capability scenarios, parity with
+#     the reference, listing and pruning agent runs, the harness importer, and the Python examples
+#     of the README and the docs as a user of that release would run them.
+# Left to the newest release only: the server backends (PostgreSQL, MongoDB, Redis, S3), the file
+# store, media on disk, the CLI's URL handling and plugin listing, the web inspector and the docs
+# site build. They store bytes the core already encoded and call no pydantic-ai API of their own.
+# Explicit paths cannot silently select nothing: a path that no longer exists is a pytest usage
+# error (exit 4) and an empty selection exits 5, and either fails this script.
+selection=(
+    packages/stepcore/tests
+    tests-shared/tests
+    packages/step-sqlite/tests/test_conformance.py
+    packages/step-sqlite/tests/test_agent.py
+    packages/step-sqlite/tests/test_conversation_parity.py
+    packages/step-sqlite/tests/test_harness_open.py
+    tests/test_capability_scenarios.py
+    tests/test_reference_parity_capability.py
+    tests/test_lifecycle.py
+    tests/test_import_harness.py
+    tests/test_readme.py
+    tests/test_docs.py::test_python_examples_run
+)
+"$venv/bin/python" -m pytest -p no:cacheprovider "${selection[@]}" "$@"

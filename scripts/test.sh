@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the whole test suite: install the workspace, start the servers the backends are tested
 # against (PostgreSQL, Redis, a MongoDB-protocol server, an S3-compatible server) on loopback, run
-# pytest on the newest and on the oldest supported pydantic-ai, and stop the servers again. Extra
-# arguments go to pytest.
+# pytest on the newest supported pydantic-ai (the whole suite) and on the oldest (the tests that
+# depend on pydantic-ai, see scripts/test-oldest.sh), and stop the servers again. Extra arguments go
+# to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 UV=$(bash scripts/ensure-uv.sh)
@@ -38,7 +39,7 @@ done
 
 "$UV" run pytest "$@"
 
-# The same suite on the oldest pydantic-ai release stepcore supports (the newest is in .venv).
+# The tests that depend on pydantic-ai, on the oldest release stepcore supports (the newest is in .venv).
 bash scripts/test-oldest.sh "$@"
 
 # The worked third-party backend, in an environment of its own.

@@ -336,18 +336,3 @@ async def test_a_rewrite_by_a_capability_listed_before_it_is_saved_only_when_out
     await agent.run('go')
     history = await continue_run(store, run_id='listed')
     assert history[-1].parts[0] == TextPart(saved)
-
-
-async def test_from_spec_builds_a_persistent_backend(tmp_path: Path) -> None:
-    if 'sqlite' not in get_registry().keys('step'):
-        pytest.skip('the sqlite backend (step-sqlite) is not installed')
-    database = tmp_path / 'runs.db'
-    capability = StepPersistence.from_spec('sqlite', database=str(database), max_snapshots_per_run=2)
-    agent = Agent(TestModel(), capabilities=[capability])
-    try:
-        result = await agent.run('hi')
-        assert type(capability.store).__name__ == 'SqliteStepStore'
-        assert database.exists()
-        assert len(await continue_run(capability.store, run_id=result.run_id)) == 2
-    finally:
-        await capability.store.aclose()

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolReturnPart, UserPromptPart
 
-from media_disk import DiskMediaStore
 from stepcore.codec import encode_message
 from stepcore.history import REFRESH_WINDOW, TAIL_RECHECK, HistoryDelta, HistoryIndex, shares_prefix, walk_chain
 from stepcore.walker import MediaWalker
+from stepcore_conformance import InMemoryMediaStore
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -337,18 +336,19 @@ async def test_diff_of_plain_messages_is_ready_to_write(index: HistoryIndex) -> 
     assert delta.new_messages == (await HistoryIndex(MediaWalker(None)).delta('r', messages)).new_messages
 
 
-async def test_diff_leaves_media_to_walk_on_the_event_loop(tmp_path: Path) -> None:
-    index = HistoryIndex(MediaWalker(DiskMediaStore(tmp_path / 'media'), threshold_bytes=100))
+async def test_diff_leaves_media_to_walk_on_the_event_loop() -> None:
+    media = InMemoryMediaStore()
+    index = HistoryIndex(MediaWalker(media, threshold_bytes=100))
     messages: list[ModelMessage] = [req('x' * 500), res('short')]
     delta = index.diff('r', messages)
     assert not delta.walked  # the long prompt goes to the media store, which diff does not call
     assert delta.new_messages == [encode_message(m) for m in messages]
-    assert not list((tmp_path / 'media').glob('*.bin'))
+    assert not media.blobs
     await index.walk(delta)
     assert delta.walked
     assert b'x' * 500 not in delta.new_messages[0]
     assert delta.new_messages[1] == encode_message(messages[1])
-    assert len(list((tmp_path / 'media').glob('*.bin'))) == 1
+    assert len(media.blobs) == 1
     table = NodeTable()
     ids = table.write(delta)
     index.commit(delta, ids)
@@ -387,8 +387,9 @@ async def test_save_through_writes_a_plain_history_in_one_call(index: HistoryInd
     assert written[1][1].shared == 3  # the first save was committed
 
 
-async def test_save_through_walks_media_on_the_loop_then_writes(tmp_path: Path) -> None:
-    index = HistoryIndex(MediaWalker(DiskMediaStore(tmp_path / 'media'), threshold_bytes=100))
+async def test_save_through_walks_media_on_the_loop_then_writes() -> None:
+    media = InMemoryMediaStore()
+    index = HistoryIndex(MediaWalker(media, threshold_bytes=100))
     table, run = NodeTable(), ThreadCalls()
     written: list[HistoryDelta] = []
 
@@ -401,7 +402,7 @@ async def test_save_through_walks_media_on_the_loop_then_writes(tmp_path: Path) 
     await index.save_through('r', messages, run, write, stale=Stale)
     assert run.calls == 2  # the diff came back for its media, then was written
     assert len(written) == 1
-    assert len(list((tmp_path / 'media').glob('*.bin'))) == 1
+    assert len(media.blobs) == 1
 
 
 async def test_save_through_starts_afresh_once_when_the_nodes_are_gone(index: HistoryIndex) -> None:

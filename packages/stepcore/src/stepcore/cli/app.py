@@ -726,13 +726,19 @@ def gc(
     as_json: JsonOption = False,
 ) -> None:
     """Remove media blobs that no snapshot references any more (those of deleted runs and pruned snapshots)."""
+    from ..gc import GcReport
     from .collect import gc_report_json, parse_duration, print_gc_report, run_gc
 
     try:
         window = parse_duration(grace)
     except ValueError as exc:
         _fail(str(exc))
-    report = _run(run_gc(resolve_store_url(store), media, grace=window, dry_run=dry_run, console=_err()))
+
+    async def main() -> GcReport:
+        # Resolved inside `_run`, so a missing --store is one `error:` line like every other command's.
+        return await run_gc(resolve_store_url(store), media, grace=window, dry_run=dry_run, console=_err())
+
+    report = _run(main())
     if as_json:
         _echo_json(gc_report_json(report))
     else:

@@ -109,6 +109,16 @@ def test_bad_input_is_named(sqlite_url: str, tmp_path: Path) -> None:
     assert 'does not exist' in result.stderr
 
 
+def test_no_store_is_one_error_line_not_a_traceback() -> None:
+    result = runner.invoke(app, ['gc', '--dry-run'], env={'COLUMNS': '200', 'STEPCORE_STORE': None})
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.stderr.strip().splitlines() == [
+        'error: no store given: pass --store URL or set STEPCORE_STORE (e.g. STEPCORE_STORE=sqlite:///runs.db)'
+    ]
+    assert 'Traceback' not in result.output
+
+
 @pytest.mark.parametrize(
     ('text', 'expected'),
     [('0', timedelta(0)), ('30s', timedelta(seconds=30)), ('1h30m', timedelta(minutes=90)), ('2D', timedelta(days=2))],

@@ -34,7 +34,7 @@ from stepcore.cli._loop import run_coroutine
 from stepcore.cli.demo import run_demo
 from stepcore.cli.demo_chart import chart_png
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path('/usr/bin/chromium')
 CHROMEDRIVER = Path('/usr/bin/chromedriver')
 

@@ -33,7 +33,7 @@ from stepcore.cli._loop import run_coroutine
 from stepcore.harness import import_harness, restore_harness_media
 from stepcore.recovery import inspect_recovery
 
-PACKAGES = Path(__file__).resolve().parents[2]
+PACKAGES = Path(__file__).resolve().parents[1] / 'packages'
 SQLITE_FIXTURES = PACKAGES / 'step-sqlite/tests/fixtures/harness'
 FILE_FIXTURES = PACKAGES / 'step-file/tests/fixtures/harness'
 SOURCES = {

@@ -13,10 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from stepcore import EventKind, SnapshotState, ToolEffectStatus, from_spec
-from stepcore.registry import get_registry
 from stepcore_conformance.support import ONE_TOOL_CALL_RUN_EVENTS, kill_when_ready
 
 CHILD = r"""
@@ -92,8 +89,6 @@ async def _child(script: Path, config: dict[str, Any]) -> asyncio.subprocess.Pro
 
 
 async def test_killed_workflow_is_recovered_without_duplicate_writes(tmp_path: Path) -> None:
-    if 'sqlite' not in get_registry().keys('step'):
-        pytest.skip('the crash-recovery test needs a persistent store: install step-sqlite')
     script = tmp_path / 'child.py'
     script.write_text(CHILD)
     spec = {'backend': 'sqlite', 'database': str(tmp_path / 'runs.db')}

@@ -15,10 +15,12 @@ from typing import Any, cast
 import psycopg
 import pytest
 from psycopg import sql
+from pydantic_ai import Agent
+from pydantic_ai.models.test import TestModel
 from pymongo import MongoClient
 
 import stepcore
-from stepcore import RunRecord, StepStore
+from stepcore import RunRecord, StepPersistence, StepStore, continue_run
 from stepcore.engine import EngineStore
 from stepcore.memory import InMemoryStepStore
 from stepcore.registry import Registry, build_manager, get_registry
@@ -264,3 +266,16 @@ def test_the_inspector_does_not_import_the_command_line() -> None:
             if isinstance(node, ast.ImportFrom):
                 name = '.' * node.level + (node.module or '')
                 assert 'cli' not in name.split('.'), f'{module.name} imports {name}'
+
+
+async def test_from_spec_builds_a_persistent_backend(tmp_path: Path) -> None:
+    database = tmp_path / 'runs.db'
+    capability = StepPersistence.from_spec('sqlite', database=str(database), max_snapshots_per_run=2)
+    agent = Agent(TestModel(), capabilities=[capability])
+    try:
+        result = await agent.run('hi')
+        assert type(capability.store).__name__ == 'SqliteStepStore'
+        assert database.exists()
+        assert len(await continue_run(capability.store, run_id=result.run_id)) == 2
+    finally:
+        await capability.store.aclose()

@@ -23,7 +23,7 @@ import typer.main
 
 from stepcore.cli import app
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / 'docs'
 NO_RUN = '<!-- no-run -->'
 TESTED_ELSEWHERE = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[3] / 'README.md'
+README = Path(__file__).resolve().parents[1] / 'README.md'
 
 
 def test_readme_example_runs(tmp_path: Path) -> None:
