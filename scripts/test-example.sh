@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Test the worked third-party backend under examples/ the way its author would: in a virtual
-# environment of its own holding only stepcore, stepcore-conformance and the example, so its
-# plugin never leaks into the workspace's registry. Versions follow the workspace pins.
+# Test the template backend under examples/ the way its author would (docs/plugins.md, "Run the
+# kit"): in a fresh virtual environment holding only what the documented install command installs,
+# so its plugin never leaks into the workspace's registry. The command is the documented one, run
+# with uv (which takes pip's arguments and reuses its cache), plus the workspace's version pins as
+# constraints. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 UV=$(bash scripts/ensure-uv.sh)
@@ -14,6 +16,8 @@ with open('pyproject.toml', 'rb') as f:
 open(sys.argv[1], 'w').write('\n'.join(pins) + '\n')
 PY
 "$UV" venv --quiet --python 3.11 "$work/venv"
-"$UV" pip install --quiet --python "$work/venv/bin/python" -c "$work/constraints.txt" \
-    -e packages/stepcore -e tests-shared -e 'examples/stepcore-dict-store[test]'
-"$work/venv/bin/python" -m pytest -rs -p no:cacheprovider examples/stepcore-dict-store "$@"
+export VIRTUAL_ENV="$work/venv"
+"$UV" pip install --quiet -c "$work/constraints.txt" \
+    -e ./packages/stepcore -e ./packages/media-disk -e ./tests-shared -e './examples/stepcore-template-backend[test]'
+cd examples/stepcore-template-backend
+"$VIRTUAL_ENV/bin/pytest" -rs -p no:cacheprovider "$@"

@@ -1,0 +1,7 @@
+"""A stepcore step store on the storage engine, one JSON file per record (a template for backend authors)."""
+
+from __future__ import annotations
+
+from .store import TemplatePort, TemplateStepStore
+
+__all__ = ('TemplatePort', 'TemplateStepStore')

@@ -1,0 +1,423 @@
+"""`TemplateStepStore`: a step store on the stepcore engine, one small JSON file per record.
+
+The engine (`stepcore.engine.EngineStore`) does everything a step store must get right: encoding
+records, idempotency, incremental snapshots, retention, media, encryption, checksums, the write
+order that keeps the crash rule, and damage handling. This module only does I/O: `TemplatePort`
+answers each operation of `stepcore.engine.ops` with files under one directory.
+
+    <directory>/
+        lock                          locked (flock) by every write (exclusive) and read (shared)
+        next-node                     the next message node id of the whole store
+        media/                        the default media store, for media_store='auto'
+        runs/<run id>/
+            run.json                  the run row
+            events/<seq>.json         an event (<seq>.<key name>.json when it has an idempotency key)
+            effects/<call name>.json  a tool call's ledger entry, replaced on each update
+            nodes/<node id>.json      one stored message and its parent node
+            snapshots/<seq>.json      a snapshot row: state, newest node, length, header
+            snapshot-keys/<key name>  an applied snapshot idempotency key
+
+Each file holds a JSON object: the row's columns, and `body`, the record as the engine encoded it
+(UTF-8 JSON, kept as a string). Idempotency keys and tool call ids may be any text, so files are
+named after their SHA-256 (`key_name`). Every file is written whole under a temporary name and
+renamed into place, so a reader never sees half a file.
+
+There are no transactions: a write holds the store's lock and makes its writes in the order the
+engine asks for them. A process killed between two leaves the earlier ones, which is what the
+engine's write order is designed for (see "Write order and the crash rule" in docs/engine.md).
+Files are not fsynced: the data survives a killed process, not a power loss.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from media_disk import DiskMediaStore
+from stepcore.encryption import Encryption
+from stepcore.engine import EngineStore, KeyConflict, SyncPort, ops
+from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.fileio import make_dir, write_atomic
+from stepcore.ids import validate_path_safe_run_id
+from stepcore.media import MediaStoreOption, resolve_media_store
+from stepcore.worker import WorkerThread
+
+__all__ = ('TemplatePort', 'TemplateStepStore', 'key_name')
+
+_NUMBERED = re.compile(r'(\d+)(?:\.([0-9a-f]{64}))?\.json')
+"""`<seq>.json` or `<seq>.<key name>.json` (other names, such as temporary files, are not records)."""
+_NEVER = datetime(1970, 1, 1, tzinfo=UTC)
+"""The start time of a record whose file is damaged: the engine reports it, but it still sorts."""
+
+Document = dict[str, Any] | ops.Unreadable | ops.Unparsable
+"""A record file's JSON object, or why it could not be had (the engine reports it as damaged)."""
+
+
+def key_name(text: str) -> str:
+    """The file name for an idempotency key or tool call id: any text, so its SHA-256."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _write(path: Path, **fields: Any) -> None:
+    make_dir(path.parent)
+    write_atomic(path, json.dumps(fields, ensure_ascii=False).encode(), sync=False)
+
+
+def _read(path: Path) -> Document | None:
+    """The JSON object in `path`; `None` when there is no such file."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return ops.Unreadable(f'{path} cannot be read: {error.strerror}')
+    try:
+        document = json.loads(raw)
+    except ValueError as error:
+        return ops.Unparsable(f'{path} is not JSON: {error}')
+    if not isinstance(document, dict):
+        return ops.Unparsable(f'{path} does not hold a JSON object')
+    return dict[str, Any](document)  # pyright: ignore[reportUnknownArgumentType]
+
+
+def _body(document: Document) -> ops.Body:
+    """What the engine reads: the stored body, or why the file could not be had."""
+    if not isinstance(document, dict):
+        return document
+    body = document.get('body')
+    return body if isinstance(body, str) else ops.Unparsable('the file holds no body')
+
+
+def _column(document: Document, name: str, default: Any = None) -> Any:
+    return document.get(name, default) if isinstance(document, dict) else default
+
+
+def _time(document: Document) -> datetime:
+    try:
+        return datetime.fromisoformat(_column(document, 'started_at'))
+    except (TypeError, ValueError):
+        return _NEVER
+
+
+def _text(body: ops.Body) -> str:
+    """A body the engine hands over to be stored: always bytes, UTF-8 JSON."""
+    assert isinstance(body, bytes), f'the engine hands bodies over as bytes, not {type(body).__name__}'
+    return body.decode()
+
+
+def _numbered(folder: Path) -> list[tuple[int, str | None, Path]]:
+    """`(seq, key name or None, path)` of each `<seq>[.<key name>].json` file in `folder`, by seq."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    found = [(m, name) for name in names if (m := _NUMBERED.fullmatch(name))]
+    return sorted((int(m[1]), m[2], folder / name) for m, name in found)
+
+
+class TemplatePort(SyncPort):
+    """The engine's operations on the files under `directory` (layout in the module docstring).
+
+    File I/O blocks, so this is a `SyncPort` with a thread of its own: the engine hands it each
+    whole write or read in one call.
+    """
+
+    name = 'template store'
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(worker=WorkerThread('stepcore-template'))
+        self.directory = directory
+
+    def describe(self) -> str:
+        return f'directory {str(self.directory)!r}'
+
+    def check_run_id(self, run_id: object) -> str:
+        return validate_path_safe_run_id(run_id)  # a run id names a folder
+
+    def run_folder(self, run_id: str) -> Path:
+        return self.directory / 'runs' / run_id
+
+    # -- writes and reads: the store's lock -----------------------------------------------------
+
+    @contextmanager
+    def _locked(self, how: int) -> Iterator[None]:
+        make_dir(self.directory)
+        fd = os.open(self.directory / 'lock', os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, how)  # waits for other writers, in this process or another
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def transaction(self, runs: Sequence[str]) -> Any:
+        return self._locked(fcntl.LOCK_EX)
+
+    def reading(self, run_id: str | None) -> Any:
+        return self._locked(fcntl.LOCK_SH)
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    def _run_row(self, run_id: str) -> ops.RunRow | None:
+        document = _read(self.run_folder(run_id) / 'run.json')
+        if document is None:
+            return None
+        return ops.RunRow(
+            run_id=run_id,
+            started_at=_time(document),
+            conversation_id=_column(document, 'conversation_id'),
+            parent_run_id=_column(document, 'parent_run_id'),
+            body=_body(document),
+        )
+
+    def _run_ids(self) -> list[str]:
+        try:
+            return os.listdir(self.directory / 'runs')
+        except FileNotFoundError:
+            return []
+
+    def insert_run(self, tx: Any, op: ops.InsertRun) -> ops.RunRow | None:
+        row = op.row
+        existing = self._run_row(row.run_id)
+        if existing is None:  # the store's lock makes the check and the write one step
+            _write(
+                self.run_folder(row.run_id) / 'run.json',
+                started_at=row.started_at.isoformat(),
+                conversation_id=row.conversation_id,
+                parent_run_id=row.parent_run_id,
+                body=_text(row.body),
+            )
+        return existing
+
+    def get_run(self, tx: Any, op: ops.GetRun) -> ops.RunRow | None:
+        return self._run_row(op.run_id)
+
+    def list_runs(self, tx: Any, op: ops.ListRuns) -> list[ops.RunRow]:
+        rows = [row for run_id in self._run_ids() if (row := self._run_row(run_id)) is not None]
+        return op.pick(rows)  # filters, order, `after` and `limit`, over rows in memory
+
+    def list_run_ids(self, tx: Any, op: ops.ListRunIds) -> list[str]:
+        return [
+            run_id
+            for run_id in self._run_ids()
+            if (self.run_folder(run_id) / 'run.json').exists() or _numbered(self.run_folder(run_id) / 'snapshots')
+        ]
+
+    def delete_run(self, tx: Any, op: ops.DeleteRun) -> bool:
+        folder = self.run_folder(op.run_id)
+        if not folder.exists():
+            return False
+        # Renamed away in one step, then removed: a process killed meanwhile leaves a `deleted-*`
+        # folder outside `runs/` (safe to remove), never half a run.
+        doomed = self.directory / f'deleted-{uuid.uuid4().hex}'
+        folder.rename(doomed)
+        shutil.rmtree(doomed)
+        return True
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def put_events(self, tx: Any, op: ops.PutEvents) -> None:
+        folder = self.run_folder(op.run_id) / 'events'
+        stored = _numbered(folder)
+        seq = stored[-1][0] if stored else 0
+        keys = {key for _, key, _ in stored if key is not None}
+        for row in op.rows:
+            name = f'{seq + 1}.json'
+            if row.idempotency_key is not None:
+                key = key_name(row.idempotency_key)
+                if key in keys:
+                    continue
+                keys.add(key)
+                name = f'{seq + 1}.{key}.json'  # the key in the name: one write, one listing finds it
+            seq += 1
+            _write(folder / name, idempotency_key=row.idempotency_key, body=_text(row.body))
+
+    def list_events(self, tx: Any, op: ops.ListEvents) -> list[ops.EventRow]:
+        stored = [(seq, path) for seq, _, path in _numbered(self.run_folder(op.run_id) / 'events')]
+        if op.after_seq is not None:
+            stored = [(seq, path) for seq, path in stored if seq > op.after_seq]
+        if op.limit is not None:
+            stored = stored[-op.limit :] if op.newest else stored[: op.limit]
+        rows: list[ops.EventRow] = []
+        for seq, path in stored:
+            document = _read(path)
+            if document is not None:
+                rows.append(ops.EventRow(op.run_id, _column(document, 'idempotency_key'), _body(document), seq=seq))
+        return rows
+
+    # -- the tool-effect ledger -----------------------------------------------------------------
+
+    def put_effects(self, tx: Any, op: ops.PutEffects) -> None:
+        for row in op.rows:
+            folder = self.run_folder(row.run_id) / 'effects'
+            path = folder / f'{key_name(row.tool_call_id)}.json'
+            earlier = _read(path)
+            # the ledger lists calls in the order they were first recorded: an update keeps its place
+            order = _column(earlier, 'order') if earlier is not None else None
+            if not isinstance(order, int):
+                order = len(os.listdir(folder)) + 1 if folder.exists() else 1
+            _write(
+                path,
+                tool_call_id=row.tool_call_id,
+                status=row.status,
+                started_at=row.started_at.isoformat(),
+                order=order,
+                body=_text(row.body),
+            )
+
+    def list_effects(self, tx: Any, op: ops.ListEffects) -> list[ops.EffectRow]:
+        folder = self.run_folder(op.run_id) / 'effects'
+        if op.tool_call_id is not None:
+            paths = [folder / f'{key_name(op.tool_call_id)}.json']
+        else:
+            paths = sorted(folder.glob('*.json'))
+        found: list[tuple[int, ops.EffectRow]] = []
+        for path in paths:
+            document = _read(path)
+            if document is None:
+                continue
+            row = ops.EffectRow(
+                run_id=op.run_id,
+                tool_call_id=_column(document, 'tool_call_id', op.tool_call_id or path.stem),
+                status=_column(document, 'status', ''),
+                started_at=_time(document),
+                body=_body(document),
+            )
+            order = _column(document, 'order', 0)
+            found.append((order if isinstance(order, int) else 0, row))
+        return [row for _, row in sorted(found, key=lambda pair: pair[0])]
+
+    # -- snapshots and their message nodes ------------------------------------------------------
+
+    def snapshot_key_applied(self, tx: Any, op: ops.SnapshotKeyApplied) -> bool:
+        return (self.run_folder(op.run_id) / 'snapshot-keys' / key_name(op.key)).exists()
+
+    def node_exists(self, tx: Any, op: ops.NodeExists) -> bool:
+        return (self.run_folder(op.run_id) / 'nodes' / f'{op.node}.json').exists()
+
+    def snapshot_states(self, tx: Any, op: ops.SnapshotStates) -> list[tuple[int, str]]:
+        return [(row.seq or 0, row.state) for row in self._snapshot_rows(op.run_id)]
+
+    def _new_node_ids(self, count: int) -> list[int]:
+        """`count` node ids never handed out before in this store, not even to a run since deleted."""
+        counter = self.directory / 'next-node'
+        first = int(counter.read_text()) if counter.exists() else 1
+        write_atomic(counter, str(first + count).encode(), sync=False)
+        return list(range(first, first + count))
+
+    def put_snapshot(self, tx: Any, op: ops.PutSnapshot) -> list[int]:
+        folder = self.run_folder(op.run_id)
+        key_file = folder / 'snapshot-keys' / key_name(op.key) if op.key is not None else None
+        if key_file is not None and key_file.exists():
+            raise KeyConflict(op.key)
+        # In the order the operation gives: the new message nodes, the row, then the key.
+        ids = self._new_node_ids(len(op.bodies))
+        head = op.parent
+        for node, body in zip(ids, op.bodies, strict=True):
+            _write(folder / 'nodes' / f'{node}.json', parent=head, body=body.decode())
+            head = node
+        # The engine's retention never prunes a run's newest snapshot, so one past it is a new seq.
+        stored = _numbered(folder / 'snapshots')
+        seq = stored[-1][0] + 1 if stored else 1
+        row = op.row
+        snapshot = folder / 'snapshots' / f'{seq}.json'
+        _write(snapshot, state=row.state, head=head, length=row.length, body=_text(row.body))
+        if key_file is not None:
+            _write(key_file, key=op.key)
+        return ids
+
+    def delete_snapshots(self, tx: Any, op: ops.DeleteSnapshots) -> None:
+        for seq in op.seqs:  # only the rows: message nodes and keys stay
+            (self.run_folder(op.run_id) / 'snapshots' / f'{seq}.json').unlink(missing_ok=True)
+
+    def _snapshot_rows(self, run_id: str) -> list[ops.SnapshotRow]:
+        rows: list[ops.SnapshotRow] = []
+        for seq, _, path in _numbered(self.run_folder(run_id) / 'snapshots'):
+            document = _read(path)
+            if document is None:
+                continue
+            head, length = _column(document, 'head'), _column(document, 'length', 0)
+            rows.append(
+                ops.SnapshotRow(
+                    run_id=run_id,
+                    state=_column(document, 'state', ''),
+                    head=head if isinstance(head, int) else None,
+                    length=length if isinstance(length, int) else 0,
+                    step_index=0,  # the engine keeps the step index in the body
+                    body=_body(document),
+                    seq=seq,
+                )
+            )
+        return rows
+
+    def list_snapshots(self, tx: Any, op: ops.ListSnapshots) -> list[ops.SnapshotRow]:
+        rows = self._snapshot_rows(op.run_id)
+        if op.complete_only:
+            rows = [row for row in rows if row.state == 'complete']
+        return rows[-1:] if op.newest else rows
+
+    def get_nodes(self, tx: Any, op: ops.GetNodes) -> dict[int, ops.Node]:
+        # Walk each chain from its head through the parents; a missing node ends the walk, and the
+        # engine reports the chain as broken.
+        folder = self.run_folder(op.run_id) / 'nodes'
+        nodes: dict[int, ops.Node] = {}
+        for head, length in op.chains:
+            node: int | None = head
+            for _ in range(length):
+                if node is None or node in nodes:
+                    break
+                document = _read(folder / f'{node}.json')
+                body = _column(document, 'body') if document is not None else None
+                if document is None or not isinstance(body, str):
+                    break
+                parent = _column(document, 'parent')
+                nodes[node] = (parent if isinstance(parent, int) else None, body.encode())
+                node = nodes[node][0]
+        return nodes
+
+
+class TemplateStepStore(EngineStore):
+    """Runs kept as one small JSON file per record under `directory`.
+
+    Args:
+        directory: where the store keeps its files (created when first written).
+        max_snapshots_per_run: keep at most this many snapshots per run (the engine prunes).
+        media_store: where binary content and large strings go: `'auto'` (the default) for a
+            `DiskMediaStore` in `directory/media`, `None` to keep them inline, or a media store.
+        media_threshold_bytes: strings at least this long go to the media store (64 KiB default).
+        encryption: encrypt bodies and media at rest (see the Security page).
+    """
+
+    features: ClassVar[frozenset[str]] = frozenset(
+        {PERSISTENT, SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, ENCRYPTION, CHECKSUMS}
+    )
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        max_snapshots_per_run: int | None = None,
+        media_store: MediaStoreOption = 'auto',
+        media_threshold_bytes: int | None = None,
+        encryption: Encryption | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        super().__init__(
+            TemplatePort(self.directory),
+            max_snapshots_per_run=max_snapshots_per_run,
+            # 'auto' is this store's own default media store; None and a media store pass through
+            media_store=resolve_media_store(
+                media_store, default=lambda: DiskMediaStore(self.directory / 'media'), owner=type(self).__name__
+            ),
+            media_threshold_bytes=media_threshold_bytes,
+            encryption=encryption,
+        )
