@@ -24,7 +24,7 @@ from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
 from stepcore.engine.sql import event_window
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import AUTO, MediaStoreOption, resolve_media_store
-from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.models import SnapshotState
 from stepcore.setup_once import SetupOnce
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
 
@@ -70,9 +70,7 @@ def _effect_row(row: tuple[Any, ...]) -> ops.EffectRow:
 
 
 def _snapshot_row(row: tuple[Any, ...]) -> ops.SnapshotRow:
-    return ops.SnapshotRow(
-        run_id=row[0], state=row[1], head=row[2], length=row[3], step_index=row[4], body=row[5], seq=row[6]
-    )
+    return ops.SnapshotRow(run_id=row[0], state=row[1], head=row[2], length=row[3], body=row[4], seq=row[5])
 
 
 def _first_run(rows: Rows) -> ops.RunRow | None:
@@ -269,16 +267,11 @@ class PostgresPort(AsyncPort):
         await tx.cursor().executemany(self._q.effect_upsert, params)
 
     def _ask_list_effects(self, op: ops.ListEffects) -> _Ask[list[ops.EffectRow]]:
-        started = ToolEffectStatus.STARTED.value
         if op.tool_call_id is not None:
             query, params = self._q.effect_get, (op.run_id, op.tool_call_id)
-        elif op.unresolved:
-            query, params = self._q.effects_by_status, (op.run_id, started)
         else:
             query, params = self._q.effects_list, (op.run_id,)
-        return _Ask(
-            query, params, lambda rows: [r for r in map(_effect_row, rows) if not op.unresolved or r.status == started]
-        )
+        return _Ask(query, params, lambda rows: [_effect_row(r) for r in rows])
 
     async def list_effects(self, tx: AsyncConnection[Any], op: ops.ListEffects) -> list[ops.EffectRow]:
         return await _fetch(tx, self._ask_list_effects(op))
@@ -322,7 +315,7 @@ class PostgresPort(AsyncPort):
             'parents': [op.parent, *nodes[:-1]] if nodes else [],
             'bodies': list(op.bodies),
             'state': row.state,
-            'step_index': row.step_index,
+            'step_index': ops.legacy_step_index(row.body),
             'head': nodes[-1] if nodes else op.parent,
             'length': row.length,
             'record': _text(row.body),
@@ -407,7 +400,6 @@ class _Queries:
         effect_columns = 'SELECT run_id, tool_call_id, status, started_at, record FROM {tool_effects}'
         self.effect_get = q(effect_columns + ' WHERE run_id = %s AND tool_call_id = %s')
         self.effects_list = q(effect_columns + ' WHERE run_id = %s ORDER BY started_at, ord')
-        self.effects_by_status = q(effect_columns + ' WHERE run_id = %s AND status = %s ORDER BY started_at, ord')
         self.snapshot_key_applied = q(
             'SELECT EXISTS (SELECT 1 FROM {snapshot_keys} WHERE run_id = %s AND idempotency_key = %s)'
         )
@@ -439,9 +431,7 @@ class _Queries:
             FROM c"""
         )
         self.snapshot_delete = q('DELETE FROM {snapshots} WHERE run_id = %s AND seq = ANY(%s::bigint[])')
-        snapshot_columns = (
-            'SELECT run_id, state, head, length, step_index, record, seq FROM {snapshots} WHERE run_id = %(run)s'
-        )
+        snapshot_columns = 'SELECT run_id, state, head, length, record, seq FROM {snapshots} WHERE run_id = %(run)s'
         complete = ' AND state = %(complete)s'
         self.snapshots: dict[tuple[bool, bool], sql.Composed] = {
             (False, False): q(snapshot_columns + ' ORDER BY seq'),

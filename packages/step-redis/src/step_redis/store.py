@@ -26,7 +26,7 @@ from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, StaleHistory, ops
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStoreOption, check_media_store, resolve_media_store
-from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.models import SnapshotState
 from stepcore.retention import check_max_snapshots
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 
@@ -84,12 +84,11 @@ def _event_row(run_id: str, seq: int, value: bytes) -> ops.EventRow:
 
 def _snapshot_row(run_id: str, seq: bytes, state: bytes, value: bytes) -> ops.SnapshotRow:
     try:
-        head, length, step_index, body = unpack(value, 4)
-        return ops.SnapshotRow(
-            run_id, state.decode(), int(head) if head else None, int(length), int(step_index), body, seq=int(seq)
-        )
+        # the third field is the step index, written for stores of earlier versions that read it
+        head, length, _, body = unpack(value, 4)
+        return ops.SnapshotRow(run_id, state.decode(), int(head) if head else None, int(length), body, seq=int(seq))
     except ValueError as error:
-        return ops.SnapshotRow(run_id, state.decode(errors='replace'), None, 0, 0, _unreadable(error), seq=int(seq))
+        return ops.SnapshotRow(run_id, state.decode(errors='replace'), None, 0, _unreadable(error), seq=int(seq))
 
 
 def _pairs(flat: Sequence[Any]) -> list[tuple[bytes, bytes]]:
@@ -284,9 +283,6 @@ class RedisPort(AsyncPort):
         found = [
             _effect_row(op.run_id, call.decode(), by_id[call]) for call in cast(list[bytes], order) if call in by_id
         ]
-        if op.unresolved:  # a row that cannot be read stays: leaving it out could hide an effect in flight
-            started = ToolEffectStatus.STARTED.value
-            found = [row for row in found if row.status == started or isinstance(row.body, ops.Unreadable)]
         return found
 
     # -- snapshots ----------------------------------------------------------------------------
@@ -329,6 +325,7 @@ class RedisPort(AsyncPort):
         nodes = await self._node_ids(len(op.bodies))
         row = op.row
         head = nodes[-1] if nodes else op.parent
+        body = _bytes(row.body)
         tx.args += [
             'S',
             tx.run(op.run_id),
@@ -336,7 +333,7 @@ class RedisPort(AsyncPort):
             '' if op.parent is None else op.parent,
             row.state,
             '1' if row.state == _COMPLETE else '',
-            pack('' if head is None else str(head), str(row.length), str(row.step_index), _bytes(row.body)),
+            pack('' if head is None else str(head), str(row.length), str(ops.legacy_step_index(body)), body),
             len(nodes),
         ]
         parent = op.parent

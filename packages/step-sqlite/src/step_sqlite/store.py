@@ -19,7 +19,7 @@ from stepcore.engine.sql import event_window
 from stepcore.engine.store import EngineStore
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import AUTO, MediaStoreOption, check_media_store, resolve_media_store
-from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.models import SnapshotState
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
 
 from .connection import Database, Synchronous, write_transaction
@@ -90,10 +90,7 @@ def _run_row(row: tuple[Any, ...]) -> ops.RunRow:
 
 
 def _snapshot_row(row: tuple[Any, ...]) -> ops.SnapshotRow:
-    # the step index lives in the record; the row's column is for the engine's writes only
-    return ops.SnapshotRow(
-        run_id=row[0], state=row[1], head=row[2], length=row[3], step_index=0, body=row[4], seq=row[5]
-    )
+    return ops.SnapshotRow(run_id=row[0], state=row[1], head=row[2], length=row[3], body=row[4], seq=row[5])
 
 
 def _effect_row(row: tuple[Any, ...]) -> ops.EffectRow:
@@ -243,9 +240,6 @@ class SqlitePort(SyncPort):
         if op.tool_call_id is not None:
             sql += ' AND tool_call_id = ?'
             params.append(op.tool_call_id)
-        if op.unresolved:
-            sql += ' AND status = ?'
-            params.append(ToolEffectStatus.STARTED.value)
         return [_effect_row(r) for r in tx.execute(sql + ' ORDER BY started_us, rowid', params)]
 
     # -- snapshots ----------------------------------------------------------------------------

@@ -619,7 +619,6 @@ class EngineStore(StepStore):
                 state=state,
                 head=None,
                 length=delta.total,
-                step_index=snapshot.step_index,
                 body=self._sealer.record(header, (run_id, state, delta.total), SNAPSHOT_CLEAR),
             )
             parent = cast(int | None, delta.parent)
@@ -679,15 +678,10 @@ class EngineStore(StepStore):
                 skip_damaged(error)
         return event_window(found, after_seq, limit, newest)
 
-    async def _effects(self, op: ListEffects) -> list[ToolEffectRecord]:
+    async def _effects(self, op: ListEffects, *, unresolved: bool = False) -> list[ToolEffectRecord]:
         # A ledger entry that cannot be read is an error: leaving it out could hide an effect in
         # flight. The unresolved ones are found here, not by the port, so that an entry whose
         # status or call id was altered is read (and its checksum fails) rather than filtered out.
-        if op.unresolved:
-            op = ListEffects(op.run_id, tool_call_id=op.tool_call_id)
-            unresolved = True
-        else:
-            unresolved = False
         rows = cast(Sequence[EffectRow], await self._read(op.run_id, _single(op)))
         found: list[ToolEffectRecord] = []
         for row in rows:
@@ -704,19 +698,14 @@ class EngineStore(StepStore):
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         run_id = self._run_id(run_id)
-        found = [
-            r
-            for r in await self._effects(ListEffects(run_id, tool_call_id=tool_call_id))
-            if r.tool_call_id == tool_call_id
-        ]
+        found = await self._effects(ListEffects(run_id, tool_call_id=tool_call_id))
         return found[-1] if found else None
 
     async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         return await self._effects(ListEffects(self._run_id(run_id)))
 
     async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        found = await self._effects(ListEffects(self._run_id(run_id), unresolved=True))
-        return [r for r in found if r.unresolved]
+        return await self._effects(ListEffects(self._run_id(run_id)), unresolved=True)
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         run_id = self._run_id(run_id)
