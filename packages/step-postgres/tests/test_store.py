@@ -364,15 +364,15 @@ async def test_every_protocol_query_can_use_an_index(
     checks: list[tuple[Any, Any]] = [
         (q.run_get, ('r',)),
         *(
-            (ask.query, ask.params)
+            ask.request
             for ask in (
-                port._ask_list_runs(ops.ListRuns(conversation_id='c')),
-                port._ask_list_runs(ops.ListRuns(parent_run_id='p')),
-                port._ask_list_runs(ops.ListRuns(conversation_id='c', parent_run_id='p')),
-                port._ask_list_runs(ops.ListRuns()),
-                port._ask_list_runs(ops.ListRuns(after=(utcnow(), 'r'), limit=10)),
-                port._ask_list_runs(ops.ListRuns(started_before=utcnow(), newest_first=True, limit=10)),
-                port._ask_list_runs(ops.ListRuns(conversation_id='c', after=(utcnow(), 'r'), limit=10)),
+                port.ask_list_runs(ops.ListRuns(conversation_id='c')),
+                port.ask_list_runs(ops.ListRuns(parent_run_id='p')),
+                port.ask_list_runs(ops.ListRuns(conversation_id='c', parent_run_id='p')),
+                port.ask_list_runs(ops.ListRuns()),
+                port.ask_list_runs(ops.ListRuns(after=(utcnow(), 'r'), limit=10)),
+                port.ask_list_runs(ops.ListRuns(started_before=utcnow(), newest_first=True, limit=10)),
+                port.ask_list_runs(ops.ListRuns(conversation_id='c', after=(utcnow(), 'r'), limit=10)),
             )
         ),
         (q.events_list, ('r',)),
