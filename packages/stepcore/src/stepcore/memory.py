@@ -11,7 +11,7 @@ from .engine.plans import KeyConflict
 from .engine.port import SyncPort
 from .engine.store import EngineStore
 from .features import CHECKSUMS, ENCRYPTION, SNAPSHOT_RETENTION
-from .media import MediaStoreOption, resolve_media_store
+from .media import MediaStoreOption
 from .models import SnapshotState
 
 __all__ = ('InMemoryStepStore', 'MemoryPort')
@@ -174,7 +174,7 @@ class InMemoryStepStore(EngineStore):
         super().__init__(
             MemoryPort(),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=resolve_media_store(media_store, default=lambda: None, owner=type(self).__name__),
+            media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

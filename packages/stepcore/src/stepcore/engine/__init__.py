@@ -1,6 +1,8 @@
 """The storage engine: one implementation of every store mechanism, over a small port per backend.
 
-- `EngineStore` (`store.py`): the `StepStore` a backend subclasses.
+- `EngineStore` (`store.py`): the `StepStore` a backend subclasses: the public API.
+- `rows.py`: the row codec: records into rows (bodies sealed) and back, damage named.
+- `driver.py`: runs plans on a port, in transactions, inline or grouped.
 - `SyncPort` / `AsyncPort` (`port.py`): the I/O a backend implements, one method per operation.
 - `PipelinedPort`, `Ask`, `NodeIdBlocks` (`pipeline.py`): what network ports share: reads sent
   together, message node ids reserved in blocks.
