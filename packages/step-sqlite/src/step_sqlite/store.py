@@ -318,7 +318,8 @@ class SqliteStepStore(EngineStore):
 
     Pass `database=` (a path; the file is created readable by its owner only and the store closes
     its connection in `aclose`) or `connection=` (an open `sqlite3.Connection` created with
-    `check_same_thread=False`, shared with your application and never closed by the store).
+    `check_same_thread=False`, shared with your application and never closed by the store), or
+    another step-sqlite store's `Database` as `database=` (its connection shared, never closed here).
     Large payloads are externalized to `media_store` (`'auto'`, the default: a `SqliteMediaStore`
     on the same database; `None` keeps them inline; or a media store of your own).
     `max_snapshots_per_run` bounds the snapshots kept per run.
@@ -331,7 +332,7 @@ class SqliteStepStore(EngineStore):
 
     def __init__(
         self,
-        database: str | os.PathLike[str] | None = None,
+        database: str | os.PathLike[str] | Database | None = None,
         *,
         connection: sqlite3.Connection | None = None,
         media_store: MediaStoreOption = 'auto',
@@ -341,36 +342,20 @@ class SqliteStepStore(EngineStore):
         synchronous: Synchronous = 'NORMAL',
         encryption: Encryption | None = None,
     ) -> None:
-        db = Database(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
-        self._attach(db, media_store, media_threshold_bytes, max_snapshots_per_run, encryption)
-
-    @classmethod
-    def on_database(cls, db: Database) -> SqliteStepStore:
-        """A step store on another store's connection (sharing its lock and thread; never closes it)."""
-        store = cls.__new__(cls)
-        store._attach(db.share(cls.__name__), AUTO, DEFAULT_MEDIA_THRESHOLD_BYTES, None)
-        return store
-
-    def _attach(
-        self,
-        db: Database,
-        media_store: MediaStoreOption,
-        media_threshold_bytes: int,
-        max_snapshots_per_run: int | None,
-        encryption: Encryption | None = None,
-    ) -> None:
         # a harness file's media go to this database's own when that is the store's media store
         externalize = check_media_store(media_store, owner=type(self).__name__) == AUTO
-        db.add_setup(
-            'harness',
-            lambda conn: migrate_harness_database(
-                conn, where=db.describe, externalize=externalize, threshold=media_threshold_bytes, timeout=db.timeout
-            ),
-        )
+        db = Database.given(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
+
+        def migrate(conn: sqlite3.Connection) -> None:
+            def store_on(here: Database) -> SqliteStepStore:
+                media = AUTO if externalize else None
+                return SqliteStepStore(here, media_store=media, media_threshold_bytes=media_threshold_bytes)
+
+            migrate_harness_database(conn, where=db.describe, store_on=store_on, timeout=db.timeout)
+
+        db.add_setup('harness', migrate)
         db.add_setup(STEPS.name, lambda conn: ensure_schema(conn, STEPS, where=db.describe))
-        media = resolve_media_store(
-            media_store, default=lambda: SqliteMediaStore.on_database(db), owner=type(self).__name__
-        )
+        media = resolve_media_store(media_store, default=lambda: SqliteMediaStore(db), owner=type(self).__name__)
         self._db = db
         super().__init__(
             SqlitePort(db),
@@ -379,6 +364,11 @@ class SqliteStepStore(EngineStore):
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )
+
+    @classmethod
+    def on_database(cls, db: Database) -> SqliteStepStore:
+        """A step store on another store's connection (sharing its lock and thread; never closes it)."""
+        return cls(db)
 
     async def aclose(self) -> None:
         """Close the connection when the store opened it (a given `connection=` stays open)."""
