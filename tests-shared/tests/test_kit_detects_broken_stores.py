@@ -49,7 +49,7 @@ class IgnoresEventKeys(InMemoryStepStore):
 class RunsInInsertionOrder(InMemoryStepStore):
     async def list_runs(self, *, conversation_id=None, parent_run_id=None):
         rows = list(self.port._runs.values())  # as registered, whatever their start
-        records = [self._decode_run(row) for row in rows]
+        records = [self._rows.decode_run(row) for row in rows]
         return [
             r for r in records
             if (conversation_id is None or r.conversation_id == conversation_id)

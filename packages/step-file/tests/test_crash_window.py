@@ -105,7 +105,7 @@ async def test_put_snapshot_refuses_a_key_another_process_recorded_meanwhile(tmp
     )
     port = store.port
     assert isinstance(port, FilePort)
-    row = SnapshotRow('keys', SnapshotState.COMPLETE.value, None, 0, 0, b'{"format":1}')
+    row = SnapshotRow('keys', SnapshotState.COMPLETE.value, None, 0, b'{"format":1}')
 
     def put() -> None:
         with port.transaction(['keys']) as tx:

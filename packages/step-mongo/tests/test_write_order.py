@@ -103,7 +103,7 @@ async def test_a_batch_stopped_between_writes_keeps_the_crash_rule_and_a_retry_c
 
 
 def _row(run_id: str) -> SnapshotRow:
-    return SnapshotRow(run_id=run_id, state='complete', head=None, length=1, step_index=0, body=b'{"format":1}')
+    return SnapshotRow(run_id=run_id, state='complete', head=None, length=1, body=b'{"format":1}')
 
 
 async def test_put_snapshot_raises_key_conflict_when_the_key_was_recorded_meanwhile(

@@ -333,3 +333,27 @@ async def test_a_history_whose_messages_vanished_before_the_commit_is_stored_who
     assert passed.count('commit') == 2, f'the save was not written again after the stale commit: {passed}'
     (snapshot,) = await store.list_snapshots(run_id)
     assert snapshot.messages == _history(3)
+
+
+async def test_a_snapshot_row_keeps_its_step_index_for_earlier_versions(
+    redis_url: str, key_prefix: str, new_prefix: Callable[[], str], redis_client: Redis
+) -> None:
+    # Earlier versions of this store read a snapshot row's third field as an integer: it holds the
+    # step index in clear, and 0 where the record is encrypted.
+    from step_redis.keys import unpack
+    from stepcore import Encryption, generate_key
+
+    sealed_prefix = new_prefix()
+    async with (
+        RedisStepStore(url=redis_url, key_prefix=key_prefix) as clear,
+        RedisStepStore(
+            url=redis_url, key_prefix=sealed_prefix, encryption=Encryption(keys={'k': generate_key()})
+        ) as sealed,
+    ):
+        for store, expected in ((clear, [b'4', b'7']), (sealed, [b'0', b'0'])):
+            for step in (4, 7):
+                await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=step, messages=_history(step)))
+            rows = await redis_client.hgetall(store.keys.run('r').snap)  # pyright: ignore[reportUnknownMemberType, reportGeneralTypeIssues]
+            values = [unpack(value, 4)[2] for _, value in sorted(rows.items(), key=lambda kv: int(kv[0]))]  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType, reportUnknownLambdaType, reportUnknownVariableType]
+            assert values == expected
+            assert [s.step_index for s in await store.list_snapshots('r')] == [4, 7]

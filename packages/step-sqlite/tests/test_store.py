@@ -604,3 +604,27 @@ async def test_the_wal_is_checkpointed_between_calls_every_few_writes(tmp_path: 
     reopened = SqliteStepStore(database=path)
     assert len(await reopened.list_events('r')) == 2 * CHECKPOINT_EVERY_WRITES - 1
     await reopened.aclose()
+
+
+async def test_stores_built_on_another_stores_database_share_its_connection(tmp_path: Path) -> None:
+    from step_sqlite.connection import Database
+
+    db = Database.open(tmp_path / 'shared.db', None, owner='test')
+    owner = SqliteStepStore(db)
+    await owner.register_run(RunRecord(run_id='r'))
+    steps = SqliteStepStore.on_database(db)
+    media = SqliteMediaStore(db)
+    assert isinstance(steps.media_store, SqliteMediaStore)
+    uri = await media.put(b'blob')
+    assert [r.run_id for r in await steps.list_runs()] == ['r']
+    await steps.aclose()
+    await media.aclose()
+    # the sharers never close the connection they were given
+    assert await owner.get_run('r') is not None
+    assert await SqliteMediaStore.on_database(db).get(uri) == b'blob'
+    await owner.aclose()
+    await db.aclose()
+    other = sqlite3.connect(':memory:', check_same_thread=False)
+    with pytest.raises(ValueError, match='SqliteStepStore takes a Database or connection=, not both'):
+        SqliteStepStore(db, connection=other)
+    other.close()

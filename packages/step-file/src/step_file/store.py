@@ -29,7 +29,7 @@ from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERS
 from stepcore.fileio import TEMP_NAME, fsync_dir, make_dir, write_atomic, write_temp
 from stepcore.ids import validate_path_safe_run_id
 from stepcore.media import MediaStoreOption, resolve_media_store
-from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.models import SnapshotState
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
 from stepcore.worker import WorkerThread, WouldBlock, running_inline
 
@@ -357,8 +357,6 @@ class FilePort(SyncPort):
         # An unreadable entry (status '') goes with every answer: the engine refuses to read the ledger.
         if op.tool_call_id is not None:
             rows = [r for r in rows if r.tool_call_id == op.tool_call_id or not r.status]
-        if op.unresolved:
-            rows = [r for r in rows if r.status in (ToolEffectStatus.STARTED.value, '')]
         return rows
 
     # -- snapshots ----------------------------------------------------------------------------
@@ -474,12 +472,12 @@ class FilePort(SyncPort):
             return None  # pruned meanwhile
         except OSError as exc:
             reason = f'snapshot file {str(path)!r} is unreadable ({type(exc).__name__}: {exc.strerror})'
-            return ops.SnapshotRow(run_id, '', None, 0, 0, ops.Unreadable(reason), seq=seq)
+            return ops.SnapshotRow(run_id, '', None, 0, ops.Unreadable(reason), seq=seq)
         except Uncommitted as exc:
             logger.warning('step_file: passing over snapshot %s: %s', path, exc)
             return None
         except ValueError as exc:
-            return ops.SnapshotRow(run_id, '', None, 0, 0, ops.Unparsable(str(exc)), seq=seq)
+            return ops.SnapshotRow(run_id, '', None, 0, ops.Unparsable(str(exc)), seq=seq)
         state = header.get('state')
         state = cast(str, state) if state in STATES else ''  # unknown: the engine reports it when read
         if complete_only and state not in (SnapshotState.COMPLETE.value, ''):
@@ -496,7 +494,7 @@ class FilePort(SyncPort):
                     end,
                 )
                 return None
-        return ops.SnapshotRow(run_id, state, head, length, 0, header, seq=seq)
+        return ops.SnapshotRow(run_id, state, head, length, header, seq=seq)
 
     def _nodes(self, tx: _Tx, run: _Run) -> tuple[Nodes, int]:
         """The run's message nodes and their end, read once per read."""

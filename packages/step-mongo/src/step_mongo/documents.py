@@ -195,7 +195,6 @@ def snapshot_row(doc: Document) -> SnapshotRow:
         state=cast(str, doc.get('state')),
         head=head,
         length=length,
-        step_index=0,  # the step index lives in the body; the row's field is for the engine's writes
         body=body,
         seq=seq if isinstance(seq, int) else None,
     )

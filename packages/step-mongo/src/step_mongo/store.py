@@ -43,7 +43,7 @@ from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStoreOption, check_media_store, resolve_media_store
-from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.models import SnapshotState
 from stepcore.retention import check_max_snapshots
 from stepcore.setup_once import SetupOnce
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
@@ -298,8 +298,6 @@ class MongoPort(AsyncPort):
         query: Document = {'run_id': op.run_id}
         if op.tool_call_id is not None:
             query['tool_call_id'] = op.tool_call_id
-        if op.unresolved:
-            query['status'] = ToolEffectStatus.STARTED.value
         return [effect_row(doc) async for doc in self._effects.find(query, sort=_BY_START)]
 
     # -- snapshots ----------------------------------------------------------------------------

@@ -12,19 +12,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Generic, TypeAlias, TypeVar
+from typing import Any, ClassVar, Final, TypeAlias, TypeVar
 
 from psycopg import AsyncConnection, Error, errors, pq, sql
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from stepcore.encryption import Encryption
-from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
+from stepcore.engine import Ask, EngineStore, KeyConflict, NodeIdBlocks, PipelinedPort, ops
 from stepcore.engine.sql import event_window
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import AUTO, MediaStoreOption, resolve_media_store
-from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.models import SnapshotState
 from stepcore.setup_once import SetupOnce
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
 
@@ -41,19 +40,12 @@ Rows: TypeAlias = list[tuple[Any, ...]]
 DEFAULT_MEDIA: Final = AUTO
 """`media_store=` default, `'auto'`: a `PostgresMediaStore` on the store's pool and table prefix."""
 
-_NODE_ID_BLOCK: Final = 128
-"""Message node ids a port takes from the database's sequence at a time (see `PostgresPort`)."""
-
 _RUN_TABLES: Final = ('events', 'event_keys', 'counters', 'nodes', 'snapshots', 'snapshot_keys', 'tool_effects', 'runs')
 
 
-@dataclass(frozen=True, slots=True)
-class _Ask(Generic[T]):
+def _ask(query: sql.Composed, params: Sequence[Any] | Mapping[str, Any], answer: Callable[[Rows], T]) -> Ask[T]:
     """A read: one statement, its parameters, and how its rows become the operation's answer."""
-
-    query: sql.Composed
-    params: Sequence[Any] | Mapping[str, Any]
-    answer: Callable[[Rows], T]
+    return Ask((query, params), answer)
 
 
 def _text(body: ops.Body) -> str:
@@ -70,9 +62,7 @@ def _effect_row(row: tuple[Any, ...]) -> ops.EffectRow:
 
 
 def _snapshot_row(row: tuple[Any, ...]) -> ops.SnapshotRow:
-    return ops.SnapshotRow(
-        run_id=row[0], state=row[1], head=row[2], length=row[3], step_index=row[4], body=row[5], seq=row[6]
-    )
+    return ops.SnapshotRow(run_id=row[0], state=row[1], head=row[2], length=row[3], body=row[4], seq=row[5])
 
 
 def _first_run(rows: Rows) -> ops.RunRow | None:
@@ -83,12 +73,6 @@ def _flag(rows: Rows) -> bool:
     return bool(rows[0][0])
 
 
-async def _fetch(tx: AsyncConnection[Any], ask: _Ask[T]) -> T:
-    cursor = tx.cursor(row_factory=tuple_row)
-    await cursor.execute(ask.query, ask.params)
-    return ask.answer(await cursor.fetchall())
-
-
 async def _roll_back(conn: AsyncConnection[Any]) -> None:
     """End a transaction that did not commit; a broken connection is left to the pool to discard."""
     if not conn.closed:
@@ -96,7 +80,7 @@ async def _roll_back(conn: AsyncConnection[Any]) -> None:
             await conn.rollback()
 
 
-class PostgresPort(AsyncPort):
+class PostgresPort(PipelinedPort):
     """The engine's operations as SQL on `<prefix>_*` tables (schema in `schema.py`).
 
     `transaction(runs)` is one connection in pipeline mode running `BEGIN`, a transaction-scoped
@@ -115,7 +99,7 @@ class PostgresPort(AsyncPort):
         self._tables = tables
         self._q = _Queries(tables)
         self._ensure = SetupOnce(self._create_schema)
-        self._spare_node_ids: list[int] = []
+        self._node_ids = NodeIdBlocks()
 
     def describe(self) -> str:
         return f"PostgreSQL tables '{self._tables.prefix}_*'"
@@ -166,15 +150,13 @@ class PostgresPort(AsyncPort):
         async with self._connection() as conn:
             yield conn
 
-    async def run_group(self, tx: AsyncConnection[Any], ops: Sequence[ops.Op]) -> list[Any]:
-        """Send the group's reads together and wait once, inside a transaction's pipeline."""
-        if tx.pgconn.pipeline_status == pq.PipelineStatus.OFF:
-            return await super().run_group(tx, ops)
-        asks: list[_Ask[Any]] = [getattr(self, f'_ask_{op.method}')(op) for op in ops]
-        cursors = [tx.cursor(row_factory=tuple_row) for _ in asks]
-        for ask, cursor in zip(asks, cursors, strict=True):
-            await cursor.execute(ask.query, ask.params)
-        return [ask.answer(await cursor.fetchall()) for ask, cursor in zip(asks, cursors, strict=True)]
+    async def pipeline(self, tx: AsyncConnection[Any], requests: Sequence[Any]) -> list[Rows]:
+        """Send the statements, then read their rows: inside a transaction's pipeline the server
+        gets them together and the port waits once; outside one, each in turn."""
+        cursors = [tx.cursor(row_factory=tuple_row) for _ in requests]
+        for (query, params), cursor in zip(requests, cursors, strict=True):
+            await cursor.execute(query, params)
+        return [await cursor.fetchall() for cursor in cursors]
 
     async def close(self) -> None:
         await self._handle.close()
@@ -184,20 +166,17 @@ class PostgresPort(AsyncPort):
     async def insert_run(self, tx: AsyncConnection[Any], op: ops.InsertRun) -> ops.RunRow | None:
         row = op.row
         params = (row.run_id, row.started_at, row.conversation_id, row.parent_run_id, _text(row.body))
-        if await _fetch(tx, _Ask(self._q.run_insert, params, bool)):
+        if await self.fetch(tx, _ask(self._q.run_insert, params, bool)):
             return None
-        existing = await self.get_run(tx, ops.GetRun(row.run_id))
+        existing = await self.fetch(tx, self.ask_get_run(ops.GetRun(row.run_id)))
         if existing is None:  # pragma: no cover - deleted meanwhile by a writer without the run lock
             raise RuntimeError(f'run {row.run_id!r} was neither inserted nor found in {self.describe()}: retry')
         return existing
 
-    def _ask_get_run(self, op: ops.GetRun) -> _Ask[ops.RunRow | None]:
-        return _Ask(self._q.run_get, (op.run_id,), _first_run)
+    def ask_get_run(self, op: ops.GetRun) -> Ask[ops.RunRow | None]:
+        return _ask(self._q.run_get, (op.run_id,), _first_run)
 
-    async def get_run(self, tx: AsyncConnection[Any], op: ops.GetRun) -> ops.RunRow | None:
-        return await _fetch(tx, self._ask_get_run(op))
-
-    def _ask_list_runs(self, op: ops.ListRuns) -> _Ask[list[ops.RunRow]]:
+    def ask_list_runs(self, op: ops.ListRuns) -> Ask[list[ops.RunRow]]:
         """Lineage, time bounds, the keyset and the limit in SQL; ties in `run_id` order by code point
         (`COLLATE "C"`, as the engine orders them). The agent name is left to the engine."""
         clauses: list[sql.Composable] = []
@@ -234,16 +213,13 @@ class PostgresPort(AsyncPort):
         if op.limit is not None:
             parts.append(sql.SQL(' LIMIT %s'))
             params.append(op.limit)
-        return _Ask(sql.Composed(parts), params, lambda rows: [_run_row(r) for r in rows])
-
-    async def list_runs(self, tx: AsyncConnection[Any], op: ops.ListRuns) -> list[ops.RunRow]:
-        return await _fetch(tx, self._ask_list_runs(op))
+        return _ask(sql.Composed(parts), params, lambda rows: [_run_row(r) for r in rows])
 
     async def list_run_ids(self, tx: AsyncConnection[Any], op: ops.ListRunIds) -> list[str]:
-        return await _fetch(tx, _Ask(self._q.run_ids, (), lambda rows: [str(r[0]) for r in rows]))
+        return await self.fetch(tx, _ask(self._q.run_ids, (), lambda rows: [str(r[0]) for r in rows]))
 
     async def delete_run(self, tx: AsyncConnection[Any], op: ops.DeleteRun) -> bool:
-        return await _fetch(tx, _Ask(self._q.run_delete, {'run': op.run_id}, _flag))
+        return await self.fetch(tx, _ask(self._q.run_delete, {'run': op.run_id}, _flag))
 
     # -- events and ledger --------------------------------------------------------------------
 
@@ -251,69 +227,44 @@ class PostgresPort(AsyncPort):
         params = [{'run': op.run_id, 'key': r.idempotency_key, 'record': _text(r.body)} for r in op.rows]
         await tx.cursor().executemany(self._q.event_insert, params)
 
-    def _ask_list_events(self, op: ops.ListEvents) -> _Ask[list[ops.EventRow]]:
+    def ask_list_events(self, op: ops.ListEvents) -> Ask[list[ops.EventRow]]:
         query, params = self._q.events_list, ()
         if op.after_seq is not None or op.limit is not None:
             query, params = self._q.events_window(op)
-        return _Ask(
+        return _ask(
             query,
             (op.run_id, *params),
             lambda rows: [ops.EventRow(op.run_id, key, record, seq=seq) for seq, key, record in rows],
         )
 
-    async def list_events(self, tx: AsyncConnection[Any], op: ops.ListEvents) -> list[ops.EventRow]:
-        return await _fetch(tx, self._ask_list_events(op))
-
     async def put_effects(self, tx: AsyncConnection[Any], op: ops.PutEffects) -> None:
         params = [(r.run_id, r.tool_call_id, r.status, r.started_at, _text(r.body)) for r in op.rows]
         await tx.cursor().executemany(self._q.effect_upsert, params)
 
-    def _ask_list_effects(self, op: ops.ListEffects) -> _Ask[list[ops.EffectRow]]:
-        started = ToolEffectStatus.STARTED.value
+    def ask_list_effects(self, op: ops.ListEffects) -> Ask[list[ops.EffectRow]]:
         if op.tool_call_id is not None:
             query, params = self._q.effect_get, (op.run_id, op.tool_call_id)
-        elif op.unresolved:
-            query, params = self._q.effects_by_status, (op.run_id, started)
         else:
             query, params = self._q.effects_list, (op.run_id,)
-        return _Ask(
-            query, params, lambda rows: [r for r in map(_effect_row, rows) if not op.unresolved or r.status == started]
-        )
-
-    async def list_effects(self, tx: AsyncConnection[Any], op: ops.ListEffects) -> list[ops.EffectRow]:
-        return await _fetch(tx, self._ask_list_effects(op))
+        return _ask(query, params, lambda rows: [_effect_row(r) for r in rows])
 
     # -- snapshots ----------------------------------------------------------------------------
 
-    def _ask_snapshot_key_applied(self, op: ops.SnapshotKeyApplied) -> _Ask[bool]:
-        return _Ask(self._q.snapshot_key_applied, (op.run_id, op.key), _flag)
+    def ask_snapshot_key_applied(self, op: ops.SnapshotKeyApplied) -> Ask[bool]:
+        return _ask(self._q.snapshot_key_applied, (op.run_id, op.key), _flag)
 
-    async def snapshot_key_applied(self, tx: AsyncConnection[Any], op: ops.SnapshotKeyApplied) -> bool:
-        return await _fetch(tx, self._ask_snapshot_key_applied(op))
+    def ask_node_exists(self, op: ops.NodeExists) -> Ask[bool]:
+        return _ask(self._q.node_exists, (op.node, op.run_id), _flag)
 
-    def _ask_node_exists(self, op: ops.NodeExists) -> _Ask[bool]:
-        return _Ask(self._q.node_exists, (op.node, op.run_id), _flag)
-
-    async def node_exists(self, tx: AsyncConnection[Any], op: ops.NodeExists) -> bool:
-        return await _fetch(tx, self._ask_node_exists(op))
-
-    def _ask_snapshot_states(self, op: ops.SnapshotStates) -> _Ask[list[tuple[int, str]]]:
-        return _Ask(self._q.snapshot_states, (op.run_id,), lambda rows: [(int(s), str(st)) for s, st in rows])
-
-    async def snapshot_states(self, tx: AsyncConnection[Any], op: ops.SnapshotStates) -> list[tuple[int, str]]:
-        return await _fetch(tx, self._ask_snapshot_states(op))
-
-    async def _node_ids(self, tx: AsyncConnection[Any], count: int) -> list[int]:
-        spare = self._spare_node_ids
-        while len(spare) < count:
-            params = (self._tables.name('node_ids'), count - len(spare) + _NODE_ID_BLOCK)
-            spare.extend(await _fetch(tx, _Ask(self._q.node_ids, params, lambda rows: [int(r[0]) for r in rows])))
-        taken = spare[:count]
-        del spare[:count]
-        return taken
+    def ask_snapshot_states(self, op: ops.SnapshotStates) -> Ask[list[tuple[int, str]]]:
+        return _ask(self._q.snapshot_states, (op.run_id,), lambda rows: [(int(s), str(st)) for s, st in rows])
 
     async def put_snapshot(self, tx: AsyncConnection[Any], op: ops.PutSnapshot) -> list[int]:
-        nodes = await self._node_ids(tx, len(op.bodies))
+        async def reserve(count: int) -> list[int]:
+            params = (self._tables.name('node_ids'), count)
+            return await self.fetch(tx, _ask(self._q.node_ids, params, lambda rows: [int(r[0]) for r in rows]))
+
+        nodes = await self._node_ids.take(len(op.bodies), reserve)
         row = op.row
         params = {
             'run': op.run_id,
@@ -322,7 +273,7 @@ class PostgresPort(AsyncPort):
             'parents': [op.parent, *nodes[:-1]] if nodes else [],
             'bodies': list(op.bodies),
             'state': row.state,
-            'step_index': row.step_index,
+            'step_index': ops.legacy_step_index(row.body),
             'head': nodes[-1] if nodes else op.parent,
             'length': row.length,
             'record': _text(row.body),
@@ -333,26 +284,20 @@ class PostgresPort(AsyncPort):
     async def delete_snapshots(self, tx: AsyncConnection[Any], op: ops.DeleteSnapshots) -> None:
         await tx.execute(self._q.snapshot_delete, (op.run_id, list(op.seqs)))
 
-    def _ask_list_snapshots(self, op: ops.ListSnapshots) -> _Ask[list[ops.SnapshotRow]]:
+    def ask_list_snapshots(self, op: ops.ListSnapshots) -> Ask[list[ops.SnapshotRow]]:
         query = self._q.snapshots[op.newest, op.complete_only]
-        return _Ask(
+        return _ask(
             query,
             {'run': op.run_id, 'complete': SnapshotState.COMPLETE.value},
             lambda rows: [_snapshot_row(r) for r in rows],
         )
 
-    async def list_snapshots(self, tx: AsyncConnection[Any], op: ops.ListSnapshots) -> list[ops.SnapshotRow]:
-        return await _fetch(tx, self._ask_list_snapshots(op))
-
-    def _ask_get_nodes(self, op: ops.GetNodes) -> _Ask[dict[int, ops.Node]]:
-        return _Ask(
+    def ask_get_nodes(self, op: ops.GetNodes) -> Ask[dict[int, ops.Node]]:
+        return _ask(
             self._q.nodes_reach,
             {'run': op.run_id, 'heads': [head for head, _ in op.chains]},
             lambda rows: {int(n): (p, bytes(b)) for n, p, b in rows},
         )
-
-    async def get_nodes(self, tx: AsyncConnection[Any], op: ops.GetNodes) -> dict[int, ops.Node]:
-        return await _fetch(tx, self._ask_get_nodes(op))
 
 
 class _Queries:
@@ -407,7 +352,6 @@ class _Queries:
         effect_columns = 'SELECT run_id, tool_call_id, status, started_at, record FROM {tool_effects}'
         self.effect_get = q(effect_columns + ' WHERE run_id = %s AND tool_call_id = %s')
         self.effects_list = q(effect_columns + ' WHERE run_id = %s ORDER BY started_at, ord')
-        self.effects_by_status = q(effect_columns + ' WHERE run_id = %s AND status = %s ORDER BY started_at, ord')
         self.snapshot_key_applied = q(
             'SELECT EXISTS (SELECT 1 FROM {snapshot_keys} WHERE run_id = %s AND idempotency_key = %s)'
         )
@@ -439,9 +383,7 @@ class _Queries:
             FROM c"""
         )
         self.snapshot_delete = q('DELETE FROM {snapshots} WHERE run_id = %s AND seq = ANY(%s::bigint[])')
-        snapshot_columns = (
-            'SELECT run_id, state, head, length, step_index, record, seq FROM {snapshots} WHERE run_id = %(run)s'
-        )
+        snapshot_columns = 'SELECT run_id, state, head, length, record, seq FROM {snapshots} WHERE run_id = %(run)s'
         complete = ' AND state = %(complete)s'
         self.snapshots: dict[tuple[bool, bool], sql.Composed] = {
             (False, False): q(snapshot_columns + ' ORDER BY seq'),

@@ -15,18 +15,18 @@ deleting a run are one script each, run at once.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Generic, TypeVar, cast
+from typing import Any, ClassVar, Final, cast
 
 from redis.asyncio import Redis
 
 from stepcore.encryption import Encryption
-from stepcore.engine import AsyncPort, EngineStore, KeyConflict, StaleHistory, ops
+from stepcore.engine import Ask, EngineStore, KeyConflict, NodeIdBlocks, PipelinedPort, StaleHistory, ops
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import MediaStoreOption, check_media_store, resolve_media_store
-from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.models import SnapshotState
 from stepcore.retention import check_max_snapshots
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
 
@@ -37,10 +37,6 @@ from .scripts import COMMIT, DELETE_RUN, GET_NODES, INSERT_RUN, LIST_RUNS, LIST_
 
 __all__ = ('RedisPort', 'RedisStepStore')
 
-T = TypeVar('T')
-
-_NODE_ID_BLOCK: Final = 128
-"""Message node ids a port takes from `<prefix>:nodeids` at a time."""
 _COMPLETE: Final = SnapshotState.COMPLETE.value
 _STATES: Final = frozenset(s.value for s in SnapshotState)
 
@@ -84,24 +80,15 @@ def _event_row(run_id: str, seq: int, value: bytes) -> ops.EventRow:
 
 def _snapshot_row(run_id: str, seq: bytes, state: bytes, value: bytes) -> ops.SnapshotRow:
     try:
-        head, length, step_index, body = unpack(value, 4)
-        return ops.SnapshotRow(
-            run_id, state.decode(), int(head) if head else None, int(length), int(step_index), body, seq=int(seq)
-        )
+        # the third field is the step index, written for stores of earlier versions that read it
+        head, length, _, body = unpack(value, 4)
+        return ops.SnapshotRow(run_id, state.decode(), int(head) if head else None, int(length), body, seq=int(seq))
     except ValueError as error:
-        return ops.SnapshotRow(run_id, state.decode(errors='replace'), None, 0, 0, _unreadable(error), seq=int(seq))
+        return ops.SnapshotRow(run_id, state.decode(errors='replace'), None, 0, _unreadable(error), seq=int(seq))
 
 
 def _pairs(flat: Sequence[Any]) -> list[tuple[bytes, bytes]]:
     return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-
-
-@dataclass(frozen=True, slots=True)
-class _Ask(Generic[T]):
-    """A read of plain commands (sent in a pipeline) and how their replies become the answer."""
-
-    commands: Sequence[tuple[Any, ...]]
-    answer: Callable[[list[Any]], T]
 
 
 @dataclass(slots=True)
@@ -119,7 +106,7 @@ class _Batch:
             raise RuntimeError(f'run {run_id!r} is written outside its transaction (runs {self.runs})') from None
 
 
-class RedisPort(AsyncPort):
+class RedisPort(PipelinedPort):
     """The engine's operations as Redis commands and scripts under one key prefix (see the module docstring)."""
 
     name = 'Redis store'
@@ -133,7 +120,7 @@ class RedisPort(AsyncPort):
         self._delete_run = client.register_script(DELETE_RUN)
         self._list_snapshots = client.register_script(LIST_SNAPSHOTS)
         self._get_nodes = client.register_script(GET_NODES)
-        self._spare_node_ids: list[int] = []
+        self._node_ids = NodeIdBlocks()
 
     def describe(self) -> str:
         kwargs = self._client.connection_pool.connection_kwargs
@@ -143,22 +130,19 @@ class RedisPort(AsyncPort):
     async def _script(self, script: Any, keys: Sequence[bytes], args: Sequence[bytes | str | int]) -> Any:
         return await script(keys=list(keys), args=list(args))
 
-    async def _fetch(self, asks: Sequence[_Ask[Any]]) -> list[Any]:
-        """Send the asks' commands in one pipeline; their answers, in order."""
+    async def pipeline(self, tx: Any, requests: Sequence[Any]) -> list[list[Any]]:
+        """Send the requests' commands (each request a list of commands) in one pipeline; the
+        replies of each request's commands, in order."""
         pipe = self._client.pipeline(transaction=False)
-        for ask in asks:
-            for command in ask.commands:
+        for commands in requests:
+            for command in commands:
                 pipe.execute_command(*command)  # pyright: ignore[reportUnknownMemberType]
         replies: list[Any] = list(await pipe.execute())
-        answers: list[Any] = []
-        for ask in asks:
-            count = len(ask.commands)
-            answers.append(ask.answer(replies[:count]))
-            del replies[:count]
+        answers: list[list[Any]] = []
+        for commands in requests:
+            answers.append(replies[: len(commands)])
+            del replies[: len(commands)]
         return answers
-
-    async def _one(self, ask: _Ask[T]) -> T:
-        return cast(T, (await self._fetch([ask]))[0])
 
     @asynccontextmanager
     async def transaction(self, runs: Sequence[str]) -> AsyncIterator[_Batch]:
@@ -178,14 +162,6 @@ class RedisPort(AsyncPort):
     @asynccontextmanager
     async def reading(self, run_id: str | None) -> AsyncIterator[None]:
         yield None
-
-    async def run_group(self, tx: Any, ops: Sequence[ops.Op]) -> list[Any]:
-        """Independent reads in one pipelined round trip."""
-        makers: list[Callable[[Any], _Ask[Any]] | None] = [getattr(self, f'_ask_{op.method}', None) for op in ops]
-        asks = [make(op) for make, op in zip(makers, ops, strict=True) if make is not None]
-        if len(asks) < len(ops):
-            return await super().run_group(tx, ops)
-        return await self._fetch(asks)
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -277,58 +253,41 @@ class RedisPort(AsyncPort):
         if op.tool_call_id is not None:
             value = cast(bytes | None, await self._client.hget(run.fx, op.tool_call_id))
             return [_effect_row(op.run_id, op.tool_call_id, value)] if value is not None else []
-        order, rows = await self._one(
-            _Ask([('LRANGE', run.fxorder, 0, -1), ('HGETALL', run.fx)], lambda replies: (replies[0], replies[1]))
+        order, rows = await self.fetch(
+            tx, Ask([('LRANGE', run.fxorder, 0, -1), ('HGETALL', run.fx)], lambda replies: (replies[0], replies[1]))
         )
         by_id = cast(dict[bytes, bytes], rows)
         found = [
             _effect_row(op.run_id, call.decode(), by_id[call]) for call in cast(list[bytes], order) if call in by_id
         ]
-        if op.unresolved:  # a row that cannot be read stays: leaving it out could hide an effect in flight
-            started = ToolEffectStatus.STARTED.value
-            found = [row for row in found if row.status == started or isinstance(row.body, ops.Unreadable)]
         return found
 
     # -- snapshots ----------------------------------------------------------------------------
 
-    def _ask_snapshot_key_applied(self, op: ops.SnapshotKeyApplied) -> _Ask[bool]:
-        return _Ask([('SISMEMBER', self.keys.run(op.run_id).snapkeys, op.key)], lambda r: bool(r[0]))
+    def ask_snapshot_key_applied(self, op: ops.SnapshotKeyApplied) -> Ask[bool]:
+        return Ask([('SISMEMBER', self.keys.run(op.run_id).snapkeys, op.key)], lambda r: bool(r[0]))
 
-    async def snapshot_key_applied(self, tx: Any, op: ops.SnapshotKeyApplied) -> bool:
-        return await self._one(self._ask_snapshot_key_applied(op))
+    def ask_node_exists(self, op: ops.NodeExists) -> Ask[bool]:
+        return Ask([('HEXISTS', self.keys.run(op.run_id).node, op.node)], lambda r: bool(r[0]))
 
-    def _ask_node_exists(self, op: ops.NodeExists) -> _Ask[bool]:
-        return _Ask([('HEXISTS', self.keys.run(op.run_id).node, op.node)], lambda r: bool(r[0]))
-
-    async def node_exists(self, tx: Any, op: ops.NodeExists) -> bool:
-        return await self._one(self._ask_node_exists(op))
-
-    def _ask_snapshot_states(self, op: ops.SnapshotStates) -> _Ask[list[tuple[int, str]]]:
+    def ask_snapshot_states(self, op: ops.SnapshotStates) -> Ask[list[tuple[int, str]]]:
         def answer(replies: list[Any]) -> list[tuple[int, str]]:
             states = cast(dict[bytes, bytes], replies[0])
             # A state that is no known one (a damaged entry) is left to stay, never pruned by mistake.
             found = [(int(seq), state.decode(errors='replace')) for seq, state in states.items()]
             return sorted((seq, state) for seq, state in found if state in _STATES)
 
-        return _Ask([('HGETALL', self.keys.run(op.run_id).snapstate)], answer)
+        return Ask([('HGETALL', self.keys.run(op.run_id).snapstate)], answer)
 
-    async def snapshot_states(self, tx: Any, op: ops.SnapshotStates) -> list[tuple[int, str]]:
-        return await self._one(self._ask_snapshot_states(op))
-
-    async def _node_ids(self, count: int) -> list[int]:
-        spare = self._spare_node_ids
-        while len(spare) < count:  # concurrent saves of this store may take ids meanwhile: look again
-            block = count - len(spare) + _NODE_ID_BLOCK
-            last = int(await self._client.incrby(self.keys.nodeids, block))
-            spare.extend(range(last - block + 1, last + 1))
-        taken = spare[:count]
-        del spare[:count]
-        return taken
+    async def _reserve_node_ids(self, count: int) -> range:
+        last = int(await self._client.incrby(self.keys.nodeids, count))
+        return range(last - count + 1, last + 1)
 
     async def put_snapshot(self, tx: _Batch, op: ops.PutSnapshot) -> list[int]:
-        nodes = await self._node_ids(len(op.bodies))
+        nodes = await self._node_ids.take(len(op.bodies), self._reserve_node_ids)
         row = op.row
         head = nodes[-1] if nodes else op.parent
+        body = _bytes(row.body)
         tx.args += [
             'S',
             tx.run(op.run_id),
@@ -336,7 +295,7 @@ class RedisPort(AsyncPort):
             '' if op.parent is None else op.parent,
             row.state,
             '1' if row.state == _COMPLETE else '',
-            pack('' if head is None else str(head), str(row.length), str(row.step_index), _bytes(row.body)),
+            pack('' if head is None else str(head), str(row.length), str(ops.legacy_step_index(body)), body),
             len(nodes),
         ]
         parent = op.parent

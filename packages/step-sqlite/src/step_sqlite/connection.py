@@ -20,11 +20,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from stepcore.worker import WorkerThread, WouldBlock, running_inline
 
-__all__ = ('Database', 'Synchronous', 'check_shared_connection', 'write_transaction')
+__all__ = ('Database', 'Guard', 'Synchronous', 'check_shared_connection', 'write_transaction')
 
 T = TypeVar('T')
 
@@ -48,7 +48,7 @@ JOURNAL_SIZE_LIMIT = 512 * 1024
 _SYNCHRONOUS = ('OFF', 'NORMAL', 'FULL', 'EXTRA')
 
 
-class _Guard:
+class Guard:
     """The lock and worker thread of one connection; shared by every store object using it."""
 
     __slots__ = ('__weakref__', 'checkpoint_queued', 'closed', 'connection', 'lock', 'worker', 'writes')
@@ -67,15 +67,15 @@ class _Guard:
 
 # sqlite3.Connection cannot be weakly referenced, so guards are found by id(); a guard holds its
 # connection, so the id cannot be reused while the guard is alive.
-_GUARDS: weakref.WeakValueDictionary[int, _Guard] = weakref.WeakValueDictionary()
+_GUARDS: weakref.WeakValueDictionary[int, Guard] = weakref.WeakValueDictionary()
 _GUARDS_LOCK = threading.Lock()
 
 
-def _guard_for(connection: sqlite3.Connection) -> _Guard:
+def _guard_for(connection: sqlite3.Connection) -> Guard:
     with _GUARDS_LOCK:
         guard = _GUARDS.get(id(connection))
         if guard is None or guard.connection is not connection:
-            guard = _Guard(connection)
+            guard = Guard(connection)
             _GUARDS[id(connection)] = guard
         return guard
 
@@ -179,6 +179,13 @@ def _create_owner_only(path: Path) -> None:
     os.close(fd)
 
 
+def _check_options(timeout: float, synchronous: Synchronous) -> None:
+    if synchronous not in _SYNCHRONOUS:
+        raise ValueError(f'synchronous={synchronous!r} is not a SQLite synchronous level: use one of {_SYNCHRONOUS}')
+    if isinstance(timeout, bool) or not isinstance(cast(object, timeout), int | float) or timeout < 0:
+        raise ValueError(f'timeout={timeout!r} must be a number of seconds >= 0')
+
+
 class Database:
     """A connection (opened lazily on a worker thread, or supplied) plus its lock.
 
@@ -188,42 +195,74 @@ class Database:
 
     def __init__(
         self,
-        database: str | os.PathLike[str] | None,
-        connection: sqlite3.Connection | None,
+        guard: Guard,
         *,
         owner: str,
+        path: str | None,
+        owned: bool,
+        describe: str,
         timeout: float = 30.0,
         synchronous: Synchronous = 'NORMAL',
     ) -> None:
-        if (database is None) == (connection is None):
-            raise ValueError(
-                f'{owner} needs exactly one of database= (a file path) or connection= (an open sqlite3.Connection)'
-            )
-        if synchronous not in _SYNCHRONOUS:
-            raise ValueError(
-                f'synchronous={synchronous!r} is not a SQLite synchronous level: use one of {_SYNCHRONOUS}'
-            )
-        if isinstance(timeout, bool) or not isinstance(cast(object, timeout), int | float) or timeout < 0:
-            raise ValueError(f'timeout={timeout!r} must be a number of seconds >= 0')
+        """A handle on the connection `guard` holds (open or to be opened at `path`); `Database.open`
+        makes one from a path or a connection, `share` another on the same connection."""
+        _check_options(timeout, synchronous)
         self.owner = owner
         self.timeout = float(timeout)
         self.synchronous: Synchronous = synchronous
         self._setups: dict[str, Callable[[sqlite3.Connection], None]] = {}
         self._ready: set[str] = set()
         self.closed = False
+        self.path = path
+        self.owned = owned
+        """Whether this handle opened the connection, and so closes it."""
+        self._guard = guard
+        self.describe = describe
+
+    @classmethod
+    def open(
+        cls,
+        database: str | os.PathLike[str] | None,
+        connection: sqlite3.Connection | None,
+        *,
+        owner: str,
+        timeout: float = 30.0,
+        synchronous: Synchronous = 'NORMAL',
+    ) -> Database:
+        """A handle on the database file `database` (its connection opened on first use, closed by
+        `aclose`) or on the shared `connection` (never closed here): exactly one of them."""
+        if (database is None) == (connection is None):
+            raise ValueError(
+                f'{owner} needs exactly one of database= (a file path) or connection= (an open sqlite3.Connection)'
+            )
+        _check_options(timeout, synchronous)
+        options: dict[str, Any] = {'owner': owner, 'timeout': timeout, 'synchronous': synchronous}
         if connection is not None:
-            self.path: str | None = None
-            self.owned = False
-            self._guard = _guard_for(check_shared_connection(connection, owner=owner))
-            self.describe = 'the shared connection'
-        else:
-            assert database is not None
-            self.path = os.fspath(database)
-            if not self.path:
-                raise ValueError(f"{owner}(database='') needs a file path (or ':memory:')")
-            self.owned = True
-            self._guard = _Guard(None)
-            self.describe = f'database {self.path!r}'
+            guard = _guard_for(check_shared_connection(connection, owner=owner))
+            return cls(guard, path=None, owned=False, describe='the shared connection', **options)
+        assert database is not None
+        path = os.fspath(database)
+        if not path:
+            raise ValueError(f"{owner}(database='') needs a file path (or ':memory:')")
+        return cls(Guard(None), path=path, owned=True, describe=f'database {path!r}', **options)
+
+    @classmethod
+    def given(
+        cls,
+        database: str | os.PathLike[str] | Database | None,
+        connection: sqlite3.Connection | None,
+        *,
+        owner: str,
+        timeout: float = 30.0,
+        synchronous: Synchronous = 'NORMAL',
+    ) -> Database:
+        """What a store's `database=` / `connection=` give it: a handle shared from another store's
+        `Database` (never closed by the store), or `Database.open(...)`."""
+        if not isinstance(database, Database):
+            return cls.open(database, connection, owner=owner, timeout=timeout, synchronous=synchronous)
+        if connection is not None:
+            raise ValueError(f'{owner} takes a Database or connection=, not both')
+        return database.share(owner)
 
     def add_setup(self, name: str, setup: Callable[[sqlite3.Connection], None]) -> None:
         """Register a schema callback to run (once) before the next call."""
@@ -332,15 +371,12 @@ class Database:
 
     def share(self, owner: str) -> Database:
         """Another handle on the same connection and lock (closing it never closes the connection)."""
-        other = object.__new__(Database)
-        other.owner = owner
-        other.timeout = self.timeout
-        other.synchronous = self.synchronous
-        other._setups = {}
-        other._ready = set()
-        other.closed = False
-        other.path = self.path
-        other.owned = False
-        other._guard = self._guard
-        other.describe = self.describe
-        return other
+        return Database(
+            self._guard,
+            owner=owner,
+            path=self.path,
+            owned=False,
+            describe=self.describe,
+            timeout=self.timeout,
+            synchronous=self.synchronous,
+        )

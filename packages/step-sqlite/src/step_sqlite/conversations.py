@@ -43,7 +43,9 @@ from .conversation_models import (
 )
 from .conversation_owner import ensure_inactive, running_owner
 from .conversation_text import conversation_text, names_text, searchable_text
+from .media import SqliteMediaStore
 from .schema import STEPS, Component, ensure_schema, read_version
+from .store import SqliteStepStore
 
 __all__ = (
     'METADATA_SCHEMA_VERSION',
@@ -169,21 +171,16 @@ class SqliteConversationStore:
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         step_store: StepStore | None = _UNSET,
     ) -> None:
-        self._db = Database(database, connection, owner='SqliteConversationStore')
+        self._db = Database.open(database, connection, owner='SqliteConversationStore')
         self._db.add_setup(CONVERSATIONS.name, lambda conn: ensure_schema(conn, CONVERSATIONS, where=self._db.describe))
 
-        def same_database() -> MediaStore:
-            from .media import SqliteMediaStore
-
-            return SqliteMediaStore.on_database(self._db)
-
-        media = resolve_media_store(media_store, default=same_database, owner='SqliteConversationStore')
+        media = resolve_media_store(
+            media_store, default=lambda: SqliteMediaStore(self._db), owner='SqliteConversationStore'
+        )
         self._walker = MediaWalker(media, media_threshold_bytes)
         self._own_steps = step_store is _UNSET
         if step_store is _UNSET:
-            from .store import SqliteStepStore
-
-            step_store = SqliteStepStore.on_database(self._db)
+            step_store = SqliteStepStore(self._db)
         self._steps: StepStore | None = step_store
 
     @property

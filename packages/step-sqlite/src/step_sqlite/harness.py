@@ -35,15 +35,17 @@ import logging
 import os
 import sqlite3
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from stepcore.fileio import fsync_dir
 from stepcore.harness import HarnessImportSummary, HarnessSqliteSource, import_harness, is_harness_sqlite
 from stepcore.models import utcnow
+from stepcore.protocols import StepStore
 
-from .connection import Database
+from .connection import Database, Guard
+from .harness_tables import HARNESS_TABLES, describe_foreign_tables
 from .schema import STEPS, ensure_schema, media_component, read_version
 
 __all__ = ('BACKUP_SUFFIX', 'describe_foreign_tables', 'migrate_harness_database', 'write_backup')
@@ -52,17 +54,6 @@ T = TypeVar('T')
 
 logger = logging.getLogger(__name__)
 
-HARNESS_TABLES = (
-    'runs',
-    'events',
-    'snapshots',
-    'snapshot_idempotency_keys',
-    'tool_effects',
-    'snapshot_messages',
-    'snapshot_message_refs',
-    'media',
-)
-"""The harness's step and media tables (not its `conversations`): renamed aside, then dropped."""
 ASIDE = 'harness_'
 """Prefix of a harness table while its rows are copied."""
 BACKUP_SUFFIX = '.harness-backup'
@@ -133,16 +124,10 @@ class _ThisThread(Database):
     """
 
     def __init__(self, connection: sqlite3.Connection, *, describe: str) -> None:
-        # Deliberately not Database.__init__: nothing to open, no thread or lock of its own.
-        self.owner = 'harness migration'
-        self.timeout = 0.0
-        self.synchronous = 'NORMAL'
-        self._setups = {}
-        self._ready = set()
-        self.closed = False
-        self.path = None
-        self.owned = False
-        self.describe = describe
+        # The guard's thread is never started: every call runs right here.
+        super().__init__(
+            Guard(connection), owner='harness migration', path=None, owned=False, describe=describe, timeout=0.0
+        )
         self._here = connection
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -176,10 +161,10 @@ def _copy_media(connection: sqlite3.Connection) -> None:
     )
 
 
-def _migrate(connection: sqlite3.Connection, *, where: str, externalize: bool, threshold: int) -> HarnessImportSummary:
+def _migrate(
+    connection: sqlite3.Connection, *, where: str, store_on: Callable[[Database], StepStore]
+) -> HarnessImportSummary:
     """Replace the harness tables by stepcore's holding the same runs (inside the caller's transaction)."""
-    from .store import SqliteStepStore
-
     present = _tables(connection)
     for table in HARNESS_TABLES:
         if table in present:
@@ -188,8 +173,7 @@ def _migrate(connection: sqlite3.Connection, *, where: str, externalize: bool, t
     ensure_schema(connection, media_component('media'), where=where)
     _copy_media(connection)
     here = _ThisThread(connection, describe=where)
-    store = SqliteStepStore.__new__(SqliteStepStore)
-    store._attach(here, 'auto' if externalize else None, threshold, None)
+    store = store_on(here)
     source = HarnessSqliteSource(connection, where=where, prefix=ASIDE)
     # A loop of its own, not installed as the thread's: the stores' calls all run right here.
     loop = asyncio.new_event_loop()
@@ -204,12 +188,13 @@ def _migrate(connection: sqlite3.Connection, *, where: str, externalize: bool, t
 
 
 def migrate_harness_database(
-    connection: sqlite3.Connection, *, where: str, externalize: bool, threshold: int, timeout: float
+    connection: sqlite3.Connection, *, where: str, store_on: Callable[[Database], StepStore], timeout: float
 ) -> None:
     """Migrate the database in place when pydantic-ai-harness wrote it; do nothing otherwise.
 
-    `externalize`: large payloads go to the database's own `media` table (the store's default
-    media store), else they stay inline. Raises `ValueError` when the database cannot be migrated.
+    The runs are written by `store_on(database)`: the step store the database is being opened
+    for, on the migrating connection (its media options decide where large payloads go). Raises
+    `ValueError` when the database cannot be migrated.
     """
     if read_version(connection, STEPS.name) is not None or not is_harness_sqlite(connection):
         return
@@ -232,7 +217,7 @@ def migrate_harness_database(
         except (OSError, sqlite3.Error) as error:
             raise _refusal(where, path, f'the backup copy could not be written ({error})') from error
         try:
-            summary = _migrate(connection, where=where, externalize=externalize, threshold=threshold)
+            summary = _migrate(connection, where=where, store_on=store_on)
         except sqlite3.Error as error:
             raise _refusal(where, path, f'converting it failed ({error}); it was left as it was') from error
         connection.commit()
@@ -252,24 +237,3 @@ def migrate_harness_database(
         backup,
         left_out,
     )
-
-
-def describe_foreign_tables(connection: sqlite3.Connection, tables: Collection[str]) -> str:
-    """What to do about tables step-sqlite did not create, when pydantic-ai-harness made them ('' otherwise)."""
-    if is_harness_sqlite(connection) and set(tables) & set(HARNESS_TABLES):
-        return (
-            '; it was written by pydantic-ai-harness: open it with SqliteStepStore(database=...) to migrate it in '
-            'place (a backup is written beside it first), or copy its runs with '
-            'stepcore import --from-harness PATH --store URL'
-        )
-    if 'conversations' in tables and _harness_conversations(connection):
-        return (
-            '; its conversations table holds pydantic-ai-harness conversation heads, which stepcore does not '
-            'migrate: give stepcore conversation heads a database of their own'
-        )
-    return ''
-
-
-def _harness_conversations(connection: sqlite3.Connection) -> bool:
-    columns = {str(row[1]) for row in connection.execute('PRAGMA table_info("conversations")')}
-    return {'id', 'revision', 'metadata', 'messages', 'search_text'} <= columns

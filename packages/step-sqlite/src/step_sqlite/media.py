@@ -42,7 +42,8 @@ class SqliteMediaStore(MediaEngine):
     `metadata` from the `MediaContext` is kept as a JSON column and `media_type` in its own column.
     Pass `database=` (a file path; the store opens and closes its own connection) or `connection=`
     (an open `sqlite3.Connection` created with `check_same_thread=False`, which the store never
-    closes). `public_url=` turns a `media+sha256://` URI into a URL a model can fetch.
+    closes); another step-sqlite store's `Database` as `database=` shares its connection.
+    `public_url=` turns a `media+sha256://` URI into a URL a model can fetch.
 
     Garbage collection (`media_collection`): the `stored_us` column holds when a blob was last put
     (a put of stored bytes updates it and nothing else); `list_media` pages through the table by
@@ -53,7 +54,7 @@ class SqliteMediaStore(MediaEngine):
 
     def __init__(
         self,
-        database: str | os.PathLike[str] | None = None,
+        database: str | os.PathLike[str] | Database | None = None,
         *,
         connection: sqlite3.Connection | None = None,
         public_url: PublicUrlResolver | None = None,
@@ -61,19 +62,9 @@ class SqliteMediaStore(MediaEngine):
         timeout: float = 30.0,
         synchronous: Synchronous = 'NORMAL',
     ) -> None:
-        db = Database(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
-        self._attach(db, public_url=public_url, table=table)
-
-    @classmethod
-    def on_database(cls, db: Database, *, public_url: PublicUrlResolver | None = None) -> SqliteMediaStore:
-        """A media store on another store's connection (sharing its lock; never closes it)."""
-        store = cls.__new__(cls)
-        store._attach(db.share(cls.__name__), public_url=public_url, table='media')
-        return store
-
-    def _attach(self, db: Database, *, public_url: PublicUrlResolver | None, table: str) -> None:
         MediaEngine.__init__(self, public_url=public_url)
         self.table = _check_table(table)
+        db = Database.given(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
         self._db = db
         component = media_component(self.table)
         db.add_setup(component.name, lambda conn: ensure_schema(conn, component, where=db.describe))
@@ -81,6 +72,11 @@ class SqliteMediaStore(MediaEngine):
             f'INSERT INTO {self.table} (digest, data, size, media_type, metadata, created_at, stored_us) '
             'VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO UPDATE SET stored_us = excluded.stored_us'
         )
+
+    @classmethod
+    def on_database(cls, db: Database, *, public_url: PublicUrlResolver | None = None) -> SqliteMediaStore:
+        """A media store on another store's connection (sharing its lock; never closes it)."""
+        return cls(db, public_url=public_url)
 
     # -- the blob port -----------------------------------------------------------------------
 

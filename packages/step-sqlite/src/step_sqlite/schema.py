@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from .connection import write_transaction
+from .harness_tables import describe_foreign_tables
 
 __all__ = ('STEPS', 'Component', 'ensure_schema', 'media_component', 'read_version')
 
@@ -217,8 +218,6 @@ def ensure_schema(connection: sqlite3.Connection, component: Component, *, where
                 tuple(component.tables),
             ).fetchall()
             if clash:
-                from .harness import describe_foreign_tables  # it builds on this module
-
                 tables = sorted(str(r[0]) for r in clash)
                 raise ValueError(
                     f'{where} already has table(s) {", ".join(tables)} that step-sqlite did not create (no '

@@ -19,7 +19,7 @@ from stepcore.engine.sql import event_window
 from stepcore.engine.store import EngineStore
 from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import AUTO, MediaStoreOption, check_media_store, resolve_media_store
-from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.models import SnapshotState
 from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
 
 from .connection import Database, Synchronous, write_transaction
@@ -90,10 +90,7 @@ def _run_row(row: tuple[Any, ...]) -> ops.RunRow:
 
 
 def _snapshot_row(row: tuple[Any, ...]) -> ops.SnapshotRow:
-    # the step index lives in the record; the row's column is for the engine's writes only
-    return ops.SnapshotRow(
-        run_id=row[0], state=row[1], head=row[2], length=row[3], step_index=0, body=row[4], seq=row[5]
-    )
+    return ops.SnapshotRow(run_id=row[0], state=row[1], head=row[2], length=row[3], body=row[4], seq=row[5])
 
 
 def _effect_row(row: tuple[Any, ...]) -> ops.EffectRow:
@@ -243,9 +240,6 @@ class SqlitePort(SyncPort):
         if op.tool_call_id is not None:
             sql += ' AND tool_call_id = ?'
             params.append(op.tool_call_id)
-        if op.unresolved:
-            sql += ' AND status = ?'
-            params.append(ToolEffectStatus.STARTED.value)
         return [_effect_row(r) for r in tx.execute(sql + ' ORDER BY started_us, rowid', params)]
 
     # -- snapshots ----------------------------------------------------------------------------
@@ -324,7 +318,8 @@ class SqliteStepStore(EngineStore):
 
     Pass `database=` (a path; the file is created readable by its owner only and the store closes
     its connection in `aclose`) or `connection=` (an open `sqlite3.Connection` created with
-    `check_same_thread=False`, shared with your application and never closed by the store).
+    `check_same_thread=False`, shared with your application and never closed by the store), or
+    another step-sqlite store's `Database` as `database=` (its connection shared, never closed here).
     Large payloads are externalized to `media_store` (`'auto'`, the default: a `SqliteMediaStore`
     on the same database; `None` keeps them inline; or a media store of your own).
     `max_snapshots_per_run` bounds the snapshots kept per run.
@@ -337,7 +332,7 @@ class SqliteStepStore(EngineStore):
 
     def __init__(
         self,
-        database: str | os.PathLike[str] | None = None,
+        database: str | os.PathLike[str] | Database | None = None,
         *,
         connection: sqlite3.Connection | None = None,
         media_store: MediaStoreOption = 'auto',
@@ -347,36 +342,20 @@ class SqliteStepStore(EngineStore):
         synchronous: Synchronous = 'NORMAL',
         encryption: Encryption | None = None,
     ) -> None:
-        db = Database(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
-        self._attach(db, media_store, media_threshold_bytes, max_snapshots_per_run, encryption)
-
-    @classmethod
-    def on_database(cls, db: Database) -> SqliteStepStore:
-        """A step store on another store's connection (sharing its lock and thread; never closes it)."""
-        store = cls.__new__(cls)
-        store._attach(db.share(cls.__name__), AUTO, DEFAULT_MEDIA_THRESHOLD_BYTES, None)
-        return store
-
-    def _attach(
-        self,
-        db: Database,
-        media_store: MediaStoreOption,
-        media_threshold_bytes: int,
-        max_snapshots_per_run: int | None,
-        encryption: Encryption | None = None,
-    ) -> None:
         # a harness file's media go to this database's own when that is the store's media store
         externalize = check_media_store(media_store, owner=type(self).__name__) == AUTO
-        db.add_setup(
-            'harness',
-            lambda conn: migrate_harness_database(
-                conn, where=db.describe, externalize=externalize, threshold=media_threshold_bytes, timeout=db.timeout
-            ),
-        )
+        db = Database.given(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
+
+        def migrate(conn: sqlite3.Connection) -> None:
+            def store_on(here: Database) -> SqliteStepStore:
+                media = AUTO if externalize else None
+                return SqliteStepStore(here, media_store=media, media_threshold_bytes=media_threshold_bytes)
+
+            migrate_harness_database(conn, where=db.describe, store_on=store_on, timeout=db.timeout)
+
+        db.add_setup('harness', migrate)
         db.add_setup(STEPS.name, lambda conn: ensure_schema(conn, STEPS, where=db.describe))
-        media = resolve_media_store(
-            media_store, default=lambda: SqliteMediaStore.on_database(db), owner=type(self).__name__
-        )
+        media = resolve_media_store(media_store, default=lambda: SqliteMediaStore(db), owner=type(self).__name__)
         self._db = db
         super().__init__(
             SqlitePort(db),
@@ -385,6 +364,11 @@ class SqliteStepStore(EngineStore):
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )
+
+    @classmethod
+    def on_database(cls, db: Database) -> SqliteStepStore:
+        """A step store on another store's connection (sharing its lock and thread; never closes it)."""
+        return cls(db)
 
     async def aclose(self) -> None:
         """Close the connection when the store opened it (a given `connection=` stays open)."""

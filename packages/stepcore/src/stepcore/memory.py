@@ -11,8 +11,8 @@ from .engine.plans import KeyConflict
 from .engine.port import SyncPort
 from .engine.store import EngineStore
 from .features import CHECKSUMS, ENCRYPTION, SNAPSHOT_RETENTION
-from .media import MediaStoreOption, resolve_media_store
-from .models import SnapshotState, ToolEffectStatus
+from .media import MediaStoreOption
+from .models import SnapshotState
 
 __all__ = ('InMemoryStepStore', 'MemoryPort')
 
@@ -98,10 +98,7 @@ class MemoryPort(SyncPort):
         if op.tool_call_id is not None:
             row = data.effects.get(op.tool_call_id)
             return [row] if row is not None else []
-        rows = list(data.effects.values())
-        if op.unresolved:
-            rows = [r for r in rows if r.status == ToolEffectStatus.STARTED.value]
-        return rows
+        return list(data.effects.values())
 
     def snapshot_key_applied(self, tx: Any, op: ops.SnapshotKeyApplied) -> bool:
         data = self._data.get(op.run_id)
@@ -128,9 +125,7 @@ class MemoryPort(SyncPort):
         seq = data.next_snapshot_seq
         data.next_snapshot_seq += 1
         row = op.row
-        data.snapshots.append(
-            ops.SnapshotRow(op.run_id, row.state, parent, row.length, row.step_index, row.body, seq=seq)
-        )
+        data.snapshots.append(ops.SnapshotRow(op.run_id, row.state, parent, row.length, row.body, seq=seq))
         if op.key is not None:
             data.snapshot_keys.add(op.key)
         return ids
@@ -179,7 +174,7 @@ class InMemoryStepStore(EngineStore):
         super().__init__(
             MemoryPort(),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=resolve_media_store(media_store, default=lambda: None, owner=type(self).__name__),
+            media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

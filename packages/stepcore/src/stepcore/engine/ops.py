@@ -14,6 +14,7 @@ back into the record, so a backend that keeps a field in a column need not repea
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -47,6 +48,7 @@ __all__ = (
     'SnapshotStates',
     'Unparsable',
     'Unreadable',
+    'legacy_step_index',
 )
 
 
@@ -115,11 +117,27 @@ class SnapshotRow:
     """The newest message node of the snapshot (`None` for an empty history)."""
     length: int
     """How many messages the snapshot holds: the chain from `head` back this many nodes."""
-    step_index: int
     body: Body
     """The snapshot's other fields (its header), without the messages."""
     seq: int | None = None
     """Assigned by the port when the snapshot is stored."""
+
+
+def legacy_step_index(body: Body) -> int:
+    """The `step_index` a snapshot row's body holds in clear, else 0.
+
+    For a port whose stored format has a step-index slot of its own from earlier versions (a column,
+    a field), which those versions fill on write and read back but never use: the engine keeps the
+    step index in the body only. An encrypted body's step index is not in clear, so its slot is 0.
+    """
+    data: object = body
+    if isinstance(body, bytes | str):
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return 0
+    value = data.get('step_index') if isinstance(data, Mapping) else None  # pyright: ignore[reportUnknownMemberType]
+    return value if type(value) is int else 0
 
 
 # -- operations -------------------------------------------------------------------------------
@@ -260,12 +278,13 @@ class PutEffects(Op):
 @dataclass(frozen=True, slots=True)
 class ListEffects(Op):
     """Answer: the run's ledger rows, in the order their calls were first recorded; only the one
-    call's row when `tool_call_id` is given, only `started` rows when `unresolved`."""
+    call's row when `tool_call_id` is given (a port may answer more: the engine picks the call's row
+    again). Which entries are unresolved the engine decides from the decoded records, so that an
+    entry whose status was altered on disk is read, and fails its checksum, rather than filtered out."""
 
     method: ClassVar[str] = 'list_effects'
     run_id: str
     tool_call_id: str | None = None
-    unresolved: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,14 +9,14 @@ backend subclasses `EngineStore` and passes its port (`stepcore.engine.port`), w
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Final, TypeVar, cast
+from typing import Any, ClassVar, Final, cast
 
 from pydantic_ai.messages import ModelMessage
 
-from ..codec import FORMAT_KEY, decode_messages, record_fields
+from ..codec import decode_messages, record_fields
 from ..encryption import EncryptingMediaStore, Encryption
 from ..features import ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
 from ..history import HistoryDelta, HistoryIndex, walk_chain
@@ -46,8 +46,8 @@ from ..protocols import (
 from ..registration import check_registration
 from ..retention import check_max_snapshots
 from ..walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker, stored_references
-from .damage import DamagedRecordError, UnreadableBody, decoded, skip_damaged, validated
-from .group import NOT_PREPARED, WriteGroups
+from .damage import DamagedRecordError, decoded, skip_damaged
+from .driver import INLINE_ATTEMPTS, INLINE_NEW_MESSAGES, INLINE_RECORDS, Driver, NeedsWalk, single
 from .ops import (
     Body,
     DeleteRun,
@@ -61,51 +61,45 @@ from .ops import (
     ListRuns,
     ListSnapshots,
     Node,
-    Op,
     RunRow,
     SnapshotRow,
-    Unparsable,
-    Unreadable,
 )
 from .plans import KeyConflict, Plan, SnapshotWrite, StaleHistory, read_snapshot, read_snapshots, write_plan
-from .port import AsyncPort, Port, SyncPort, check_text
-from .seal import HEAD_KEY, NO_PREV, SEALED_FORMAT, MessageDamage, Sealer, key_id_of
+from .port import Port, check_text
+from .rows import (
+    EFFECT_CLEAR,
+    EFFECT_FIELDS_IN_ROW,
+    EVENT_CLEAR,
+    EVENT_FIELDS_IN_ROW,
+    RUN_CLEAR,
+    RUN_FIELDS_IN_ROW,
+    SNAPSHOT_CLEAR,
+    SNAPSHOT_FIELDS_IN_ROW,
+    RowCodec,
+    record_rows,
+)
+from .seal import HEAD_KEY, NO_PREV, MessageDamage, Sealer, key_id_of
 
-__all__ = ('EngineStore',)
+__all__ = (
+    'EFFECT_CLEAR',
+    'EFFECT_FIELDS_IN_ROW',
+    'EVENT_CLEAR',
+    'EVENT_FIELDS_IN_ROW',
+    'INLINE_ATTEMPTS',
+    'INLINE_NEW_MESSAGES',
+    'INLINE_RECORDS',
+    'RUN_CLEAR',
+    'RUN_FIELDS_IN_ROW',
+    'SNAPSHOT_CLEAR',
+    'SNAPSHOT_FIELDS_IN_ROW',
+    'EngineStore',
+)
+"""`EngineStore`, and the row and driver constants this module held before the row codec
+(`rows.py`) and the driver (`driver.py`) had modules of their own."""
 
-T = TypeVar('T')
-
-RUN_FIELDS_IN_ROW: Final = frozenset({'run_id'})
-EVENT_FIELDS_IN_ROW: Final = frozenset({'run_id', 'seq'})
-EFFECT_FIELDS_IN_ROW: Final = frozenset({'run_id'})
-SNAPSHOT_FIELDS_IN_ROW: Final = frozenset({'run_id', 'seq', 'messages'})
-"""Fields a row carries outside its body (the engine fills them back in when reading)."""
-RUN_CLEAR: Final = ('started_at', 'conversation_id', 'parent_run_id')
-EVENT_CLEAR: Final = ('idempotency_key',)
-EFFECT_CLEAR: Final = ('tool_call_id', 'status', 'started_at')
-SNAPSHOT_CLEAR: Final = ('state',)
-"""Fields an encrypted record keeps in clear beside its ciphertext: what a port indexes, or reads
-from the body to find a record (the ciphertext covers them, see `stepcore.engine.seal`)."""
-_STARTED: Final = ToolEffectStatus.STARTED.value
 
 _KEY_CONFLICT_ATTEMPTS = 5
-INLINE_RECORDS: Final = 64
-"""A write of at most this many events and ledger entries may be written inline (see below)."""
-INLINE_ATTEMPTS: Final = 4
-"""How often a short write finds the port's thread busy, waits for it and tries inline again before
-it queues for the thread."""
-INLINE_NEW_MESSAGES: Final = 8
-"""A snapshot save with at most this many messages new to the run's last save may be written
-inline on the event loop (`SyncPort.inline_writes`); a longer one goes to the port's thread."""
-_OURS = (ValueError, LookupError, TypeError, RuntimeError, NotImplementedError, KeyConflict, StaleHistory)
-"""Errors the engine and the contract raise themselves: they already say what is wrong."""
-
-
-class _NeedsWalk:
-    """A save whose new messages hold media: they go to the media store from the event loop first."""
-
-
-_NEEDS_WALK: Final = _NeedsWalk()
+_STARTED: Final = ToolEffectStatus.STARTED.value
 
 
 @dataclass(slots=True)
@@ -116,78 +110,6 @@ class _Save:
     delta: HistoryDelta | None = None
     sums: list[str] | None = None
     """The stored sums of the delta's new messages, once sealed."""
-
-
-def _rows(sealer: Sealer, run_id: str, records: Sequence[StepWrite]) -> tuple[list[EventRow], list[EffectRow]]:
-    """The rows of one run's events and ledger entries, in order, their bodies sealed."""
-    events: list[EventRow] = []
-    effects: list[EffectRow] = []
-    for record in records:
-        if isinstance(record, StepEvent):
-            body = sealer.record(record_fields(record, exclude=EVENT_FIELDS_IN_ROW), (run_id,), EVENT_CLEAR)
-            events.append(EventRow(run_id, record.idempotency_key, body))
-        else:
-            status = record.status.value
-            body = sealer.record(
-                record_fields(record, exclude=EFFECT_FIELDS_IN_ROW),
-                (run_id, record.tool_call_id, status),
-                EFFECT_CLEAR,
-            )
-            effects.append(
-                EffectRow(
-                    run_id=run_id,
-                    tool_call_id=record.tool_call_id,
-                    status=status,
-                    started_at=sort_time(record.started_at),
-                    body=body,
-                )
-            )
-    return events, effects
-
-
-def _open(sealer: Sealer, body: Body, in_row: frozenset[str], sealed_columns: Sequence[object]) -> dict[str, Any]:
-    """A record's fields from a row's body, its checksum or ciphertext checked against the row's
-    `sealed_columns` (`UnreadableBody` / `ValueError` for a body the port could not read / take
-    apart, or that does not check)."""
-    if isinstance(body, Unreadable):
-        raise UnreadableBody(body.reason)
-    if isinstance(body, Unparsable):
-        raise ValueError(body.reason)
-    return sealer.open_record(body, in_row, sealed_columns)
-
-
-def _drive_sync(port: SyncPort, tx: Any, plan: Plan[T]) -> T:
-    answer: Any = None
-    while True:
-        try:
-            step = plan.send(answer)
-        except StopIteration as done:
-            return cast(T, done.value)
-        if isinstance(step, tuple):
-            answer = [port.run(tx, op) for op in step]
-            continue
-        if step.writes:
-            port.boundary(step.method)
-        answer = port.run(tx, step)
-
-
-async def _drive_async(port: AsyncPort, tx: Any, plan: Plan[T]) -> T:
-    answer: Any = None
-    while True:
-        try:
-            step = plan.send(answer)
-        except StopIteration as done:
-            return cast(T, done.value)
-        if isinstance(step, tuple):
-            answer = await port.run_group(tx, step)
-            continue
-        if step.writes:
-            port.boundary(step.method)
-        answer = await port.run(tx, step)
-
-
-def _single(op: Op) -> Plan[Any]:
-    return (yield op)
 
 
 class EngineStore(StepStore):
@@ -213,8 +135,7 @@ class EngineStore(StepStore):
         history_runs: int = 256,
         encryption: Encryption | None = None,
     ) -> None:
-        if not isinstance(port, SyncPort | AsyncPort):
-            raise TypeError(f'{type(self).__name__} needs a SyncPort or an AsyncPort, got {type(port).__name__}')
+        driver = Driver(port, type(self).__name__)
         media_store = resolve_media_store(media_store, default=lambda: None, owner=type(self).__name__)
         if max_snapshots_per_run is not None:
             require_feature(self, SNAPSHOT_RETENTION, option='max_snapshots_per_run')
@@ -224,9 +145,10 @@ class EngineStore(StepStore):
             require_feature(self, ENCRYPTION, option='encryption')
         if encryption is not None and not isinstance(encryption, Encryption):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f'encryption= takes a stepcore.Encryption, got {type(encryption).__name__}')
-        self.port = port
         self.encryption: Encryption | None = encryption
         self._sealer = Sealer(encryption)
+        self._rows = RowCodec(self._sealer, self._where)
+        self._driver = driver
         self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
         self.media_store: MediaStore | None = media_store
         threshold = DEFAULT_MEDIA_THRESHOLD_BYTES if media_threshold_bytes is None else media_threshold_bytes
@@ -234,179 +156,26 @@ class EngineStore(StepStore):
         if encryption is not None and media_store is not None:
             blobs = EncryptingMediaStore(media_store, encryption)
         self._history = HistoryIndex(MediaWalker(blobs, threshold), max_runs=history_runs)
-        self._groups = WriteGroups(port) if isinstance(port, SyncPort) and port.group_commit else None
+
+    @property
+    def port(self) -> Port:
+        """The port the store's I/O goes to (setting it runs the store on another port)."""
+        return self._driver.port
+
+    @port.setter
+    def port(self, port: Port) -> None:
+        self._driver = Driver(port, type(self).__name__)
 
     def __repr__(self) -> str:
         return f'<{type(self).__name__} on {self.port.describe()}>'
 
-    # -- running plans ------------------------------------------------------------------------
-
-    async def _transact(
-        self,
-        runs: Sequence[str],
-        make_plan: Callable[[], Plan[T]],
-        prepare: Callable[[], bool] | None = None,
-        *,
-        short: bool = False,
-    ) -> T | _NeedsWalk:
-        """Run a write plan in one transaction; `_NEEDS_WALK` when `prepare()` says media must go first.
-
-        On a `SyncPort`, `prepare` (finding and encoding a save's new messages), the plan and the
-        commit run together: inline on the event loop when the write is `short`, the port allows
-        it and its thread is idle (a step's records and a few new messages: no hand-off, no
-        contention for the GIL between two threads), else on the port's thread in one hand-off.
-        """
-        port = self.port
-        try:
-            if isinstance(port, SyncPort):
-
-                def job() -> T | _NeedsWalk:
-                    if prepare is not None and not prepare():
-                        return _NEEDS_WALK
-                    with port.transaction(runs) as tx:
-                        result = _drive_sync(port, tx, make_plan())
-                        port.boundary('commit')
-                    port.boundary('committed')
-                    return result
-
-                if short and port.inline_writes:
-                    for _ in range(INLINE_ATTEMPTS):
-                        done, result = port.try_inline(job)
-                        if done:
-                            return cast(T | _NeedsWalk, result)
-                        # A port that cannot group writes gains nothing by queueing behind its busy
-                        # thread, and under many runs every write would then queue behind the one
-                        # before: it waits for the thread to be idle and writes inline. One that can
-                        # group them queues, and its thread commits the queued writes together.
-                        if port.group_commit or not await port.wait_idle():
-                            break
-                if self._groups is not None and port.fault_hook is None:
-                    # under fault injection each write keeps a transaction of its own, so a fault
-                    # stops exactly the write it is aimed at
-                    outcome = await self._groups.write(runs, prepare, lambda tx: _drive_sync(port, tx, make_plan()))
-                    return _NEEDS_WALK if outcome is NOT_PREPARED else cast(T, outcome)
-                return await port.call(job)
-            assert isinstance(port, AsyncPort)
-            if prepare is not None and not prepare():
-                return _NEEDS_WALK
-            async with port.transaction(runs) as tx:
-                result = await _drive_async(port, tx, make_plan())
-                port.boundary('commit')
-            port.boundary('committed')
-            return result
-        except Exception as error:
-            self._note(error, f'writing run {", ".join(map(repr, runs))}')
-            raise
-
-    async def _read(self, run_id: str | None, plan: Plan[T]) -> T:
-        port = self.port
-        try:
-            if isinstance(port, SyncPort):
-
-                def job() -> T:
-                    with port.reading(run_id) as tx:
-                        return _drive_sync(port, tx, plan)
-
-                return await port.call(job)
-            assert isinstance(port, AsyncPort)
-            async with port.reading(run_id) as tx:
-                return await _drive_async(port, tx, plan)
-        except Exception as error:
-            self._note(error, 'listing runs' if run_id is None else f'reading run {run_id!r}')
-            raise
-
-    def _note(self, error: Exception, action: str) -> None:
-        """Add a note naming the store and what it was doing to an error of the backend's own (a
-        driver's or the operating system's), so it never reaches a caller without that context."""
-        if not isinstance(error, _OURS):
-            error.add_note(f'{type(self).__name__} on {self._where()}, {action}')
-
-    async def _write_op(self, runs: Sequence[str], op: Op) -> Any:
-        return await self._transact(runs, lambda: _single(op))
-
-    # -- checks and encoding ------------------------------------------------------------------
+    # -- checks ---------------------------------------------------------------------------------
 
     def _run_id(self, run_id: object) -> str:
         return self.port.check_run_id(run_id)
 
     def _where(self) -> str:
         return self.port.describe()
-
-    def _decode_run(self, row: RunRow) -> RunRecord:
-        return decoded(
-            lambda: validated(
-                RunRecord,
-                _open(self._sealer, row.body, RUN_FIELDS_IN_ROW, (row.run_id,)),
-                what='run record',
-                run_id=row.run_id,
-            ),
-            run_id=row.run_id,
-            record='run record',
-            where=self._where(),
-        )
-
-    def _decode_event(self, row: EventRow) -> StepEvent:
-        return decoded(
-            lambda: validated(
-                StepEvent,
-                _open(self._sealer, row.body, EVENT_FIELDS_IN_ROW, (row.run_id,)),
-                what='event payload',
-                kinds={'kind': 'event kind'},
-                run_id=row.run_id,
-                seq=row.seq,
-            ),
-            run_id=row.run_id,
-            record=f'event seq={row.seq}',
-            where=self._where(),
-        )
-
-    def _decode_effect(self, row: EffectRow) -> ToolEffectRecord:
-        return decoded(
-            lambda: validated(
-                ToolEffectRecord,
-                _open(self._sealer, row.body, EFFECT_FIELDS_IN_ROW, (row.run_id, row.tool_call_id, row.status)),
-                what='tool effect record',
-                kinds={'status': 'tool effect status'},
-                run_id=row.run_id,
-                tool_call_id=row.tool_call_id,
-                status=row.status,
-            ),
-            run_id=row.run_id,
-            record=f'ledger entry of tool call {row.tool_call_id!r}',
-            where=self._where(),
-        )
-
-    def _checks_as_written(self, body: Body, row: EffectRow) -> bool:
-        if isinstance(body, Unreadable | Unparsable) or not isinstance(body, bytes | str):
-            return False
-        return self._sealer.check_record(body, (row.run_id, row.tool_call_id, row.status))
-
-    def _decode_snapshot_header(self, row: SnapshotRow) -> ContinuableSnapshot:
-        """A snapshot's fields but its messages."""
-        return self._snapshot_header(row)[0]
-
-    def _snapshot_header(self, row: SnapshotRow) -> tuple[ContinuableSnapshot, str | None, bool]:
-        """A snapshot's fields but its messages, the checksum of its newest message, and whether its
-        messages carry checksums (record format 2 and later); `DamagedRecordError` naming it."""
-
-        def read_header() -> tuple[ContinuableSnapshot, str | None, bool]:
-            data = _open(self._sealer, row.body, SNAPSHOT_FIELDS_IN_ROW, (row.run_id, row.state, row.length))
-            version = data.get(FORMAT_KEY, 1)
-            head = data.pop(HEAD_KEY, None)
-            snapshot = validated(
-                ContinuableSnapshot,
-                data,
-                what='snapshot',
-                kinds={'state': 'snapshot state'},
-                run_id=row.run_id,
-                seq=row.seq,
-                state=row.state,
-                messages=[],
-            )
-            sealed = isinstance(version, int) and version >= SEALED_FORMAT
-            return snapshot, head if isinstance(head, str) else None, sealed
-
-        return decoded(read_header, run_id=row.run_id, record=f'snapshot seq={row.seq}', where=self._where())
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -415,21 +184,15 @@ class EngineStore(StepStore):
         for value, what in ((record.conversation_id, 'conversation_id'), (record.parent_run_id, 'parent_run_id')):
             if value is not None:
                 check_text(value, what)
-        row = RunRow(
-            run_id=run_id,
-            started_at=sort_time(record.started_at),
-            conversation_id=record.conversation_id,
-            parent_run_id=record.parent_run_id,
-            body=self._sealer.record(record_fields(record, exclude=RUN_FIELDS_IN_ROW), (run_id,), RUN_CLEAR),
-        )
-        existing = cast(RunRow | None, await self._write_op([run_id], InsertRun(row)))
+        row = self._rows.run_row(record, run_id)
+        existing = cast(RunRow | None, await self._driver.write_op([run_id], InsertRun(row)))
         if existing is not None:
-            check_registration(self._decode_run(existing), record)
+            check_registration(self._rows.decode_run(existing), record)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         run_id = self._run_id(run_id)
-        row = cast(RunRow | None, await self._read(run_id, _single(GetRun(run_id))))
-        return self._decode_run(row) if row is not None else None
+        row = cast(RunRow | None, await self._driver.read(run_id, single(GetRun(run_id))))
+        return self._rows.decode_run(row) if row is not None else None
 
     async def list_runs(
         self,
@@ -467,11 +230,11 @@ class EngineStore(StepStore):
                 limit=batch,
                 newest_first=query.newest_first,
             )
-            rows = cast(Sequence[RunRow], await self._read(None, _single(op)))
+            rows = cast(Sequence[RunRow], await self._driver.read(None, single(op)))
             found: list[RunRecord] = []
             for row in rows:
                 try:
-                    found.append(self._decode_run(row))
+                    found.append(self._rows.decode_run(row))
                 except DamagedRecordError as error:
                     skip_damaged(error)
             keys = [(sort_time(row.started_at), row.run_id) for row in rows]
@@ -483,7 +246,7 @@ class EngineStore(StepStore):
     async def delete_run(self, run_id: str) -> bool:
         run_id = self._run_id(run_id)
         try:
-            return bool(await self._write_op([run_id], DeleteRun(run_id)))
+            return bool(await self._driver.write_op([run_id], DeleteRun(run_id)))
         finally:
             self._history.forget(run_id)
 
@@ -499,15 +262,15 @@ class EngineStore(StepStore):
             return footprint if (yield DeleteRun(run_id)) else None
 
         if dry_run:
-            return await self._read(run_id, plan())
+            return await self._driver.read(run_id, plan())
         try:
-            return cast(RunFootprint | None, await self._transact([run_id], plan))
+            return cast(RunFootprint | None, await self._driver.transact([run_id], plan))
         finally:
             self._history.forget(run_id)
 
     async def _run_footprint(self, run_id: str) -> RunFootprint | None:
         run_id = self._run_id(run_id)
-        return await self._read(run_id, self._footprint_plan(run_id))
+        return await self._driver.read(run_id, self._footprint_plan(run_id))
 
     def _footprint_plan(self, run_id: str) -> Plan[RunFootprint | None]:
         """Counts and last activity of a run from its rows; snapshot headers only, no messages.
@@ -522,15 +285,15 @@ class EngineStore(StepStore):
         events: list[StepEvent] = []
         for row in event_rows:
             with contextlib.suppress(DamagedRecordError):
-                events.append(self._decode_event(row))
+                events.append(self._rows.decode_event(row))
         times.extend(sort_time(e.timestamp) for e in events)
         for row in effect_rows:
             with contextlib.suppress(DamagedRecordError):
-                entry = self._decode_effect(row)
+                entry = self._rows.decode_effect(row)
                 times.append(sort_time(entry.updated_at or entry.started_at))
         for row in snapshot_rows:
             with contextlib.suppress(DamagedRecordError):
-                times.append(sort_time(self._decode_snapshot_header(row).timestamp))
+                times.append(sort_time(self._rows.decode_snapshot_header(row).timestamp))
         return RunFootprint(
             run_id=run_id,
             events=len(event_rows),
@@ -577,9 +340,9 @@ class EngineStore(StepStore):
                 check_text(snapshot.idempotency_key, 'idempotency_key')
             await self._save(run_id, snapshot, by_run.pop(run_id, []))
         for run_id, records in by_run.items():
-            await self._transact(
+            await self._driver.transact(
                 [run_id],
-                lambda r=run_id, w=records: write_plan(r, *_rows(self._sealer, r, w), None, None),
+                lambda r=run_id, w=records: write_plan(r, *record_rows(self._sealer, r, w), None, None),
                 short=len(records) <= INLINE_RECORDS,
             )
 
@@ -620,12 +383,11 @@ class EngineStore(StepStore):
                 state=state,
                 head=None,
                 length=delta.total,
-                step_index=snapshot.step_index,
                 body=self._sealer.record(header, (run_id, state, delta.total), SNAPSHOT_CLEAR),
             )
             parent = cast(int | None, delta.parent)
             write = SnapshotWrite(key=snapshot.idempotency_key, parent=parent, bodies=bodies, row=row)
-            return write_plan(run_id, *_rows(self._sealer, run_id, records), write, self.max_snapshots_per_run)
+            return write_plan(run_id, *record_rows(self._sealer, run_id, records), write, self.max_snapshots_per_run)
 
         restarted = False
         conflicts = 0
@@ -635,7 +397,7 @@ class EngineStore(StepStore):
                     len(records) <= INLINE_RECORDS
                     and len(save.messages) - self._history.saved_length(run_id) <= INLINE_NEW_MESSAGES
                 )
-                outcome = await self._transact([run_id], plan, prepare, short=short)
+                outcome = await self._driver.transact([run_id], plan, prepare, short=short)
             except StaleHistory:
                 if restarted:
                     raise
@@ -651,7 +413,7 @@ class EngineStore(StepStore):
                         f'concurrent writers in {self._where()}: retry the save'
                     ) from None
                 continue
-            if isinstance(outcome, _NeedsWalk):
+            if isinstance(outcome, NeedsWalk):
                 assert save.delta is not None
                 await self._history.walk(save.delta)  # media go to the media store from the event loop
                 continue
@@ -671,31 +433,26 @@ class EngineStore(StepStore):
         run_id = self._run_id(run_id)
         check_event_window(after_seq, limit)
         op = ListEvents(run_id, after_seq=after_seq, limit=limit, newest=newest)
-        rows = cast(Sequence[EventRow], await self._read(run_id, _single(op)))
+        rows = cast(Sequence[EventRow], await self._driver.read(run_id, single(op)))
         found: list[StepEvent] = []
         for row in rows:
             try:
-                found.append(self._decode_event(row))
+                found.append(self._rows.decode_event(row))
             except DamagedRecordError as error:
                 skip_damaged(error)
         return event_window(found, after_seq, limit, newest)
 
-    async def _effects(self, op: ListEffects) -> list[ToolEffectRecord]:
+    async def _effects(self, op: ListEffects, *, unresolved: bool = False) -> list[ToolEffectRecord]:
         # A ledger entry that cannot be read is an error: leaving it out could hide an effect in
         # flight. The unresolved ones are found here, not by the port, so that an entry whose
         # status or call id was altered is read (and its checksum fails) rather than filtered out.
-        if op.unresolved:
-            op = ListEffects(op.run_id, tool_call_id=op.tool_call_id)
-            unresolved = True
-        else:
-            unresolved = False
-        rows = cast(Sequence[EffectRow], await self._read(op.run_id, _single(op)))
+        rows = cast(Sequence[EffectRow], await self._driver.read(op.run_id, single(op)))
         found: list[ToolEffectRecord] = []
         for row in rows:
             # A status column other than `started` is bound into the entry's checksum: an entry whose
             # bytes check as written is not unresolved and need not be decoded.
-            if not (unresolved and row.status != _STARTED and self._checks_as_written(row.body, row)):
-                found.append(self._decode_effect(row))
+            if not (unresolved and row.status != _STARTED and self._rows.checks_as_written(row.body, row)):
+                found.append(self._rows.decode_effect(row))
         if op.tool_call_id is not None:
             found = [r for r in found if r.tool_call_id == op.tool_call_id]
         if unresolved:
@@ -705,23 +462,18 @@ class EngineStore(StepStore):
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         run_id = self._run_id(run_id)
-        found = [
-            r
-            for r in await self._effects(ListEffects(run_id, tool_call_id=tool_call_id))
-            if r.tool_call_id == tool_call_id
-        ]
+        found = await self._effects(ListEffects(run_id, tool_call_id=tool_call_id))
         return found[-1] if found else None
 
     async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         return await self._effects(ListEffects(self._run_id(run_id)))
 
     async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        found = await self._effects(ListEffects(self._run_id(run_id), unresolved=True))
-        return [r for r in found if r.unresolved]
+        return await self._effects(ListEffects(self._run_id(run_id)), unresolved=True)
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         run_id = self._run_id(run_id)
-        rows, nodes = await self._read(
+        rows, nodes = await self._driver.read(
             run_id, read_snapshots(run_id, newest=True, complete_only=not include_interrupted)
         )
         if not rows:
@@ -730,7 +482,7 @@ class EngineStore(StepStore):
 
     async def list_snapshots(self, run_id: str, *, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         run_id = self._run_id(run_id)
-        rows, nodes = await self._read(
+        rows, nodes = await self._driver.read(
             run_id, read_snapshots(run_id, newest=False, complete_only=not include_interrupted)
         )
         found: list[ContinuableSnapshot] = []
@@ -744,13 +496,13 @@ class EngineStore(StepStore):
     async def list_snapshot_summaries(self, run_id: str, *, include_interrupted: bool = False) -> list[SnapshotSummary]:
         run_id = self._run_id(run_id)
         op = ListSnapshots(run_id, complete_only=not include_interrupted)
-        rows = cast(Sequence[SnapshotRow], await self._read(run_id, _single(op)))
+        rows = cast(Sequence[SnapshotRow], await self._driver.read(run_id, single(op)))
         found: list[SnapshotSummary] = []
         for row in rows:
             if not include_interrupted and row.state != SnapshotState.COMPLETE.value:
                 continue
             try:
-                header = self._decode_snapshot_header(row)
+                header = self._rows.decode_snapshot_header(row)
             except DamagedRecordError as error:
                 skip_damaged(error)
                 continue
@@ -760,7 +512,7 @@ class EngineStore(StepStore):
     async def get_snapshot(self, run_id: str, seq: int) -> ContinuableSnapshot | None:
         run_id = self._run_id(run_id)
         check_seq(seq)
-        row, nodes = await self._read(run_id, read_snapshot(run_id, seq))
+        row, nodes = await self._driver.read(run_id, read_snapshot(run_id, seq))
         return await self._materialize(row, nodes) if row is not None else None
 
     async def get_snapshot_messages(
@@ -769,7 +521,7 @@ class EngineStore(StepStore):
         run_id = self._run_id(run_id)
         check_seq(seq)
         check_message_window(start, stop)
-        row, nodes = await self._read(run_id, read_snapshot(run_id, seq))
+        row, nodes = await self._driver.read(run_id, read_snapshot(run_id, seq))
         if row is None:
             return None
         begin = min(start, row.length)
@@ -788,33 +540,18 @@ class EngineStore(StepStore):
         check_seq(other_seq)
         chains: list[list[int]] = []
         for wanted in (seq, other_seq):
-            row, nodes = await self._read(run_id, read_snapshot(run_id, wanted))
+            row, nodes = await self._driver.read(run_id, read_snapshot(run_id, wanted))
             if row is None:
                 raise LookupError(f'run {run_id!r} has no retained snapshot with seq {wanted}')
             chains.append(
                 decoded(
-                    lambda row=row, nodes=nodes: self._chain(row, nodes)[0],
+                    lambda row=row, nodes=nodes: self._rows.chain(row, nodes)[0],
                     run_id=run_id,
                     record=f'snapshot seq={wanted}',
                     where=self._where(),
                 )
             )
         return shared_prefix(chains[0], chains[1])
-
-    def _chain(self, row: SnapshotRow, nodes: Mapping[int, Node]) -> tuple[list[int], list[bytes]]:
-        """The node ids and stored bodies of a snapshot's messages, oldest first (`LookupError` for a lost node)."""
-        chain: list[int] = []
-
-        def lookup(node: object) -> Node:
-            found = nodes.get(cast(int, node))
-            if found is None:
-                raise LookupError(f'message node {node} is missing')
-            chain.append(cast(int, node))
-            return found
-
-        stored = walk_chain(row.head, row.length, lookup)
-        chain.reverse()
-        return chain, stored
 
     async def _materialize(
         self, row: SnapshotRow, nodes: Mapping[int, Node], *, window: tuple[int, int] | None = None
@@ -825,11 +562,11 @@ class EngineStore(StepStore):
         """
         record = f'snapshot seq={row.seq}'
         where = self._where()
-        header, head_sum, sealed = self._snapshot_header(row)
+        header, head_sum, sealed = self._rows.snapshot_header(row)
         chain: list[int] = []
 
         def read_messages() -> list[bytes]:
-            ids, stored = self._chain(row, nodes)
+            ids, stored = self._rows.chain(row, nodes)
             chain.extend(ids)
             try:
                 return self._sealer.open_nodes(row.run_id, stored, head_sum, sealed=sealed)
@@ -871,7 +608,7 @@ class EngineStore(StepStore):
         Unlike `list_runs`, a run whose record is damaged or missing (a snapshot saved without
         `register_run`) is included: maintenance must not overlook what it cannot read.
         """
-        return sorted(set(cast(Sequence[str], await self._read(None, _single(ListRunIds())))))
+        return sorted(set(cast(Sequence[str], await self._driver.read(None, single(ListRunIds())))))
 
     async def media_references(self, run_id: str) -> set[str]:
         """The `media+sha256://` URIs that the run's snapshots (complete and interrupted) reference.
@@ -881,12 +618,12 @@ class EngineStore(StepStore):
         references out would let its media be collected.
         """
         run_id = self._run_id(run_id)
-        rows, nodes = await self._read(run_id, read_snapshots(run_id, newest=False, complete_only=False))
+        rows, nodes = await self._driver.read(run_id, read_snapshots(run_id, newest=False, complete_only=False))
         found: set[str] = set()
         for row in rows:
             # Each chain is opened as a read opens it (checksums checked, bodies decrypted), so a
             # damaged message stops the collection rather than hiding its references.
-            _, head_sum, sealed = self._snapshot_header(row)
+            _, head_sum, sealed = self._rows.snapshot_header(row)
 
             def lookup(node: object) -> Node:
                 entry = nodes.get(cast(int, node))
@@ -929,14 +666,9 @@ class EngineStore(StepStore):
             bodies += [body for _, body in nodes.values()]
             return bodies
 
-        return {key_id_of(body) for body in await self._read(run_id, plan())}
+        return {key_id_of(body) for body in await self._driver.read(run_id, plan())}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        port = self.port
-        if isinstance(port, SyncPort):
-            await port.call(port.close)
-        else:
-            assert isinstance(port, AsyncPort)
-            await port.close()
+        await self._driver.close()
