@@ -194,7 +194,7 @@ def test_recover_explains_in_words(db: str) -> None:
     assert 'Settled snapshot' in text
     assert 'send_email (call-email)' in text
     assert 'may or may not' in text
-    assert 'continue_run' in text
+    assert 'resolve_run' in text
     report = as_json('recover', 'report-run-1', '-s', db)
     assert report['settled_snapshot']['message_count'] == 5
     assert [e['tool_name'] for e in report['unresolved_effects']] == ['send_email']

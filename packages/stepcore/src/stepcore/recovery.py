@@ -62,10 +62,21 @@ class RecoveryReport(BaseModel):
 
     @property
     def interrupted(self) -> bool:
-        """True when the newest snapshot is newer than the settled one (or there is no settled one)."""
+        """True when the newest snapshot is newer than the settled one (or there is no settled one).
+
+        A process killed inside a tool usually leaves no newer snapshot (unless the run used
+        `capture_frontier=True`): its cut-short calls show in `unresolved`, not here. Ask
+        `continuable_as_is` whether continuing is safe.
+        """
         if self.latest is None:
             return False
         return self.settled is None or self.latest.seq != self.settled.seq
+
+    @property
+    def continuable_as_is(self) -> bool:
+        """True when `continue_run` can carry on from `settled` and nothing may run twice: there is a
+        settled snapshot and no unresolved call. Otherwise settle the calls with `resolve_run` first."""
+        return self.settled is not None and not self.unresolved
 
 
 RecoveryInspection = RecoveryReport
