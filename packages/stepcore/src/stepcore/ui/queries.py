@@ -103,6 +103,11 @@ class RecoveryView:
             return False
         return self.settled_snapshot is None or self.newest_snapshot.seq != self.settled_snapshot.seq
 
+    @property
+    def continuable_as_is(self) -> bool:
+        """A settled snapshot and no unresolved call: continuing from it runs nothing twice."""
+        return self.settled_snapshot is not None and not self.unresolved_effects
+
 
 def _tool_names(effects: Sequence[ToolEffectRecord], status: ToolEffectStatus) -> tuple[str, ...]:
     return tuple(dict.fromkeys(e.tool_name for e in effects if e.status is status))
