@@ -35,7 +35,7 @@ from stepcore import StepStore
 from stepcore_conformance.report import SUMMARY_PROPERTY
 
 ZYGOTE = Path(__file__).with_name('exactly_once_zygote.py')
-SEED = 20240611
+SEED = int(os.environ.get('KILL_SEED', '20240611'))
 KILLS_PER_BACKEND = 40
 """Stories are started on a backend until this many kills happened there."""
 MAX_STORIES = 100
@@ -177,7 +177,7 @@ def _effects(world: Path, stories: list[str]) -> dict[str, int]:
     want_notes = {f'note::{s}::{c}' for s in stories for c in CYCLES}
     want_rows = {f'row::{s}::{c}' for s in stories for c in CYCLES}
     twice = {line: n for line, n in notes.items() if n != 1}
-    assert not twice, f'notes written more than once: {twice}'
+    assert not twice, f'notes written more than once: {twice} (in {world})'
     assert set(notes) == want_notes, f'notes missing: {want_notes - set(notes)}; unexpected: {set(notes) - want_notes}'
     assert set(rows) == want_rows, f'rows missing: {want_rows - set(rows)}'
     return {'notes': sum(notes.values()), 'rows': sum(rows.values()), 'row attempts': attempts}

@@ -176,6 +176,8 @@ async def test_a_reconcile_function_finds_the_effect_and_the_run_resumes_without
         assert entry.status is ToolEffectStatus.COMPLETED
         assert entry.effect_summary == "append 'call ana' [settled on recovery: reconciled]"
         assert await store.list_unresolved_tool_effects(run_id='notes-1') == []
+        report = await inspect_recovery(store=store, run_id='notes-2')
+        assert report.continuable_as_is
         resumed = await store.get_run(run_id='notes-2')
         assert resumed is not None
         assert resumed.metadata == {'stepcore.resumes': 'notes-1'}
@@ -262,7 +264,8 @@ def test_cli_recover_shows_the_arguments_and_settles_calls(killed: tuple[Path, P
     assert settled.exit_code == 0, settled.output
     after = json.loads(settled.output)
     assert after['unresolved_effects'] == []
-    assert after['continuable_as_is'] is True
+    assert after['settled_on_recovery'] == ['call-1']
+    assert after['continuable_as_is'] is False  # its result is for resolve_run to hand over
     bad = runner.invoke(app, ['recover', 'notes-1', '--store', url, '--supply', 'call-1'])
     assert bad.exit_code != 0
     assert 'is not CALL=RESULT' in bad.output

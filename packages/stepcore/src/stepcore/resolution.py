@@ -56,9 +56,11 @@ __all__ = (
     'HOW_KEY',
     'RESULT_KEY',
     'RESUMES_KEY',
+    'SUMMARY_MARK',
     'Resumption',
     'SettledBy',
     'Settlement',
+    'called_in',
     'claim_resumption',
     'mark_checked',
     'resolve_run',
@@ -80,7 +82,8 @@ RESUMES_KEY = 'stepcore.resumes'
 CHECKED_NOTE = 'Checked after a crash: the effect of this call is in place.'
 """What the model receives for a call marked checked without a note of its own."""
 
-_SUMMARY_MARK = ' [settled on recovery: '
+SUMMARY_MARK = ' [settled on recovery: '
+"""What an entry's effect summary says, followed by how and `]`, once `resolve_run` or a caller settled it."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,8 @@ def claim_resumption() -> str | None:
 # --- reading the ledger ----------------------------------------------------------------------------
 
 
-def _called(messages: Sequence[ModelMessage]) -> set[str]:
+def called_in(messages: Sequence[ModelMessage]) -> set[str]:
+    """The ids of the tool calls the responses in `messages` made."""
     return {
         part.tool_call_id
         for message in messages
@@ -213,9 +217,9 @@ async def _entries(store: StepStore, run_id: str, events: Sequence[StepEvent]) -
 
 def _summary(entry: ToolEffectRecord, how: SettledBy) -> str:
     base = entry.effect_summary or ''
-    if _SUMMARY_MARK in base:
-        base = base[: base.index(_SUMMARY_MARK)]
-    return f'{base}{_SUMMARY_MARK}{how}]'.lstrip()
+    if SUMMARY_MARK in base:
+        base = base[: base.index(SUMMARY_MARK)]
+    return f'{base}{SUMMARY_MARK}{how}]'.lstrip()
 
 
 async def _record(store: StepStore, entries: Sequence[tuple[ToolEffectRecord, SettledBy, Any]]) -> None:
@@ -343,7 +347,7 @@ async def resolve_run(
         )
     events = await bound.list_events(run_id=run_id)
     base = settled.messages
-    in_base = _called(base)
+    in_base = called_in(base)
     entries = await _entries(bound, run_id, events)
     done = settlements_of(events)
 

@@ -39,7 +39,9 @@ def test_runs_to_run_to_snapshot(browser: Any, demo_ui: Any, shoot: Callable[[st
     row = ledger.find_element(By.XPATH, ".//tr[contains(., 'send_email')]")
     assert 'email::team@example.com::weekly-report' in row.text
     assert "email 'Weekly report' to team@example.com [settled on recovery: reconciled]" in row.text
-    assert 'It can be continued as is' in browser.find_element(By.ID, 'continuable').text
+    recovery = browser.find_element(By.ID, 'recovery').text
+    assert 'Settled on recovery, with results in no snapshot of this run: call-email' in recovery
+    assert 'It cannot be continued as is' in browser.find_element(By.ID, 'continuable').text
     tree = browser.find_element(By.CSS_SELECTOR, '#lineage .tree')
     assert 'report-run-1.research' in tree.text
     snippet = browser.find_element(By.ID, 'snippet-1').text

@@ -35,6 +35,7 @@ def recovery_json(report: RecoveryReport) -> dict[str, Any]:
         'settled_snapshot': _snap(report.settled),
         'interrupted': report.interrupted,
         'continuable_as_is': report.continuable_as_is,
+        'settled_on_recovery': list(report.settled_on_recovery),
         'unresolved_effects': [dump_record(e) for e in report.unresolved],
         'completed_tools': list(report.completed_tools),
         'failed_tools': list(report.failed_tools),
@@ -86,6 +87,12 @@ def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
         )
     else:
         say('No unresolved tool calls: the ledger shows nothing that may have half happened.')
+    if report.settled_on_recovery:
+        say(
+            f'Settled on recovery, with results in no snapshot of this run: {", ".join(report.settled_on_recovery)}. '
+            'resolve_run hands their results over again; continue_run alone would let the model call them again.',
+            'yellow',
+        )
     if settled is not None:
         verb = 'continue from the settled point' if report.continuable_as_is else 'settle the calls and resume'
         say(
