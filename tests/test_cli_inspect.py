@@ -1,7 +1,8 @@
 """The inspection commands over a real SQLite store filled by real agent runs.
 
 The store is the demo's: an assistant run killed mid tool call (in a child process), its delegate,
-the resumed run; plus a run whose tool raised, added here.
+the run resuming it (which settled the cut-short call in the killed run's ledger); plus a run
+whose tool raised, added here.
 """
 
 from __future__ import annotations
@@ -129,19 +130,22 @@ def test_store_from_environment(db: str) -> None:
 def test_tree_shows_delegation_and_status(db: str) -> None:
     tree = as_json('tree', 'report-run-1', '-s', db)
     assert tree['status'] == 'unfinished'
-    assert tree['unresolved_tool_effects'] == 1
+    assert tree['unresolved_tool_effects'] == 0  # settled when the run was resumed
     assert [(c['run_id'], c['status'], c['children']) for c in tree['children']] == [
         ('report-run-1.research', 'completed', [])
     ]
     text = ok('tree', 'report-run-1', '-s', db)
     assert '└── report-run-1.research  [researcher]  completed' in text
-    assert '1 unresolved tool effect' in text
+    assert 'unresolved' not in text
 
 
 def test_events_trail_ends_where_the_process_died(db: str) -> None:
     events = as_json('events', 'report-run-1', '-s', db)
     assert events[0]['kind'] == 'run_started'
-    assert (events[-1]['kind'], events[-1]['tool_name']) == ('tool_call_started', 'send_email')
+    assert (events[-2]['kind'], events[-2]['tool_name']) == ('tool_call_started', 'send_email')
+    # the process died there; resolving it on resume recorded how the call was settled
+    assert (events[-1]['kind'], events[-1]['tool_name']) == ('tool_call_completed', 'send_email')
+    assert events[-1]['metadata']['stepcore.settled_by'] == 'reconciled'
     failed = as_json('events', 'deploy-1', '-s', db)
     assert failed[-1]['kind'] == 'run_failed'
     assert any('cluster unreachable' in (e['error'] or '') for e in failed)
@@ -178,12 +182,11 @@ def test_effects_and_unresolved(db: str) -> None:
     assert [(e['tool_name'], e['status']) for e in effects] == [
         ('ask_researcher', 'completed'),
         ('write_report', 'completed'),
-        ('send_email', 'started'),
+        ('send_email', 'completed'),
     ]
-    unresolved = as_json('effects', 'report-run-1', '--unresolved', '-s', db)
-    assert [(e['tool_call_id'], e['idempotency_key']) for e in unresolved] == [
-        ('call-email', 'email::team@example.com::weekly-report')
-    ]
+    assert effects[-1]['idempotency_key'] == 'email::team@example.com::weekly-report'
+    assert effects[-1]['effect_summary'].endswith('[settled on recovery: reconciled]')
+    assert 'no unresolved tool effects' in ok('effects', 'report-run-1', '--unresolved', '-s', db)
     assert 'no unresolved tool effects' in ok('effects', 'report-run-2', '--unresolved', '-s', db)
     failed = as_json('effects', 'deploy-1', '-s', db)
     assert [(e['tool_name'], e['status']) for e in failed] == [('deploy', 'failed')]
@@ -192,13 +195,16 @@ def test_effects_and_unresolved(db: str) -> None:
 def test_recover_explains_in_words(db: str) -> None:
     text = ok('recover', 'report-run-1', '-s', db)
     assert 'Settled snapshot' in text
-    assert 'send_email (call-email)' in text
-    assert 'may or may not' in text
-    assert 'continue_run' in text
+    assert 'No unresolved tool calls' in text
+    assert 'resolve_run' in text
     report = as_json('recover', 'report-run-1', '-s', db)
     assert report['settled_snapshot']['message_count'] == 5
-    assert [e['tool_name'] for e in report['unresolved_effects']] == ['send_email']
-    assert report['completed_tools'] == ['ask_researcher', 'write_report']
+    assert report['unresolved_effects'] == []
+    # its result is in report-run-2, not here: continuing report-run-1 as is would send it again
+    assert report['settled_on_recovery'] == ['call-email']
+    assert report['continuable_as_is'] is False
+    assert 'Settled on recovery, with results in no snapshot of this run: call-email' in ' '.join(text.split())
+    assert report['completed_tools'] == ['ask_researcher', 'write_report', 'send_email']
     assert as_json('recover', 'deploy-1', '-s', db)['failed_tools'] == ['deploy']
 
 

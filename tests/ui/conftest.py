@@ -136,7 +136,7 @@ def serve() -> Iterator[Callable[..., Ui]]:
 
 @pytest.fixture(scope='session')
 def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The database `stepcore demo` leaves: a run killed in send_email, its delegate, the resumed run."""
+    """The database `stepcore demo` leaves: a run killed in send_email, its delegate, the run resuming it."""
     path = tmp_path_factory.mktemp('ui-demo') / 'demo.db'
     run_demo(path, console=Console(file=io.StringIO()))
     return path
@@ -145,6 +145,14 @@ def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope='session')
 def demo_ui(demo_db: Path, serve: Callable[..., Ui]) -> Ui:
     return serve('--store', f'sqlite:///{demo_db}')
+
+
+@pytest.fixture(scope='session')
+def killed_ui(tmp_path_factory: pytest.TempPathFactory, serve: Callable[..., Ui]) -> Ui:
+    """The database `stepcore demo` leaves before it resumes: a run killed in send_email, as it stands."""
+    path = tmp_path_factory.mktemp('ui-killed') / 'demo.db'
+    run_demo(path, console=Console(file=io.StringIO()), resume=False)
+    return serve('--store', f'sqlite:///{path}')
 
 
 def _hostile_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

@@ -5,6 +5,7 @@ Screenshots of each page are saved as build output (see conftest.py); they are n
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,34 +29,31 @@ def test_runs_to_run_to_snapshot(browser: Any, demo_ui: Any, shoot: Callable[[st
     listed = {row.find_element(By.CSS_SELECTOR, 'a.run-id').text: row for row in rows}
     assert set(listed) == {'report-run-1', 'report-run-1.research', 'report-run-2'}
     assert 'unfinished' in listed['report-run-1'].text
-    assert '1 unresolved' in listed['report-run-1'].text
+    assert 'unresolved' not in listed['report-run-1'].text  # its cut-short send_email was reconciled on resume
     shoot('1-runs')
 
-    # the run: its unresolved send_email stands out in the ledger, with its key and summary
+    # the run: its send_email says how it was settled, with its key
     listed['report-run-1'].find_element(By.LINK_TEXT, 'report-run-1').click()
     ledger = _wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, '#ledger table')))
-    highlighted = ledger.find_elements(By.CSS_SELECTOR, 'tr.unresolved')
-    assert len(highlighted) == 1
-    row = highlighted[0]
-    assert 'send_email' in row.text
+    assert ledger.find_elements(By.CSS_SELECTOR, 'tr.unresolved') == []
+    row = ledger.find_element(By.XPATH, ".//tr[contains(., 'send_email')]")
     assert 'email::team@example.com::weekly-report' in row.text
-    assert "email 'Weekly report' to team@example.com" in row.text
-    background = row.value_of_css_property('background-color')
-    plain = ledger.find_element(By.XPATH, ".//tr[contains(., 'write_report')]").value_of_css_property(
-        'background-color'
-    )
-    assert background != plain  # highlighted, not only labelled
+    assert "email 'Weekly report' to team@example.com [settled on recovery: reconciled]" in row.text
+    recovery = browser.find_element(By.ID, 'recovery').text
+    assert 'Settled on recovery, with results in no snapshot of this run: call-email' in recovery
+    assert 'It cannot be continued as is' in browser.find_element(By.ID, 'continuable').text
     tree = browser.find_element(By.CSS_SELECTOR, '#lineage .tree')
     assert 'report-run-1.research' in tree.text
     snippet = browser.find_element(By.ID, 'snippet-1').text
-    assert "history = await continue_run(store, run_id='report-run-1')" in snippet
+    assert "resumption = await resolve_run(store, run_id='report-run-1', agent=agent)" in snippet
     assert "fork_run(store, run_id='report-run-1')" in browser.find_element(By.ID, 'snippet-2').text
     shoot('2-run')
 
-    # the timeline: the send_email call started and never ended
+    # the timeline: the send_email call started, and ended when it was settled on recovery
     browser.find_element(By.LINK_TEXT, 'timeline').click()
-    open_calls = _wait(browser).until(ec.presence_of_all_elements_located((By.CSS_SELECTOR, 'table.timeline tr.open')))
-    assert any('send_email' in r.text for r in open_calls)
+    rows = _wait(browser).until(ec.presence_of_all_elements_located((By.CSS_SELECTOR, 'table.timeline tbody tr')))
+    assert any('send_email' in r.text for r in rows)
+    assert not any('send_email' in r.text for r in browser.find_elements(By.CSS_SELECTOR, 'table.timeline tr.open'))
     shoot('3-timeline')
 
     # the settled snapshot: a conversation with the chart inline and what changed since the one before
@@ -98,3 +96,22 @@ def test_stored_markup_is_shown_as_text(browser: Any, hostile_ui: Any, shoot: Ca
     # the retry the model was asked for
     assert any('the page was still loading' in r.text for r in browser.find_elements(By.CSS_SELECTOR, '.part-retry'))
     shoot('6-escaped')
+
+
+def test_a_killed_run_shows_its_cut_short_call_with_arguments(
+    browser: Any, killed_ui: Any, shoot: Callable[[str], Path]
+) -> None:
+    browser.get(killed_ui.base + '/runs/report-run-1')
+    recovery = _wait(browser).until(ec.presence_of_element_located((By.ID, 'recovery')))
+    [call] = recovery.find_elements(By.CSS_SELECTOR, '.unresolved-calls li')
+    assert 'send_email (call-email) with arguments' in call.text
+    args = call.find_element(By.CSS_SELECTOR, 'code.args').text
+    assert json.loads(args) == {'to': 'team@example.com', 'subject': 'Weekly report', 'attachment': 'weekly-report.md'}
+    verdict = browser.find_element(By.ID, 'continuable')
+    assert 'It cannot be continued as is' in verdict.text
+    assert 'stepcore recover report-run-1 --supply CALL=RESULT' in verdict.text
+    highlighted = browser.find_elements(By.CSS_SELECTOR, '#ledger tr.unresolved')
+    assert len(highlighted) == 1
+    plain = browser.find_element(By.XPATH, "//*[@id='ledger']//tr[contains(., 'write_report')]")
+    assert highlighted[0].value_of_css_property('background-color') != plain.value_of_css_property('background-color')
+    shoot('7-killed')

@@ -22,10 +22,12 @@ from .models import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
+from .policies import Reconciled, RecoveryPolicy, recovery_policy
 from .protocols import StepStore, StepStoreProtocol
 from .recovery import RecoveryReport, inspect_recovery
 from .registry import media_from_spec, open_store
 from .registry import store_from_spec as from_spec
+from .resolution import Resumption, Settlement, mark_checked, resolve_run, supply_result
 
 __all__ = (
     'BackendInfo',
@@ -39,8 +41,12 @@ __all__ = (
     'InMemoryStepStore',
     'MediaContext',
     'MediaStore',
+    'Reconciled',
+    'RecoveryPolicy',
     'RecoveryReport',
+    'Resumption',
     'RunRecord',
+    'Settlement',
     'SnapshotMessages',
     'SnapshotSaved',
     'SnapshotState',
@@ -60,8 +66,12 @@ __all__ = (
     'hookimpl',
     'inspect_recovery',
     'is_provider_valid',
+    'mark_checked',
     'media_from_spec',
     'open_store',
+    'recovery_policy',
+    'resolve_run',
+    'supply_result',
 )
 
 __version__ = '0.1.0'

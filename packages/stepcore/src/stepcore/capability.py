@@ -25,6 +25,7 @@ from .memory import InMemoryStepStore
 from .models import EventKind, SnapshotState
 from .operations import CAPABILITY_ID, OPERATION_NAMES, StepOperations
 from .protocols import StepStoreProtocol
+from .resolution import RESUMES_KEY, claim_resumption
 from .run_state import RunState, describe_error, resolve_run_id
 from .run_writer import DEFERRED_WRITE_DELAY, RunWriter
 from .tool_calls import annotate_in_flight, record_tool_call
@@ -262,7 +263,10 @@ class StepPersistence(StepOperations[AgentDepsT]):
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
         run = self._run(ctx)
         run.given = list(ctx.messages)
-        await self.journal_registration(ctx, run.run_record())
+        record = run.run_record()
+        if (resumed := claim_resumption()) is not None:  # started by `Resumption.run`: say which run it resumes
+            record.metadata[RESUMES_KEY] = resumed
+        await self.journal_registration(ctx, record)
         await self._event(ctx, EventKind.RUN_STARTED)
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:

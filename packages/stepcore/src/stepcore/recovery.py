@@ -7,6 +7,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from .contract import as_step_store
 from .models import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
 from .protocols import StepStoreProtocol
+from .resolution import called_in, settlements_of
 
 __all__ = ('RecoveryInspection', 'RecoveryReport', 'inspect_recovery')
 
@@ -44,6 +45,9 @@ class RecoveryReport(BaseModel):
     """Names of the tools with a completed call, each once, in the order of their first completion."""
     failed_tools: tuple[str, ...] = ()
     """Names of the tools with a failed call, each once, in the order of their first failure."""
+    settled_on_recovery: tuple[str, ...] = ()
+    """Ids of the calls `resolve_run` (or a caller, by hand) settled whose results no complete snapshot
+    of this run holds: `resolve_run` hands them over again; `continue_run` alone would not."""
 
     @property
     def newest_snapshot(self) -> ContinuableSnapshot | None:
@@ -62,10 +66,21 @@ class RecoveryReport(BaseModel):
 
     @property
     def interrupted(self) -> bool:
-        """True when the newest snapshot is newer than the settled one (or there is no settled one)."""
+        """True when the newest snapshot is newer than the settled one (or there is no settled one).
+
+        A process killed inside a tool usually leaves no newer snapshot (unless the run used
+        `capture_frontier=True`): its cut-short calls show in `unresolved`, not here. Ask
+        `continuable_as_is` whether continuing is safe.
+        """
         if self.latest is None:
             return False
         return self.settled is None or self.latest.seq != self.settled.seq
+
+    @property
+    def continuable_as_is(self) -> bool:
+        """True when `continue_run` can carry on from `settled` and nothing may run twice: there is a
+        settled snapshot and no unresolved call. Otherwise settle the calls with `resolve_run` first."""
+        return self.settled is not None and not self.unresolved and not self.settled_on_recovery
 
 
 RecoveryInspection = RecoveryReport
@@ -84,11 +99,15 @@ async def inspect_recovery(*, store: StepStoreProtocol, run_id: str) -> Recovery
     """
     store = as_step_store(store)
     events = await store.list_events(run_id=run_id)
+    settled = await store.latest_snapshot(run_id=run_id)
+    in_settled = called_in(settled.messages) if settled is not None else set()
+    recovered = tuple(call for call in settlements_of(events) if call not in in_settled)
     return RecoveryReport(
         run_id=run_id,
         run=await store.get_run(run_id=run_id),
         latest=await store.latest_snapshot(run_id=run_id, include_interrupted=True),
-        settled=await store.latest_snapshot(run_id=run_id),
+        settled=settled,
+        settled_on_recovery=recovered,
         unresolved=tuple(await store.list_unresolved_tool_effects(run_id=run_id)),
         completed_tools=_tools(events, EventKind.TOOL_CALL_COMPLETED),
         failed_tools=_tools(events, EventKind.TOOL_CALL_FAILED),

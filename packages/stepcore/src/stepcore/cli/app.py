@@ -535,13 +535,41 @@ def effects(
 
 
 @app.command()
-def recover(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
-    """Explain what a run left behind and how it can be resumed."""
-    from .recovery_view import describe_recovery, recovery_json
+def recover(
+    run_id: RunArgument,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+    supply: Annotated[
+        list[str] | None,
+        typer.Option(
+            '--supply',
+            metavar='CALL=RESULT',
+            help='Settle tool call CALL, checked by hand, with the result the model gets (JSON or text). Repeatable.',
+        ),
+    ] = None,
+    mark_checked: Annotated[
+        list[str] | None,
+        typer.Option(
+            '--mark-checked',
+            metavar='CALL',
+            help='Settle tool call CALL, checked by hand: its effect is in place. Repeatable.',
+        ),
+    ] = None,
+) -> None:
+    """Explain what a run left behind and how it can be resumed; settle calls you checked by hand."""
+    from .recovery_view import describe_recovery, parse_supplied, recovery_json
+
+    supplied = [parse_supplied(item) for item in supply or ()]
 
     async def body(s: StepStore, rid: str) -> Any:
         from ..recovery import inspect_recovery
+        from ..resolution import mark_checked as check
+        from ..resolution import supply_result
 
+        for call_id, result in supplied:
+            await supply_result(s, run_id=rid, tool_call_id=call_id, result=result)
+        for call_id in mark_checked or ():
+            await check(s, run_id=rid, tool_call_id=call_id)
         return await inspect_recovery(store=s, run_id=rid)
 
     run_id, report = _with_run(store, run_id, body)

@@ -1,4 +1,4 @@
-"""`stepcore demo`: a run killed mid tool call, inspected, and resumed from its settled snapshot."""
+"""`stepcore demo`: a run killed mid tool call, inspected, and resumed with its cut-short call reconciled."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from rich.markup import escape
 from rich.padding import Padding
 from rich.rule import Rule
 
-from ..helpers import continue_run
 from ..protocols import StepStore
 from ..recovery import inspect_recovery
 from ..registry import get_registry, store_from_spec
+from ..resolution import resolve_run
 from . import render
 from ._loop import run_coroutine
 from .demo_agents import CONVERSATION_ID, FIRST_RUN_ID, OUTBOX_FILE, REPORT_FILE, RESUMED_RUN_ID, build_agents
@@ -104,11 +104,12 @@ def _stage(console: Console, number: int, title: str, note: str) -> None:
     console.print(note, highlight=False)
 
 
-async def _inspect_and_resume(database: Path, workdir: Path, console: Console) -> None:
+async def _inspect_and_resume(database: Path, workdir: Path, console: Console, *, resume: bool) -> None:
     store = _open_store(database)
     try:
         await _inspect(store, workdir, console)
-        await _resume(store, workdir, console)
+        if resume:
+            await _resume(store, workdir, console)
     finally:
         await store.aclose()
 
@@ -157,7 +158,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         5,
         'The tool-effect ledger',
         'send_email is still "started": the ledger cannot tell whether the email went out. The tool '
-        'recorded an idempotency key before acting, so it can check for itself.',
+        'recorded an idempotency key before acting, and its recovery policy can ask the outbox.',
     )
     effects = await store.list_tool_effects(run_id=FIRST_RUN_ID)
     console.print(render.effects_table(effects, timestamps=False, compact=True))
@@ -171,38 +172,46 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
 
 
 async def _resume(store: StepStore, workdir: Path, console: Console) -> None:
-    history = await continue_run(store, run_id=FIRST_RUN_ID)
     settled = await store.latest_snapshot(run_id=FIRST_RUN_ID)
     assert settled is not None
-    _stage(
-        console,
-        7,
-        'Resume',
-        f'continue_run loads the settled snapshot (seq {settled.seq}, {len(history)} messages, ending with the '
-        f'write_report result). A new run, {RESUMED_RUN_ID}, in the same conversation, carries on from there: '
-        'research and the report are not redone.',
-    )
 
     def say(line: str) -> None:
         console.print(f'  [dim]resumed |[/] {escape(line)}', highlight=False, soft_wrap=True)
 
-    console.print(Padding(render.render_messages(history), (0, 2), expand=False))
     agents = build_agents(store, workdir, say=say)
-    result = await agents.assistant.run(message_history=history, run_id=RESUMED_RUN_ID, conversation_id=CONVERSATION_ID)
+    _stage(
+        console,
+        7,
+        'Resume',
+        f'resolve_run takes the settled snapshot (seq {settled.seq}, ending with the write_report result) and '
+        'settles the cut-short send_email by its recovery policy: a reconcile function that looks in the outbox. '
+        f'A new run, {RESUMED_RUN_ID}, in the same conversation, carries on with that result: research, the '
+        'report and the email are not redone.',
+    )
+    resumption = await resolve_run(store, run_id=FIRST_RUN_ID, agent=agents.assistant)
+    for settled_call in resumption.settled:
+        console.print(
+            f'  {escape(settled_call.tool_name)} ({escape(settled_call.tool_call_id)}) settled: '
+            f'{settled_call.how}, result {escape(repr(settled_call.result))}',
+            highlight=False,
+        )
+    console.print(Padding(render.render_messages(resumption.message_history), (0, 2), expand=False))
+    result = await resumption.run(agents.assistant, run_id=RESUMED_RUN_ID, conversation_id=CONVERSATION_ID)
     console.print(f'  [bold]assistant:[/] {escape(result.output)}', highlight=False)
 
     _stage(console, 8, 'The conversation now', 'Both runs share the conversation id; the second one completed.')
     runs = await store.list_runs(conversation_id=CONVERSATION_ID)
     statuses = [render.run_status(await store.list_events(run_id=r.run_id)) for r in runs]
     console.print(render.runs_table(runs, statuses, timestamps=False))
-    unresolved = await store.list_unresolved_tool_effects(run_id=RESUMED_RUN_ID)
+    unresolved = len(await store.list_unresolved_tool_effects(run_id=FIRST_RUN_ID))
+    unresolved += len(await store.list_unresolved_tool_effects(run_id=RESUMED_RUN_ID))
     outbox = workdir / OUTBOX_FILE
     sent = len(outbox.read_text(encoding='utf-8').splitlines()) if outbox.exists() else 0
-    console.print(f'Unresolved tool calls in {RESUMED_RUN_ID}: {len(unresolved)}. Outbox: {sent} email(s) sent.')
+    console.print(f'Unresolved tool calls in either run: {unresolved}. Outbox: {sent} email(s) sent.')
 
 
-def run_demo(database: Path, *, console: Console) -> None:
-    """Run the whole demo, printing each stage to `console`."""
+def run_demo(database: Path, *, console: Console, resume: bool = True) -> None:
+    """Run the whole demo, printing each stage to `console` (with `resume=False`, stop before resuming)."""
     database = database.expanduser()
     workdir = _workdir_for(database)
     try:
@@ -226,7 +235,7 @@ def run_demo(database: Path, *, console: Console) -> None:
         'the child signals the parent, which kills it with SIGKILL.',
     )
     _run_worker(database, workdir, console)
-    run_coroutine(_inspect_and_resume(database, workdir, console))
+    run_coroutine(_inspect_and_resume(database, workdir, console, resume=resume))
 
     store_url = f'sqlite:///{database}'
     console.print()
@@ -235,13 +244,13 @@ def run_demo(database: Path, *, console: Console) -> None:
         f'stepcore runs --store {store_url}',
         f'stepcore tree {FIRST_RUN_ID} --store {store_url}',
         f'stepcore show {FIRST_RUN_ID} --store {store_url}',
-        f'stepcore effects {FIRST_RUN_ID} --unresolved --store {store_url}',
+        f'stepcore effects {FIRST_RUN_ID} --store {store_url}',
         f'stepcore export {FIRST_RUN_ID} --with-delegates --store {store_url} -o report-run-1.json',
     ):
         console.print(f'  {escape(command)}', highlight=False, soft_wrap=True)
     console.print(
         'Or browse the same database in a web page: the run tree, the timeline, the ledger with the '
-        'unresolved send_email, and each snapshot as a conversation, chart included '
+        'reconciled send_email, and each snapshot as a conversation, chart included '
         + escape('(needs the ui extra: pip install "stepcore[ui]"):'),
         highlight=False,
     )

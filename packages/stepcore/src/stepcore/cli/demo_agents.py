@@ -29,6 +29,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from ..capability import StepPersistence
 from ..helpers import annotate_tool_effect
+from ..models import ToolEffectRecord
+from ..policies import Reconciled, recovery_policy
 from ..protocols import StepStore
 from .demo_chart import CHART_FILE, chart_png
 
@@ -48,6 +50,13 @@ FIRST_RUN_ID = 'report-run-1'
 RESUMED_RUN_ID = 'report-run-2'
 EMAIL_TO = 'team@example.com'
 EMAIL_KEY = f'email::{EMAIL_TO}::weekly-report'
+
+
+def _email_key(to: str, subject: str) -> str:
+    """The idempotency key of an email: from its arguments, so a reconcile function can derive it too."""
+    return f'email::{to}::{subject.lower().replace(" ", "-")}'
+
+
 REPORT_FILE = 'weekly-report.md'
 OUTBOX_FILE = 'outbox.jsonl'
 
@@ -129,8 +138,9 @@ def build_agents(
 ) -> DemoAgents:
     """The two agents, persisted to `store`, with tools acting inside `workdir`.
 
-    With `hang_marker`, `send_email` writes that file once its ledger entry is recorded and then
-    waits forever, for the parent process to kill it mid tool call.
+    With `hang_marker`, `send_email` writes that file once the email is in the outbox and then waits
+    forever, for the parent process to kill it mid tool call: the email went out, the ledger cannot
+    tell. Its recovery policy reconciles with the outbox when the run is resumed.
     """
 
     def lookup(topic: str) -> str:
@@ -162,21 +172,29 @@ def build_agents(
         image: BinaryContent = _binary(chart, media_type='image/png')
         return [f'wrote {filename} with the chart {CHART_FILE}', image]
 
-    async def send_email(ctx: RunContext[None], to: str, subject: str, attachment: str) -> str:
-        """Email the report, at most once per recipient and subject."""
-        await annotate_tool_effect(store, ctx, idempotency_key=EMAIL_KEY, effect_summary=f'email {subject!r} to {to}')
-        outbox = workdir / OUTBOX_FILE
+    outbox = workdir / OUTBOX_FILE
+
+    def email_sent(entry: ToolEffectRecord) -> Reconciled | None:
+        """Reconcile a send_email cut short by a crash: the outbox tells whether the email went out."""
+        key = _email_key(entry.args['to'], entry.args['subject'])
         sent = outbox.read_text(encoding='utf-8').splitlines() if outbox.exists() else []
-        if any(json.loads(line)['key'] == EMAIL_KEY for line in sent):
-            say(f'email to {to} was already sent (key {EMAIL_KEY}): not sending it twice')
-            return f'already sent to {to}'
-        if hang_marker is not None:
-            say(f'sending email to {to}...')
-            hang_marker.write_text('in send_email\n', encoding='utf-8')
-            await asyncio.Event().wait()  # the parent kills the process here
+        if any(json.loads(line)['key'] == key for line in sent):
+            say(f'reconciled {entry.tool_name} ({entry.tool_call_id}): the outbox holds {key}, so it is not sent again')
+            return Reconciled(f'sent to {entry.args["to"]}')
+        say(f'reconciled {entry.tool_name} ({entry.tool_call_id}): no {key} in the outbox, so it runs again')
+        return None
+
+    @recovery_policy(email_sent)
+    async def send_email(ctx: RunContext[None], to: str, subject: str, attachment: str) -> str:
+        """Email the report."""
+        key = _email_key(to, subject)
+        await annotate_tool_effect(store, ctx, idempotency_key=key, effect_summary=f'email {subject!r} to {to}')
         with outbox.open('a', encoding='utf-8') as f:
-            f.write(json.dumps({'key': EMAIL_KEY, 'to': to, 'subject': subject, 'attachment': attachment}) + '\n')
+            f.write(json.dumps({'key': key, 'to': to, 'subject': subject, 'attachment': attachment}) + '\n')
         say(f'sent email to {to}: {subject!r} with {attachment} attached')
+        if hang_marker is not None:
+            hang_marker.write_text('in send_email\n', encoding='utf-8')
+            await asyncio.Event().wait()  # the parent kills the process here: sent, but not yet recorded
         return f'sent to {to}'
 
     assistant = Agent(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import typer
 from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
@@ -12,7 +14,7 @@ from ..codec import dump_record
 from ..models import ContinuableSnapshot
 from ..recovery import RecoveryReport
 
-__all__ = ('describe_recovery', 'recovery_json')
+__all__ = ('describe_recovery', 'parse_supplied', 'recovery_json')
 
 
 def _snap(snapshot: ContinuableSnapshot | None) -> dict[str, Any] | None:
@@ -32,6 +34,8 @@ def recovery_json(report: RecoveryReport) -> dict[str, Any]:
         'newest_snapshot': _snap(report.latest),
         'settled_snapshot': _snap(report.settled),
         'interrupted': report.interrupted,
+        'continuable_as_is': report.continuable_as_is,
+        'settled_on_recovery': list(report.settled_on_recovery),
         'unresolved_effects': [dump_record(e) for e in report.unresolved],
         'completed_tools': list(report.completed_tools),
         'failed_tools': list(report.failed_tools),
@@ -68,28 +72,55 @@ def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
     if report.unresolved:
         say('Unresolved tool calls: started, never finished. Each may or may not have had its effect:', 'bold yellow')
         for effect in report.unresolved:
-            detail = f'- {effect.tool_name} ({effect.tool_call_id})'
+            detail = f'- {effect.tool_name} ({effect.tool_call_id}) {effect.status.value}, args {_args(effect.args)}'
             if effect.effect_summary:
                 detail += f': {effect.effect_summary}'
             if effect.idempotency_key:
                 detail += f' [idempotency key {effect.idempotency_key}]'
             lines.append(Padding(Text(detail, style='yellow'), (0, 0, 0, 2), expand=False))
         say(
-            'Check those effects outside the agent (or let the tools deduplicate by their idempotency key) '
-            'before running them again.'
+            'The run cannot be continued as is: continuing from the settled snapshot would let the model '
+            'call these tools again. Tools with a recovery policy are settled by resolve_run; check the others '
+            'outside the agent, then settle each with '
+            f'`stepcore recover {run_id} --supply CALL=RESULT` or `--mark-checked CALL`.',
+            'yellow',
         )
     else:
         say('No unresolved tool calls: the ledger shows nothing that may have half happened.')
-    if settled is not None:
+    if report.settled_on_recovery:
         say(
-            f'Next: history = await continue_run(store, run_id={run_id!r}), then '
-            'agent.run(message_history=history) to carry on from the settled point.',
+            f'Settled on recovery, with results in no snapshot of this run: {", ".join(report.settled_on_recovery)}. '
+            'resolve_run hands their results over again; continue_run alone would let the model call them again.',
+            'yellow',
+        )
+    if settled is not None:
+        verb = 'continue from the settled point' if report.continuable_as_is else 'settle the calls and resume'
+        say(
+            f'Next: resumption = await resolve_run(store, run_id={run_id!r}, agent=agent), then '
+            f'await resumption.run(agent) to {verb}.',
             'bold',
         )
-    elif newest is not None:
+    else:
         say(
-            f'Next: after checking the unresolved calls, continue_run(store, run_id={run_id!r}, '
-            'include_interrupted=True) resumes from the interrupted snapshot.',
+            'It cannot be resumed: it saved no complete snapshot (it stopped before its first settled step, and '
+            'did not use capture_frontier=True). Start it again.',
             'bold',
         )
     return Group(*lines)
+
+
+def _args(args: Any) -> str:
+    """The call's arguments as compact JSON (cut short past 200 characters)."""
+    text = json.dumps(args, ensure_ascii=False, separators=(', ', ': '), default=str)
+    return text if len(text) <= 200 else text[:199] + '…'
+
+
+def parse_supplied(item: str) -> tuple[str, Any]:
+    """`CALL=RESULT` as (call id, result): the result as JSON when it parses, else the text itself."""
+    call_id, sep, raw = item.partition('=')
+    if not sep or not call_id:
+        raise typer.BadParameter(f'{item!r} is not CALL=RESULT: write the tool call id, "=", then the result')
+    try:
+        return call_id, json.loads(raw)
+    except ValueError:
+        return call_id, raw

@@ -16,6 +16,7 @@ from typing import cast
 from ..lifecycle import RunStatus, run_status
 from ..models import EventKind, RunRecord, SnapshotState, SnapshotSummary, StepEvent, ToolEffectRecord, ToolEffectStatus
 from ..protocols import StepStore, sort_time
+from ..resolution import SUMMARY_MARK
 
 __all__ = (
     'EVENTS_PER_PAGE',
@@ -96,12 +97,19 @@ class RecoveryView:
     unresolved_effects: list[ToolEffectRecord]
     completed_tools: tuple[str, ...]
     failed_tools: tuple[str, ...]
+    settled_on_recovery: tuple[str, ...] = ()
+    """Calls `resolve_run` settled from outside the snapshots (their summaries say how)."""
 
     @property
     def interrupted(self) -> bool:
         if self.newest_snapshot is None:
             return False
         return self.settled_snapshot is None or self.newest_snapshot.seq != self.settled_snapshot.seq
+
+    @property
+    def continuable_as_is(self) -> bool:
+        """A settled snapshot and no unresolved call: continuing from it runs nothing twice."""
+        return self.settled_snapshot is not None and not self.unresolved_effects and not self.settled_on_recovery
 
 
 def _tool_names(effects: Sequence[ToolEffectRecord], status: ToolEffectStatus) -> tuple[str, ...]:
@@ -122,7 +130,14 @@ async def recovery_view(
         unresolved_effects=[e for e in effects if e.unresolved],
         completed_tools=_tool_names(effects, ToolEffectStatus.COMPLETED),
         failed_tools=_tool_names(effects, ToolEffectStatus.FAILED),
+        settled_on_recovery=tuple(e.tool_call_id for e in effects if _recovered(e)),
     )
+
+
+def _recovered(effect: ToolEffectRecord) -> bool:
+    """Settled by `resolve_run` or by hand, other than by finding its result in a snapshot."""
+    summary = effect.effect_summary or ''
+    return SUMMARY_MARK in summary and not summary.endswith(f'{SUMMARY_MARK}snapshot]')
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,9 +41,10 @@ def _open_line(store_url: str, media_hint: str | None) -> str:
 def recovery_snippets(
     report: RecoveryReport | RecoveryView, *, store_url: str, media_hint: str | None = None
 ) -> list[Snippet]:
-    """`continue_run` and `fork_run` calls for the run, or nothing when it has no snapshot to start from.
+    """A `resolve_run` resumption and a `fork_run` call for the run, or nothing without a snapshot to start from.
 
-    With no settled snapshot, the calls pass `include_interrupted=True`, after a comment to check
+    `resolve_run` settles the unresolved calls by their tools' recovery policies before the run goes
+    on; with no settled snapshot the fork passes `include_interrupted=True`, after a comment to check
     the unresolved tool calls first.
     """
     if report.newest_snapshot is None:
@@ -55,7 +56,7 @@ def recovery_snippets(
     check = ''
     if interrupted or report.unresolved_effects:
         check = '# First check the unresolved tool calls listed above: each may or may not have had its effect.\n'
-    imports = 'from stepcore import continue_run, open_store'
+    imports = 'from stepcore import open_store, resolve_run'
     fork_imports = 'from stepcore import fork_run, open_store'
     if media_hint:
         imports += ', media_from_spec'
@@ -63,16 +64,17 @@ def recovery_snippets(
     same = f', conversation_id={conversation!r}' if conversation else ''
     opening = _open_line(store_url, media_hint)
     resume = (
-        f'{imports}\n\n{check}{opening}\n'
-        f'    history = await continue_run(store, run_id={run_id!r}{flag})\n'
-        f'result = await agent.run(message_history=history{same})\n'
+        f'{imports}\n\n{opening}\n'
+        f'    resumption = await resolve_run(store, run_id={run_id!r}, agent=agent)\n'
+        '    # resumption.pending: calls of tools without a recovery policy, to settle by hand first\n'
+        f'    result = await resumption.run(agent{same})\n'
     )
     fork = (
         f'{fork_imports}\n\n{check}{opening}\n'
         f'    history = await fork_run(store, run_id={run_id!r}{flag})\n'
         "result = await agent.run(message_history=history, conversation_id='a-new-branch')\n"
     )
-    return [
-        Snippet(title='Continue the run (same conversation)', code=resume),
-        Snippet(title='Fork it (a new branch from the same point)', code=fork),
-    ]
+    snippets = [Snippet(title='Fork it (a new branch from the same point)', code=fork)]
+    if not interrupted:
+        snippets.insert(0, Snippet(title='Resume the run (settling what a crash cut short)', code=resume))
+    return snippets
