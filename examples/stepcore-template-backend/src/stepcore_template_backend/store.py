@@ -352,7 +352,6 @@ class TemplatePort(SyncPort):
                     state=_column(document, 'state', ''),
                     head=head if isinstance(head, int) else None,
                     length=length if isinstance(length, int) else 0,
-                    step_index=0,  # the engine keeps the step index in the body
                     body=_body(document),
                     seq=seq,
                 )
