@@ -99,6 +99,7 @@ selection=(
     packages/step-sqlite/tests/test_agent.py
     packages/step-sqlite/tests/test_conversation_parity.py
     packages/step-sqlite/tests/test_harness_open.py
+    tests/test_resolution.py
     tests/test_capability_scenarios.py
     tests/test_reference_parity_capability.py
     tests/test_lifecycle.py
