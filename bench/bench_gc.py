@@ -30,7 +30,7 @@ from media_disk import DiskMediaStore
 from step_sqlite import SqliteStepStore
 from stepcore import ContinuableSnapshot, RunRecord, collect_garbage
 from stepcore.media import MediaStore
-from stepcore.models import utcnow
+from stepcore.store.models import utcnow
 
 BLOB_BYTES = 2048
 THRESHOLD = 1024

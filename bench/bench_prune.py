@@ -31,8 +31,8 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.lifecycle import PruneReport
-from stepcore.models import utcnow
+from stepcore.store.lifecycle import PruneReport
+from stepcore.store.models import utcnow
 
 CHUNK = 50
 """Runs written concurrently while filling (SQLite groups their commits)."""

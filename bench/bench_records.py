@@ -6,9 +6,9 @@ For each record the engine stores (run record, step event, ledger entry, snapsho
 times, in microseconds per record:
 
 - `build`: constructing the record with every field given (validated);
-- `encode`: the stored body (`stepcore.codec.record_fields`, what the engine seals) and its compact
+- `encode`: the stored body (`stepcore.store.codec.record_fields`, what the engine seals) and its compact
   bytes (`dump_record_compact`);
-- `decode`: the record back from its stored fields (`stepcore.codec.load_record`).
+- `decode`: the record back from its stored fields (`stepcore.store.codec.load_record`).
 
 Rounds interleave the record types; the medians over rounds are printed as a Markdown table,
 with the process CPU time of the whole run. The script uses only calls that the records of every
@@ -28,8 +28,8 @@ from typing import Any
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 
 import stepcore
-from stepcore.codec import dump_record_compact, load_record, record_fields
-from stepcore.models import (
+from stepcore.store.codec import dump_record_compact, load_record, record_fields
+from stepcore.store.models import (
     ContinuableSnapshot,
     EventKind,
     RunRecord,

@@ -56,7 +56,7 @@ from stepcore import (
     recovery_policy,
     resolve_run,
 )
-from stepcore.registry import get_registry, load_factory
+from stepcore.plugins.registry import get_registry, load_factory
 
 CYCLES = ('a', 'b', 'c')
 FINAL = 'all written'

@@ -13,9 +13,16 @@ from typer.testing import CliRunner
 
 from stepcore import hookspecs
 from stepcore.cli import app
-from stepcore.features import CHECKSUMS, ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
-from stepcore.registry import Registry
+from stepcore.plugins.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
+from stepcore.plugins.registry import Registry
+from stepcore.store.features import (
+    CHECKSUMS,
+    ENCRYPTION,
+    ENGINE_PORT,
+    MEDIA_EXTERNALIZATION,
+    PERSISTENT,
+    SNAPSHOT_RETENTION,
+)
 
 cli_app = importlib.import_module('stepcore.cli.app')  # the module; `stepcore.cli.app` is the Typer app
 
@@ -73,7 +80,7 @@ def _registry_with_a_missing_driver() -> Registry:
     def register_step_stores() -> list[BackendInfo]:
         return [
             BackendInfo(key='gone', factory='stepcore_missing_driver.store:GoneStore', summary='Needs a driver.'),
-            BackendInfo(key='here', factory='stepcore.memory:InMemoryStepStore', summary='Works.'),
+            BackendInfo(key='here', factory='stepcore.store.memory:InMemoryStepStore', summary='Works.'),
         ]
 
     module = types.ModuleType('stepcore_gone_plugin')

@@ -29,7 +29,7 @@ PLUGIN = '''
 """A third-party backend: runs in a folder, opened by json:// URLs (key `json`) or by key only (`jsonkey`)."""
 
 from stepcore import BackendInfo, hookimpl
-from stepcore.urls import local_path, query_options
+from stepcore.plugins.urls import local_path, query_options
 
 
 def json_url_options(url):

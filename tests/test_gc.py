@@ -27,7 +27,7 @@ from stepcore import (
     generate_key,
 )
 from stepcore.media import EMPTY_CONTEXT, MediaContext, MediaStore, media_uri
-from stepcore.models import utcnow
+from stepcore.store.models import utcnow
 from stepcore_conformance import InMemoryMediaStore
 from stepcore_conformance.contract import ProtocolOnlyStore
 from stepcore_conformance.media_collection import MediaMemoryStepStore

@@ -22,8 +22,8 @@ from step_sqlite import SqliteStepStore
 from stepcore import EventKind, RunRecord, StepEvent, StepPersistence, continue_run
 from stepcore.cli import app
 from stepcore.cli._loop import run_coroutine
-from stepcore.lifecycle import parse_duration
-from stepcore.models import utcnow
+from stepcore.store.lifecycle import parse_duration
+from stepcore.store.models import utcnow
 
 runner = CliRunner()
 

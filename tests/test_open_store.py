@@ -22,8 +22,8 @@ from pymongo import MongoClient
 import stepcore
 from stepcore import RunRecord, StepPersistence, StepStore, continue_run
 from stepcore.engine import EngineStore
-from stepcore.memory import InMemoryStepStore
-from stepcore.registry import Registry, build_manager, get_registry
+from stepcore.plugins.registry import Registry, build_manager, get_registry
+from stepcore.store.memory import InMemoryStepStore
 
 
 @pytest.mark.parametrize(
@@ -243,7 +243,7 @@ async def test_postgresql_url_is_the_dsn(postgres_prefix: tuple[str, str]) -> No
 
 
 def test_must_exist_checks_the_location_through_the_backend_s_plugin(tmp_path: Path) -> None:
-    from stepcore.registry import StoreLocationError
+    from stepcore.plugins.registry import StoreLocationError
 
     with pytest.raises(StoreLocationError, match=r'no sqlite store at .*missing\.db.* does not exist'):
         stepcore.open_store(f'sqlite:///{tmp_path}/missing.db', must_exist=True)

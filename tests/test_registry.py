@@ -14,10 +14,17 @@ import pytest
 
 import stepcore
 from stepcore import hookspecs
-from stepcore.features import CHECKSUMS, ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
-from stepcore.memory import InMemoryStepStore
-from stepcore.registry import Kind, Registry, build_manager, get_registry, load_factory, store_from_spec
+from stepcore.plugins.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
+from stepcore.plugins.registry import Kind, Registry, build_manager, get_registry, load_factory, store_from_spec
+from stepcore.store.features import (
+    CHECKSUMS,
+    ENCRYPTION,
+    ENGINE_PORT,
+    MEDIA_EXTERNALIZATION,
+    PERSISTENT,
+    SNAPSHOT_RETENTION,
+)
+from stepcore.store.memory import InMemoryStepStore
 
 
 def plugin_module(name: str, step: Sequence[BackendInfo] = (), media: Sequence[BackendInfo] = ()) -> types.ModuleType:
@@ -44,7 +51,7 @@ def manager_with(*plugins: tuple[str, types.ModuleType]) -> pluggy.PluginManager
     return manager
 
 
-def info(key: str, factory: str = 'stepcore.memory:InMemoryStepStore') -> BackendInfo:
+def info(key: str, factory: str = 'stepcore.store.memory:InMemoryStepStore') -> BackendInfo:
     return BackendInfo(key=key, factory=factory, summary=f'{key} backend')
 
 
@@ -125,7 +132,7 @@ def test_load_factory_rejects_malformed_specs(spec: str) -> None:
 
 def test_load_factory_reports_a_missing_attribute() -> None:
     with pytest.raises(ImportError, match="has no attribute 'Nope'"):
-        load_factory('stepcore.memory:Nope')
+        load_factory('stepcore.store.memory:Nope')
 
 
 def test_installed_distributions_are_found_through_entry_points() -> None:
@@ -264,7 +271,9 @@ def test_every_installed_step_backend_declares_its_features_on_the_class() -> No
 
 def test_backend_info_features_are_ignored_with_a_warning() -> None:
     with pytest.warns(DeprecationWarning, match='declare the features once, on the store class'):
-        entry = BackendInfo(key='old', factory='stepcore.memory:InMemoryStepStore', features=frozenset({PERSISTENT}))
+        entry = BackendInfo(
+            key='old', factory='stepcore.store.memory:InMemoryStepStore', features=frozenset({PERSISTENT})
+        )
     registry = Registry(manager_with(('old', plugin_module('old', step=[entry]))))
     assert registry.get('step', 'old').features() == InMemoryStepStore.features
 
@@ -272,12 +281,12 @@ def test_backend_info_features_are_ignored_with_a_warning() -> None:
 @pytest.mark.parametrize('scheme', ['sqlite://', 'SQLite', '1db', ''])
 def test_url_schemes_must_be_bare_lowercase_schemes(scheme: str) -> None:
     with pytest.raises(ValueError, match='is not a lowercase URL scheme'):
-        BackendInfo(key='x', factory='stepcore.memory:InMemoryStepStore', schemes=(scheme,))
+        BackendInfo(key='x', factory='stepcore.store.memory:InMemoryStepStore', schemes=(scheme,))
 
 
 def test_a_scheme_claimed_by_two_backends_is_an_error_naming_both() -> None:
     def claiming(key: str) -> BackendInfo:
-        return BackendInfo(key=key, factory='stepcore.memory:InMemoryStepStore', schemes=('shared',))
+        return BackendInfo(key=key, factory='stepcore.store.memory:InMemoryStepStore', schemes=('shared',))
 
     manager = manager_with(
         ('acme-store', plugin_module('acme', step=[claiming('acme')])),
@@ -295,7 +304,10 @@ def test_a_declared_scheme_reads_its_url_with_the_plugin_function() -> None:
         return {'max_snapshots_per_run': url.rsplit('/', 1)[1]}
 
     entry = BackendInfo(
-        key='keep', factory='stepcore.memory:InMemoryStepStore', schemes=('keep', 'keep+n'), url_options=options_of
+        key='keep',
+        factory='stepcore.store.memory:InMemoryStepStore',
+        schemes=('keep', 'keep+n'),
+        url_options=options_of,
     )
     registry = Registry(manager_with(('keep', plugin_module('keep', step=[entry]))))
     backend, options = registry.for_url('step', 'keep+n://host/7')

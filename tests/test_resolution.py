@@ -37,7 +37,7 @@ from stepcore import (
     supply_result,
 )
 from stepcore.cli import app
-from stepcore.policies import RecoveryPolicy
+from stepcore.recovery.policies import RecoveryPolicy
 
 CHILD = textwrap.dedent(
     """

@@ -12,7 +12,7 @@ from stepcore_template_backend import TemplateStepStore
 
 import stepcore
 from stepcore import RunRecord
-from stepcore.registry import get_registry
+from stepcore.plugins.registry import get_registry
 
 STEPCORE = str(Path(sys.executable).parent / 'stepcore')
 """The command line, as installed beside this interpreter."""

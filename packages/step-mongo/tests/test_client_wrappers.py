@@ -26,7 +26,7 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.codec import encode_messages
+from stepcore.store.codec import encode_messages
 from stepcore_conformance import (
     EffectsConformance,
     EventsConformance,

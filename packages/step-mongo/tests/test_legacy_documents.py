@@ -17,8 +17,8 @@ from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserProm
 from step_mongo.client import CODEC_OPTIONS, Document, MongoClient
 from step_mongo.store import MongoStepStore
 from stepcore import ContinuableSnapshot, EventKind, StepEvent, ToolEffectRecord, ToolEffectStatus
-from stepcore.codec import encode_message
 from stepcore.engine import DamagedRecordError
+from stepcore.store.codec import encode_message
 
 STARTED = datetime(2026, 12, 3, 8, 16, 49, 184538, tzinfo=UTC)
 STAMPED = datetime(2026, 12, 3, 8, 16, 49, 198205, tzinfo=UTC)

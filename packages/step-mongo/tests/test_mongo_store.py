@@ -20,7 +20,7 @@ from step_mongo.indexes import index_error
 from step_mongo.media import MongoMediaStore
 from step_mongo.store import NODE_PIECE_BYTES, MongoStepStore
 from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
-from stepcore.codec import encode_messages
+from stepcore.store.codec import encode_messages
 
 MAX_BSON_DOCUMENT = 16 * 1024 * 1024
 

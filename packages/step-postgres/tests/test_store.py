@@ -37,10 +37,10 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.codec import dump_record_json, encode_message
 from stepcore.engine import DamagedRecordError, ops
 from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at
-from stepcore.models import utcnow
+from stepcore.store.codec import dump_record_json, encode_message
+from stepcore.store.models import utcnow
 
 Damage = Callable[..., Awaitable[None]]
 

@@ -45,7 +45,7 @@ from step_sqlite import (
 )
 from step_sqlite.conversations import CONVERSATIONS
 from stepcore import StepPersistence
-from stepcore.codec import encode_message
+from stepcore.store.codec import encode_message
 
 HARNESS_SUMMARY_FIELDS = (
     'schema_version',

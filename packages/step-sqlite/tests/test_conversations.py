@@ -36,7 +36,7 @@ from step_sqlite.conversations import (
     SqliteConversationStore,
 )
 from stepcore import ContinuableSnapshot, InMemoryStepStore, RunRecord, StepEvent
-from stepcore.models import EventKind
+from stepcore.store.models import EventKind
 
 
 def turn(prompt: str, answer: str) -> list[ModelMessage]:

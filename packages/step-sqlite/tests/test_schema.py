@@ -14,8 +14,8 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 from step_sqlite import SqliteMediaStore, SqliteStepStore
 from step_sqlite.schema import STEPS
 from stepcore import ContinuableSnapshot, RunRecord, SnapshotState
-from stepcore.codec import FORMAT_KEY, dump_record, encode_message
 from stepcore.media import StoredMedia, digest_of_uri, media_uri
+from stepcore.store.codec import FORMAT_KEY, dump_record, encode_message
 
 # The version-1 layout, written out by hand as an older release created it: snapshots had no
 # `state` column (every snapshot was complete).

@@ -35,8 +35,8 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.codec import encode_message, record_fields
 from stepcore.engine.seal import Sealer
+from stepcore.store.codec import encode_message, record_fields
 
 
 def _step(i: int, size: int = 2048) -> list[ModelMessage]:

@@ -35,8 +35,8 @@ from stepcore import (
     inspect_recovery,
     is_provider_valid,
 )
-from stepcore.ids import derive_run_id
-from stepcore.registry import get_registry
+from stepcore.plugins.registry import get_registry
+from stepcore.store.ids import derive_run_id
 from stepcore_conformance.capability import function_model
 
 

@@ -20,7 +20,7 @@ from stepcore import (
     inspect_recovery,
 )
 from stepcore.capability import DEFERRED_WRITE_DELAY
-from stepcore.protocols import StepWrite
+from stepcore.store.protocols import StepWrite
 from stepcore_conformance.capability import function_model
 
 

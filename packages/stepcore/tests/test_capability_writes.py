@@ -29,8 +29,8 @@ from stepcore import (
     run_writer,
 )
 from stepcore.capability import DEFERRED_WRITE_DELAY
-from stepcore.protocols import StepWrite
-from stepcore.writes import apply_writes, check_writes
+from stepcore.store.protocols import StepWrite
+from stepcore.store.writes import apply_writes, check_writes
 from stepcore_conformance.capability import function_model
 
 

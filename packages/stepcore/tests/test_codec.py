@@ -23,7 +23,7 @@ from pydantic_ai.messages import (
 )
 
 from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent
-from stepcore.codec import (
+from stepcore.store.codec import (
     FORMAT_KEY,
     PLAIN_FORMAT_VERSION,
     check_format_version,
@@ -35,7 +35,7 @@ from stepcore.codec import (
     encode_messages,
     load_record,
 )
-from stepcore.models import RECORD_FORMAT_VERSION
+from stepcore.store.models import RECORD_FORMAT_VERSION
 
 T = datetime(2026, 1, 1, 12, 30, 15, 123456, tzinfo=UTC)
 

@@ -17,8 +17,8 @@ from stepcore import (
     ToolEffectStatus,
 )
 from stepcore.engine import KeyConflict, ops
-from stepcore.memory import MemoryPort
-from stepcore.models import EventKind
+from stepcore.store.memory import MemoryPort
+from stepcore.store.models import EventKind
 
 
 def history(steps: int) -> list[ModelMessage]:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from stepcore.ids import MAX_RUN_ID_LENGTH, derive_run_id, dotted_run_id, validate_path_safe_run_id
+from stepcore.store.ids import MAX_RUN_ID_LENGTH, derive_run_id, dotted_run_id, validate_path_safe_run_id
 
 
 @pytest.mark.parametrize('run_id', ['a', 'run-1', 'A_b.c-9', 'x' * MAX_RUN_ID_LENGTH, '.hidden', 'a.b'])

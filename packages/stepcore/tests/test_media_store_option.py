@@ -22,7 +22,7 @@ from stepcore.media import (
     media_uri,
     resolve_media_store,
 )
-from stepcore.memory import MemoryPort
+from stepcore.store.memory import MemoryPort
 from stepcore_conformance import InMemoryMediaStore
 
 T = datetime(2026, 1, 1, tzinfo=UTC)

@@ -9,7 +9,14 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 
 import stepcore
 from stepcore import ContinuableSnapshot, InMemoryStepStore, RunRecord, StepStore
-from stepcore.features import CHECKSUMS, ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.store.features import (
+    CHECKSUMS,
+    ENCRYPTION,
+    ENGINE_PORT,
+    MEDIA_EXTERNALIZATION,
+    PERSISTENT,
+    SNAPSHOT_RETENTION,
+)
 from stepcore_conformance import InMemoryMediaStore
 
 T = datetime(2026, 1, 1, tzinfo=UTC)

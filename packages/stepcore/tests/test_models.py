@@ -13,7 +13,7 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.models import utcnow
+from stepcore.store.models import utcnow
 
 
 def test_utcnow_is_aware_utc() -> None:

@@ -13,8 +13,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepcore import StepPersistence, ToolEffectStatus
 from stepcore.engine import Ask, EngineStore, NodeIdBlocks, PipelinedPort, ops
-from stepcore.features import SNAPSHOT_RETENTION
-from stepcore.memory import MemoryPort
+from stepcore.store.features import SNAPSHOT_RETENTION
+from stepcore.store.memory import MemoryPort
 
 
 class _PipelinedMemoryPort(PipelinedPort):

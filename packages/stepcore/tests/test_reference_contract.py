@@ -26,7 +26,7 @@ from stepcore import (
     ToolEffectRecord,
     continue_run,
 )
-from stepcore.contract import ProtocolStore, as_step_store, own_extension
+from stepcore.store.contract import ProtocolStore, as_step_store, own_extension
 from stepcore_conformance.contract import ForwardingWrapper, ProtocolOnlyStore
 
 REFERENCE_FIELDS: dict[type, list[tuple[str, bool]]] = {

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from stepcore.models import SnapshotState
-from stepcore.retention import check_max_snapshots, snapshots_to_prune
+from stepcore.store.models import SnapshotState
+from stepcore.store.retention import check_max_snapshots, snapshots_to_prune
 
 C = SnapshotState.COMPLETE
 I = SnapshotState.INTERRUPTED  # noqa: E741

@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 from pydantic_ai.messages import BinaryContent, ModelRequest, ToolReturnPart, UserPromptPart
 
-from stepcore.codec import decode_messages, encode_message
 from stepcore.media import EMPTY_CONTEXT, MediaContext, digest_of_uri, media_uri
-from stepcore.walker import (
+from stepcore.media.walker import (
     DEFAULT_MEDIA_THRESHOLD_BYTES,
     ESCAPED_KEY,
     MARKER_FORMAT,
@@ -20,6 +19,7 @@ from stepcore.walker import (
     MARKER_KEY,
     MediaWalker,
 )
+from stepcore.store.codec import decode_messages, encode_message
 
 
 class DictMediaStore:

@@ -18,7 +18,7 @@ from pydantic_ai.messages import ModelResponse, TextPart
 import stepcore
 from stepcore import InMemoryStepStore, StepPersistence
 from stepcore.engine.faults import inject_faults
-from stepcore.features import ENGINE_PORT
+from stepcore.store.features import ENGINE_PORT
 
 from ._declared import declared
 from .capability import function_model, script, tool_call

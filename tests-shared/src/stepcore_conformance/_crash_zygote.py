@@ -21,7 +21,7 @@ import sys
 import traceback
 from typing import Any, cast
 
-from stepcore.registry import get_registry, load_factory
+from stepcore.plugins.registry import get_registry, load_factory
 
 from ._crash_agent import agent_run
 

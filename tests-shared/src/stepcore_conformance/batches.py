@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from stepcore import EventKind, SnapshotState, StepEvent, StepStore, ToolEffectRecord, ToolEffectStatus
-from stepcore.protocols import StepWrite
-from stepcore.writes import apply_writes
+from stepcore.store.protocols import StepWrite
+from stepcore.store.writes import apply_writes
 
 from ._support import StoreFixtures, at, canonical, conversation, event, register, snapshot
 

@@ -44,8 +44,8 @@ from stepcore import (
 )
 from stepcore.engine import EngineStore
 from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at
-from stepcore.features import ENGINE_PORT, PERSISTENT
-from stepcore.protocols import StepWrite
+from stepcore.store.features import ENGINE_PORT, PERSISTENT
+from stepcore.store.protocols import StepWrite
 
 from ._crash_agent import FINAL_ANSWER, TOOL_CALLS
 from ._declared import declared

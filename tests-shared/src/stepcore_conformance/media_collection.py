@@ -1,6 +1,6 @@
 """Garbage collection of media (feature `media_collection` of a media store).
 
-`stepcore.gc.collect_garbage` against the media store under test: referenced blobs survive,
+`stepcore.maintenance.gc.collect_garbage` against the media store under test: referenced blobs survive,
 unreferenced old ones go, young ones stay, a `put` of bytes already stored makes the blob young
 again (also while a removal is under way), a dry run removes nothing, and the media of a deleted
 run become collectable, including those of a real `Agent` run holding an image.
@@ -26,10 +26,10 @@ from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, Mode
 from pydantic_ai.models.function import AgentInfo
 
 from stepcore import ContinuableSnapshot, InMemoryStepStore, RunRecord, SnapshotState, StepPersistence, StepStore
-from stepcore.features import MEDIA_COLLECTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
-from stepcore.gc import GcReport, collect_garbage
+from stepcore.maintenance.gc import GcReport, collect_garbage
 from stepcore.media import CollectableMediaStore, MediaStore, media_uri
-from stepcore.models import utcnow
+from stepcore.store.features import MEDIA_COLLECTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
+from stepcore.store.models import utcnow
 
 from ._declared import feature_test, require_feature_declared
 from ._support import new_id

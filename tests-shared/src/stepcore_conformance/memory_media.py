@@ -1,7 +1,7 @@
 """`InMemoryMediaStore`: a process-local `MediaStore` the kit hands to stores under test.
 
 Passing it as `media_store=` lets the kit see which payloads a step store externalized. It is a
-blob port on `stepcore.mediaengine.MediaEngine` like every media store, and passes
+blob port on `stepcore.media.blobs.MediaEngine` like every media store, and passes
 `MediaStoreConformance` itself.
 """
 
@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import ClassVar
 
-from stepcore.features import MEDIA_COLLECTION
 from stepcore.media import PublicUrlResolver, uri_of_digest
-from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros
+from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros
+from stepcore.store.features import MEDIA_COLLECTION
 
 __all__ = ('InMemoryMediaStore',)
 

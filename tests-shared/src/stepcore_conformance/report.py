@@ -22,7 +22,13 @@ from typing import Any, cast
 
 import pytest
 
-from stepcore.features import ALL_FEATURES, MEDIA_COLLECTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.store.features import (
+    ALL_FEATURES,
+    MEDIA_COLLECTION,
+    MEDIA_EXTERNALIZATION,
+    PERSISTENT,
+    SNAPSHOT_RETENTION,
+)
 
 from ._declared import declared_by, features_of_test, refusing_class
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from stepcore import SnapshotState, StepStore
-from stepcore.features import SNAPSHOT_RETENTION
+from stepcore.store.features import SNAPSHOT_RETENTION
 
 from ._declared import feature_test, refusal_verdict
 from ._support import StoreFixtures, conversation, needs_feature, options, register, snapshot
@@ -22,7 +22,7 @@ INTERRUPTED = SnapshotState.INTERRUPTED
 def expected_retained(states: list[SnapshotState], bound: int) -> list[int]:
     """Indexes (in save order) a run keeps: newest `bound`, newest overall, newest complete.
 
-    Written independently of `stepcore.retention` so the kit checks the rule, not the helper.
+    Written independently of `stepcore.store.retention` so the kit checks the rule, not the helper.
     """
     keep = set(range(max(0, len(states) - bound), len(states)))
     if states:

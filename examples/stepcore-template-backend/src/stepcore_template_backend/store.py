@@ -44,13 +44,24 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from media_disk import DiskMediaStore
-from stepcore.encryption import Encryption
-from stepcore.engine import EngineStore, KeyConflict, SyncPort, ops
-from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.fileio import make_dir, write_atomic
-from stepcore.ids import validate_path_safe_run_id
-from stepcore.media import MediaStoreOption, resolve_media_store
-from stepcore.worker import WorkerThread
+from stepcore.backend import (
+    CHECKSUMS,
+    ENCRYPTION,
+    MEDIA_EXTERNALIZATION,
+    PERSISTENT,
+    SNAPSHOT_RETENTION,
+    Encryption,
+    EngineStore,
+    KeyConflict,
+    MediaStoreOption,
+    SyncPort,
+    WorkerThread,
+    make_dir,
+    ops,
+    resolve_media_store,
+    validate_path_safe_run_id,
+    write_atomic,
+)
 
 __all__ = ('TemplatePort', 'TemplateStepStore', 'key_name')
 

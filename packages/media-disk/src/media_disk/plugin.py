@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepcore.hookspecs import BackendInfo, hookimpl
+from stepcore.plugins.hookspecs import BackendInfo, hookimpl
 
 
 @hookimpl

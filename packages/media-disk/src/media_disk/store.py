@@ -15,10 +15,10 @@ from typing import Any, ClassVar, cast
 
 import anyio.to_thread
 
-from stepcore.features import MEDIA_COLLECTION, PERSISTENT
-from stepcore.fileio import make_dir, write_atomic
+from stepcore.engine.fileio import make_dir, write_atomic
 from stepcore.media import EMPTY_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, default_key
-from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, digest_in_name, strategy_key
+from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, digest_in_name, strategy_key
+from stepcore.store.features import MEDIA_COLLECTION, PERSISTENT
 
 __all__ = ('SIDECAR_SUFFIX', 'DiskMediaStore')
 

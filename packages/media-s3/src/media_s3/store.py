@@ -37,9 +37,9 @@ from botocore.exceptions import (
 from media_s3.client import S3Client
 from media_s3.errors import S3AccessDeniedError, S3BucketNotFoundError, S3EndpointUnreachableError, S3MediaError
 from media_s3.metadata import decode_metadata, encode_metadata
-from stepcore.features import MEDIA_COLLECTION, PERSISTENT
 from stepcore.media import EMPTY_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, default_key
-from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, digest_in_name, strategy_key
+from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, digest_in_name, strategy_key
+from stepcore.store.features import MEDIA_COLLECTION, PERSISTENT
 
 __all__ = ('DEFAULT_MULTIPART_THRESHOLD_BYTES', 'DEFAULT_PART_BYTES', 'S3MediaStore')
 

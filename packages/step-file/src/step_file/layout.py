@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from stepcore.codec import FORMAT_KEY, check_format_version
 from stepcore.engine.ops import Body, RunRow, Unreadable
-from stepcore.models import RECORD_FORMAT_VERSION, SnapshotState
+from stepcore.store.codec import FORMAT_KEY, check_format_version
+from stepcore.store.models import RECORD_FORMAT_VERSION, SnapshotState
 
 from .logs import EPOCH, json_object
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from stepcore.engine.ops import EffectRow
-from stepcore.models import SnapshotState, ToolEffectStatus
+from stepcore.store.models import SnapshotState, ToolEffectStatus
 
 __all__ = ('EPOCH', 'EventsSeen', 'KeysSeen', 'LedgerSeen', 'json_object')
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stepcore.hookspecs import BackendInfo, hookimpl
-from stepcore.urls import local_path, query_options
+from stepcore.plugins.hookspecs import BackendInfo, hookimpl
+from stepcore.plugins.urls import local_path, query_options
 
 
 def file_url_options(url: str) -> dict[str, Any]:

@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import ClassVar, Literal, cast
 
 from media_disk import DiskMediaStore
-from stepcore.encryption import Encryption
 from stepcore.engine import KeyConflict, SyncPort, ops
+from stepcore.engine.encryption import Encryption
+from stepcore.engine.fileio import TEMP_NAME, fsync_dir, make_dir, write_atomic, write_temp
 from stepcore.engine.store import EngineStore
-from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.fileio import TEMP_NAME, fsync_dir, make_dir, write_atomic, write_temp
-from stepcore.ids import validate_path_safe_run_id
+from stepcore.engine.worker import WorkerThread, WouldBlock, running_inline
 from stepcore.media import MediaStoreOption, resolve_media_store
-from stepcore.models import SnapshotState
-from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
-from stepcore.worker import WorkerThread, WouldBlock, running_inline
+from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
+from stepcore.store.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.store.ids import validate_path_safe_run_id
+from stepcore.store.models import SnapshotState
 
 from .files import Log, run_lock
 from .layout import (
@@ -521,7 +521,7 @@ class FileStepStore(EngineStore):
       snapshots are pruned, so a replayed save stays suppressed.
 
     Saving a step appends only the messages that are new since the previous save (see
-    `stepcore.history`), so bytes grow linearly with the run. Payloads of `media_threshold_bytes` or
+    `stepcore.engine.history`), so bytes grow linearly with the run. Payloads of `media_threshold_bytes` or
     more (`BinaryContent` data and strings) go to `media_store`: with `'auto'` (the default) a
     `DiskMediaStore` in `<directory>/media`; pass `media_store=None` to keep them inline, or a
     media store of your own.

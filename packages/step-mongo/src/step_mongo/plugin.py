@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
-from stepcore.hookspecs import BackendInfo, hookimpl
+from stepcore.plugins.hookspecs import BackendInfo, hookimpl
 
 
 def mongo_url_options(url: str) -> dict[str, str]:

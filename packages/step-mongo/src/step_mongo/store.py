@@ -8,7 +8,7 @@ document layout is in `documents.py`):
 - `events`: one document per step event, with a per-run `seq`.
 - `snapshots`: one small document per snapshot: its header, plus `head` and `length`, which name
   the run's message nodes the snapshot consists of.
-- `message_nodes`: one document per stored message, written once (see `stepcore.history`).
+- `message_nodes`: one document per stored message, written once (see `stepcore.engine.history`).
 - `snapshot_idempotency_keys`: applied snapshot keys, kept when pruning deletes snapshots.
 - `tool_effects`: one document per `(run_id, tool_call_id)`, replaced on each update.
 - `counters`: per-run sequence counters (`events/`, `snapshots/`, `nodes/` + run id), advanced
@@ -39,14 +39,14 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from stepcore.encryption import Encryption
 from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
-from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.engine.encryption import Encryption
+from stepcore.engine.setup_once import SetupOnce
 from stepcore.media import MediaStoreOption, check_media_store, resolve_media_store
-from stepcore.models import SnapshotState
-from stepcore.retention import check_max_snapshots
-from stepcore.setup_once import SetupOnce
-from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from stepcore.store.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.store.models import SnapshotState
+from stepcore.store.retention import check_max_snapshots
 
 from .client import AsyncClient, ClientUser, Document
 from .compat import replace_all

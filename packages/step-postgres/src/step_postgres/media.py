@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from stepcore.features import MEDIA_COLLECTION, PERSISTENT
+from stepcore.engine.setup_once import SetupOnce
 from stepcore.media import PublicUrlResolver
-from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros
-from stepcore.setup_once import SetupOnce
+from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros
+from stepcore.store.features import MEDIA_COLLECTION, PERSISTENT
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
 from .schema import DEFAULT_TABLE_PREFIX, MEDIA, Tables, ensure_schema

@@ -18,14 +18,14 @@ from psycopg import AsyncConnection, Error, errors, pq, sql
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from stepcore.encryption import Encryption
 from stepcore.engine import Ask, EngineStore, KeyConflict, NodeIdBlocks, PipelinedPort, ops
+from stepcore.engine.encryption import Encryption
+from stepcore.engine.setup_once import SetupOnce
 from stepcore.engine.sql import event_window
-from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import AUTO, MediaStoreOption, resolve_media_store
-from stepcore.models import SnapshotState
-from stepcore.setup_once import SetupOnce
-from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
+from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
+from stepcore.store.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.store.models import SnapshotState
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
 from .media import PostgresMediaStore

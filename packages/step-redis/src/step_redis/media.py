@@ -8,9 +8,9 @@ from typing import ClassVar, Final, cast
 
 from redis.asyncio import Redis
 
-from stepcore.features import MEDIA_COLLECTION, PERSISTENT
 from stepcore.media import PublicUrlResolver
-from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros
+from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros
+from stepcore.store.features import MEDIA_COLLECTION, PERSISTENT
 
 from .client import ClientUser
 from .keys import DEFAULT_KEY_PREFIX, Keys

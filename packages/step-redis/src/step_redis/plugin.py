@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from stepcore.hookspecs import BackendInfo, hookimpl
+from stepcore.plugins.hookspecs import BackendInfo, hookimpl
 
 STORE_OPTIONS = ('key_prefix', 'max_snapshots_per_run', 'media_store', 'media_threshold_bytes')
 """Query parameters of a store URL that are store options; the others are the client's."""

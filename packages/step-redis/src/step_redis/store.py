@@ -22,13 +22,13 @@ from typing import Any, ClassVar, Final, cast
 
 from redis.asyncio import Redis
 
-from stepcore.encryption import Encryption
 from stepcore.engine import Ask, EngineStore, KeyConflict, NodeIdBlocks, PipelinedPort, StaleHistory, ops
-from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.engine.encryption import Encryption
 from stepcore.media import MediaStoreOption, check_media_store, resolve_media_store
-from stepcore.models import SnapshotState
-from stepcore.retention import check_max_snapshots
-from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from stepcore.store.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.store.models import SnapshotState
+from stepcore.store.retention import check_max_snapshots
 
 from .client import ClientUser
 from .keys import DEFAULT_KEY_PREFIX, EPOCH, Keys, moment, pack, text, unpack

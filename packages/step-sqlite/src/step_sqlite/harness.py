@@ -39,10 +39,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from stepcore.fileio import fsync_dir
+from stepcore.engine.fileio import fsync_dir
 from stepcore.harness import HarnessImportSummary, HarnessSqliteSource, import_harness, is_harness_sqlite
-from stepcore.models import utcnow
-from stepcore.protocols import StepStore
+from stepcore.store.models import utcnow
+from stepcore.store.protocols import StepStore
 
 from .connection import Database, Guard
 from .harness_tables import HARNESS_TABLES, describe_foreign_tables

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import ClassVar, cast
 
-from stepcore.features import MEDIA_COLLECTION, PERSISTENT
 from stepcore.media import PublicUrlResolver
-from stepcore.mediaengine import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros
-from stepcore.models import utcnow
+from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros
+from stepcore.store.features import MEDIA_COLLECTION, PERSISTENT
+from stepcore.store.models import utcnow
 
 from .connection import Database, Synchronous, write_transaction
 from .schema import ensure_schema, media_component

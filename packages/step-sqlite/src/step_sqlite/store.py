@@ -13,14 +13,14 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, TypeVar
 
-from stepcore.encryption import Encryption
 from stepcore.engine import KeyConflict, SyncPort, ops
+from stepcore.engine.encryption import Encryption
 from stepcore.engine.sql import event_window
 from stepcore.engine.store import EngineStore
-from stepcore.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.media import AUTO, MediaStoreOption, check_media_store, resolve_media_store
-from stepcore.models import SnapshotState
-from stepcore.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
+from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
+from stepcore.store.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.store.models import SnapshotState
 
 from .connection import Database, Synchronous, write_transaction
 from .harness import migrate_harness_database

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from .capability import StepPersistence
-from .encryption import Encryption, EncryptionKeyError, generate_key
-from .engine import DamagedRecordError, EngineStore
-from .events import SnapshotSaved
-from .gc import GcReport, collect_garbage
-from .helpers import annotate_tool_effect, continue_run, fork_run, is_provider_valid
-from .hookspecs import BackendInfo, hookimpl
-from .media import MediaContext, MediaStore
-from .memory import InMemoryStepStore
-from .models import (
+from stepcore.capability import StepPersistence
+from stepcore.capability.events import SnapshotSaved
+from stepcore.engine import DamagedRecordError, EngineStore
+from stepcore.engine.encryption import Encryption, EncryptionKeyError, generate_key
+from stepcore.maintenance.gc import GcReport, collect_garbage
+from stepcore.media import MediaContext, MediaStore
+from stepcore.plugins.hookspecs import BackendInfo, hookimpl
+from stepcore.plugins.registry import media_from_spec, open_store
+from stepcore.plugins.registry import store_from_spec as from_spec
+from stepcore.recovery import RecoveryReport, inspect_recovery
+from stepcore.recovery.history import annotate_tool_effect, continue_run, fork_run, is_provider_valid
+from stepcore.recovery.policies import Reconciled, RecoveryPolicy, recovery_policy
+from stepcore.recovery.resolution import Resumption, Settlement, mark_checked, resolve_run, supply_result
+from stepcore.store.memory import InMemoryStepStore
+from stepcore.store.models import (
     ContinuableSnapshot,
     EventKind,
     RunRecord,
@@ -22,12 +27,7 @@ from .models import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from .policies import Reconciled, RecoveryPolicy, recovery_policy
-from .protocols import StepStore, StepStoreProtocol
-from .recovery import RecoveryReport, inspect_recovery
-from .registry import media_from_spec, open_store
-from .registry import store_from_spec as from_spec
-from .resolution import Resumption, Settlement, mark_checked, resolve_run, supply_result
+from stepcore.store.protocols import StepStore, StepStoreProtocol
 
 __all__ = (
     'BackendInfo',

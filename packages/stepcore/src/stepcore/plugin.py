@@ -1,16 +1,11 @@
-"""stepcore's own plugin: the in-memory step store (opens from `memory://`, e.g. `memory://?max_snapshots_per_run=5`)."""
+"""`stepcore.plugin` is now `stepcore.plugins.memory`.
 
-from __future__ import annotations
+This path keeps working: it is the same module.
+"""
 
-from .hookspecs import BackendInfo, hookimpl
+import sys
 
+import stepcore.plugins.memory as _moved
+from stepcore.plugins.memory import *  # noqa: F403  (for type checkers)
 
-@hookimpl
-def register_step_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='memory',
-            factory='stepcore.memory:InMemoryStepStore',
-            summary='Process-local store, for tests and short-lived agents.',
-        )
-    ]
+sys.modules[__name__] = _moved

@@ -1,11 +1,11 @@
-"""Applying a batch of event and ledger writes to any store."""
+"""`stepcore.writes` is now `stepcore.store.writes`.
 
-from __future__ import annotations
+This path keeps working: it is the same module.
+"""
 
-from .contract import write_records
-from .protocols import check_writes
+import sys
 
-__all__ = ('apply_writes', 'check_writes')
+import stepcore.store.writes as _moved
+from stepcore.store.writes import *  # noqa: F403  (for type checkers)
 
-apply_writes = write_records
-"""Save a snapshot and apply event and ledger writes to any store (`stepcore.contract.write_records`)."""
+sys.modules[__name__] = _moved

@@ -19,16 +19,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from .. import __version__
-from ..codec import dump_record
-from ..lifecycle import PruneReport, RunStatus, parse_duration
-from ..models import utcnow
-from ..protocols import StepStore
-from ..registry import RegisteredBackend, get_registry
-from . import render
-from ._loop import run_coroutine
-from .stores import ENV_VAR, StoreError, open_store, resolve_store_url
-from .transfer import (
+from stepcore import __version__
+from stepcore.cli import render
+from stepcore.cli._loop import run_coroutine
+from stepcore.cli.stores import ENV_VAR, StoreError, open_store, resolve_store_url
+from stepcore.cli.transfer import (
     RunExport,
     descendant_ids,
     dump_export,
@@ -36,6 +31,11 @@ from .transfer import (
     import_runs,
     parse_export,
 )
+from stepcore.plugins.registry import RegisteredBackend, get_registry
+from stepcore.store.codec import dump_record
+from stepcore.store.lifecycle import PruneReport, RunStatus, parse_duration
+from stepcore.store.models import utcnow
+from stepcore.store.protocols import StepStore
 
 __all__ = ('app', 'main')
 
@@ -287,7 +287,7 @@ def demo(
     ),
 ) -> None:
     """Run an agent, kill its process mid tool call, inspect what was saved, and resume it."""
-    from .demo import DemoError, run_demo
+    from stepcore.cli.demo import DemoError, run_demo
 
     try:
         run_demo(database, console=_out())
@@ -484,7 +484,7 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """Show the messages of a run's newest snapshot (of any state), or of snapshot --seq N."""
-    from .transfer import _dump_snapshot  # pyright: ignore[reportPrivateUsage]
+    from stepcore.cli.transfer import _dump_snapshot  # pyright: ignore[reportPrivateUsage]
 
     async def body(s: StepStore, rid: str) -> Any:
         if seq is None:
@@ -557,14 +557,14 @@ def recover(
     ] = None,
 ) -> None:
     """Explain what a run left behind and how it can be resumed; settle calls you checked by hand."""
-    from .recovery_view import describe_recovery, parse_supplied, recovery_json
+    from stepcore.cli.recovery_view import describe_recovery, parse_supplied, recovery_json
 
     supplied = [parse_supplied(item) for item in supply or ()]
 
     async def body(s: StepStore, rid: str) -> Any:
-        from ..recovery import inspect_recovery
-        from ..resolution import mark_checked as check
-        from ..resolution import supply_result
+        from stepcore.recovery import inspect_recovery
+        from stepcore.recovery.resolution import mark_checked as check
+        from stepcore.recovery.resolution import supply_result
 
         for call_id, result in supplied:
             await supply_result(s, run_id=rid, tool_call_id=call_id, result=result)
@@ -703,7 +703,7 @@ def import_command(
     if (file is None) == (from_harness is None):
         _fail('give one thing to import: an export file, or --from-harness PATH')
     if from_harness is not None:
-        from .import_harness import import_from_harness
+        from stepcore.cli.import_harness import import_from_harness
 
         _run(import_from_harness(from_harness, store))
         return
@@ -754,8 +754,8 @@ def gc(
     as_json: JsonOption = False,
 ) -> None:
     """Remove media blobs that no snapshot references any more (those of deleted runs and pruned snapshots)."""
-    from ..gc import GcReport
-    from .collect import gc_report_json, parse_duration, print_gc_report, run_gc
+    from stepcore.cli.collect import gc_report_json, parse_duration, print_gc_report, run_gc
+    from stepcore.maintenance.gc import GcReport
 
     try:
         window = parse_duration(grace)
@@ -802,8 +802,8 @@ def rekey(
     ] = Path('.stepcore-rekey'),
 ) -> None:
     """Re-encrypt every run of a store under the active key (safe to stop and run again)."""
-    from ..features import ENCRYPTION
-    from .rekey import rekey_store
+    from stepcore.cli.rekey import rekey_store
+    from stepcore.store.features import ENCRYPTION
 
     options: dict[str, Any] = {}
     if keys_env is not None:
@@ -851,7 +851,7 @@ def ui(
 ) -> None:
     """Browse the stored runs in a local, read-only web page."""
     try:
-        from ..ui.server import UiError, serve
+        from stepcore.ui.server import UiError, serve
     except ImportError as exc:
         if exc.name and exc.name.split('.')[0] in _UI_PACKAGES:
             _fail(f'stepcore ui needs the ui extra ({exc.name} is not installed): pip install "stepcore[ui]"')

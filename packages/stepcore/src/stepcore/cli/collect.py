@@ -1,4 +1,4 @@
-"""`stepcore gc`: garbage collection of media from the command line (see `stepcore.gc`)."""
+"""`stepcore gc`: garbage collection of media from the command line (see `stepcore.maintenance.gc`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import lifecycle, registry
-from ..gc import GcReport, collect_garbage
-from ..media import MediaStore
-from .stores import StoreError, open_store
+from stepcore import lifecycle, registry
+from stepcore.cli.stores import StoreError, open_store
+from stepcore.maintenance.gc import GcReport, collect_garbage
+from stepcore.media import MediaStore
 
 __all__ = ('gc_report_json', 'open_media_store', 'parse_duration', 'print_gc_report', 'run_gc')
 

@@ -14,15 +14,22 @@ from rich.markup import escape
 from rich.padding import Padding
 from rich.rule import Rule
 
-from ..protocols import StepStore
-from ..recovery import inspect_recovery
-from ..registry import get_registry, store_from_spec
-from ..resolution import resolve_run
-from . import render
-from ._loop import run_coroutine
-from .demo_agents import CONVERSATION_ID, FIRST_RUN_ID, OUTBOX_FILE, REPORT_FILE, RESUMED_RUN_ID, build_agents
-from .demo_chart import CHART_FILE
-from .recovery_view import describe_recovery
+from stepcore.cli import render
+from stepcore.cli._loop import run_coroutine
+from stepcore.cli.demo_agents import (
+    CONVERSATION_ID,
+    FIRST_RUN_ID,
+    OUTBOX_FILE,
+    REPORT_FILE,
+    RESUMED_RUN_ID,
+    build_agents,
+)
+from stepcore.cli.demo_chart import CHART_FILE
+from stepcore.cli.recovery_view import describe_recovery
+from stepcore.plugins.registry import get_registry, store_from_spec
+from stepcore.recovery import inspect_recovery
+from stepcore.recovery.resolution import resolve_run
+from stepcore.store.protocols import StepStore
 
 __all__ = ('DemoError', 'run_demo')
 

@@ -27,12 +27,12 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from ..capability import StepPersistence
-from ..helpers import annotate_tool_effect
-from ..models import ToolEffectRecord
-from ..policies import Reconciled, recovery_policy
-from ..protocols import StepStore
-from .demo_chart import CHART_FILE, chart_png
+from stepcore.capability import StepPersistence
+from stepcore.cli.demo_chart import CHART_FILE, chart_png
+from stepcore.recovery.history import annotate_tool_effect
+from stepcore.recovery.policies import Reconciled, recovery_policy
+from stepcore.store.models import ToolEffectRecord
+from stepcore.store.protocols import StepStore
 
 __all__ = (
     'CONVERSATION_ID',

@@ -10,9 +10,9 @@ import asyncio
 from pathlib import Path
 from typing import cast
 
-from ..protocols import StepStore
-from ..registry import store_from_spec
-from .demo_agents import CONVERSATION_ID, FIRST_RUN_ID, PROMPT, build_agents
+from stepcore.cli.demo_agents import CONVERSATION_ID, FIRST_RUN_ID, PROMPT, build_agents
+from stepcore.plugins.registry import store_from_spec
+from stepcore.store.protocols import StepStore
 
 
 def _say(line: str) -> None:

@@ -18,8 +18,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..harness import HarnessImportSummary, HarnessRun, import_harness, open_harness_source
-from .stores import StoreError, open_store, parse_store_url, resolve_store_url
+from stepcore.cli.stores import StoreError, open_store, parse_store_url, resolve_store_url
+from stepcore.harness import HarnessImportSummary, HarnessRun, import_harness, open_harness_source
 
 __all__ = ('import_from_harness', 'summary_table')
 

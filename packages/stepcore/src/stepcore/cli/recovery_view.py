@@ -10,9 +10,9 @@ from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
 
-from ..codec import dump_record
-from ..models import ContinuableSnapshot
-from ..recovery import RecoveryReport
+from stepcore.recovery import RecoveryReport
+from stepcore.store.codec import dump_record
+from stepcore.store.models import ContinuableSnapshot
 
 __all__ = ('describe_recovery', 'parse_supplied', 'recovery_json')
 

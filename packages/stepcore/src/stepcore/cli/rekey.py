@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..fileio import fsync_dir
-from ..protocols import StepStore
-from .transfer import collect_run, dump_export, import_runs, parse_export
+from stepcore.cli.transfer import collect_run, dump_export, import_runs, parse_export
+from stepcore.engine.fileio import fsync_dir
+from stepcore.store.protocols import StepStore
 
 __all__ = ('RekeyReport', 'rekey_store')
 

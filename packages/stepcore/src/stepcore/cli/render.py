@@ -25,8 +25,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ..lifecycle import run_status as lifecycle_status
-from ..models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
+from stepcore.store.lifecycle import run_status as lifecycle_status
+from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 
 __all__ = (
     'RunNode',

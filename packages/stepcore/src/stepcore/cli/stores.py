@@ -1,6 +1,6 @@
 """Store URLs on the command line: `--store` / `$STEPCORE_STORE`, opened through `stepcore.open_store`.
 
-Each backend's plugin says which URLs open it (see `stepcore.hookspecs.BackendInfo`); the
+Each backend's plugin says which URLs open it (see `stepcore.plugins.hookspecs.BackendInfo`); the
 built-in ones:
 
 | URL | backend | options |
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import registry
-from ..protocols import StepStore
-from ..urls import URL_EXAMPLES, url_scheme
+from stepcore import registry
+from stepcore.plugins.urls import URL_EXAMPLES, url_scheme
+from stepcore.store.protocols import StepStore
 
 __all__ = ('ENV_VAR', 'StoreError', 'StoreTarget', 'open_store', 'parse_store_url', 'resolve_store_url')
 

@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ..codec import decode_messages, dump_record, encode_message, load_record
-from ..models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
-from ..protocols import StepStore
+from stepcore.store.codec import decode_messages, dump_record, encode_message, load_record
+from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+from stepcore.store.protocols import StepStore
 
 __all__ = ('EXPORT_VERSION', 'RunExport', 'dump_export', 'export_runs', 'import_runs', 'parse_export')
 

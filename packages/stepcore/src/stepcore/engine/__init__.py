@@ -14,11 +14,11 @@
 
 from __future__ import annotations
 
-from .damage import DamagedRecordError
-from .pipeline import Ask, NodeIdBlocks, PipelinedPort
-from .plans import KeyConflict, StaleHistory
-from .port import AsyncPort, Port, SyncPort, check_text
-from .store import EngineStore
+from stepcore.engine.damage import DamagedRecordError
+from stepcore.engine.pipeline import Ask, NodeIdBlocks, PipelinedPort
+from stepcore.engine.plans import KeyConflict, StaleHistory
+from stepcore.engine.port import AsyncPort, Port, SyncPort, check_text
+from stepcore.engine.store import EngineStore
 
 __all__ = (
     'Ask',

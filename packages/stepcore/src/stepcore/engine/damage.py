@@ -28,7 +28,7 @@ from typing import Any, Final, Literal, TypeVar
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from ..codec import load_record
+from stepcore.store.codec import load_record
 
 __all__ = (
     'UNPARSABLE',

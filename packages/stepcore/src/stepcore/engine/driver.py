@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar, cast
 
-from .group import NOT_PREPARED, WriteGroups
-from .ops import Op
-from .plans import KeyConflict, Plan, StaleHistory
-from .port import AsyncPort, Port, SyncPort
+from stepcore.engine.group import NOT_PREPARED, WriteGroups
+from stepcore.engine.ops import Op
+from stepcore.engine.plans import KeyConflict, Plan, StaleHistory
+from stepcore.engine.port import AsyncPort, Port, SyncPort
 
 __all__ = (
     'INLINE_ATTEMPTS',

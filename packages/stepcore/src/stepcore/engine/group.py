@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from .port import SyncPort
+from stepcore.engine.port import SyncPort
 
 __all__ = ('NOT_PREPARED', 'WriteGroups')
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, TypeAlias
 
-from ..lifecycle import sort_time
+from stepcore.store.lifecycle import sort_time
 
 __all__ = (
     'Body',

@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from . import ops
-from .port import AsyncPort
+from stepcore.engine import ops
+from stepcore.engine.port import AsyncPort
 
 __all__ = ('Ask', 'NodeIdBlocks', 'PipelinedPort')
 

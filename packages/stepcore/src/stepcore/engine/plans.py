@@ -13,8 +13,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
-from ..retention import snapshots_to_prune
-from .ops import (
+from stepcore.engine.ops import (
     DeleteSnapshots,
     EffectRow,
     EventRow,
@@ -30,6 +29,7 @@ from .ops import (
     SnapshotRow,
     SnapshotStates,
 )
+from stepcore.store.retention import snapshots_to_prune
 
 __all__ = ('KeyConflict', 'Plan', 'SnapshotWrite', 'StaleHistory', 'read_snapshot', 'read_snapshots', 'write_plan')
 

@@ -24,8 +24,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, contextmanager
 from typing import Any, ClassVar, TypeVar
 
-from ..worker import WorkerThread
-from . import ops
+from stepcore.engine import ops
+from stepcore.engine.worker import WorkerThread
 
 __all__ = ('AsyncPort', 'Port', 'SyncPort', 'check_text')
 
@@ -125,8 +125,8 @@ class SyncPort(Port):
     inline_writes: bool = False
     """Whether a short write may run on the event loop's thread when the port's thread is idle
     (`try_inline`): true for a port whose commit does not wait for the disk (no fsync) and whose
-    code raises `stepcore.worker.WouldBlock` where it would otherwise wait for a lock held by
-    another thread or process (see `stepcore.worker.running_inline`)."""
+    code raises `stepcore.engine.worker.WouldBlock` where it would otherwise wait for a lock held by
+    another thread or process (see `stepcore.engine.worker.running_inline`)."""
 
     group_commit: ClassVar[bool] = False
     """Whether `savepoint` can isolate one write inside a transaction, so the engine may carry out

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, cast
 
-from ..codec import FORMAT_KEY, record_fields
-from ..history import walk_chain
-from ..models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
-from ..protocols import StepWrite, sort_time
-from .damage import UnreadableBody, decoded, validated
-from .ops import Body, EffectRow, EventRow, Node, RunRow, SnapshotRow, Unparsable, Unreadable
-from .seal import HEAD_KEY, SEALED_FORMAT, Sealer
+from stepcore.engine.damage import UnreadableBody, decoded, validated
+from stepcore.engine.history import walk_chain
+from stepcore.engine.ops import Body, EffectRow, EventRow, Node, RunRow, SnapshotRow, Unparsable, Unreadable
+from stepcore.engine.seal import HEAD_KEY, SEALED_FORMAT, Sealer
+from stepcore.store.codec import FORMAT_KEY, record_fields
+from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+from stepcore.store.protocols import StepWrite, sort_time
 
 __all__ = (
     'EFFECT_CLEAR',

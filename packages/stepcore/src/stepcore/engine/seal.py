@@ -37,8 +37,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
-from ..codec import FORMAT_KEY, check_format_version
-from ..encryption import Encryption, EncryptionKeyError
+from stepcore.engine.encryption import Encryption, EncryptionKeyError
+from stepcore.store.codec import FORMAT_KEY, check_format_version
 
 __all__ = (
     'CHECKSUM_KEY',

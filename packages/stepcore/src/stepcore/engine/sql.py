@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import LiteralString
 
-from .ops import ListEvents
+from stepcore.engine.ops import ListEvents
 
 __all__ = ('event_window',)
 

@@ -16,39 +16,11 @@ from typing import Any, ClassVar, Final, cast
 
 from pydantic_ai.messages import ModelMessage
 
-from ..codec import decode_messages, record_fields
-from ..encryption import EncryptingMediaStore, Encryption
-from ..features import ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
-from ..history import HistoryDelta, HistoryIndex, walk_chain
-from ..lifecycle import RunFootprint, RunKey, RunQuery, RunStatus, collect_runs, run_status
-from ..media import MediaStore, MediaStoreOption, resolve_media_store
-from ..models import (
-    ContinuableSnapshot,
-    RunRecord,
-    SnapshotMessages,
-    SnapshotState,
-    SnapshotSummary,
-    StepEvent,
-    ToolEffectRecord,
-    ToolEffectStatus,
-)
-from ..protocols import (
-    StepStore,
-    StepWrite,
-    check_event_window,
-    check_message_window,
-    check_seq,
-    check_writes,
-    event_window,
-    shared_prefix,
-    sort_time,
-)
-from ..registration import check_registration
-from ..retention import check_max_snapshots
-from ..walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker, stored_references
-from .damage import DamagedRecordError, decoded, skip_damaged
-from .driver import INLINE_ATTEMPTS, INLINE_NEW_MESSAGES, INLINE_RECORDS, Driver, NeedsWalk, single
-from .ops import (
+from stepcore.engine.damage import DamagedRecordError, decoded, skip_damaged
+from stepcore.engine.driver import INLINE_ATTEMPTS, INLINE_NEW_MESSAGES, INLINE_RECORDS, Driver, NeedsWalk, single
+from stepcore.engine.encryption import EncryptingMediaStore, Encryption
+from stepcore.engine.history import HistoryDelta, HistoryIndex, walk_chain
+from stepcore.engine.ops import (
     Body,
     DeleteRun,
     EffectRow,
@@ -64,9 +36,17 @@ from .ops import (
     RunRow,
     SnapshotRow,
 )
-from .plans import KeyConflict, Plan, SnapshotWrite, StaleHistory, read_snapshot, read_snapshots, write_plan
-from .port import Port, check_text
-from .rows import (
+from stepcore.engine.plans import (
+    KeyConflict,
+    Plan,
+    SnapshotWrite,
+    StaleHistory,
+    read_snapshot,
+    read_snapshots,
+    write_plan,
+)
+from stepcore.engine.port import Port, check_text
+from stepcore.engine.rows import (
     EFFECT_CLEAR,
     EFFECT_FIELDS_IN_ROW,
     EVENT_CLEAR,
@@ -78,7 +58,35 @@ from .rows import (
     RowCodec,
     record_rows,
 )
-from .seal import HEAD_KEY, NO_PREV, MessageDamage, Sealer, key_id_of
+from stepcore.engine.seal import HEAD_KEY, NO_PREV, MessageDamage, Sealer, key_id_of
+from stepcore.media import MediaStore, MediaStoreOption, resolve_media_store
+from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker, stored_references
+from stepcore.store.codec import decode_messages, record_fields
+from stepcore.store.features import ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
+from stepcore.store.lifecycle import RunFootprint, RunKey, RunQuery, RunStatus, collect_runs, run_status
+from stepcore.store.models import (
+    ContinuableSnapshot,
+    RunRecord,
+    SnapshotMessages,
+    SnapshotState,
+    SnapshotSummary,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
+from stepcore.store.protocols import (
+    StepStore,
+    StepWrite,
+    check_event_window,
+    check_message_window,
+    check_seq,
+    check_writes,
+    event_window,
+    shared_prefix,
+    sort_time,
+)
+from stepcore.store.registration import check_registration
+from stepcore.store.retention import check_max_snapshots
 
 __all__ = (
     'EFFECT_CLEAR',

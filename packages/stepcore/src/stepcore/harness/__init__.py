@@ -17,11 +17,11 @@ summary = await import_harness('harness.db', store)  # or the root folder of its
 
 from __future__ import annotations
 
-from .file_source import HarnessFileSource, is_harness_folder
-from .importer import HarnessImportSummary, import_harness, open_harness_source
-from .markers import restore_harness_media
-from .source import HarnessRun, HarnessSource
-from .sqlite_source import HarnessSqliteSource, is_harness_sqlite, open_harness_sqlite
+from stepcore.harness.file_source import HarnessFileSource, is_harness_folder
+from stepcore.harness.importer import HarnessImportSummary, import_harness, open_harness_source
+from stepcore.harness.markers import restore_harness_media
+from stepcore.harness.source import HarnessRun, HarnessSource
+from stepcore.harness.sqlite_source import HarnessSqliteSource, is_harness_sqlite, open_harness_sqlite
 
 __all__ = (
     'HarnessFileSource',

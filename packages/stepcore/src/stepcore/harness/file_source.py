@@ -20,9 +20,9 @@ from typing import Any, cast
 
 from pydantic_ai.messages import ModelMessage
 
-from ..models import ContinuableSnapshot
-from .records import effect_from_harness, event_from_harness, run_from_harness, snapshot_from_harness
-from .source import HarnessRun, HarnessSource, decode_history
+from stepcore.harness.records import effect_from_harness, event_from_harness, run_from_harness, snapshot_from_harness
+from stepcore.harness.source import HarnessRun, HarnessSource, decode_history
+from stepcore.store.models import ContinuableSnapshot
 
 __all__ = ('HarnessFileSource', 'is_harness_folder')
 

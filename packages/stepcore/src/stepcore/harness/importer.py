@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from ..models import RunRecord
-from ..protocols import StepStore, sort_time
-from .file_source import HarnessFileSource, is_harness_folder
-from .source import HarnessRun, HarnessSource
-from .sqlite_source import open_harness_sqlite
+from stepcore.harness.file_source import HarnessFileSource, is_harness_folder
+from stepcore.harness.source import HarnessRun, HarnessSource
+from stepcore.harness.sqlite_source import open_harness_sqlite
+from stepcore.store.models import RunRecord
+from stepcore.store.protocols import StepStore, sort_time
 
 __all__ = ('HarnessImportSummary', 'import_harness', 'open_harness_source')
 

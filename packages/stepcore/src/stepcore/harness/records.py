@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from pydantic_ai.messages import ModelMessage
 
-from ..models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 
 __all__ = ('effect_from_harness', 'event_from_harness', 'run_from_harness', 'snapshot_from_harness')
 

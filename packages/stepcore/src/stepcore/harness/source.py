@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
-from ..media import digest_of_uri
-from ..models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
-from .markers import HARNESS_MARKER_PREFIX, restore_harness_media
+from stepcore.harness.markers import HARNESS_MARKER_PREFIX, restore_harness_media
+from stepcore.media import digest_of_uri
+from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 
 __all__ = ('HarnessRun', 'HarnessSource', 'decode_history')
 

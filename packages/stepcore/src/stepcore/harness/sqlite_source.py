@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic_ai.messages import ModelMessage
 
-from .records import effect_from_harness, event_from_harness, run_from_harness, snapshot_from_harness
-from .source import HarnessRun, HarnessSource, decode_history
+from stepcore.harness.records import effect_from_harness, event_from_harness, run_from_harness, snapshot_from_harness
+from stepcore.harness.source import HarnessRun, HarnessSource, decode_history
 
 __all__ = ('HarnessSqliteSource', 'is_harness_sqlite', 'open_harness_sqlite')
 

@@ -30,13 +30,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..engine import DamagedRecordError
-from ..models import SnapshotState, SnapshotSummary
-from ..protocols import StepStore
-from . import queries
-from .conversation import INLINE_MEDIA_TYPES, MessageView, message_views, part_binaries
-from .diff import diff_snapshots
-from .snippets import display_url, recovery_snippets
+from stepcore.engine import DamagedRecordError
+from stepcore.store.models import SnapshotState, SnapshotSummary
+from stepcore.store.protocols import StepStore
+from stepcore.ui import queries
+from stepcore.ui.conversation import INLINE_MEDIA_TYPES, MessageView, message_views, part_binaries
+from stepcore.ui.diff import diff_snapshots
+from stepcore.ui.snippets import display_url, recovery_snippets
 
 __all__ = ('LOOPBACK_HOSTS', 'MESSAGES_PER_PAGE', 'SECURITY_HEADERS', 'create_app')
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
-from .conversation import MessageView, signature
+from stepcore.ui.conversation import MessageView, signature
 
 __all__ = ('SnapshotDiff', 'diff_snapshots')
 

@@ -13,10 +13,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import cast
 
-from ..lifecycle import RunStatus, run_status
-from ..models import EventKind, RunRecord, SnapshotState, SnapshotSummary, StepEvent, ToolEffectRecord, ToolEffectStatus
-from ..protocols import StepStore, sort_time
-from ..resolution import SUMMARY_MARK
+from stepcore.recovery.resolution import SUMMARY_MARK
+from stepcore.store.lifecycle import RunStatus, run_status
+from stepcore.store.models import (
+    EventKind,
+    RunRecord,
+    SnapshotState,
+    SnapshotSummary,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
+from stepcore.store.protocols import StepStore, sort_time
 
 __all__ = (
     'EVENTS_PER_PAGE',

@@ -12,11 +12,11 @@ from typing import Any
 
 import uvicorn
 
-from ..media import MediaStore
-from ..protocols import StepStore
-from ..registry import get_registry, open_store
-from .app import create_app
-from .snippets import display_url
+from stepcore.media import MediaStore
+from stepcore.plugins.registry import get_registry, open_store
+from stepcore.store.protocols import StepStore
+from stepcore.ui.app import create_app
+from stepcore.ui.snippets import display_url
 
 __all__ = ('DEFAULT_HOST', 'DEFAULT_PORT', 'UiError', 'bind', 'open_media', 'serve')
 

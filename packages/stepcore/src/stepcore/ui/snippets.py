@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from ..recovery import RecoveryReport
-from .queries import RecoveryView
+from stepcore.recovery import RecoveryReport
+from stepcore.ui.queries import RecoveryView
 
 __all__ = ('Snippet', 'display_url', 'recovery_snippets')
 

@@ -7,8 +7,7 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from typing import ClassVar
 
-from ..features import MEDIA_COLLECTION
-from ..media import (
+from stepcore.media import (
     EMPTY_CONTEXT,
     MediaContext,
     PublicUrlResolver,
@@ -17,9 +16,10 @@ from ..media import (
     resolve_public_url,
     uri_of_digest,
 )
-from .errors import DamagedMediaError, MediaNotFoundError
-from .metadata import BlobMeta, decode_metadata
-from .port import BlobHead, BlobRef, ListedBlob, now_micros
+from stepcore.media.errors import DamagedMediaError, MediaNotFoundError
+from stepcore.media.metadata import BlobMeta, decode_metadata
+from stepcore.media.port import BlobHead, BlobRef, ListedBlob, now_micros
+from stepcore.store.features import MEDIA_COLLECTION
 
 __all__ = ('MediaEngine',)
 
@@ -27,7 +27,7 @@ __all__ = ('MediaEngine',)
 class MediaEngine:
     """A `MediaStore` (and a `CollectableMediaStore`) on a backend's blob port.
 
-    A backend subclasses it, implements the port's coroutines (`stepcore.mediaengine.port`) and
+    A backend subclasses it, implements the port's coroutines (`stepcore.media.port`) and
     calls `super().__init__(public_url=...)`. Written here, the same for every backend:
 
     - addresses: `put` returns `media+sha256://<sha256 of the bytes>`; a malformed address is a

@@ -10,10 +10,19 @@
 
 from __future__ import annotations
 
-from .engine import MediaEngine
-from .errors import DamagedMediaError, MediaNotFoundError
-from .metadata import BlobMeta, decode_metadata, encode_metadata
-from .port import BlobHead, BlobRef, ListedBlob, digest_in_name, from_micros, micros, now_micros, strategy_key
+from stepcore.media.engine import MediaEngine
+from stepcore.media.errors import DamagedMediaError, MediaNotFoundError
+from stepcore.media.metadata import BlobMeta, decode_metadata, encode_metadata
+from stepcore.media.port import (
+    BlobHead,
+    BlobRef,
+    ListedBlob,
+    digest_in_name,
+    from_micros,
+    micros,
+    now_micros,
+    strategy_key,
+)
 
 __all__ = (
     'BlobHead',

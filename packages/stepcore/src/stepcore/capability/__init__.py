@@ -19,16 +19,16 @@ from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
-from . import snapshot_points as points
-from .context import ActiveToolCall, active_run_id, active_tool_call, inside_run
-from .memory import InMemoryStepStore
-from .models import EventKind, SnapshotState
-from .operations import CAPABILITY_ID, OPERATION_NAMES, StepOperations
-from .protocols import StepStoreProtocol
-from .resolution import RESUMES_KEY, claim_resumption
-from .run_state import RunState, describe_error, resolve_run_id
-from .run_writer import DEFERRED_WRITE_DELAY, RunWriter
-from .tool_calls import annotate_in_flight, record_tool_call
+from stepcore import snapshot_points as points
+from stepcore.capability.context import ActiveToolCall, active_run_id, active_tool_call, inside_run
+from stepcore.capability.operations import CAPABILITY_ID, OPERATION_NAMES, StepOperations
+from stepcore.capability.run_state import RunState, describe_error, resolve_run_id
+from stepcore.capability.run_writer import DEFERRED_WRITE_DELAY, RunWriter
+from stepcore.capability.tool_calls import annotate_in_flight, record_tool_call
+from stepcore.recovery.resolution import RESUMES_KEY, claim_resumption
+from stepcore.store.memory import InMemoryStepStore
+from stepcore.store.models import EventKind, SnapshotState
+from stepcore.store.protocols import StepStoreProtocol
 
 __all__ = (
     'CAPABILITY_ID',
@@ -88,7 +88,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
     registration is recognised by its journaled `registration_id`.
 
     Run id: an explicit `run_id` is used as is (single use: a second run of the same instance
-    fails with `ValueError`); with `agent_name` the id is `stepcore.ids.derive_run_id(agent_name,
+    fails with `ValueError`); with `agent_name` the id is `stepcore.store.ids.derive_run_id(agent_name,
     ctx.run_id)` (an `sp-` id, the same pydantic-ai-harness derives); otherwise `ctx.run_id`.
     `parent_run_id` defaults to the run id of the enclosing `StepPersistence` run in this context
     (in-process delegation). The copy `for_run` returns carries the resolved values in `run_id`,
@@ -147,7 +147,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
         `backend` is a plugin key (`memory`, `file`, `sqlite`, `postgres`, `mongo`, ...); every
         keyword that is not one of the capability's own fields is an option of that backend's store
         (`max_snapshots_per_run`, `database`, `directory`, ...) and is passed to
-        `stepcore.registry.store_from_spec(backend, **store_options)` unchanged: the backend decides
+        `stepcore.plugins.registry.store_from_spec(backend, **store_options)` unchanged: the backend decides
         which options it takes. An unknown backend raises `ValueError` ("unknown backend ..."): there
         is no fallback to memory.
 
@@ -155,7 +155,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
         the database `.step-persistence.db`. Both are relative paths, so they are found in the
         current directory when the store is first used, not when the spec is read.
         """
-        from .registry import get_registry
+        from stepcore.plugins.registry import get_registry
 
         registered = get_registry().get('step', backend)
         defaults = registered.info.default_location

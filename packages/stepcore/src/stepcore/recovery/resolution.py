@@ -7,7 +7,7 @@ snapshot would ask the model again, and it would call the tools again. `resolve_
 
 1. takes the newest complete snapshot and the calls of the cut cycle (the ledger entries of the
    newest step that the snapshot does not hold);
-2. settles each by its tool's policy (`stepcore.policies`): `'rerun'` runs it again, a reconcile
+2. settles each by its tool's policy (`stepcore.recovery.policies`): `'rerun'` runs it again, a reconcile
    function asks the outside world, `'ask'` leaves it to the caller, who settles it with
    `supply_result` or `mark_checked` (or `stepcore recover --supply/--mark-checked`);
 3. records each settlement in the crashed run's ledger (`completed`, the effect summary saying how)
@@ -38,9 +38,10 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import DeferredToolResults
 
-from .contract import as_step_store, write_records
-from .helpers import unanswered_tool_calls
-from .models import (
+from stepcore.recovery.history import unanswered_tool_calls
+from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
+from stepcore.store.contract import as_step_store, write_records
+from stepcore.store.models import (
     ContinuableSnapshot,
     EventKind,
     SnapshotState,
@@ -49,8 +50,7 @@ from .models import (
     ToolEffectStatus,
     utcnow,
 )
-from .policies import Reconciled, RecoveryPolicy, policy_for, reconcile
-from .protocols import StepStore, StepStoreProtocol
+from stepcore.store.protocols import StepStore, StepStoreProtocol
 
 __all__ = (
     'HOW_KEY',

@@ -95,15 +95,15 @@ async def resolve_public_url(resolver: PublicUrlResolver | None, uri: str, conte
 class MediaStore(Protocol):
     """Where externalized blobs live. Every method takes a `MediaContext`.
 
-    The contract (every media store of stepcore keeps it through `stepcore.mediaengine.MediaEngine`,
+    The contract (every media store of stepcore keeps it through `stepcore.media.blobs.MediaEngine`,
     and `stepcore_conformance.MediaStoreConformance` checks it):
 
     - A URI that is not `media+sha256://<64 lowercase hex>` is a `ValueError`, before any I/O.
     - A blob that is not stored: `exists` is `False`; `get` and `get_metadata` raise
-      `stepcore.mediaengine.MediaNotFoundError`, which is both a `FileNotFoundError` (what
+      `stepcore.media.blobs.MediaNotFoundError`, which is both a `FileNotFoundError` (what
       pydantic-ai-harness's media stores raise) and a `LookupError`.
     - A stored blob whose bytes do not hash to its address: `get` raises
-      `stepcore.mediaengine.DamagedMediaError` (a `ValueError`, like every damaged record) naming
+      `stepcore.media.blobs.DamagedMediaError` (a `ValueError`, like every damaged record) naming
       it; other blobs still read.
     - Metadata maps strings to strings; `get_metadata` is `None` for a blob put without any.
     """
@@ -147,7 +147,7 @@ class StoredMedia:
 class CollectableMediaStore(MediaStore, Protocol):
     """A media store whose blobs can be listed and removed: what garbage collection needs.
 
-    A store offering it declares the feature `media_collection` (`stepcore.features`), and its
+    A store offering it declares the feature `media_collection` (`stepcore.store.features`), and its
     `put` of bytes already stored moves the blob's `stored_at` to now: a blob about to be
     referenced by a snapshot not yet saved is then inside any grace period (see `docs/media-gc.md`).
     """

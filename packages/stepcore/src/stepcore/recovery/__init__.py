@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from .contract import as_step_store
-from .models import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
-from .protocols import StepStoreProtocol
-from .resolution import called_in, settlements_of
+from stepcore.recovery.resolution import called_in, settlements_of
+from stepcore.store.contract import as_step_store
+from stepcore.store.models import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
+from stepcore.store.protocols import StepStoreProtocol
 
 __all__ = ('RecoveryInspection', 'RecoveryReport', 'inspect_recovery')
 

@@ -2,7 +2,7 @@
 where the store's own class provides it.
 
 `StepPersistence` and the helpers accept any store that keeps the reference's protocol
-(`stepcore.protocols.StepStoreProtocol`): a `StepStore` subclass, or a class of the user's own
+(`stepcore.store.protocols.StepStoreProtocol`): a `StepStore` subclass, or a class of the user's own
 with just those methods, or a wrapper that overrides some of them and forwards the rest through
 `__getattr__`. `as_step_store` gives each the full `StepStore` interface:
 
@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
-from .lifecycle import PruneProgress, PruneReport, RunPage
-from .models import (
+from stepcore.store.lifecycle import PruneProgress, PruneReport, RunPage
+from stepcore.store.models import (
     ContinuableSnapshot,
     RunRecord,
     SnapshotMessages,
@@ -36,8 +36,8 @@ from .models import (
     StepEvent,
     ToolEffectRecord,
 )
-from .protocols import CONTRACT_METHODS, StepStore, StepStoreProtocol, StepWrite, paged_list_runs
-from .registration import check_registration
+from stepcore.store.protocols import CONTRACT_METHODS, StepStore, StepStoreProtocol, StepWrite, paged_list_runs
+from stepcore.store.registration import check_registration
 
 __all__ = ('EXTENSIONS', 'ProtocolStore', 'as_step_store', 'is_step_store_subclass', 'own_extension', 'write_records')
 

@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeAlias, TypeVar, cast
 from pydantic_ai import Agent
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 
-from .models import ToolEffectRecord
+from stepcore.store.models import ToolEffectRecord
 
 __all__ = ('POLICY_ATTRIBUTE', 'Reconcile', 'Reconciled', 'RecoveryPolicy', 'policy_for', 'recovery_policy')
 
@@ -70,7 +70,7 @@ def recovery_policy(policy: RecoveryPolicy) -> Callable[[F], F]:
         @recovery_policy('rerun')
         async def add_label(ctx: RunContext[None], issue: int, label: str) -> str: ...
 
-    `policy` is `'rerun'`, `'ask'` or a reconcile function (see `stepcore.policies`).
+    `policy` is `'rerun'`, `'ask'` or a reconcile function (see `stepcore.recovery.policies`).
     """
     checked = check_policy(policy)
 

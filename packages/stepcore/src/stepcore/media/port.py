@@ -1,6 +1,6 @@
 """The blob port: the I/O a media backend implements, and the small values it deals in.
 
-A backend subclasses `stepcore.mediaengine.MediaEngine` and implements five coroutines, one per
+A backend subclasses `stepcore.media.blobs.MediaEngine` and implements five coroutines, one per
 storage operation, plus `_blob_where` for messages. They move bytes and metadata and nothing else:
 the engine computes addresses, checks the digest of every read, encodes metadata, resolves public
 URLs, raises the missing-blob and damage errors and keeps the collection bookkeeping.
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import cast
 
-from ..media import EMPTY_CONTEXT, KeyStrategy, MediaContext, digest_of_uri
-from .metadata import RawMetadata
+from stepcore.media import EMPTY_CONTEXT, KeyStrategy, MediaContext, digest_of_uri
+from stepcore.media.metadata import RawMetadata
 
 __all__ = (
     'BlobHead',

@@ -1,0 +1,82 @@
+"""Which `StepPersistence` run and tool call enclose the code running in this context."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic_ai.tools import RunContext
+
+from stepcore.store.protocols import StepStoreProtocol
+
+__all__ = (
+    'ActiveToolCall',
+    'ToolEffectAnnotator',
+    'active_run_id',
+    'active_tool_call',
+    'inside_run',
+    'inside_tool_call',
+)
+
+
+class ToolEffectAnnotator(Protocol):
+    """What `annotate_tool_effect` calls: the capability executing the tool call."""
+
+    async def annotate(
+        self,
+        ctx: RunContext[Any],
+        store: StepStoreProtocol,
+        tool_call_id: str,
+        *,
+        idempotency_key: str | None,
+        effect_summary: str | None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveToolCall:
+    """The tool call a `StepPersistence` is currently executing (see `annotate_tool_effect`)."""
+
+    capability: ToolEffectAnnotator
+    """The `StepPersistence` (its per-run copy) that wraps the call."""
+    run_id: str
+    tool_call_id: str
+
+
+_ACTIVE_RUN_ID: ContextVar[str | None] = ContextVar('stepcore_active_run_id', default=None)
+"""The run id of the innermost enclosing `StepPersistence.wrap_run`, read by delegates as their parent."""
+
+_ACTIVE_TOOL_CALL: ContextVar[ActiveToolCall | None] = ContextVar('stepcore_active_tool_call', default=None)
+
+
+def active_tool_call() -> ActiveToolCall | None:
+    """The tool call being executed under a `StepPersistence` in this context, if any."""
+    return _ACTIVE_TOOL_CALL.get()
+
+
+def active_run_id() -> str | None:
+    """The run id of the innermost `StepPersistence` run in this context, if any."""
+    return _ACTIVE_RUN_ID.get()
+
+
+@contextmanager
+def inside_run(run_id: str) -> Iterator[None]:
+    """Make `run_id` the active run (the parent of runs started inside, such as delegates)."""
+    token = _ACTIVE_RUN_ID.set(run_id)
+    try:
+        yield
+    finally:
+        _ACTIVE_RUN_ID.reset(token)
+
+
+@contextmanager
+def inside_tool_call(call: ActiveToolCall) -> Iterator[None]:
+    """Make `call` the active tool call while the tool body runs."""
+    token = _ACTIVE_TOOL_CALL.set(call)
+    try:
+        yield
+    finally:
+        _ACTIVE_TOOL_CALL.reset(token)

@@ -1,0 +1,219 @@
+"""`RunWriter`: how one run's records reach the store, in order and keeping the crash rule."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic_ai.messages import ModelMessage, ModelRequest
+from pydantic_ai.tools import RunContext
+
+from stepcore.capability.events import announce_snapshot
+from stepcore.capability.operations import StepOperations
+from stepcore.store.contract import write_records
+from stepcore.store.models import ContinuableSnapshot, SnapshotState, StepEvent, ToolEffectRecord
+from stepcore.store.protocols import StepStore, StepWrite
+
+__all__ = ('DEFERRED_WRITE_DELAY', 'RunWriter')
+
+DEFERRED_WRITE_DELAY = 0.01
+"""Seconds a deferred write (a model request's completion, a failed tool call, a tool cycle's
+snapshot) waits at most for the run's next write before it is written on its own (when the event
+loop is free). A completed tool call never goes on its own: it waits for its snapshot."""
+
+logger = logging.getLogger('stepcore')
+
+_Completion = tuple[ToolEffectRecord, StepEvent]
+
+
+class RunWriter:
+    """Writes one run's events, ledger entries and snapshots; `SnapshotSaved` follows each snapshot.
+
+    Direct path (no durable engine journals the run): each `write` goes to the store in one
+    `write_batch`, after the deferred writes, so the run's records reach the store in order.
+
+    - `defer`red writes travel with the run's next write, which saves round trips per step; a timer
+      writes them on their own within `DEFERRED_WRITE_DELAY` seconds of free event loop, so
+      nothing waits longer while a model request, a slow hook or a sibling tool call runs.
+    - A completed tool call's ledger entry and event are `hold`: they go only in the batch of a
+      `complete` snapshot that holds the call's result (the store writes that snapshot first),
+      never on their own. A call whose result reaches no such snapshot stays `started`.
+
+    Journaled path (a durable engine runs the capability's operations): every record is its own
+    durable operation, written at once; a snapshot's operation runs before the completions it
+    takes along.
+    """
+
+    def __init__(self, store: StepStore, operations: StepOperations[Any], *, journaled: bool, run_id: str) -> None:
+        self.store = store
+        self.journaled = journaled
+        self.run_id = run_id
+        self._operations = operations
+        self._deferred: list[StepWrite] = []
+        self._deferred_snapshot: ContinuableSnapshot | None = None
+        """A snapshot that travels with the run's next write, after `_deferred` (which then ends
+        with the completions it takes along)."""
+        self._held: list[_Completion] = []
+        self._unannounced: list[ContinuableSnapshot] = []
+        """Written snapshots whose `SnapshotSaved` is still to be emitted: right after the write, or,
+        for one a background flush wrote, by the next write made from a hook."""
+        self._lock = asyncio.Lock()
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+        """Background flushes of deferred writes, kept referenced while they run."""
+
+    async def write(
+        self,
+        ctx: RunContext[Any],
+        *writes: StepWrite,
+        snapshot: ContinuableSnapshot | None = None,
+        new_call: bool = False,
+    ) -> list[StepWrite]:
+        """Write the deferred records, `writes` and `snapshot` now; returns `writes` as stored.
+
+        `new_call` marks a tool call's `started` entry written before the tool runs.
+        """
+        if self.journaled:
+            done = await self._journal(ctx, writes, snapshot, new_call=new_call)
+        else:
+            async with self._lock:
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                await self._apply(writes, snapshot)
+            done = list(writes)
+        await self._announce(ctx)
+        return done
+
+    async def defer(
+        self, ctx: RunContext[Any], *writes: StepWrite, snapshot: ContinuableSnapshot | None = None
+    ) -> None:
+        """Let `writes` and `snapshot` travel with the run's next write (written at once when journaled)."""
+        if self.journaled or (snapshot is not None and self._deferred_snapshot is not None) or not self._arm_timer():
+            await self.write(ctx, *writes, snapshot=snapshot)
+            return
+        if snapshot is not None:
+            self._deferred.extend(write for completion in self._release(snapshot) for write in completion)
+            self._deferred_snapshot = snapshot
+        self._deferred.extend(writes)
+
+    def hold(self, record: ToolEffectRecord, event: StepEvent) -> None:
+        """Keep a completed call's entry and event until a complete snapshot holds the call's result."""
+        self._held.append((record, event))
+
+    def end(self) -> None:
+        """At the end of the run: completions still held are dropped, their calls stay `started`."""
+        if self._held:
+            logger.debug(
+                'run %r ended with calls %s returned but in no complete snapshot: they stay started',
+                self.run_id,
+                [record.tool_call_id for record, _ in self._held],
+            )
+            self._held = []
+
+    def _release(self, snapshot: ContinuableSnapshot) -> list[_Completion]:
+        """Take the held completions `snapshot` may carry: it is complete and answers their calls."""
+        if not self._held or snapshot.state is not SnapshotState.COMPLETE:
+            return []
+        answered = _answered(snapshot.messages, {record.tool_call_id for record, _ in self._held})
+        released = [c for c in self._held if c[0].tool_call_id in answered]
+        self._held = [c for c in self._held if c[0].tool_call_id not in answered]
+        return released
+
+    async def _apply(self, writes: Sequence[StepWrite], snapshot: ContinuableSnapshot | None) -> None:
+        """The deferred writes and snapshot, then `writes` and `snapshot` (lock held).
+
+        One `write_batch`, or two when a deferred snapshot and `snapshot` both need writing. When
+        it fails, everything taken is put back to go with the next write (the error path's, say).
+        """
+        if self._deferred_snapshot is not None and snapshot is not None:
+            await self._apply((), None)
+        released = self._release(snapshot) if snapshot is not None else []
+        deferred, self._deferred = self._deferred, []
+        pending, self._deferred_snapshot = self._deferred_snapshot, None
+        batch = [*deferred, *(write for completion in released for write in completion), *writes]
+        try:
+            await write_records(self.store, batch, snapshot=pending if pending is not None else snapshot)
+        except BaseException:
+            self._deferred[:0] = deferred
+            self._deferred_snapshot = pending
+            self._held[:0] = released
+            raise
+        self._unannounced.extend(s for s in (pending, snapshot) if s is not None)
+
+    async def _journal(
+        self,
+        ctx: RunContext[Any],
+        writes: Sequence[StepWrite],
+        snapshot: ContinuableSnapshot | None,
+        *,
+        new_call: bool,
+    ) -> list[StepWrite]:
+        """`snapshot`, the completions it releases, then `writes`: one durable operation each."""
+        if snapshot is not None:
+            released = self._release(snapshot)
+            try:
+                await self._operations.journal_snapshot(ctx, snapshot)
+                self._unannounced.append(snapshot)
+                while released:
+                    for write in released[0]:
+                        await self._operations.journal_write(ctx, write)
+                    released.pop(0)
+            except BaseException:
+                self._held[:0] = released
+                raise
+        return [await self._operations.journal_write(ctx, write, new_call=new_call) for write in writes]
+
+    async def _announce(self, ctx: RunContext[Any]) -> None:
+        """Emit `SnapshotSaved` for every snapshot written since the last announcement, in order."""
+        while self._unannounced:
+            await announce_snapshot(ctx, self._unannounced.pop(0))
+
+    def _arm_timer(self) -> bool:
+        """Make sure deferred writes are flushed soon; False when that cannot be scheduled (no asyncio loop)."""
+        if self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return False
+            self._timer = loop.call_later(DEFERRED_WRITE_DELAY, self._flush_soon)
+        return True
+
+    def _flush_soon(self) -> None:
+        self._timer = None
+        if self._deferred or self._deferred_snapshot is not None:
+            task = asyncio.get_running_loop().create_task(self._flush_in_background())
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
+
+    async def _flush_in_background(self) -> None:
+        async with self._lock:
+            pending = len(self._deferred) + (self._deferred_snapshot is not None)
+            if not pending:
+                return
+            try:
+                await self._apply((), None)
+            except Exception as error:
+                logger.warning(
+                    "StepPersistence could not write %d record(s) of run %r yet (%s: %s); the run's next write retries",
+                    pending,
+                    self.run_id,
+                    type(error).__name__,
+                    error,
+                )
+
+
+def _answered(messages: Sequence[ModelMessage], calls: set[str]) -> set[str]:
+    """Those of `calls` that a request in `messages` answers (a tool return or a retry prompt)."""
+    found: set[str] = set()
+    for message in reversed(messages):
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                call_id: object = getattr(part, 'tool_call_id', None)
+                if isinstance(call_id, str) and call_id in calls:
+                    found.add(call_id)
+            if len(found) == len(calls):
+                break
+    return found

@@ -1,0 +1,1 @@
+"""Whole-store maintenance: media garbage collection."""

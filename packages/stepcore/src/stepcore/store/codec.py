@@ -1,0 +1,148 @@
+"""Versioned (de)serialization of stored records and of pydantic-ai messages.
+
+Every stored record carries the format version it was written with. A reader refuses a record
+from a newer format instead of guessing at it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
+from typing import Any, TypeVar
+
+import pydantic
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
+
+from stepcore.store.models import RECORD_FORMAT_VERSION, ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+
+__all__ = (
+    'FORMAT_KEY',
+    'PLAIN_FORMAT_VERSION',
+    'check_format_version',
+    'decode_messages',
+    'dump_record',
+    'dump_record_compact',
+    'dump_record_json',
+    'encode_message',
+    'encode_messages',
+    'load_record',
+    'record_fields',
+)
+
+FORMAT_KEY = 'format'
+Record = RunRecord | StepEvent | ContinuableSnapshot | ToolEffectRecord
+R = TypeVar('R', RunRecord, StepEvent, ContinuableSnapshot, ToolEffectRecord)
+
+_MESSAGE_CONFIG = pydantic.ConfigDict(ser_json_bytes='base64', val_json_bytes='base64')
+_MESSAGE_ADAPTER: pydantic.TypeAdapter[ModelRequest | ModelResponse] = pydantic.TypeAdapter(  # pyright: ignore[reportUnknownVariableType]
+    ModelMessage,  # pyright: ignore[reportArgumentType]  # an Annotated union is a valid TypeAdapter target
+    config=_MESSAGE_CONFIG,
+)
+# One adapter per message class, for encoding: the union's serializer takes about twice as long
+# as a response's own, and encoding runs for every message saved. A list is the adapters' type
+# because a dataclass cannot take the config that writes bytes inside `Any` fields (such as
+# `provider_details`) as base64, as the union does; the brackets are cut off, so the output is
+# the union's, byte for byte.
+_REQUESTS = pydantic.TypeAdapter(list[ModelRequest], config=_MESSAGE_CONFIG)
+_RESPONSES = pydantic.TypeAdapter(list[ModelResponse], config=_MESSAGE_CONFIG)
+
+
+def check_format_version(version: object, *, what: str = 'record') -> None:
+    """Raise `ValueError` when `version` is not a format this release can read."""
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError(f'{what} has an invalid format version {version!r}: expected an integer >= 1')
+    if version > RECORD_FORMAT_VERSION:
+        raise ValueError(
+            f'{what} was written with format version {version}, newer than this stepcore reads '
+            f'(up to {RECORD_FORMAT_VERSION}): upgrade stepcore to read it'
+        )
+
+
+PLAIN_FORMAT_VERSION = 1
+"""The format of a record as plain JSON, without the checksum a store's body carries (format 2)."""
+
+
+def dump_record(record: Record, *, exclude: set[str] | None = None) -> dict[str, Any]:
+    """A JSON-compatible dict of `record`, stamped with the plain record format version (1): the
+    form of an export document, which carries no checksums. Fields go under their stored names."""
+    data = record.model_dump(mode='json', exclude=exclude, by_alias=True)
+    data[FORMAT_KEY] = PLAIN_FORMAT_VERSION
+    return data
+
+
+def dump_record_json(record: Record, *, exclude: set[str] | None = None) -> str:
+    """`dump_record` as a compact JSON string."""
+    return json.dumps(dump_record(record, exclude=exclude), separators=(',', ':'), ensure_ascii=False)
+
+
+def dump_record_compact(record: Record, *, exclude: AbstractSet[str] | None = None, **extra: int | str) -> bytes:
+    """`record` as compact JSON (UTF-8), stamped with the format version, in one serializer pass.
+
+    `None` fields and an empty `metadata` are left out (they load back as their defaults; every
+    optional field of the stored records defaults to `None`), as are the `exclude`d fields a store
+    keeps elsewhere. `extra` fields (e.g. a store-assigned `seq`) replace the record's own.
+    """
+    skip = _skipped(record, exclude, extra)
+    body: bytes = record.__pydantic_serializer__.to_json(record, exclude=skip, exclude_none=True, by_alias=True)
+    head = _COMPACT_HEAD
+    if extra:
+        head += b''.join(b',' + _json_bytes(key) + b':' + _json_bytes(value) for key, value in extra.items())
+    if body == b'{}':
+        return head + b'}'
+    return head + b',' + body[1:]
+
+
+def record_fields(record: Record, *, exclude: AbstractSet[str] | None = None, **extra: int | str) -> dict[str, Any]:
+    """`dump_record_compact` as the JSON-compatible dict it encodes (format stamp first, then the
+    record's fields, then `extra`), without encoding it: for a caller that re-encodes it anyway."""
+    skip = _skipped(record, exclude, extra)
+    fields: dict[str, Any] = {FORMAT_KEY: RECORD_FORMAT_VERSION}
+    fields.update(
+        record.__pydantic_serializer__.to_python(record, mode='json', exclude=skip, exclude_none=True, by_alias=True)
+    )
+    fields.update(extra)
+    return fields
+
+
+def _skipped(record: Record, exclude: AbstractSet[str] | None, extra: Mapping[str, object]) -> set[str]:
+    skip = {*(exclude or ()), *extra}
+    if getattr(record, 'metadata', None) == {}:
+        skip.add('metadata')
+    return skip
+
+
+_COMPACT_HEAD = b'{"' + FORMAT_KEY.encode() + b'":' + str(RECORD_FORMAT_VERSION).encode()
+"""The start of every `dump_record_compact` output, built once: it runs for each record written."""
+
+
+def _json_bytes(value: int | str) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode()
+
+
+def load_record(cls: type[R], data: Mapping[str, Any] | str | bytes, **extra: Any) -> R:
+    """Parse a stored record, refusing an unknown newer format version."""
+    raw: dict[str, Any] = json.loads(data) if isinstance(data, str | bytes) else dict(data)
+    check_format_version(raw.pop(FORMAT_KEY, 1), what=f'stored {cls.__name__}')
+    raw.update(extra)
+    return cls.model_validate(raw)
+
+
+def encode_message(message: ModelMessage) -> bytes:
+    """One message as compact JSON, with pydantic-ai's own serialization rules (bytes as base64)."""
+    if type(message) is ModelResponse:
+        return _RESPONSES.dump_json([message])[1:-1]
+    if type(message) is ModelRequest:
+        return _REQUESTS.dump_json([message])[1:-1]
+    return _MESSAGE_ADAPTER.dump_json(message)  # a subclass: the union decides how it serializes
+
+
+def encode_messages(messages: Iterable[ModelMessage]) -> list[bytes]:
+    """`encode_message` for each message."""
+    return [encode_message(m) for m in messages]
+
+
+def decode_messages(encoded: Iterable[bytes | str]) -> list[ModelMessage]:
+    """Messages back from `encode_message` output, validated in one pass by pydantic-ai's adapter."""
+    parts = [e.encode() if isinstance(e, str) else e for e in encoded]
+    return ModelMessagesTypeAdapter.validate_json(b'[' + b','.join(parts) + b']')
