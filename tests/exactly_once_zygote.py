@@ -57,6 +57,7 @@ from stepcore import (
     resolve_run,
 )
 from stepcore.plugins.registry import get_registry, load_factory
+from stepcore_conformance.forkserver import serve
 
 CYCLES = ('a', 'b', 'c')
 FINAL = 'all written'
@@ -216,22 +217,7 @@ def main(argv: list[str]) -> None:
     warm.directory.mkdir(exist_ok=True)
     warm.setup()
     asyncio.run(attempt(None, {'story': 'warm-up', 'run_id': 'warm-up'}, warm))
-    print('ready', flush=True)
-    for line in sys.stdin:
-        job = cast(dict[str, Any], json.loads(line))
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = _child(spec, job, world)
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
-        print(json.dumps({'exit': code}), flush=True)
+    serve(lambda job: _child(spec, job, world))
 
 
 if __name__ == '__main__':

@@ -12,26 +12,24 @@ The counts (kills per backend, kills inside a tool, resumes, effects) are printe
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
 import sqlite3
-import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, cast
 
-import anyio
 import pytest
 from pydantic_ai.messages import ModelRequest, TextPart, ToolReturnPart
 
 import stepcore
 from stepcore import StepStore
+from stepcore_conformance.forkserver import Zygote, zygote
 from stepcore_conformance.report import SUMMARY_PROPERTY
 
 ZYGOTE = Path(__file__).with_name('exactly_once_zygote.py')
@@ -52,57 +50,11 @@ FINISHED = 3
 """The zygote's exit status for a resumed run that had already ended (`exactly_once_zygote.FINISHED`)."""
 
 
-class _Zygote:
-    def __init__(self, process: asyncio.subprocess.Process, stderr: Path) -> None:
-        self.process = process
-        self.stderr = stderr
-
-    def failure(self, what: str) -> str:
-        tail = self.stderr.read_text(errors='replace')[-4000:] if self.stderr.exists() else ''
-        return f'{what}; the processes wrote:\n{tail}'
-
-    async def line(self) -> bytes:
-        assert self.process.stdout is not None
-        with anyio.move_on_after(REPLY_TIMEOUT_SECONDS):
-            return await self.process.stdout.readline()
-        pytest.fail(self.failure(f'no answer from the zygote within {REPLY_TIMEOUT_SECONDS} s'))
-
-    async def run(self, job: dict[str, Any]) -> int:
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(job).encode() + b'\n')
-        await self.process.stdin.drain()
-        reply = await self.line()
-        if not reply:
-            pytest.fail(self.failure(f'the zygote exited (status {await self.process.wait()})'))
-        return int(json.loads(reply)['exit'])
-
-
-@asynccontextmanager
-async def _zygote(spec: dict[str, Any], world: Path) -> AsyncIterator[_Zygote]:
-    stderr = world / 'zygote.stderr'
-    with stderr.open('wb') as errors:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(ZYGOTE),
-            json.dumps(spec),
-            str(world),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=errors,
-        )
-    zygote = _Zygote(process, stderr)
-    try:
-        if await zygote.line() != b'ready\n':
-            pytest.fail(zygote.failure('the zygote did not start'))
-        yield zygote
-    finally:
-        if process.stdin is not None:
-            process.stdin.close()
-        with anyio.move_on_after(10):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+def _zygote(spec: dict[str, Any], world: Path) -> AbstractAsyncContextManager[Zygote]:
+    """The fork server of `exactly_once_zygote.py` for `spec`, changing the world in `world`."""
+    return zygote(
+        (str(ZYGOTE), json.dumps(spec), str(world)), world / 'zygote.stderr', reply_seconds=REPLY_TIMEOUT_SECONDS
+    )
 
 
 def _inside_tool(world: Path, run_id: str) -> bool:
@@ -136,7 +88,7 @@ async def _kill_and_resume(
     stories: list[str] = []
     store = cast(StepStore, stepcore.from_spec(**spec))
     try:
-        async with _zygote(spec, world) as zygote:
+        async with _zygote(spec, world) as server:
             while counts['kills'] < KILLS_PER_BACKEND:
                 if len(stories) == MAX_STORIES:
                     pytest.fail(f'{backend}: {MAX_STORIES} stories got only {counts["kills"]} kills')
@@ -148,14 +100,14 @@ async def _kill_and_resume(
                     spare = rng.random() < SPARE
                     delay = None if spare else rng.uniform(*KILL_WINDOW)
                     job = {'story': story, 'run_id': run_id, 'resume': target, 'kill_after': delay}
-                    code = await zygote.run(job)
+                    code = int((await server.run(job))['exit'])
                     counts['resumes'] += target is not None
                     if code in (0, FINISHED):  # FINISHED: the run resumed had saved its final answer
                         await _check_story(store, run_id if code == 0 else cast(str, target), story)
                         counts['completed after the final save'] += code == FINISHED
                         break
                     if code != -9:
-                        pytest.fail(zygote.failure(f'attempt {run_id} failed with exit status {code}'))
+                        pytest.fail(server.failure(f'attempt {run_id} failed with exit status {code}'))
                     counts['kills'] += 1
                     counts['kills inside a tool'] += _inside_tool(world, run_id)
                     if await store.get_run(run_id) is not None:

@@ -7,16 +7,14 @@ it forks a child (no event loop, thread or store of the zygote is alive then: th
 nothing but what was imported and built) that opens the store from the spec, installs a fault
 hook that SIGKILLs the child at its `k`-th write boundary (0-based), and runs the agent: one tool
 cycle of two parallel calls (`fast` and `slow`), then a final answer.
-The zygote answers each job with one JSON line: `{"k": k, "killed": bool, "exit": code}` (`exit`
-is the child's exit status, or minus the signal that ended it).
+The zygote answers each job with one JSON line, `{"exit": code, "killed": bool}` (see
+`stepcore_conformance.forkserver`, which does the forking).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sys
 import traceback
 from typing import Any, cast
@@ -24,6 +22,7 @@ from typing import Any, cast
 from stepcore.plugins.registry import get_registry, load_factory
 
 from ._crash_agent import agent_run
+from .forkserver import serve
 
 __all__ = ('main',)
 
@@ -42,22 +41,7 @@ def main(argv: list[str]) -> None:
     backend = get_registry().get('step', str(spec.get('backend', 'memory')))
     load_factory(backend.info.factory)  # import the backend once, here, not in every child
     asyncio.run(agent_run(None, -1, 'warm-up'))
-    print('ready', flush=True)
-    for line in sys.stdin:
-        job = cast(dict[str, Any], json.loads(line))
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = _child(spec, job)
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
-        print(json.dumps({'k': job['k'], 'killed': code == -signal.SIGKILL, 'exit': code}), flush=True)
+    serve(lambda job: _child(spec, job))
 
 
 if __name__ == '__main__':

@@ -19,17 +19,14 @@ with that reason):
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
-import anyio
 import pytest
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 
@@ -50,6 +47,7 @@ from stepcore.store.protocols import StepWrite
 from ._crash_agent import FINAL_ANSWER, TOOL_CALLS
 from ._declared import declared
 from ._support import StoreFixtures, at, needs_feature, new_id, register, snapshot, user
+from .forkserver import Zygote, zygote
 from .report import SUMMARY_PROPERTY
 from .support import check_crash_rule
 
@@ -133,59 +131,10 @@ async def _reader(store: StepStore, spec: dict[str, Any] | None) -> AsyncIterato
         await other.aclose()
 
 
-class _Zygote:
-    """The client side of `_crash_zygote`: one job at a time."""
-
-    def __init__(self, process: asyncio.subprocess.Process, stderr: Path) -> None:
-        self.process = process
-        self.stderr = stderr
-
-    def failure(self, what: str) -> str:
-        tail = self.stderr.read_text(errors='replace')[-3000:] if self.stderr.exists() else ''
-        return f'{what}; the crash-test processes wrote:\n{tail}'
-
-    async def line(self) -> bytes:
-        assert self.process.stdout is not None
-        with anyio.move_on_after(REPLY_TIMEOUT_SECONDS):
-            return await self.process.stdout.readline()
-        pytest.fail(self.failure(f'no answer from the crash-test zygote within {REPLY_TIMEOUT_SECONDS} s'))
-
-    async def run(self, k: int, run_id: str) -> dict[str, Any]:
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps({'k': k, 'run_id': run_id}).encode() + b'\n')
-        await self.process.stdin.drain()
-        reply = await self.line()
-        if not reply:
-            pytest.fail(self.failure(f'the crash-test zygote exited (status {await self.process.wait()})'))
-        return cast(dict[str, Any], json.loads(reply))
-
-
-@asynccontextmanager
-async def _zygote(spec: dict[str, Any], workdir: Path) -> AsyncIterator[_Zygote]:
-    stderr = workdir / 'crash-zygote.stderr'
-    with stderr.open('wb') as errors:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            '-m',
-            'stepcore_conformance._crash_zygote',
-            json.dumps(spec),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=errors,
-        )
-    zygote = _Zygote(process, stderr)
-    try:
-        if await zygote.line() != b'ready\n':
-            pytest.fail(zygote.failure('the crash-test zygote did not start'))
-        yield zygote
-    finally:
-        if process.stdin is not None:
-            process.stdin.close()
-        with anyio.move_on_after(10):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+def _zygote(spec: dict[str, Any], workdir: Path) -> AbstractAsyncContextManager[Zygote]:
+    """The fork server of `_crash_zygote` for `spec`."""
+    args = ('-m', 'stepcore_conformance._crash_zygote', json.dumps(spec))
+    return zygote(args, workdir / 'crash-zygote.stderr', reply_seconds=REPLY_TIMEOUT_SECONDS)
 
 
 class CrashWindowConformance(StoreFixtures):
@@ -238,11 +187,11 @@ class CrashWindowConformance(StoreFixtures):
         kills = 0
         broken: list[str] = []
         startup = 0.0
-        async with _zygote(store_spec, tmp_path) as zygote, _reader(store, store_spec) as reader:
+        async with _zygote(store_spec, tmp_path) as server, _reader(store, store_spec) as reader:
             startup = time.perf_counter() - began
             for k in range(MAX_BOUNDARIES):
                 run_id = f'{prefix}-{k}'
-                reply = await zygote.run(k, run_id)
+                reply = await server.run({'k': k, 'run_id': run_id})
                 if reply['killed']:
                     kills += 1
                     try:
@@ -251,7 +200,7 @@ class CrashWindowConformance(StoreFixtures):
                         broken.append(str(error).splitlines()[0])
                     continue
                 if reply['exit'] != 0:
-                    pytest.fail(zygote.failure(f'the agent run stopped at boundary {k} failed (exit {reply["exit"]})'))
+                    pytest.fail(server.failure(f'the agent run stopped at boundary {k} failed (exit {reply["exit"]})'))
                 # The hook never fired: the run went through. It must have ended complete.
                 effects = await check_crash_rule(reader, run_id, context='the run that was not killed')
                 assert sorted((e.tool_call_id, e.status) for e in effects) == [
