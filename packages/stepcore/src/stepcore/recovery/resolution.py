@@ -18,8 +18,11 @@ snapshot would ask the model again, and it would call the tools again. `resolve_
    the resumed run carries on without the model asking again.
 
 `Resumption.run(agent)` runs it and tags the new run's record with the run it resumes
-(`RESUMES_KEY`); if the new run is killed before it saved a complete snapshot, `resolve_run` on it
-resolves the run it resumes again, from the settlements recorded there.
+(`RESUMES_KEY`). A resumption killed before it saved a complete snapshot got no further than the
+cut cycle: it ran some of its calls again (or, when the snapshot ended on a model request, made
+that request and started the calls of its response). `resolve_run` on it follows the tags back to
+the newest run with a complete snapshot and reads the ledgers of every run on the way, so a call an
+abandoned resumption started is settled by its policy like any cut-short call, never run blindly.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, cast
 
 import pydantic_core
@@ -103,7 +106,7 @@ class Resumption:
     """What resuming a run takes: the history, the results to hand pydantic-ai, and what is left to settle."""
 
     run_id: str
-    """The run whose snapshot and ledger were resolved (the run asked about, or the run it resumes)."""
+    """The run asked about: the run `run` resumes."""
     message_history: list[ModelMessage]
     deferred_tool_results: DeferredToolResults | None
     """Results and approvals for the calls of the cut cycle; `None` when the history has no open call."""
@@ -116,7 +119,9 @@ class Resumption:
     (the model moved on without their results): check them by hand; they do not hold the run back."""
     finished: bool = False
     """The run had already ended with a final response: there is nothing to resume."""
-    _run_arguments: dict[str, Any] = field(default_factory=dict[str, Any], repr=False)
+    snapshot_run_id: str = ''
+    """The run whose complete snapshot the history starts from: `run_id` itself, or, when `run_id` is a
+    resumption killed before it saved one, the newest run it (through its own resumptions) resumes that did."""
 
     @property
     def ready(self) -> bool:
@@ -258,26 +263,62 @@ async def _record(store: StepStore, entries: Sequence[tuple[ToolEffectRecord, Se
     await write_records(store, writes)
 
 
+@dataclass(frozen=True)
+class _Ledger:
+    """One run's ledger as resolving reads it."""
+
+    run_id: str
+    by_id: dict[str, ToolEffectRecord]
+    """Its entries by call id, oldest first."""
+    settlements: dict[str, tuple[SettledBy, Any]]
+
+
+async def _ledger(store: StepStore, run_id: str) -> _Ledger:
+    events = await store.list_events(run_id=run_id)
+    entries = await _entries(store, run_id, events)
+    return _Ledger(run_id, {e.tool_call_id: e for e in entries}, settlements_of(events))
+
+
+async def _chain(store: StepStore, run_id: str) -> tuple[list[str], ContinuableSnapshot | None]:
+    """`run_id` and the runs it resumes (`RESUMES_KEY`), newest first, back to the first that saved a
+    complete snapshot; and that snapshot (`None` when none of them saved one)."""
+    chain = [run_id]
+    while (settled := await store.latest_snapshot(run_id=chain[-1])) is None:
+        record = await store.get_run(run_id=chain[-1])
+        origin = record.metadata.get(RESUMES_KEY) if record is not None else None
+        if not isinstance(origin, str) or origin in chain:
+            return chain, None
+        chain.append(origin)
+    return chain, settled
+
+
 async def _entry(store: StepStore, run_id: str, tool_call_id: str) -> ToolEffectRecord:
-    entry = await store.get_tool_effect(run_id=run_id, tool_call_id=tool_call_id)
-    if entry is None:
-        raise LookupError(
-            f'run {run_id!r} has no ledger entry for tool call {tool_call_id!r}: '
-            f'list them with `stepcore effects {run_id}`'
-        )
-    return entry
+    """The newest entry of the call: in `run_id`, else in the runs it resumes that saved no complete
+    snapshot after it (where a resumption killed early leaves the calls it settled)."""
+    chain, _ = await _chain(store, run_id)
+    for rid in chain:
+        entry = await store.get_tool_effect(run_id=rid, tool_call_id=tool_call_id)
+        if entry is not None:
+            return entry
+    also = f' (nor do the runs it resumes: {", ".join(chain[1:])})' if len(chain) > 1 else ''
+    raise LookupError(
+        f'run {run_id!r} has no ledger entry for tool call {tool_call_id!r}{also}: '
+        f'list them with `stepcore effects {run_id}`'
+    )
 
 
 async def supply_result(store: StepStoreProtocol, *, run_id: str, tool_call_id: str, result: Any) -> ToolEffectRecord:
     """Settle a call you checked by hand: its effect happened, and `result` is what the model gets.
 
     The entry becomes `completed` (settled `supplied`); `resolve_run` hands the result to the resumed
-    run. `result` must be JSON-serializable. Raises `LookupError` for an unknown call.
+    run. `result` must be JSON-serializable. A resumption killed before it saved a complete snapshot
+    may hold no entry of its own for the call: the entry of the run it resumes is settled then.
+    Raises `LookupError` for an unknown call.
     """
     bound = as_step_store(store)
     entry = await _entry(bound, run_id, tool_call_id)
     await _record(bound, [(entry, 'supplied', result)])
-    return await _entry(bound, run_id, tool_call_id)
+    return await _entry(bound, entry.run_id, tool_call_id)
 
 
 async def mark_checked(
@@ -286,34 +327,61 @@ async def mark_checked(
     """Settle a call you checked by hand without a result of its own: its effect is in place.
 
     The entry becomes `completed` (settled `checked`); on resume the model receives `note` (by default
-    `CHECKED_NOTE`) as the call's result. Raises `LookupError` for an unknown call.
+    `CHECKED_NOTE`) as the call's result. The entry is found as by `supply_result`. Raises
+    `LookupError` for an unknown call.
     """
     bound = as_step_store(store)
     entry = await _entry(bound, run_id, tool_call_id)
     await _record(bound, [(entry, 'checked', CHECKED_NOTE if note is None else note)])
-    return await _entry(bound, run_id, tool_call_id)
+    return await _entry(bound, entry.run_id, tool_call_id)
 
 
 # --- resolving ---------------------------------------------------------------------------------------
 
 
 def _response_of(
-    latest: ContinuableSnapshot | None, base: Sequence[ModelMessage], cycle: Sequence[ToolEffectRecord]
-) -> ModelResponse:
-    """The model response of the cut cycle: as an interrupted snapshot saved it right after `base`
-    (`capture_frontier=True`), else rebuilt from the ledger (its calls, without text or thinking)."""
+    saved: Sequence[ContinuableSnapshot | None], base: Sequence[ModelMessage], cycle: Sequence[ToolEffectRecord]
+) -> ModelResponse | None:
+    """The model response of the cut cycle: as an interrupted snapshot of the chain saved it right after
+    `base` (`capture_frontier=True`; then the crash may have come before any of its calls started), else
+    rebuilt from the ledger (its calls, without text or thinking); `None` when there is neither."""
     wanted = {e.tool_call_id for e in cycle}
-    if (
-        latest is not None
-        and latest.state is SnapshotState.INTERRUPTED
-        and len(latest.messages) == len(base) + 1
-        and isinstance(last := latest.messages[-1], ModelResponse)
-        and wanted <= {c.tool_call_id for c in unanswered_tool_calls([last])}
-    ):
-        return last
+    for latest in saved:
+        if (
+            latest is not None
+            and latest.state is SnapshotState.INTERRUPTED
+            and len(latest.messages) == len(base) + 1
+            and isinstance(last := latest.messages[-1], ModelResponse)
+            and (calls := {c.tool_call_id for c in unanswered_tool_calls([last])})
+            and wanted <= calls
+        ):
+            return last
+    if not cycle:
+        return None
     return ModelResponse(
         parts=[ToolCallPart(tool_name=e.tool_name, args=e.args, tool_call_id=e.tool_call_id) for e in cycle]
     )
+
+
+def _cut_cycle(
+    ledgers: Sequence[_Ledger], in_base: set[str]
+) -> tuple[list[ToolEffectRecord], tuple[ToolEffectRecord, ...]]:
+    """The calls of the cycle the crash cut short, each as its newest entry in the chain, and the stale entries.
+
+    The cycle is the newest step of the snapshot's run outside its snapshot, plus the calls the
+    abandoned resumptions started outside it (the same calls again, or, when the snapshot ended on a
+    model request, the calls of the response a resumption got). Older unresolved entries of the
+    snapshot's run are stale.
+    """
+    anchor = ledgers[-1]
+    outside = [e for e in anchor.by_id.values() if e.tool_call_id not in in_base]
+    step = max((e.step_index for e in outside), default=None)
+    order = [e.tool_call_id for e in outside if e.step_index == step]
+    stale = tuple(e for e in outside if e.step_index != step and e.unresolved)
+    for ledger in reversed(ledgers[:-1]):  # oldest abandoned resumption first
+        order += [call_id for call_id in ledger.by_id if call_id not in in_base and call_id not in order]
+    newest = [next(ledger.by_id[call_id] for ledger in ledgers if call_id in ledger.by_id) for call_id in order]
+    return newest, stale
 
 
 async def resolve_run(
@@ -330,44 +398,42 @@ async def resolve_run(
     made; calling it again settles nothing twice (a re-run call is re-run again, a reconciled call
     is asked about again, supplied and checked results are reused).
 
-    A run that saved no complete snapshot but was started by `Resumption.run` resolves the run it
-    resumes. Raises `LookupError` when there is nothing to resume from.
+    A run started by `Resumption.run` that saved no complete snapshot is resolved from the run it
+    resumes, together with the calls it started itself. Raises `LookupError` when there is nothing
+    to resume from.
     """
     bound = as_step_store(store)
-    settled = await bound.latest_snapshot(run_id=run_id)
+    chain, settled = await _chain(bound, run_id)
     if settled is None:
-        record = await bound.get_run(run_id=run_id)
-        origin = record.metadata.get(RESUMES_KEY) if record is not None else None
-        if origin is not None:
-            return await resolve_run(store, run_id=origin, agent=agent, policies=policies)
+        also = f' (nor did the runs it resumes: {", ".join(chain[1:])})' if len(chain) > 1 else ''
         raise LookupError(
-            f'run {run_id!r} has no complete snapshot to resume from: it was stopped before its first settled '
-            'step. Start it again (record the prompt with StepPersistence(capture_frontier=True) so a kill '
-            'inside the first tool call leaves it resumable)'
+            f'run {run_id!r} has no complete snapshot to resume from{also}: it was stopped before its first '
+            'settled step. Start it again (record the prompt with StepPersistence(capture_frontier=True) so a '
+            'kill inside the first tool call leaves it resumable)'
         )
-    events = await bound.list_events(run_id=run_id)
+    ledgers = [await _ledger(bound, rid) for rid in chain]  # newest first; the snapshot's run last
     base = settled.messages
     in_base = called_in(base)
-    entries = await _entries(bound, run_id, events)
-    done = settlements_of(events)
 
     # Calls whose results the snapshot already holds, left `started` by a store without batched writes.
-    answered = [e for e in entries if e.unresolved and e.tool_call_id in in_base]
+    answered = [e for e in ledgers[-1].by_id.values() if e.unresolved and e.tool_call_id in in_base]
     await _record(bound, [(e, 'snapshot', None) for e in answered])
 
-    outside = [e for e in entries if e.tool_call_id not in in_base]
-    step = max((e.step_index for e in outside), default=None)
-    cycle = [e for e in outside if e.step_index == step]
-    stale = tuple(e for e in outside if e.step_index != step and e.unresolved)
-    if not cycle:
+    cycle, stale = _cut_cycle(ledgers, in_base)
+    saved = [await bound.latest_snapshot(run_id=rid, include_interrupted=True) for rid in chain]
+    response = _response_of(saved, base, cycle)
+    if response is None:
         last = base[-1] if base else None
         finished = isinstance(last, ModelResponse) and not last.tool_calls
         return Resumption(
-            run_id=run_id, message_history=list(base), deferred_tool_results=None, stale=stale, finished=finished
+            run_id=run_id,
+            message_history=list(base),
+            deferred_tool_results=None,
+            stale=stale,
+            finished=finished,
+            snapshot_run_id=chain[-1],
         )
 
-    latest = await bound.latest_snapshot(run_id=run_id, include_interrupted=True)
-    response = _response_of(latest, base, cycle)
     lookup = policy_for(agent, policies)
     by_id = {e.tool_call_id: e for e in cycle}
     results = DeferredToolResults()
@@ -379,7 +445,11 @@ async def resolve_run(
         if entry is None:  # never started: nothing happened, it runs
             results.approvals[call.tool_call_id] = True
             continue
-        how, result = await _settle(entry, done.get(entry.tool_call_id), lookup(entry.tool_name))
+        same_call = [led.by_id[entry.tool_call_id] for led in ledgers if entry.tool_call_id in led.by_id]
+        recorded = next(
+            (led.settlements[call.tool_call_id] for led in ledgers if call.tool_call_id in led.settlements), None
+        )
+        how, result = await _settle(entry, recorded, lookup(entry.tool_name))
         if how is None:
             pending.append(entry)
             continue
@@ -388,8 +458,13 @@ async def resolve_run(
         else:
             results.calls[entry.tool_call_id] = result
         settlements.append(Settlement(entry.tool_call_id, entry.tool_name, entry.args, how, result))
-        if done.get(entry.tool_call_id, (None,))[0] != how or how == 'reconciled':
+        own = next(led for led in ledgers if led.run_id == entry.run_id).settlements.get(entry.tool_call_id)
+        if own is None or own[0] != how or how == 'reconciled':
             newly.append((entry, how, result))
+        # What older runs of the chain left unresolved for the same call is settled with it.
+        for older in same_call[1:]:
+            if older.unresolved:
+                newly.append((older, how, result))
     await _record(bound, newly)
     return Resumption(
         run_id=run_id,
@@ -398,6 +473,7 @@ async def resolve_run(
         settled=tuple(settlements),
         pending=tuple(pending),
         stale=stale,
+        snapshot_run_id=chain[-1],
     )
 
 
@@ -409,8 +485,8 @@ async def _settle(
         return recorded
     if policy == 'rerun':
         return 'rerun', None
-    if policy == 'ask':
-        return recorded if recorded is not None else (None, None)
+    if policy == 'ask':  # only the caller settles it: an earlier re-run or reconciliation is no answer now
+        return None, None
     answer: Reconciled | None = await reconcile(policy, entry)
     if answer is None:
         return 'rerun', None
