@@ -85,8 +85,9 @@ PY
 #   - the kit on the in-memory store (tests-shared/tests) and on SQLite, with SQLite's own tests of
 #     agent runs, conversation parity with pydantic-ai-harness and reading a harness database;
 #   - the workspace tests that drive agents or convert messages: capability scenarios, parity with
-#     the reference, listing and pruning agent runs, the harness importer, and the Python examples
-#     of the README and the docs as a user of that release would run them.
+#     the reference, resolving killed runs (and resumptions killed in turn), listing and pruning
+#     agent runs, the harness importer, and the Python examples of the README and the docs as a
+#     user of that release would run them.
 # Left to the newest release only: the server backends (PostgreSQL, MongoDB, Redis, S3), the file
 # store, media on disk, the CLI's URL handling and plugin listing, the web inspector and the docs
 # site build. They store bytes the core already encoded and call no pydantic-ai API of their own.
@@ -100,6 +101,7 @@ selection=(
     packages/step-sqlite/tests/test_conversation_parity.py
     packages/step-sqlite/tests/test_harness_open.py
     tests/test_resolution.py
+    tests/test_resumption_chains.py
     tests/test_capability_scenarios.py
     tests/test_reference_parity_capability.py
     tests/test_lifecycle.py
