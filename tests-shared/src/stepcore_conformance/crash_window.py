@@ -45,7 +45,6 @@ from stepcore.store.features import ENGINE_PORT, PERSISTENT
 from stepcore.store.protocols import StepWrite
 
 from ._crash_agent import FINAL_ANSWER, TOOL_CALLS
-from ._declared import declared
 from ._support import StoreFixtures, at, needs_feature, new_id, register, snapshot, user
 from .forkserver import Zygote, zygote
 from .report import SUMMARY_PROPERTY
@@ -58,15 +57,6 @@ MAX_BOUNDARIES = 2000
 """A run with more write boundaries than this is taken as one that never ends."""
 REPLY_TIMEOUT_SECONDS = 120
 """How long one child may take (a guard against a hang, not a performance bound)."""
-
-
-def _engine_store(store: StepStore) -> EngineStore:
-    if ENGINE_PORT not in declared(store):
-        pytest.skip(
-            f'{type(store).__name__} does not declare feature {ENGINE_PORT!r}: the crash-window section needs '
-            "the engine's fault points (stepcore.engine.faults) to stop a write between its steps"
-        )
-    return cast(EngineStore, store)
 
 
 class _Cycle:
@@ -140,10 +130,11 @@ def _zygote(spec: dict[str, Any], workdir: Path) -> AbstractAsyncContextManager[
 class CrashWindowConformance(StoreFixtures):
     """After a write stopped at any of its steps, or a process killed at any of them, the crash rule holds."""
 
+    @needs_feature(ENGINE_PORT)
     async def test_a_write_stopped_at_any_boundary_keeps_the_crash_rule(
         self, store: StepStore, store_spec: dict[str, Any] | None
     ) -> None:
-        engine = _engine_store(store)
+        engine = cast(EngineStore, store)  # the engine's fault points stop a write between its steps
         probe = _Cycle(new_id('probe'))
         await probe.begin(engine)
         passed = await boundaries(engine, lambda: probe.finish(engine))
@@ -172,7 +163,7 @@ class CrashWindowConformance(StoreFixtures):
                 steps = [s.step_index for s in await reader.list_snapshots(cycle.run_id, include_interrupted=True)]
                 assert steps == [0, 1], f'{where}, then written again: snapshots of steps {steps}'
 
-    @needs_feature(PERSISTENT)
+    @needs_feature(PERSISTENT, ENGINE_PORT)
     async def test_a_process_killed_at_any_boundary_keeps_the_crash_rule(
         self,
         store: StepStore,
@@ -180,7 +171,6 @@ class CrashWindowConformance(StoreFixtures):
         tmp_path: Path,
         record_property: Callable[[str, object], None],
     ) -> None:
-        _engine_store(store)
         assert store_spec is not None  # the feature gate fails a persistent store without one
         prefix = new_id('killed')
         began = time.perf_counter()
