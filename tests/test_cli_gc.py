@@ -109,6 +109,29 @@ def test_bad_input_is_named(sqlite_url: str, tmp_path: Path) -> None:
     assert 'does not exist' in result.stderr
 
 
+def test_a_bad_media_url_closes_the_step_store_it_opened(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stepcore.cli.collect as collect
+
+    real_open = collect.open_store
+    closed: list[str] = []
+
+    def open_watched(url: str) -> StepStore:
+        store = real_open(url)
+        real_close = store.aclose
+
+        async def aclose() -> None:
+            closed.append(url)
+            await real_close()
+
+        monkeypatch.setattr(store, 'aclose', aclose)
+        return store
+
+    monkeypatch.setattr(collect, 'open_store', open_watched)
+    result = cli('--store', sqlite_url, '--media', 'nosuch://?x=1')
+    assert result.exit_code == 1
+    assert closed == [sqlite_url]
+
+
 def test_no_store_is_one_error_line_not_a_traceback() -> None:
     result = runner.invoke(app, ['gc', '--dry-run'], env={'COLUMNS': '200', 'STEPCORE_STORE': None})
     assert result.exit_code == 1

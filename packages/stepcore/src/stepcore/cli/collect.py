@@ -37,8 +37,9 @@ async def run_gc(
 ) -> GcReport:
     """Open the stores, collect with a progress display on `console`, close them, return the report."""
     store = open_store(store_url)
-    media = open_media_store(media_url) if media_url else None
+    media = None
     try:
+        media = open_media_store(media_url) if media_url else None
         with Progress(
             TextColumn('{task.description}'),
             BarColumn(),
