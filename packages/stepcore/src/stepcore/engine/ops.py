@@ -341,7 +341,11 @@ class PutSnapshot(Op):
 
 @dataclass(frozen=True, slots=True)
 class DeleteSnapshots(Op):
-    """Delete the run's snapshot rows with these seqs (never message nodes or keys). No answer."""
+    """Delete the run's snapshot rows with these seqs (never message nodes or keys). No answer.
+
+    The seqs never include the run's newest snapshot (retention always keeps it: `snapshots_to_prune`),
+    so a port may number a new snapshot one past the newest row it holds.
+    """
 
     method: ClassVar[str] = 'delete_snapshots'
     writes: ClassVar[bool] = True
