@@ -31,6 +31,7 @@ from pydantic_ai.messages import ModelRequest, TextPart, ToolReturnPart
 import stepcore
 from stepcore import StepStore
 from stepcore_conformance.forkserver import Zygote, zygote
+from stepcore_conformance.report import SUMMARY_PROPERTY
 
 ZYGOTE = Path(__file__).with_name('exactly_once_zygote.py')
 SEED = int(os.environ.get('KILL_SEED', '20240611'))
@@ -187,6 +188,6 @@ async def test_every_effect_happens_exactly_once_across_random_kills(
     lines = [f'exactly once under SIGKILL (seed {SEED}, {seconds:.1f} s): {kills} kills']
     lines += [f'  {backend}: {counts}' for backend, counts in report.items()]
     print('\n'.join(lines))
-    record_property('stepcore_figures', '\n'.join(lines))  # printed at the end of the run (conftest.py)
+    record_property(SUMMARY_PROPERTY, '\n'.join(lines))
     assert kills >= 100, report
     assert sum(c.get('kills inside a tool', 0) for c in report.values()) > 0, report

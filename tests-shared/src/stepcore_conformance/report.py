@@ -10,7 +10,9 @@ their outcomes and a verdict per optional feature, taken from what the store dec
 - not declared: `not declared` (its tests were skipped, never counted as passing).
 
 It also adds a hint to the error of a store class that leaves an abstract `StepStore` method
-unimplemented, and prints the lines kit tests attach to their report (the crash-window kill count).
+unimplemented, and prints the lines tests attach to their report under `SUMMARY_PROPERTY`: a kit
+test's beside its class (the crash-window kill count), any other test's under its own id (a
+project's own kill counts), so a CI log shows them without `-s`.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ _MEDIA_SECTIONS = frozenset({'media', 'media_collection'})
 _STORE_FIXTURES = ('store', 'media_store')
 
 SUMMARY_PROPERTY = 'stepcore_conformance_summary'
-"""A kit test calls `record_property(SUMMARY_PROPERTY, line)` to print `line` in the report."""
+"""A test calls `record_property(SUMMARY_PROPERTY, line)` to print `line` in the report."""
 
 _NAMES_SHOWN = 4
 
@@ -71,6 +73,12 @@ class _Target:
 
 
 _TARGETS = pytest.StashKey[dict[str, _Target]]()
+_OTHER_NOTES = pytest.StashKey[list[tuple[str, str]]]()
+"""`(test id, line)` of the summary lines of tests outside the kit."""
+
+
+def _summaries(report: pytest.TestReport) -> list[str]:
+    return [str(value) for name, value in report.user_properties if name == SUMMARY_PROPERTY]
 
 
 def _section(item: pytest.Item) -> str | None:
@@ -130,6 +138,9 @@ def pytest_runtest_makereport(
     report = yield
     section = _section(item)
     if section is None:
+        if report.when == 'call':
+            notes = item.config.stash.setdefault(_OTHER_NOTES, [])
+            notes += [(item.nodeid, line) for line in _summaries(report)]
         return report
     if report.when == 'call' or (report.when == 'setup' and report.outcome != 'passed'):
         target = _target(item)
@@ -137,9 +148,7 @@ def pytest_runtest_makereport(
         features = features_of_test(getattr(item, 'function', None))
         if features:
             target.feature_tests.append((features, report.outcome, item.name))
-        for name, value in report.user_properties:
-            if name == SUMMARY_PROPERTY:
-                target.notes.append(str(value))
+        target.notes += _summaries(report)
     return report
 
 
@@ -174,10 +183,15 @@ def verdict(target: _Target, feature: str) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    targets = config.stash.get(_TARGETS, None)
-    if not targets:
+    targets = config.stash.get(_TARGETS, None) or dict[str, _Target]()
+    others = config.stash.get(_OTHER_NOTES, None) or list[tuple[str, str]]()
+    if not targets and not others:
         return
     terminalreporter.section('stepcore conformance')
+    for nodeid, line in others:
+        terminalreporter.write_line(nodeid)
+        for part in line.splitlines():
+            terminalreporter.write_line(f'  {part}')
     for name in sorted(targets):
         target = targets[name]
         if not target.sections:
