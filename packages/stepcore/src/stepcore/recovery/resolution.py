@@ -365,8 +365,9 @@ def _response_of(
 
 def _cut_cycle(
     ledgers: Sequence[_Ledger], in_base: set[str]
-) -> tuple[list[ToolEffectRecord], tuple[ToolEffectRecord, ...]]:
-    """The calls of the cycle the crash cut short, each as its newest entry in the chain, and the stale entries.
+) -> tuple[dict[str, list[ToolEffectRecord]], tuple[ToolEffectRecord, ...]]:
+    """The calls of the cycle the crash cut short, each with its entries in the chain (newest first), and
+    the stale entries.
 
     The cycle is the newest step of the snapshot's run outside its snapshot, plus the calls the
     abandoned resumptions started outside it (the same calls again, or, when the snapshot ended on a
@@ -380,8 +381,8 @@ def _cut_cycle(
     stale = tuple(e for e in outside if e.step_index != step and e.unresolved)
     for ledger in reversed(ledgers[:-1]):  # oldest abandoned resumption first
         order += [call_id for call_id in ledger.by_id if call_id not in in_base and call_id not in order]
-    newest = [next(ledger.by_id[call_id] for ledger in ledgers if call_id in ledger.by_id) for call_id in order]
-    return newest, stale
+    cycle = {call_id: [ledger.by_id[call_id] for ledger in ledgers if call_id in ledger.by_id] for call_id in order}
+    return cycle, stale
 
 
 async def resolve_run(
@@ -421,7 +422,7 @@ async def resolve_run(
 
     cycle, stale = _cut_cycle(ledgers, in_base)
     saved = [await bound.latest_snapshot(run_id=rid, include_interrupted=True) for rid in chain]
-    response = _response_of(saved, base, cycle)
+    response = _response_of(saved, base, [entries[0] for entries in cycle.values()])
     if response is None:
         last = base[-1] if base else None
         finished = isinstance(last, ModelResponse) and not last.tool_calls
@@ -435,17 +436,16 @@ async def resolve_run(
         )
 
     lookup = policy_for(agent, policies)
-    by_id = {e.tool_call_id: e for e in cycle}
     results = DeferredToolResults()
     settlements: list[Settlement] = []
     newly: list[tuple[ToolEffectRecord, SettledBy, Any]] = []
     pending: list[ToolEffectRecord] = []
     for call in unanswered_tool_calls([response]):
-        entry = by_id.get(call.tool_call_id)
-        if entry is None:  # never started: nothing happened, it runs
+        same_call = cycle.get(call.tool_call_id)
+        if same_call is None:  # never started: nothing happened, it runs
             results.approvals[call.tool_call_id] = True
             continue
-        same_call = [led.by_id[entry.tool_call_id] for led in ledgers if entry.tool_call_id in led.by_id]
+        entry = same_call[0]
         recorded = next(
             (led.settlements[call.tool_call_id] for led in ledgers if call.tool_call_id in led.settlements), None
         )
