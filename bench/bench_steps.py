@@ -163,14 +163,14 @@ def make_mongo(tmp: Path) -> Backend:
 
     async def size() -> int | None:
         try:
-            stats = await store._db.command('dbStats')
+            stats = await store.database.command('dbStats')
             return int(stats.get('storageSize', 0)) + int(stats.get('indexSize', 0))
         except Exception:
             return None
 
     async def close() -> None:
         try:
-            await store._client.drop_database(name)
+            await store.client.drop_database(name)
         finally:
             await store.aclose()
 

@@ -405,6 +405,9 @@ class TemplateStepStore(EngineStore):
             `DiskMediaStore` in `directory/media`, `None` to keep them inline, or a media store.
         media_threshold_bytes: strings at least this long go to the media store (64 KiB default).
         encryption: encrypt bodies and media at rest (see the Security page).
+
+    Users subclass stores and give their subclass private attributes of its own: keep whatever
+    state a store class needs in name-mangled attributes (`self.__client`), never `self._client`.
     """
 
     features: ClassVar[frozenset[str]] = frozenset(

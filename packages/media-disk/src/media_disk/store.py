@@ -105,9 +105,9 @@ class DiskMediaStore(MediaEngine):
                 ensure_ascii=False,
                 separators=(',', ':'),
             ).encode()
-        await anyio.to_thread.run_sync(self._put_sync, path, data, sidecar)
+        await anyio.to_thread.run_sync(self.__put_sync, path, data, sidecar)
 
-    def _put_sync(self, path: Path, data: bytes, sidecar: bytes | None) -> None:
+    def __put_sync(self, path: Path, data: bytes, sidecar: bytes | None) -> None:
         # The time of the put, from the clock collection compares with (a file system stamps new
         # files from a coarser one, a few milliseconds behind).
         now = time.time_ns()
@@ -141,9 +141,9 @@ class DiskMediaStore(MediaEngine):
         return await anyio.to_thread.run_sync(self.path_for(ref.uri, ref.context).is_file)
 
     async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
-        return await anyio.to_thread.run_sync(self._head_sync, self.path_for(ref.uri, ref.context))
+        return await anyio.to_thread.run_sync(self.__head_sync, self.path_for(ref.uri, ref.context))
 
-    def _head_sync(self, path: Path) -> BlobHead | None:
+    def __head_sync(self, path: Path) -> BlobHead | None:
         if not path.is_file():
             return None
         side = self.sidecar_path(path)
@@ -170,7 +170,7 @@ class DiskMediaStore(MediaEngine):
         return BlobHead(metadata=cast(dict[str, Any], metadata))
 
     async def _blob_list(self) -> AsyncIterator[ListedBlob]:
-        walk = self._walk()
+        walk = self.__walk()
         done = object()
         while True:
             batch = await anyio.to_thread.run_sync(lambda: [next(walk, done) for _ in range(_LIST_BATCH)])
@@ -180,7 +180,7 @@ class DiskMediaStore(MediaEngine):
                 assert isinstance(item, ListedBlob)
                 yield item
 
-    def _walk(self) -> Iterator[ListedBlob]:
+    def __walk(self) -> Iterator[ListedBlob]:
         unnamed = 0
         stack = [self.directory]
         while stack:
@@ -219,9 +219,9 @@ class DiskMediaStore(MediaEngine):
 
     async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
         path = location if isinstance(location, Path) else self.path_for(ref.uri)
-        return await anyio.to_thread.run_sync(self._delete_sync, path, older_than)
+        return await anyio.to_thread.run_sync(self.__delete_sync, path, older_than)
 
-    def _delete_sync(self, path: Path, older_than: datetime | None) -> bool:
+    def __delete_sync(self, path: Path, older_than: datetime | None) -> bool:
         aside = path.with_name(f'.{path.name}.{uuid.uuid4().hex}.removing')
         try:
             os.rename(path, aside)

@@ -180,11 +180,11 @@ class S3MediaStore(MediaEngine):
         self.multipart_threshold_bytes = multipart_threshold_bytes
         self.multipart_part_bytes = multipart_part_bytes
         self.multipart_concurrency = multipart_concurrency
-        self._key_strategy: KeyStrategy = key_strategy or default_key
-        self._access_key_id = access_key_id
-        self._secret_access_key = secret_access_key
-        self._session_token = session_token
-        self._profile = profile
+        self.__key_strategy: KeyStrategy = key_strategy or default_key
+        self.__access_key_id = access_key_id
+        self.__secret_access_key = secret_access_key
+        self.__session_token = session_token
+        self.__profile = profile
         config = Config(
             s3={'addressing_style': addressing_style},
             signature_version='s3v4',
@@ -198,18 +198,18 @@ class S3MediaStore(MediaEngine):
         )
         if client_config is not None:
             config = config.merge(client_config)  # pyright: ignore[reportUnknownMemberType]
-        self._config = config
-        self._client: S3Client | None = None
-        self._exit_stack: AsyncExitStack | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._open_lock = asyncio.Lock()
-        self._bucket_confirmed = False
+        self.__config = config
+        self.__client: S3Client | None = None
+        self.__exit_stack: AsyncExitStack | None = None
+        self.__loop: asyncio.AbstractEventLoop | None = None
+        self.__open_lock = asyncio.Lock()
+        self.__bucket_confirmed = False
 
     def __repr__(self) -> str:
-        return f'S3MediaStore(bucket={self.bucket!r}, endpoint={self._where!r}, key_prefix={self.key_prefix!r})'
+        return f'S3MediaStore(bucket={self.bucket!r}, endpoint={self.__where!r}, key_prefix={self.key_prefix!r})'
 
     @property
-    def _where(self) -> str:
+    def __where(self) -> str:
         return self.endpoint or f'AWS S3 ({self.region or "default region"})'
 
     # -- client lifecycle -------------------------------------------------------------------------
@@ -217,26 +217,26 @@ class S3MediaStore(MediaEngine):
     async def client(self) -> S3Client:
         """The store's aiobotocore S3 client, opened on first use (e.g. for `generate_presigned_url`)."""
         loop = asyncio.get_running_loop()
-        client = self._client
+        client = self.__client
         if client is None:
-            async with self._open_lock:
-                client = self._client
+            async with self.__open_lock:
+                client = self.__client
                 if client is None:
-                    client = await self._open(loop)
-        if self._loop is not loop:
-            state = 'a closed' if self._loop is not None and self._loop.is_closed() else 'another'
+                    client = await self.__open(loop)
+        if self.__loop is not loop:
+            state = 'a closed' if self.__loop is not None and self.__loop.is_closed() else 'another'
             raise RuntimeError(
                 f'{self!r} holds a client opened on {state} event loop: call `await store.aclose()` before '
                 'that loop ends (then the store reopens on the next loop), or use one store per event loop'
             )
         return client
 
-    async def _open(self, loop: asyncio.AbstractEventLoop) -> S3Client:
+    async def __open(self, loop: asyncio.AbstractEventLoop) -> S3Client:
         stack = AsyncExitStack()
-        with self._translate('open a client for'):
-            if self._profile is not None:
-                session = AioSession(profile=self._profile)
-            elif self._access_key_id is not None:
+        with self.__translate('open a client for'):
+            if self.__profile is not None:
+                session = AioSession(profile=self.__profile)
+            elif self.__access_key_id is not None:
                 session = _shared_session()
             else:
                 session = AioSession()
@@ -245,21 +245,21 @@ class S3MediaStore(MediaEngine):
                     's3',
                     endpoint_url=self.endpoint,
                     region_name=self.region,
-                    aws_access_key_id=self._access_key_id,
-                    aws_secret_access_key=self._secret_access_key,
-                    aws_session_token=self._session_token,
-                    config=self._config,
+                    aws_access_key_id=self.__access_key_id,
+                    aws_secret_access_key=self.__secret_access_key,
+                    aws_session_token=self.__session_token,
+                    config=self.__config,
                 )
             )
         client = cast(S3Client, raw_client)
-        self._client, self._exit_stack, self._loop = client, stack, loop
+        self.__client, self.__exit_stack, self.__loop = client, stack, loop
         return client
 
     async def aclose(self) -> None:
         """Close the client and its connections; a later call opens a new one."""
-        stack, self._exit_stack, self._client, self._loop = self._exit_stack, None, None, None
-        self._bucket_confirmed = False
-        self._open_lock = asyncio.Lock()  # a lock binds to the loop it first waited on
+        stack, self.__exit_stack, self.__client, self.__loop = self.__exit_stack, None, None, None
+        self.__bucket_confirmed = False
+        self.__open_lock = asyncio.Lock()  # a lock binds to the loop it first waited on
         if stack is not None:
             await stack.aclose()
 
@@ -275,7 +275,7 @@ class S3MediaStore(MediaEngine):
 
     def key_for(self, uri: str, context: MediaContext = EMPTY_CONTEXT) -> str:
         """The object key of `uri`: `key_prefix` plus the key strategy's result."""
-        key = self.key_prefix + strategy_key(self._key_strategy, BlobRef.of(uri, context))
+        key = self.key_prefix + strategy_key(self.__key_strategy, BlobRef.of(uri, context))
         if len(key.encode('utf-8')) > MAX_KEY_BYTES:
             raise ValueError(f'object key for {uri!r} is over {MAX_KEY_BYTES} bytes, the S3 limit: shorten key_prefix')
         return key
@@ -283,15 +283,15 @@ class S3MediaStore(MediaEngine):
     # -- the blob port ----------------------------------------------------------------------------
 
     def _blob_where(self) -> str:
-        return f'bucket {self.bucket!r} at {self._where}'
+        return f'bucket {self.bucket!r} at {self.__where}'
 
     async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
         # The service's clock stamps the object (LastModified): `stored_us` is not sent.
         key = self.key_for(ref.uri, ref.context)
         metadata = encode_metadata(meta.metadata)
         try:
-            head = await self._head(key)
-            if head is not None and await self._refresh(key, head):
+            head = await self.__head(key)
+            if head is not None and await self.__refresh(key, head):
                 return
         except S3AccessDeniedError:
             # AWS answers 403 rather than 404 for a missing object when the credentials lack
@@ -304,20 +304,20 @@ class S3MediaStore(MediaEngine):
         if metadata:
             extra['Metadata'] = metadata
         client = await self.client()
-        with self._translate('upload', key):
+        with self.__translate('upload', key):
             if len(data) >= self.multipart_threshold_bytes:
-                await self._put_multipart(client, key, data, extra)
+                await self.__put_multipart(client, key, data, extra)
             else:
                 await client.put_object(Bucket=self.bucket, Key=key, Body=data, **extra)
-        self._bucket_confirmed = True
+        self.__bucket_confirmed = True
 
-    async def _refresh(self, key: str, head: Mapping[str, Any]) -> bool:
+    async def __refresh(self, key: str, head: Mapping[str, Any]) -> bool:
         """Move an existing object's `LastModified` to now by copying it onto itself; `False` when it is gone."""
         extra: dict[str, Any] = {}
         if head.get('ContentType'):
             extra['ContentType'] = head['ContentType']
         client = await self.client()
-        with self._translate('refresh', key):
+        with self.__translate('refresh', key):
             try:
                 await client.copy_object(
                     Bucket=self.bucket,
@@ -337,7 +337,7 @@ class S3MediaStore(MediaEngine):
     async def _blob_get(self, ref: BlobRef) -> bytes | None:
         key = self.key_for(ref.uri, ref.context)
         client = await self.client()
-        with self._translate('download', key):
+        with self.__translate('download', key):
             try:
                 response = await client.get_object(Bucket=self.bucket, Key=key)
             except ClientError as exc:
@@ -345,7 +345,7 @@ class S3MediaStore(MediaEngine):
                 if code in _MISSING_KEY_CODES or (status == 404 and code != 'NoSuchBucket'):
                     return None
                 raise
-            self._bucket_confirmed = True
+            self.__bucket_confirmed = True
             body = response['Body']
             chunks: list[bytes] = []
             async with body:
@@ -354,7 +354,7 @@ class S3MediaStore(MediaEngine):
         return b''.join(chunks)
 
     async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
-        head = await self._head(self.key_for(ref.uri, ref.context))
+        head = await self.__head(self.key_for(ref.uri, ref.context))
         if head is None:
             return None
         return BlobHead(metadata=decode_metadata(cast(Mapping[str, str], head.get('Metadata') or {})))
@@ -364,7 +364,7 @@ class S3MediaStore(MediaEngine):
         token: str | None = None
         while True:
             extra: dict[str, Any] = {'ContinuationToken': token} if token else {}
-            with self._translate('list'):
+            with self.__translate('list'):
                 page = await client.list_objects_v2(
                     Bucket=self.bucket, Prefix=self.key_prefix, MaxKeys=_LIST_PAGE, **extra
                 )
@@ -382,59 +382,59 @@ class S3MediaStore(MediaEngine):
     async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
         # S3 has no delete-if-unchanged: a put landing between the HEAD and the delete loses its blob.
         key = location if isinstance(location, str) else self.key_for(ref.uri)
-        head = await self._head(key)
+        head = await self.__head(key)
         if head is None:
             return False
         if older_than is not None and cast(datetime, head['LastModified']) >= older_than:
             return False
         client = await self.client()
-        with self._translate('delete', key):
+        with self.__translate('delete', key):
             await client.delete_object(Bucket=self.bucket, Key=key)
         return True
 
     # -- internals --------------------------------------------------------------------------------
 
-    async def _head(self, key: str) -> dict[str, Any] | None:
+    async def __head(self, key: str) -> dict[str, Any] | None:
         """The HEAD response of `key`, `None` when the object does not exist."""
         client = await self.client()
-        with self._translate('look up', key):
+        with self.__translate('look up', key):
             try:
                 head = await client.head_object(Bucket=self.bucket, Key=key)
             except ClientError as exc:
                 code, status, _ = _error_code(exc)
                 if status != 404 and code not in _MISSING_KEY_CODES:
                     raise
-                await self._confirm_bucket(client)
+                await self.__confirm_bucket(client)
                 return None
-        self._bucket_confirmed = True
+        self.__bucket_confirmed = True
         return head
 
-    async def _confirm_bucket(self, client: S3Client) -> None:
+    async def __confirm_bucket(self, client: S3Client) -> None:
         """After a 404 on an object HEAD (which cannot tell a missing key from a missing bucket)."""
-        if self._bucket_confirmed:
+        if self.__bucket_confirmed:
             return
         try:
             await client.head_bucket(Bucket=self.bucket)
         except ClientError as exc:
             code, status, _ = _error_code(exc)
             if status == 404 or code in ('NoSuchBucket', 'NotFound', '404'):
-                self._raise_no_bucket(exc)
+                self.__raise_no_bucket(exc)
             if status == 403 or code in ('AccessDenied', '403'):
                 # Credentials valid for objects but not for the bucket itself: nothing more to learn.
-                self._bucket_confirmed = True
+                self.__bucket_confirmed = True
                 return
             raise
-        self._bucket_confirmed = True
+        self.__bucket_confirmed = True
 
-    def _raise_no_bucket(self, exc: Exception) -> NoReturn:
+    def __raise_no_bucket(self, exc: Exception) -> NoReturn:
         raise S3BucketNotFoundError(
-            f'bucket {self.bucket!r} does not exist at {self._where}: '
+            f'bucket {self.bucket!r} does not exist at {self.__where}: '
             'create it, or pass the name of an existing bucket',
             bucket=self.bucket,
-            endpoint=self._where,
+            endpoint=self.__where,
         ) from exc
 
-    async def _put_multipart(self, client: S3Client, key: str, data: bytes, extra: dict[str, Any]) -> None:
+    async def __put_multipart(self, client: S3Client, key: str, data: bytes, extra: dict[str, Any]) -> None:
         part_bytes = max(self.multipart_part_bytes, math.ceil(len(data) / MAX_PARTS))
         created = await client.create_multipart_upload(Bucket=self.bucket, Key=key, **extra)
         upload_id = cast(str, created['UploadId'])
@@ -477,13 +477,13 @@ class S3MediaStore(MediaEngine):
                     upload_id,
                     self.bucket,
                     key,
-                    self._where,
+                    self.__where,
                     abort_error,
                 )
             raise
 
     @contextmanager
-    def _translate(self, action: str, key: str | None = None) -> Iterator[None]:
+    def __translate(self, action: str, key: str | None = None) -> Iterator[None]:
         """Turn botocore failures into errors that name the bucket and endpoint (never a secret)."""
         target = f's3://{self.bucket}/{key}' if key is not None else f'bucket {self.bucket!r}'
         try:
@@ -491,7 +491,7 @@ class S3MediaStore(MediaEngine):
         except ClientError as exc:
             code, status, message = _error_code(exc)
             if code == 'NoSuchBucket':
-                self._raise_no_bucket(exc)
+                self.__raise_no_bucket(exc)
             detail = f'{code or status}: {message}' if message else f'{code or status}'
             if code in _ACCESS_CODES or status in (401, 403):
                 hint = (
@@ -500,32 +500,32 @@ class S3MediaStore(MediaEngine):
                     else ''
                 )
                 raise S3AccessDeniedError(
-                    f'{self._where} refused to {action} {target} ({detail}): check access_key_id and '
+                    f'{self.__where} refused to {action} {target} ({detail}): check access_key_id and '
                     'secret_access_key (or the credentials in the environment/profile), the region, and that '
                     f'they grant access to the bucket{hint}',
                     bucket=self.bucket,
-                    endpoint=self._where,
+                    endpoint=self.__where,
                 ) from exc
             raise S3MediaError(
-                f'could not {action} {target} at {self._where} ({detail})', bucket=self.bucket, endpoint=self._where
+                f'could not {action} {target} at {self.__where} ({detail})', bucket=self.bucket, endpoint=self.__where
             ) from exc
         except (NoCredentialsError, PartialCredentialsError, ProfileNotFound) as exc:
             raise S3AccessDeniedError(
-                f'no usable credentials to {action} {target} at {self._where} ({type(exc).__name__}): pass '
+                f'no usable credentials to {action} {target} at {self.__where} ({type(exc).__name__}): pass '
                 'access_key_id and secret_access_key, or set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile',
                 bucket=self.bucket,
-                endpoint=self._where,
+                endpoint=self.__where,
             ) from exc
         except (BotoConnectionError, HTTPClientError, ReadTimeoutError) as exc:
             raise S3EndpointUnreachableError(
-                f'cannot reach {self._where} to {action} {target} ({type(exc).__name__}): check the endpoint URL, '
+                f'cannot reach {self.__where} to {action} {target} ({type(exc).__name__}): check the endpoint URL, '
                 'that the service is running, and the network',
                 bucket=self.bucket,
-                endpoint=self._where,
+                endpoint=self.__where,
             ) from exc
         except BotoCoreError as exc:
             raise S3MediaError(
-                f'could not {action} {target} at {self._where} ({type(exc).__name__}: {exc})',
+                f'could not {action} {target} at {self.__where} ({type(exc).__name__}: {exc})',
                 bucket=self.bucket,
-                endpoint=self._where,
+                endpoint=self.__where,
             ) from exc

@@ -159,29 +159,25 @@ class ClientUser:
     store, a client the store created from `db_url=` is closed by `aclose()`.
     """
 
-    _client: AsyncClient
-    _owns_client: bool
-    _db: AsyncDatabase[Document]
-
-    def _use_client(self, owner: str, client: object | None, db_url: str | None, database: str | None) -> None:
-        self._client, self._owns_client = open_client(owner, client, db_url)
-        self._db = resolve_database(self._client, database)
+    def __init__(self, owner: str, client: object | None, db_url: str | None, database: str | None) -> None:
+        self.__client, self.__owns_client = open_client(owner, client, db_url)
+        self.__db = resolve_database(self.__client, database)
 
     @property
     def client(self) -> Any:
         """The client this store uses: the one given as `client=`, or the `AsyncMongoClient` it created."""
-        return self._client
+        return self.__client
 
     @property
     def database(self) -> AsyncDatabase[Document]:
         """The database this store uses, reading through `CODEC_OPTIONS`."""
-        return self._db
+        return self.__db
 
     @property
     def database_name(self) -> str:
-        return self._db.name
+        return self.__db.name
 
     async def aclose(self) -> None:
         """Close the client if this store created it from `db_url`; a given client stays open."""
-        if self._owns_client:
-            await cast(MongoClient, self._client).close()
+        if self.__owns_client:
+            await cast(MongoClient, self.__client).close()

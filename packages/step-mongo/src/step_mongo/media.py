@@ -77,31 +77,31 @@ class MongoMediaStore(ClientUser, MediaEngine):
                 '(15 MiB, so a chunk document stays under the 16 MiB BSON limit)'
             )
         MediaEngine.__init__(self, public_url=public_url)
-        self._use_client('MongoMediaStore', client, db_url, database)
+        ClientUser.__init__(self, 'MongoMediaStore', client, db_url, database)
         self.collection_name = collection
         self.chunk_size_bytes = chunk_size_bytes
-        self._manifests: AsyncCollection[Document] = self._db[collection]
-        self._chunks: AsyncCollection[Document] = self._db[f'{collection}_chunks']
-        self._ensure_indexes = SetupOnce(self._create_indexes)
+        self.__manifests: AsyncCollection[Document] = self.database[collection]
+        self.__chunks: AsyncCollection[Document] = self.database[f'{collection}_chunks']
+        self.__ensure_indexes = SetupOnce(self.__create_indexes)
 
-    async def _create_indexes(self) -> None:
+    async def __create_indexes(self) -> None:
         await ensure_indexes(
-            self._chunks, [IndexModel([('digest', ASCENDING), ('n', ASCENDING)], unique=True, name='digest_n')]
+            self.__chunks, [IndexModel([('digest', ASCENDING), ('n', ASCENDING)], unique=True, name='digest_n')]
         )
 
     # -- the blob port -----------------------------------------------------------------------
 
     def _blob_where(self) -> str:
-        return f'MongoDB collection {self._manifests.full_name!r}'
+        return f'MongoDB collection {self.__manifests.full_name!r}'
 
     async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
         digest = ref.digest
-        refreshed = await self._manifests.update_one(
+        refreshed = await self.__manifests.update_one(
             {'_id': digest, 'removing': {'$exists': False}}, {'$set': {'stored_us': stored_us}}
         )
         if refreshed.matched_count:
             return  # already stored: it now counts as put now
-        await self._ensure_indexes()
+        await self.__ensure_indexes()
         size = self.chunk_size_bytes
         count = max(1, -(-len(data) // size))
         generation = uuid.uuid4().hex
@@ -113,7 +113,7 @@ class MongoMediaStore(ClientUser, MediaEngine):
             for n in range(count)
         ]
         try:
-            await replace_all(self._chunks, chunks, ordered=False)
+            await replace_all(self.__chunks, chunks, ordered=False)
         except BulkWriteError as error:
             # A concurrent put of the same bytes upserted a chunk first: it holds the same slice.
             write_errors = cast(list[Mapping[str, Any]], error.details.get('writeErrors', []))
@@ -131,27 +131,27 @@ class MongoMediaStore(ClientUser, MediaEngine):
             'stored_us': now_micros(),
         }
         with contextlib.suppress(DuplicateKeyError):  # a concurrent put of the same bytes finished first
-            await self._manifests.replace_one({'_id': digest}, manifest, upsert=True)
+            await self.__manifests.replace_one({'_id': digest}, manifest, upsert=True)
 
     async def _blob_get(self, ref: BlobRef) -> bytes | None:
-        manifest = await self._manifests.find_one({'_id': ref.digest}, projection={'chunks': 1})
+        manifest = await self.__manifests.find_one({'_id': ref.digest}, projection={'chunks': 1})
         if manifest is None:
             return None
         count = cast(int, manifest['chunks'])
         pieces: list[bytes] = []
-        async for chunk in self._chunks.find({'digest': ref.digest, 'n': {'$lt': count}}, sort=[('n', ASCENDING)]):
+        async for chunk in self.__chunks.find({'digest': ref.digest, 'n': {'$lt': count}}, sort=[('n', ASCENDING)]):
             if chunk['n'] != len(pieces):
                 break  # a chunk is missing: the bytes read are not the blob's, which the engine reports
             pieces.append(bytes(chunk['data']))
         return b''.join(pieces)
 
     async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
-        manifest = await self._manifests.find_one({'_id': ref.digest}, projection={'metadata': 1})
+        manifest = await self.__manifests.find_one({'_id': ref.digest}, projection={'metadata': 1})
         return None if manifest is None else BlobHead(metadata=cast(str | None, manifest.get('metadata')))
 
     async def _blob_list(self) -> AsyncIterator[ListedBlob]:
         projection = {'_id': 1, 'length': 1, 'stored_us': 1}
-        async for manifest in self._manifests.find({}, projection=projection, batch_size=_LIST_BATCH):
+        async for manifest in self.__manifests.find({}, projection=projection, batch_size=_LIST_BATCH):
             stored_us = manifest.get('stored_us')
             yield ListedBlob(
                 digest=cast(str, manifest['_id']),
@@ -166,12 +166,12 @@ class MongoMediaStore(ClientUser, MediaEngine):
             # A manifest written before collection existed has no time: it counts as put long ago.
             claim['$or'] = [{'stored_us': {'$lt': micros(older_than)}}, {'stored_us': {'$exists': False}}]
         token = uuid.uuid4().hex
-        marked = await self._manifests.find_one_and_update(claim, {'$set': {'removing': token}})
+        marked = await self.__manifests.find_one_and_update(claim, {'$set': {'removing': token}})
         if marked is None:
             return False
         # From here a put finds no manifest it may refresh, and writes the blob under a new generation.
-        removed = await self._manifests.delete_one({'_id': digest, 'removing': token})
+        removed = await self.__manifests.delete_one({'_id': digest, 'removing': token})
         if not removed.deleted_count:
             return False  # a put replaced the manifest meanwhile
-        await self._chunks.delete_many({'digest': digest, 'gen': marked.get('gen')})
+        await self.__chunks.delete_many({'digest': digest, 'gen': marked.get('gen')})
         return True

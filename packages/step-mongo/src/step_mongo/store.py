@@ -402,14 +402,15 @@ class MongoStepStore(ClientUser, EngineStore):
         check_max_snapshots(max_snapshots_per_run)
         MediaWalker(None, media_threshold_bytes)
         check_media_store(media_store, owner=type(self).__name__)
-        self._use_client('MongoStepStore', client, db_url, database)
+        ClientUser.__init__(self, 'MongoStepStore', client, db_url, database)
         media = resolve_media_store(
             media_store,
-            default=lambda: MongoMediaStore(client=self._client, database=self._db.name),
+            default=lambda: MongoMediaStore(client=self.client, database=self.database_name),
             owner=type(self).__name__,
         )
-        super().__init__(
-            MongoPort(self._db),
+        EngineStore.__init__(
+            self,
+            MongoPort(self.database),
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media,
             media_threshold_bytes=media_threshold_bytes,

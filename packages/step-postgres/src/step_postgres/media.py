@@ -50,39 +50,39 @@ class PostgresMediaStore(MediaEngine):
         super().__init__(public_url=public_url)
         self.tables = Tables(table_prefix)
         self.table_prefix = table_prefix
-        self._owns_handle = _handle is None
-        self._handle = (
+        self.__owns_handle = _handle is None
+        self.__handle = (
             _handle
             if _handle is not None
             else PoolHandle(pool=pool, dsn=dsn, owner='PostgresMediaStore', connect_timeout=connect_timeout)
         )
-        self._ensure = SetupOnce(self._create_schema)
+        self.__ensure = SetupOnce(self.__create_schema)
         q = self.tables.query
-        self._q_put = q(
+        self.__q_put = q(
             """INSERT INTO {media} (digest, data, media_type, metadata, stored_at) VALUES (%s, %s, %s, %s::json, %s)
             ON CONFLICT (digest) DO UPDATE SET stored_at = excluded.stored_at"""
         )
-        self._q_get = q('SELECT data FROM {media} WHERE digest = %s')
-        self._q_meta = q('SELECT metadata FROM {media} WHERE digest = %s')
-        self._q_list = q(
+        self.__q_get = q('SELECT data FROM {media} WHERE digest = %s')
+        self.__q_meta = q('SELECT metadata FROM {media} WHERE digest = %s')
+        self.__q_list = q(
             'SELECT digest, stored_at, length(data) FROM {media} WHERE digest > %s ORDER BY digest LIMIT '
             + str(_LIST_PAGE)
         )
-        self._q_delete = q('DELETE FROM {media} WHERE digest = %s')
-        self._q_delete_old = q('DELETE FROM {media} WHERE digest = %s AND stored_at < %s')
+        self.__q_delete = q('DELETE FROM {media} WHERE digest = %s')
+        self.__q_delete_old = q('DELETE FROM {media} WHERE digest = %s AND stored_at < %s')
 
     @property
     def pool(self) -> AsyncConnectionPool[Any] | None:
         """The connection pool in use (`None` until a DSN-built pool is first opened)."""
-        return self._handle.pool
+        return self.__handle.pool
 
-    async def _create_schema(self) -> None:
-        async with self._handle.connection() as conn:
+    async def __create_schema(self) -> None:
+        async with self.__handle.connection() as conn:
             await ensure_schema(conn, self.tables, MEDIA)
 
-    async def _fetch_value(self, query: Any, digest: str) -> tuple[bool, Any]:
-        await self._ensure()
-        async with self._handle.connection() as conn:
+    async def __fetch_value(self, query: Any, digest: str) -> tuple[bool, Any]:
+        await self.__ensure()
+        async with self.__handle.connection() as conn:
             cur = conn.cursor(row_factory=tuple_row)
             await cur.execute(query, (digest,))
             row = await cur.fetchone()
@@ -94,25 +94,25 @@ class PostgresMediaStore(MediaEngine):
         return f'table {self.tables.name("media")!r}'
 
     async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
-        await self._ensure()
-        async with self._handle.connection() as conn:
-            await conn.execute(self._q_put, (ref.digest, data, meta.media_type, meta.text, from_micros(stored_us)))
+        await self.__ensure()
+        async with self.__handle.connection() as conn:
+            await conn.execute(self.__q_put, (ref.digest, data, meta.media_type, meta.text, from_micros(stored_us)))
 
     async def _blob_get(self, ref: BlobRef) -> bytes | None:
-        found, value = await self._fetch_value(self._q_get, ref.digest)
+        found, value = await self.__fetch_value(self.__q_get, ref.digest)
         return bytes(value) if found else None
 
     async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
-        found, value = await self._fetch_value(self._q_meta, ref.digest)
+        found, value = await self.__fetch_value(self.__q_meta, ref.digest)
         return BlobHead(metadata=value) if found else None
 
     async def _blob_list(self) -> AsyncIterator[ListedBlob]:
-        await self._ensure()
+        await self.__ensure()
         after = ''
         while True:
-            async with self._handle.connection() as conn:
+            async with self.__handle.connection() as conn:
                 cur = conn.cursor(row_factory=tuple_row)
-                await cur.execute(self._q_list, (after,))
+                await cur.execute(self.__q_list, (after,))
                 rows = await cur.fetchall()
             for digest, stored_at, size in rows:
                 yield ListedBlob(digest=digest, stored_at=stored_at, size=int(size))
@@ -121,15 +121,15 @@ class PostgresMediaStore(MediaEngine):
             after = rows[-1][0]
 
     async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
-        await self._ensure()
-        async with self._handle.connection() as conn:
+        await self.__ensure()
+        async with self.__handle.connection() as conn:
             if older_than is None:
-                cur = await conn.execute(self._q_delete, (ref.digest,))
+                cur = await conn.execute(self.__q_delete, (ref.digest,))
             else:
-                cur = await conn.execute(self._q_delete_old, (ref.digest, older_than))
+                cur = await conn.execute(self.__q_delete_old, (ref.digest, older_than))
             return cur.rowcount > 0
 
     async def aclose(self) -> None:
         """Close the pool if this store opened it from a DSN; a given or shared pool is left open."""
-        if self._owns_handle:
-            await self._handle.close()
+        if self.__owns_handle:
+            await self.__handle.close()

@@ -95,7 +95,7 @@ class PostgresPort(PipelinedPort):
     name = 'PostgreSQL store'
 
     def __init__(self, handle: PoolHandle, tables: Tables) -> None:
-        self._handle = handle
+        self.__handle = handle
         self._tables = tables
         self._q = _Queries(tables)
         self._ensure = SetupOnce(self._create_schema)
@@ -105,14 +105,14 @@ class PostgresPort(PipelinedPort):
         return f"PostgreSQL tables '{self._tables.prefix}_*'"
 
     async def _create_schema(self) -> None:
-        async with self._handle.connection() as conn:
+        async with self.__handle.connection() as conn:
             await ensure_schema(conn, self._tables, STEPS)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
         """A pooled connection in autocommit mode (the port opens its transactions itself)."""
         await self._ensure()
-        async with self._handle.connection() as conn:
+        async with self.__handle.connection() as conn:
             if conn.autocommit:
                 yield conn
                 return
@@ -159,7 +159,7 @@ class PostgresPort(PipelinedPort):
         return [await cursor.fetchall() for cursor in cursors]
 
     async def close(self) -> None:
-        await self._handle.close()
+        await self.__handle.close()
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -445,14 +445,14 @@ class PostgresStepStore(EngineStore):
     ) -> None:
         self.tables = Tables(table_prefix)
         self.table_prefix = table_prefix
-        self._handle = PoolHandle(pool=pool, dsn=dsn, owner='PostgresStepStore', connect_timeout=connect_timeout)
+        self.__handle = PoolHandle(pool=pool, dsn=dsn, owner='PostgresStepStore', connect_timeout=connect_timeout)
         media = resolve_media_store(
             media_store,
-            default=lambda: PostgresMediaStore(table_prefix=table_prefix, _handle=self._handle),
+            default=lambda: PostgresMediaStore(table_prefix=table_prefix, _handle=self.__handle),
             owner=type(self).__name__,
         )
         super().__init__(
-            PostgresPort(self._handle, self.tables),
+            PostgresPort(self.__handle, self.tables),
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media,
             media_threshold_bytes=media_threshold_bytes,
@@ -462,4 +462,4 @@ class PostgresStepStore(EngineStore):
     @property
     def pool(self) -> AsyncConnectionPool[Any] | None:
         """The connection pool in use (`None` until a DSN-built pool is first opened)."""
-        return self._handle.pool
+        return self.__handle.pool

@@ -46,18 +46,15 @@ class ClientUser:
     `RedisStepStore` and its default `RedisMediaStore` share one client.
     """
 
-    _client: Redis
-    _owns_client: bool
-
-    def _use_client(self, owner: str, client: Redis | None, url: str | None) -> None:
-        self._client, self._owns_client = open_client(owner, client, url)
+    def __init__(self, owner: str, client: Redis | None, url: str | None) -> None:
+        self.__client, self.__owns_client = open_client(owner, client, url)
 
     @property
     def client(self) -> Redis:
         """The `redis.asyncio.Redis` client this store uses."""
-        return self._client
+        return self.__client
 
     async def aclose(self) -> None:
         """Close the client if this store created it from `url`; a given client stays open."""
-        if self._owns_client:
-            await self._client.aclose()
+        if self.__owns_client:
+            await self.__client.aclose()

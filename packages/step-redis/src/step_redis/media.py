@@ -61,8 +61,8 @@ class RedisMediaStore(ClientUser, MediaEngine):
         MediaEngine.__init__(self, public_url=public_url)
         self.keys = Keys(key_prefix)
         self.key_prefix = key_prefix
-        self._use_client('RedisMediaStore', client, url)
-        self._delete_media = self._client.register_script(DELETE_MEDIA)
+        ClientUser.__init__(self, 'RedisMediaStore', client, url)
+        self.__delete_media = self.client.register_script(DELETE_MEDIA)
 
     # -- the blob port -----------------------------------------------------------------------
 
@@ -70,7 +70,7 @@ class RedisMediaStore(ClientUser, MediaEngine):
         return f'Redis key {self.keys.media("<sha256>").decode()!r}'
 
     async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
-        pipe = self._client.pipeline(transaction=True)
+        pipe = self.client.pipeline(transaction=True)
         pipe.set(self.keys.media(ref.digest), data, nx=True)
         if meta.text is not None:
             pipe.set(self.keys.media_meta(ref.digest), meta.text, nx=True)
@@ -78,10 +78,10 @@ class RedisMediaStore(ClientUser, MediaEngine):
         await pipe.execute()
 
     async def _blob_get(self, ref: BlobRef) -> bytes | None:
-        return cast(bytes | None, await self._client.get(self.keys.media(ref.digest)))
+        return cast(bytes | None, await self.client.get(self.keys.media(ref.digest)))
 
     async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
-        pipe = self._client.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=False)
         pipe.exists(self.keys.media(ref.digest))
         pipe.get(self.keys.media_meta(ref.digest))
         found, metadata = await pipe.execute()
@@ -91,10 +91,10 @@ class RedisMediaStore(ClientUser, MediaEngine):
         start = len(self.keys.media(''))
         cursor: int = 0
         while True:
-            cursor, found = await self._client.scan(cursor=cursor, match=self.keys.media('*'), count=_SCAN_COUNT)
+            cursor, found = await self.client.scan(cursor=cursor, match=self.keys.media('*'), count=_SCAN_COUNT)
             keys = [cast(bytes, k) for k in found]
             if keys:
-                pipe = self._client.pipeline(transaction=False)
+                pipe = self.client.pipeline(transaction=False)
                 for key in keys:
                     pipe.zscore(self.keys.media_times, key[start:])
                     pipe.strlen(key)
@@ -111,4 +111,4 @@ class RedisMediaStore(ClientUser, MediaEngine):
     async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
         cutoff = '' if older_than is None else str(micros(older_than))
         keys = [self.keys.media(ref.digest), self.keys.media_meta(ref.digest), self.keys.media_times]
-        return bool(await self._delete_media(keys=keys, args=[ref.digest, cutoff]))
+        return bool(await self.__delete_media(keys=keys, args=[ref.digest, cutoff]))

@@ -364,15 +364,16 @@ class RedisStepStore(ClientUser, EngineStore):
         check_max_snapshots(max_snapshots_per_run)
         MediaWalker(None, media_threshold_bytes)
         check_media_store(media_store, owner=type(self).__name__)
-        self._use_client('RedisStepStore', client, url)
+        ClientUser.__init__(self, 'RedisStepStore', client, url)
         self.key_prefix = key_prefix
         media = resolve_media_store(
             media_store,
-            default=lambda: RedisMediaStore(client=self._client, key_prefix=key_prefix),
+            default=lambda: RedisMediaStore(client=self.client, key_prefix=key_prefix),
             owner=type(self).__name__,
         )
-        super().__init__(
-            RedisPort(self._client, keys),
+        EngineStore.__init__(
+            self,
+            RedisPort(self.client, keys),
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media,
             media_threshold_bytes=media_threshold_bytes,

@@ -171,47 +171,47 @@ class SqliteConversationStore:
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         step_store: StepStore | None = _UNSET,
     ) -> None:
-        self._db = Database.open(database, connection, owner='SqliteConversationStore')
-        self._db.add_setup(CONVERSATIONS.name, lambda conn: ensure_schema(conn, CONVERSATIONS, where=self._db.describe))
+        db = self.__db = Database.open(database, connection, owner='SqliteConversationStore')
+        db.add_setup(CONVERSATIONS.name, lambda conn: ensure_schema(conn, CONVERSATIONS, where=db.describe))
 
         media = resolve_media_store(
-            media_store, default=lambda: SqliteMediaStore(self._db), owner='SqliteConversationStore'
+            media_store, default=lambda: SqliteMediaStore(self.__db), owner='SqliteConversationStore'
         )
-        self._walker = MediaWalker(media, media_threshold_bytes)
-        self._own_steps = step_store is _UNSET
+        self.__walker = MediaWalker(media, media_threshold_bytes)
+        self.__own_steps = step_store is _UNSET
         if step_store is _UNSET:
-            step_store = SqliteStepStore(self._db)
-        self._steps: StepStore | None = step_store
+            step_store = SqliteStepStore(self.__db)
+        self.__steps: StepStore | None = step_store
 
     @property
     def database(self) -> Path | None:
         """The database file, or `None` for a store on a shared connection."""
-        return None if self._db.path is None else Path(self._db.path)
+        return None if self.__db.path is None else Path(self.__db.path)
 
     @property
     def media_store(self) -> MediaStore | None:
         """Where large parts of saved messages go (`None`: kept inline)."""
-        return self._walker.media_store
+        return self.__walker.media_store
 
     @property
     def media(self) -> MediaStore | None:
         """The same as `media_store` (the name pydantic-ai-harness uses)."""
-        return self._walker.media_store
+        return self.__walker.media_store
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._db.run(fn)
+    async def __run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await self.__db.run(fn)
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def __write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def call(conn: sqlite3.Connection) -> T:
             with write_transaction(conn):
                 return fn(conn)
 
-        return await self._db.run(call)
+        return await self.__db.run(call)
 
     @staticmethod
-    def _summary(row: Sequence[Any]) -> ConversationSummary:
+    def __summary(row: Sequence[Any]) -> ConversationSummary:
         (
             conversation_id,
             revision,
@@ -261,17 +261,17 @@ class SqliteConversationStore:
         return summary
 
     @staticmethod
-    def _fetch(conn: sqlite3.Connection, conversation_id: str) -> tuple[Any, ...] | None:
+    def __fetch(conn: sqlite3.Connection, conversation_id: str) -> tuple[Any, ...] | None:
         return conn.execute(
             f'SELECT {_COLUMNS} FROM conversations WHERE conversation_id = ?', (conversation_id,)
         ).fetchone()
 
-    def _current(self, conn: sqlite3.Connection, conversation_id: str) -> ConversationSummary | None:
-        row = self._fetch(conn, conversation_id)
-        return None if row is None else self._summary(row)
+    def __current(self, conn: sqlite3.Connection, conversation_id: str) -> ConversationSummary | None:
+        row = self.__fetch(conn, conversation_id)
+        return None if row is None else self.__summary(row)
 
     @staticmethod
-    def _meta(summary: ConversationSummary) -> str:
+    def __meta(summary: ConversationSummary) -> str:
         for key, value in summary.metadata.items():
             if not isinstance(key, str) or not isinstance(value, str):  # pyright: ignore[reportUnnecessaryIsInstance]
                 raise ValueError(f'conversation metadata must map str to str; got {key!r}: {value!r}')
@@ -292,10 +292,10 @@ class SqliteConversationStore:
             ensure_ascii=False,
         )
 
-    def _put_meta(self, conn: sqlite3.Connection, summary: ConversationSummary) -> None:
+    def __put_meta(self, conn: sqlite3.Connection, summary: ConversationSummary) -> None:
         conn.execute(
             'UPDATE conversations SET meta_version = ?, meta = ? WHERE conversation_id = ?',
-            (METADATA_SCHEMA_VERSION, self._meta(summary), summary.conversation_id),
+            (METADATA_SCHEMA_VERSION, self.__meta(summary), summary.conversation_id),
         )
 
     # -- content ----------------------------------------------------------------------------
@@ -329,15 +329,15 @@ class SqliteConversationStore:
             outcome, owner = ('ready' if outcome == 'running' else outcome), None
         total_tokens = sum(m.usage.total_tokens for m in messages if isinstance(m, ModelResponse))
         wanted = summary.model_copy(update={'outcome': outcome, 'writer_pid': owner, 'total_tokens': total_tokens})
-        meta = self._meta(wanted)
-        stored = [await self._walker.externalize(encode_message(m)) for m in messages]
+        meta = self.__meta(wanted)
+        stored = [await self.__walker.externalize(encode_message(m)) for m in messages]
         body = (b'[' + b','.join(stored) + b']').decode()
         search = '\n'.join(p for p in (searchable_text(messages, summary.metadata), summary.workspace.casefold()) if p)
         now = utcnow().isoformat()
         conversation_id = summary.conversation_id
 
         def write(conn: sqlite3.Connection) -> tuple[Any, ...]:
-            row = self._fetch(conn, conversation_id)
+            row = self.__fetch(conn, conversation_id)
             if row is None:
                 if summary.revision != 0:
                     raise ConversationConflict(
@@ -370,7 +370,7 @@ class SqliteConversationStore:
                         'stored: it was saved since by another process (or another writer in this one); reload it '
                         'with get() and apply your change again',
                     )
-                current = self._summary(row)  # raises on a metadata version this release does not read
+                current = self.__summary(row)  # raises on a metadata version this release does not read
                 holder = running_owner(current)
                 if holder is not None and outcome == 'running' and owner is not None and owner != holder:
                     raise ConversationConflict(
@@ -394,7 +394,7 @@ class SqliteConversationStore:
                     'outcome = ?, archived_at = NULL WHERE conversation_id = ?',
                     (
                         METADATA_SCHEMA_VERSION,
-                        self._meta(kept),
+                        self.__meta(kept),
                         RECORD_FORMAT_VERSION,
                         body,
                         len(messages),
@@ -410,17 +410,17 @@ class SqliteConversationStore:
                 'INSERT INTO conversations_search (conversation_id, body, names) VALUES (?, ?, ?)',
                 (conversation_id, search, names),
             )
-            result = self._fetch(conn, conversation_id)
+            result = self.__fetch(conn, conversation_id)
             assert result is not None
             return result
 
-        return self._summary(await self._write(write))
+        return self.__summary(await self.__write(write))
 
     async def get(self, *, conversation_id: str) -> SavedConversation | None:
         """The conversation head with its messages restored, or `None` if there is none."""
 
         def read(conn: sqlite3.Connection) -> tuple[tuple[Any, ...], int, str] | None:
-            row = self._fetch(conn, conversation_id)
+            row = self.__fetch(conn, conversation_id)
             if row is None:
                 return None
             fmt, body = conn.execute(
@@ -428,15 +428,15 @@ class SqliteConversationStore:
             ).fetchone()
             return row, fmt, body
 
-        found = await self._run(read)
+        found = await self.__run(read)
         if found is None:
             return None
         row, fmt, body = found
-        summary = self._summary(row)
+        summary = self.__summary(row)
         check_format_version(fmt, what=f'conversation {conversation_id!r} messages')
         items = cast(list[Any], json.loads(body))
         encoded = [
-            await self._walker.restore(json.dumps(item, separators=(',', ':'), ensure_ascii=False).encode())
+            await self.__walker.restore(json.dumps(item, separators=(',', ':'), ensure_ascii=False).encode())
             for item in items
         ]
         return SavedConversation(summary=summary, messages=decode_messages(encoded))
@@ -486,7 +486,7 @@ class SqliteConversationStore:
         def read(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
             return conn.execute(sql, (*args, limit, offset)).fetchall()
 
-        return [self._summary(row) for row in await self._run(read)]
+        return [self.__summary(row) for row in await self.__run(read)]
 
     # -- names and archive ------------------------------------------------------------------
 
@@ -516,12 +516,12 @@ class SqliteConversationStore:
         conversation_id = source.conversation_id
 
         def write(conn: sqlite3.Connection) -> tuple[Any, ...] | None:
-            current = self._current(conn, conversation_id)
+            current = self.__current(conn, conversation_id)
             if current is None:
                 return None
             if tokens:
                 current = current.model_copy(update={'naming_tokens': current.naming_tokens + tokens})
-                self._put_meta(conn, current)
+                self.__put_meta(conn, current)
             if current.name_revision != source.name_revision:
                 return None
             if not manual and (current.revision != source.revision or current.title_source == 'manual'):
@@ -534,7 +534,7 @@ class SqliteConversationStore:
                     'title_source': 'manual' if manual else 'generated',
                 }
             )
-            self._put_meta(conn, updated)
+            self.__put_meta(conn, updated)
             conn.execute(
                 'UPDATE conversations SET name_revision = name_revision + 1, named_at_revision = revision '
                 'WHERE conversation_id = ?',
@@ -544,10 +544,10 @@ class SqliteConversationStore:
                 'UPDATE conversations_search SET names = ? WHERE conversation_id = ?',
                 (names_text(title, subtitle, tag_list), conversation_id),
             )
-            return self._fetch(conn, conversation_id)
+            return self.__fetch(conn, conversation_id)
 
-        row = await self._write(write)
-        return self._summary(row) if row is not None else None
+        row = await self.__write(write)
+        return self.__summary(row) if row is not None else None
 
     async def set_archived(self, *, conversation_id: str, archived: bool) -> ConversationSummary:
         """Archive or unarchive a conversation and return its summary.
@@ -560,7 +560,7 @@ class SqliteConversationStore:
         when = utcnow().isoformat()
 
         def write(conn: sqlite3.Connection) -> tuple[Any, ...]:
-            row = self._fetch(conn, conversation_id)
+            row = self.__fetch(conn, conversation_id)
             if row is None:
                 raise LookupError(
                     f'no conversation {conversation_id!r} to {"archive" if archived else "unarchive"}: '
@@ -571,11 +571,11 @@ class SqliteConversationStore:
                 'WHERE conversation_id = ?',
                 (archived, when, conversation_id),
             )
-            result = self._fetch(conn, conversation_id)
+            result = self.__fetch(conn, conversation_id)
             assert result is not None
             return result
 
-        return self._summary(await self._write(write))
+        return self.__summary(await self.__write(write))
 
     # -- deletion ---------------------------------------------------------------------------
 
@@ -591,7 +591,7 @@ class SqliteConversationStore:
         conversation_id = source.conversation_id
 
         def write(conn: sqlite3.Connection) -> bool:
-            row = self._fetch(conn, conversation_id)
+            row = self.__fetch(conn, conversation_id)
             if row is None:
                 raise ConversationConflict(conversation_id, 'it was already deleted')
             if row[_REVISION] != source.revision:
@@ -599,21 +599,21 @@ class SqliteConversationStore:
                     conversation_id,
                     f'the delete was based on revision {source.revision} but revision {row[_REVISION]} is stored',
                 )
-            ensure_inactive(self._summary(row))
+            ensure_inactive(self.__summary(row))
             conn.execute('DELETE FROM conversations_search WHERE conversation_id = ?', (conversation_id,))
             conn.execute('DELETE FROM conversations WHERE conversation_id = ?', (conversation_id,))
             return read_version(conn, STEPS.name) is not None
 
-        has_step_tables = await self._write(write)
-        steps = self._steps
-        if steps is None or (self._own_steps and not has_step_tables):
+        has_step_tables = await self.__write(write)
+        steps = self.__steps
+        if steps is None or (self.__own_steps and not has_step_tables):
             return  # no runs here: do not create step tables just to look
         for run in await steps.list_runs(conversation_id=conversation_id):
             await steps.delete_run(run.run_id)
 
     async def aclose(self) -> None:
         """Close the connection if this store opened it."""
-        await self._db.aclose()
+        await self.__db.aclose()
 
     async def __aenter__(self) -> SqliteConversationStore:
         return self

@@ -65,10 +65,10 @@ class SqliteMediaStore(MediaEngine):
         MediaEngine.__init__(self, public_url=public_url)
         self.table = _check_table(table)
         db = Database.given(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
-        self._db = db
+        self.__db = db
         component = media_component(self.table)
         db.add_setup(component.name, lambda conn: ensure_schema(conn, component, where=db.describe))
-        self._insert = (
+        self.__insert = (
             f'INSERT INTO {self.table} (digest, data, size, media_type, metadata, created_at, stored_us) '
             'VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO UPDATE SET stored_us = excluded.stored_us'
         )
@@ -81,37 +81,37 @@ class SqliteMediaStore(MediaEngine):
     # -- the blob port -----------------------------------------------------------------------
 
     def _blob_where(self) -> str:
-        return f'table {self.table!r} of {self._db.describe}'
+        return f'table {self.table!r} of {self.__db.describe}'
 
     async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
         row = (ref.digest, data, len(data), meta.media_type, meta.text, utcnow().isoformat(), stored_us)
 
         def work(connection: sqlite3.Connection) -> None:
             with write_transaction(connection):
-                connection.execute(self._insert, row)
+                connection.execute(self.__insert, row)
 
         try:
-            await self._db.run(work)
+            await self.__db.run(work)
         except sqlite3.Error as error:
             # the driver's own words (e.g. "attempt to write a readonly database") stay the message
-            error.add_note(f'{type(self).__name__} on {self._db.describe}, storing media blob {ref.uri}')
+            error.add_note(f'{type(self).__name__} on {self.__db.describe}, storing media blob {ref.uri}')
             raise
 
     async def _blob_get(self, ref: BlobRef) -> bytes | None:
         sql = f'SELECT data FROM {self.table} WHERE digest = ?'
-        row = await self._db.run(lambda conn: conn.execute(sql, (ref.digest,)).fetchone())
+        row = await self.__db.run(lambda conn: conn.execute(sql, (ref.digest,)).fetchone())
         return None if row is None else bytes(row[0])
 
     async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
         sql = f'SELECT metadata FROM {self.table} WHERE digest = ?'
-        row = await self._db.run(lambda conn: conn.execute(sql, (ref.digest,)).fetchone())
+        row = await self.__db.run(lambda conn: conn.execute(sql, (ref.digest,)).fetchone())
         return None if row is None else BlobHead(metadata=row[0])
 
     async def _blob_list(self) -> AsyncIterator[ListedBlob]:
         sql = f'SELECT digest, stored_us, size FROM {self.table} WHERE digest > ? ORDER BY digest LIMIT {_LIST_PAGE}'
         after = ''
         while True:
-            rows = await self._db.run(lambda conn, a=after: conn.execute(sql, (a,)).fetchall())
+            rows = await self.__db.run(lambda conn, a=after: conn.execute(sql, (a,)).fetchall())
             for digest, stored_us, size in rows:
                 yield ListedBlob(digest=digest, stored_at=from_micros(stored_us), size=int(size))
             if len(rows) < _LIST_PAGE:
@@ -132,8 +132,8 @@ class SqliteMediaStore(MediaEngine):
             with write_transaction(connection):
                 return connection.execute(sql, params).rowcount > 0
 
-        return await self._db.run(work)
+        return await self.__db.run(work)
 
     async def aclose(self) -> None:
         """Close the connection when this store opened it (a given connection stays open)."""
-        await self._db.aclose()
+        await self.__db.aclose()

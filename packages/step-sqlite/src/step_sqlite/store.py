@@ -114,22 +114,22 @@ class SqlitePort(SyncPort):
 
     def __init__(self, db: Database) -> None:
         super().__init__(worker=None)
-        self._db = db
+        self.__db = db
         # A commit that does not wait for the disk is short enough to run on the event loop; with a
         # connection of the caller's, its synchronous level is not known.
         self.inline_writes = db.owned and db.synchronous in ('OFF', 'NORMAL')
         self._connection: sqlite3.Connection | None = None
 
     def describe(self) -> str:
-        return self._db.describe
+        return self.__db.describe
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the database's thread, with its connection lock held."""
-        return await self._db.run(self._bound(fn, args))
+        return await self.__db.run(self._bound(fn, args))
 
     def try_inline(self, fn: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
         """`fn(*args)` now, on the calling thread, when the database's thread is idle (see `SyncPort`)."""
-        return self._db.try_inline(self._bound(fn, args))
+        return self.__db.try_inline(self._bound(fn, args))
 
     def _bound(self, fn: Callable[..., T], args: tuple[Any, ...]) -> Callable[[sqlite3.Connection], T]:
         def work(connection: sqlite3.Connection) -> T:
@@ -148,7 +148,7 @@ class SqlitePort(SyncPort):
     @contextmanager
     def transaction(self, runs: Sequence[str]) -> Iterator[sqlite3.Connection]:
         connection = self._conn()
-        with write_transaction(connection, busy_timeout=self._db.timeout):
+        with write_transaction(connection, busy_timeout=self.__db.timeout):
             yield connection
 
     @contextmanager
@@ -356,7 +356,7 @@ class SqliteStepStore(EngineStore):
         db.add_setup('harness', migrate)
         db.add_setup(STEPS.name, lambda conn: ensure_schema(conn, STEPS, where=db.describe))
         media = resolve_media_store(media_store, default=lambda: SqliteMediaStore(db), owner=type(self).__name__)
-        self._db = db
+        self.__db = db
         super().__init__(
             SqlitePort(db),
             max_snapshots_per_run=max_snapshots_per_run,
@@ -372,4 +372,4 @@ class SqliteStepStore(EngineStore):
 
     async def aclose(self) -> None:
         """Close the connection when the store opened it (a given `connection=` stays open)."""
-        await self._db.aclose()
+        await self.__db.aclose()

@@ -128,6 +128,10 @@ class EngineStore(StepStore):
     undeclared one is refused with `NotImplementedError`. `media_store` takes a media store, `None`
     or `'auto'`, which here means none: a store with a default media store of its own resolves
     `'auto'` to it (`stepcore.media.resolve_media_store`) before calling this.
+
+    Its own state and helpers are name-mangled (`self.__driver`), and a backend's store keeps
+    its own the same way: users subclass stores and set private attributes of their own, which
+    must never replace the store's (docs/engine.md, "The store's own state").
     """
 
     features: ClassVar[frozenset[str]] = frozenset({ENGINE_PORT})
@@ -154,53 +158,53 @@ class EngineStore(StepStore):
         if encryption is not None and not isinstance(encryption, Encryption):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f'encryption= takes a stepcore.Encryption, got {type(encryption).__name__}')
         self.encryption: Encryption | None = encryption
-        self._sealer = Sealer(encryption)
-        self._rows = RowCodec(self._sealer, self._where)
-        self._driver = driver
+        self.__sealer = Sealer(encryption)
+        self.__rows = RowCodec(self.__sealer, self.__where)
+        self.__driver = driver
         self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
         self.media_store: MediaStore | None = media_store
         threshold = DEFAULT_MEDIA_THRESHOLD_BYTES if media_threshold_bytes is None else media_threshold_bytes
         blobs: Any = media_store
         if encryption is not None and media_store is not None:
             blobs = EncryptingMediaStore(media_store, encryption)
-        self._history = HistoryIndex(MediaWalker(blobs, threshold), max_runs=history_runs)
+        self.__history = HistoryIndex(MediaWalker(blobs, threshold), max_runs=history_runs)
 
     @property
     def port(self) -> Port:
         """The port the store's I/O goes to (setting it runs the store on another port)."""
-        return self._driver.port
+        return self.__driver.port
 
     @port.setter
     def port(self, port: Port) -> None:
-        self._driver = Driver(port, type(self).__name__)
+        self.__driver = Driver(port, type(self).__name__)
 
     def __repr__(self) -> str:
-        return f'<{type(self).__name__} on {self.port.describe()}>'
+        return f'<{type(self).__name__} on {self.__driver.port.describe()}>'
 
     # -- checks ---------------------------------------------------------------------------------
 
-    def _run_id(self, run_id: object) -> str:
-        return self.port.check_run_id(run_id)
+    def __run_id(self, run_id: object) -> str:
+        return self.__driver.port.check_run_id(run_id)
 
-    def _where(self) -> str:
-        return self.port.describe()
+    def __where(self) -> str:
+        return self.__driver.port.describe()
 
     # -- runs ---------------------------------------------------------------------------------
 
     async def register_run(self, record: RunRecord) -> None:
-        run_id = self._run_id(record.run_id)
+        run_id = self.__run_id(record.run_id)
         for value, what in ((record.conversation_id, 'conversation_id'), (record.parent_run_id, 'parent_run_id')):
             if value is not None:
                 check_text(value, what)
-        row = self._rows.run_row(record, run_id)
-        existing = cast(RunRow | None, await self._driver.write_op([run_id], InsertRun(row)))
+        row = self.__rows.run_row(record, run_id)
+        existing = cast(RunRow | None, await self.__driver.write_op([run_id], InsertRun(row)))
         if existing is not None:
-            check_registration(self._rows.decode_run(existing), record)
+            check_registration(self.__rows.decode_run(existing), record)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        run_id = self._run_id(run_id)
-        row = cast(RunRow | None, await self._driver.read(run_id, single(GetRun(run_id))))
-        return self._rows.decode_run(row) if row is not None else None
+        run_id = self.__run_id(run_id)
+        row = cast(RunRow | None, await self.__driver.read(run_id, single(GetRun(run_id))))
+        return self.__rows.decode_run(row) if row is not None else None
 
     async def list_runs(
         self,
@@ -238,11 +242,11 @@ class EngineStore(StepStore):
                 limit=batch,
                 newest_first=query.newest_first,
             )
-            rows = cast(Sequence[RunRow], await self._driver.read(None, single(op)))
+            rows = cast(Sequence[RunRow], await self.__driver.read(None, single(op)))
             found: list[RunRecord] = []
             for row in rows:
                 try:
-                    found.append(self._rows.decode_run(row))
+                    found.append(self.__rows.decode_run(row))
                 except DamagedRecordError as error:
                     skip_damaged(error)
             keys = [(sort_time(row.started_at), row.run_id) for row in rows]
@@ -252,35 +256,35 @@ class EngineStore(StepStore):
         return await collect_runs(query, fetch, self._status_of)
 
     async def delete_run(self, run_id: str) -> bool:
-        run_id = self._run_id(run_id)
+        run_id = self.__run_id(run_id)
         try:
-            return bool(await self._driver.write_op([run_id], DeleteRun(run_id)))
+            return bool(await self.__driver.write_op([run_id], DeleteRun(run_id)))
         finally:
-            self._history.forget(run_id)
+            self.__history.forget(run_id)
 
     async def _prune_run(self, run_id: str, cutoff: datetime, *, dry_run: bool) -> RunFootprint | None:
         """Weigh the run and remove it in one transaction (where the backend has them), so a write
         to the run cannot slip in between the check and the delete."""
-        run_id = self._run_id(run_id)
+        run_id = self.__run_id(run_id)
 
         def plan() -> Plan[RunFootprint | None]:
-            footprint = yield from self._footprint_plan(run_id)
+            footprint = yield from self.__footprint_plan(run_id)
             if footprint is None or dry_run or footprint.last_activity >= cutoff:
                 return footprint
             return footprint if (yield DeleteRun(run_id)) else None
 
         if dry_run:
-            return await self._driver.read(run_id, plan())
+            return await self.__driver.read(run_id, plan())
         try:
-            return cast(RunFootprint | None, await self._driver.transact([run_id], plan))
+            return cast(RunFootprint | None, await self.__driver.transact([run_id], plan))
         finally:
-            self._history.forget(run_id)
+            self.__history.forget(run_id)
 
     async def _run_footprint(self, run_id: str) -> RunFootprint | None:
-        run_id = self._run_id(run_id)
-        return await self._driver.read(run_id, self._footprint_plan(run_id))
+        run_id = self.__run_id(run_id)
+        return await self.__driver.read(run_id, self.__footprint_plan(run_id))
 
-    def _footprint_plan(self, run_id: str) -> Plan[RunFootprint | None]:
+    def __footprint_plan(self, run_id: str) -> Plan[RunFootprint | None]:
         """Counts and last activity of a run from its rows; snapshot headers only, no messages.
         A damaged record is counted, and leaves its time out of the last activity."""
         answers = yield (GetRun(run_id), ListEvents(run_id), ListEffects(run_id), ListSnapshots(run_id))
@@ -293,15 +297,15 @@ class EngineStore(StepStore):
         events: list[StepEvent] = []
         for row in event_rows:
             with contextlib.suppress(DamagedRecordError):
-                events.append(self._rows.decode_event(row))
+                events.append(self.__rows.decode_event(row))
         times.extend(sort_time(e.timestamp) for e in events)
         for row in effect_rows:
             with contextlib.suppress(DamagedRecordError):
-                entry = self._rows.decode_effect(row)
+                entry = self.__rows.decode_effect(row)
                 times.append(sort_time(entry.updated_at or entry.started_at))
         for row in snapshot_rows:
             with contextlib.suppress(DamagedRecordError):
-                times.append(sort_time(self._rows.decode_snapshot_header(row).timestamp))
+                times.append(sort_time(self.__rows.decode_snapshot_header(row).timestamp))
         return RunFootprint(
             run_id=run_id,
             events=len(event_rows),
@@ -314,22 +318,22 @@ class EngineStore(StepStore):
     # -- writes -------------------------------------------------------------------------------
 
     async def append_event(self, event: StepEvent) -> None:
-        await self._write_all([event], None)
+        await self.__write_all([event], None)
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        await self._write_all([record], None)
+        await self.__write_all([record], None)
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        await self._write_all((), snapshot)
+        await self.__write_all((), snapshot)
 
     async def write_batch(self, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None) -> None:
         """Save `snapshot` and apply `writes`, per run in one transaction (see `StepStore.write_batch`).
 
         Every record is checked before anything is written.
         """
-        await self._write_all(writes, snapshot)
+        await self.__write_all(writes, snapshot)
 
-    async def _write_all(self, writes: Sequence[StepWrite], snapshot: ContinuableSnapshot | None) -> None:
+    async def __write_all(self, writes: Sequence[StepWrite], snapshot: ContinuableSnapshot | None) -> None:
         """Check every record (before anything is written), then write each run's share in one transaction.
 
         Records are encoded inside the plan: on a `SyncPort`'s thread, beside the rest of the write.
@@ -341,20 +345,20 @@ class EngineStore(StepStore):
                     check_text(write.idempotency_key, 'idempotency_key')
             else:
                 check_text(write.tool_call_id, 'tool_call_id')
-            by_run.setdefault(self._run_id(write.run_id), []).append(write)
+            by_run.setdefault(self.__run_id(write.run_id), []).append(write)
         if snapshot is not None:
-            run_id = self._run_id(snapshot.run_id)
+            run_id = self.__run_id(snapshot.run_id)
             if snapshot.idempotency_key is not None:
                 check_text(snapshot.idempotency_key, 'idempotency_key')
-            await self._save(run_id, snapshot, by_run.pop(run_id, []))
+            await self.__save(run_id, snapshot, by_run.pop(run_id, []))
         for run_id, records in by_run.items():
-            await self._driver.transact(
+            await self.__driver.transact(
                 [run_id],
-                lambda r=run_id, w=records: write_plan(r, *record_rows(self._sealer, r, w), None, None),
+                lambda r=run_id, w=records: write_plan(r, *record_rows(self.__sealer, r, w), None, None),
                 short=len(records) <= INLINE_RECORDS,
             )
 
-    async def _save(self, run_id: str, snapshot: ContinuableSnapshot, records: list[StepWrite]) -> None:
+    async def __save(self, run_id: str, snapshot: ContinuableSnapshot, records: list[StepWrite]) -> None:
         """Save a snapshot with its run's records: find and encode the new messages, externalize their
         media, then write everything in one transaction.
 
@@ -368,11 +372,11 @@ class EngineStore(StepStore):
 
         def prepare() -> bool:
             if save.delta is None:
-                save.delta = self._history.diff(run_id, save.messages)
+                save.delta = self.__history.diff(run_id, save.messages)
                 if save.delta.parent is not None and save.delta.parent_sum is None:
                     # the sums of the remembered nodes are unknown: write the history whole
-                    self._history.forget(run_id)
-                    save.delta = self._history.diff(run_id, save.messages)
+                    self.__history.forget(run_id)
+                    save.delta = self.__history.diff(run_id, save.messages)
             return save.delta.walked
 
         def plan() -> Plan[Sequence[int] | None]:
@@ -380,7 +384,7 @@ class EngineStore(StepStore):
             assert delta is not None
             prev = NO_PREV if delta.parent is None else delta.parent_sum
             assert prev is not None
-            bodies, save.sums = self._sealer.nodes(run_id, delta.new_messages, prev)
+            bodies, save.sums = self.__sealer.nodes(run_id, delta.new_messages, prev)
             head_sum = save.sums[-1] if save.sums else (None if delta.parent is None else prev)
             state = SnapshotState(snapshot.state).value
             header = record_fields(
@@ -391,11 +395,11 @@ class EngineStore(StepStore):
                 state=state,
                 head=None,
                 length=delta.total,
-                body=self._sealer.record(header, (run_id, state, delta.total), SNAPSHOT_CLEAR),
+                body=self.__sealer.record(header, (run_id, state, delta.total), SNAPSHOT_CLEAR),
             )
             parent = cast(int | None, delta.parent)
             write = SnapshotWrite(key=snapshot.idempotency_key, parent=parent, bodies=bodies, row=row)
-            return write_plan(run_id, *record_rows(self._sealer, run_id, records), write, self.max_snapshots_per_run)
+            return write_plan(run_id, *record_rows(self.__sealer, run_id, records), write, self.max_snapshots_per_run)
 
         restarted = False
         conflicts = 0
@@ -403,14 +407,14 @@ class EngineStore(StepStore):
             try:
                 short = (
                     len(records) <= INLINE_RECORDS
-                    and len(save.messages) - self._history.saved_length(run_id) <= INLINE_NEW_MESSAGES
+                    and len(save.messages) - self.__history.saved_length(run_id) <= INLINE_NEW_MESSAGES
                 )
-                outcome = await self._driver.transact([run_id], plan, prepare, short=short)
+                outcome = await self.__driver.transact([run_id], plan, prepare, short=short)
             except StaleHistory:
                 if restarted:
                     raise
                 restarted = True
-                self._history.forget(run_id)
+                self.__history.forget(run_id)
                 save.delta = None
                 continue
             except KeyConflict:
@@ -418,17 +422,17 @@ class EngineStore(StepStore):
                 if conflicts >= _KEY_CONFLICT_ATTEMPTS:
                     raise RuntimeError(
                         f'snapshot key {snapshot.idempotency_key!r} of run {run_id!r} kept conflicting with '
-                        f'concurrent writers in {self._where()}: retry the save'
+                        f'concurrent writers in {self.__where()}: retry the save'
                     ) from None
                 continue
             if isinstance(outcome, NeedsWalk):
                 assert save.delta is not None
-                await self._history.walk(save.delta)  # media go to the media store from the event loop
+                await self.__history.walk(save.delta)  # media go to the media store from the event loop
                 continue
             break
         if outcome is not None:
             assert save.delta is not None
-            self._history.commit(save.delta, outcome, save.sums or ())
+            self.__history.commit(save.delta, outcome, save.sums or ())
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -438,29 +442,29 @@ class EngineStore(StepStore):
     async def list_events_page(
         self, run_id: str, *, after_seq: int | None = None, limit: int | None = None, newest: bool = False
     ) -> list[StepEvent]:
-        run_id = self._run_id(run_id)
+        run_id = self.__run_id(run_id)
         check_event_window(after_seq, limit)
         op = ListEvents(run_id, after_seq=after_seq, limit=limit, newest=newest)
-        rows = cast(Sequence[EventRow], await self._driver.read(run_id, single(op)))
+        rows = cast(Sequence[EventRow], await self.__driver.read(run_id, single(op)))
         found: list[StepEvent] = []
         for row in rows:
             try:
-                found.append(self._rows.decode_event(row))
+                found.append(self.__rows.decode_event(row))
             except DamagedRecordError as error:
                 skip_damaged(error)
         return event_window(found, after_seq, limit, newest)
 
-    async def _effects(self, op: ListEffects, *, unresolved: bool = False) -> list[ToolEffectRecord]:
+    async def __effects(self, op: ListEffects, *, unresolved: bool = False) -> list[ToolEffectRecord]:
         # A ledger entry that cannot be read is an error: leaving it out could hide an effect in
         # flight. The unresolved ones are found here, not by the port, so that an entry whose
         # status or call id was altered is read (and its checksum fails) rather than filtered out.
-        rows = cast(Sequence[EffectRow], await self._driver.read(op.run_id, single(op)))
+        rows = cast(Sequence[EffectRow], await self.__driver.read(op.run_id, single(op)))
         found: list[ToolEffectRecord] = []
         for row in rows:
             # A status column other than `started` is bound into the entry's checksum: an entry whose
             # bytes check as written is not unresolved and need not be decoded.
-            if not (unresolved and row.status != _STARTED and self._rows.checks_as_written(row.body, row)):
-                found.append(self._rows.decode_effect(row))
+            if not (unresolved and row.status != _STARTED and self.__rows.checks_as_written(row.body, row)):
+                found.append(self.__rows.decode_effect(row))
         if op.tool_call_id is not None:
             found = [r for r in found if r.tool_call_id == op.tool_call_id]
         if unresolved:
@@ -469,48 +473,48 @@ class EngineStore(StepStore):
         return found
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
-        run_id = self._run_id(run_id)
-        found = await self._effects(ListEffects(run_id, tool_call_id=tool_call_id))
+        run_id = self.__run_id(run_id)
+        found = await self.__effects(ListEffects(run_id, tool_call_id=tool_call_id))
         return found[-1] if found else None
 
     async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        return await self._effects(ListEffects(self._run_id(run_id)))
+        return await self.__effects(ListEffects(self.__run_id(run_id)))
 
     async def list_unresolved_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
-        return await self._effects(ListEffects(self._run_id(run_id)), unresolved=True)
+        return await self.__effects(ListEffects(self.__run_id(run_id)), unresolved=True)
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
-        run_id = self._run_id(run_id)
-        rows, nodes = await self._driver.read(
+        run_id = self.__run_id(run_id)
+        rows, nodes = await self.__driver.read(
             run_id, read_snapshots(run_id, newest=True, complete_only=not include_interrupted)
         )
         if not rows:
             return None
-        return await self._materialize(rows[-1], nodes)
+        return await self.__materialize(rows[-1], nodes)
 
     async def list_snapshots(self, run_id: str, *, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
-        run_id = self._run_id(run_id)
-        rows, nodes = await self._driver.read(
+        run_id = self.__run_id(run_id)
+        rows, nodes = await self.__driver.read(
             run_id, read_snapshots(run_id, newest=False, complete_only=not include_interrupted)
         )
         found: list[ContinuableSnapshot] = []
         for row in rows:
             try:
-                found.append(await self._materialize(row, nodes))
+                found.append(await self.__materialize(row, nodes))
             except DamagedRecordError as error:
                 skip_damaged(error)
         return found
 
     async def list_snapshot_summaries(self, run_id: str, *, include_interrupted: bool = False) -> list[SnapshotSummary]:
-        run_id = self._run_id(run_id)
+        run_id = self.__run_id(run_id)
         op = ListSnapshots(run_id, complete_only=not include_interrupted)
-        rows = cast(Sequence[SnapshotRow], await self._driver.read(run_id, single(op)))
+        rows = cast(Sequence[SnapshotRow], await self.__driver.read(run_id, single(op)))
         found: list[SnapshotSummary] = []
         for row in rows:
             if not include_interrupted and row.state != SnapshotState.COMPLETE.value:
                 continue
             try:
-                header = self._rows.decode_snapshot_header(row)
+                header = self.__rows.decode_snapshot_header(row)
             except DamagedRecordError as error:
                 skip_damaged(error)
                 continue
@@ -518,23 +522,23 @@ class EngineStore(StepStore):
         return found
 
     async def get_snapshot(self, run_id: str, seq: int) -> ContinuableSnapshot | None:
-        run_id = self._run_id(run_id)
+        run_id = self.__run_id(run_id)
         check_seq(seq)
-        row, nodes = await self._driver.read(run_id, read_snapshot(run_id, seq))
-        return await self._materialize(row, nodes) if row is not None else None
+        row, nodes = await self.__driver.read(run_id, read_snapshot(run_id, seq))
+        return await self.__materialize(row, nodes) if row is not None else None
 
     async def get_snapshot_messages(
         self, run_id: str, seq: int, *, start: int = 0, stop: int | None = None
     ) -> SnapshotMessages | None:
-        run_id = self._run_id(run_id)
+        run_id = self.__run_id(run_id)
         check_seq(seq)
         check_message_window(start, stop)
-        row, nodes = await self._driver.read(run_id, read_snapshot(run_id, seq))
+        row, nodes = await self.__driver.read(run_id, read_snapshot(run_id, seq))
         if row is None:
             return None
         begin = min(start, row.length)
         end = row.length if stop is None else max(begin, min(stop, row.length))
-        snapshot = await self._materialize(row, nodes, window=(begin, end))
+        snapshot = await self.__materialize(row, nodes, window=(begin, end))
         return SnapshotMessages(
             summary=SnapshotSummary.of(snapshot, message_count=row.length), start=begin, messages=snapshot.messages
         )
@@ -543,25 +547,25 @@ class EngineStore(StepStore):
         # Each message is one node, and a node's id stands for its whole history (it hangs off the
         # node before it): the snapshots share their messages up to the last position whose nodes
         # are the same. No message is decoded.
-        run_id = self._run_id(run_id)
+        run_id = self.__run_id(run_id)
         check_seq(seq)
         check_seq(other_seq)
         chains: list[list[int]] = []
         for wanted in (seq, other_seq):
-            row, nodes = await self._driver.read(run_id, read_snapshot(run_id, wanted))
+            row, nodes = await self.__driver.read(run_id, read_snapshot(run_id, wanted))
             if row is None:
                 raise LookupError(f'run {run_id!r} has no retained snapshot with seq {wanted}')
             chains.append(
                 decoded(
-                    lambda row=row, nodes=nodes: self._rows.chain(row, nodes)[0],
+                    lambda row=row, nodes=nodes: self.__rows.chain(row, nodes)[0],
                     run_id=run_id,
                     record=f'snapshot seq={wanted}',
-                    where=self._where(),
+                    where=self.__where(),
                 )
             )
         return shared_prefix(chains[0], chains[1])
 
-    async def _materialize(
+    async def __materialize(
         self, row: SnapshotRow, nodes: Mapping[int, Node], *, window: tuple[int, int] | None = None
     ) -> ContinuableSnapshot:
         """A snapshot back from its row and the run's nodes; `DamagedRecordError` naming what is broken.
@@ -569,15 +573,15 @@ class EngineStore(StepStore):
         With `window=(start, stop)` only those messages are decoded (every message is still checked).
         """
         record = f'snapshot seq={row.seq}'
-        where = self._where()
-        header, head_sum, sealed = self._rows.snapshot_header(row)
+        where = self.__where()
+        header, head_sum, sealed = self.__rows.snapshot_header(row)
         chain: list[int] = []
 
         def read_messages() -> list[bytes]:
-            ids, stored = self._rows.chain(row, nodes)
+            ids, stored = self.__rows.chain(row, nodes)
             chain.extend(ids)
             try:
-                return self._sealer.open_nodes(row.run_id, stored, head_sum, sealed=sealed)
+                return self.__sealer.open_nodes(row.run_id, stored, head_sum, sealed=sealed)
             except MessageDamage as error:
                 node = chain[error.position] if error.position < len(chain) else '?'
                 raise ValueError(f'message {error.position} (node {node}) is damaged: {error.reason}') from error
@@ -588,24 +592,24 @@ class EngineStore(StepStore):
             first = window[0]
             bodies = bodies[first : window[1]]
         try:
-            messages = await self._history.decode(bodies)
+            messages = await self.__history.decode(bodies)
         except (ValueError, LookupError, TypeError) as error:
-            raise await self._damaged_message(row, chain[first:], bodies, error, first=first) from error
+            raise await self.__damaged_message(row, chain[first:], bodies, error, first=first) from error
         return header.model_copy(update={'messages': messages})
 
-    async def _damaged_message(
+    async def __damaged_message(
         self, row: SnapshotRow, chain: Sequence[int], bodies: Sequence[bytes], error: BaseException, *, first: int = 0
     ) -> DamagedRecordError:
         """The error naming the first message of a snapshot that cannot be read (slow path: one at a time)."""
         reason = f'{type(error).__name__}: {error}'
         for position, (node, body) in enumerate(zip(chain, bodies, strict=True), start=first):
             try:
-                decode_messages([await self._history.walker.restore(body)])
+                decode_messages([await self.__history.walker.restore(body)])
             except (ValueError, LookupError, TypeError) as bad:
                 reason = f'message {position} (node {node}) is damaged: {type(bad).__name__}: {bad}'
                 break
         return DamagedRecordError(
-            run_id=row.run_id, record=f'snapshot seq={row.seq}', where=self._where(), reason=reason
+            run_id=row.run_id, record=f'snapshot seq={row.seq}', where=self.__where(), reason=reason
         )
 
     # -- whole-store maintenance --------------------------------------------------------------
@@ -616,7 +620,7 @@ class EngineStore(StepStore):
         Unlike `list_runs`, a run whose record is damaged or missing (a snapshot saved without
         `register_run`) is included: maintenance must not overlook what it cannot read.
         """
-        return sorted(set(cast(Sequence[str], await self._driver.read(None, single(ListRunIds())))))
+        return sorted(set(cast(Sequence[str], await self.__driver.read(None, single(ListRunIds())))))
 
     async def media_references(self, run_id: str) -> set[str]:
         """The `media+sha256://` URIs that the run's snapshots (complete and interrupted) reference.
@@ -625,13 +629,13 @@ class EngineStore(StepStore):
         that cannot be read is not skipped: `DamagedRecordError` names it, since leaving its
         references out would let its media be collected.
         """
-        run_id = self._run_id(run_id)
-        rows, nodes = await self._driver.read(run_id, read_snapshots(run_id, newest=False, complete_only=False))
+        run_id = self.__run_id(run_id)
+        rows, nodes = await self.__driver.read(run_id, read_snapshots(run_id, newest=False, complete_only=False))
         found: set[str] = set()
         for row in rows:
             # Each chain is opened as a read opens it (checksums checked, bodies decrypted), so a
             # damaged message stops the collection rather than hiding its references.
-            _, head_sum, sealed = self._rows.snapshot_header(row)
+            _, head_sum, sealed = self.__rows.snapshot_header(row)
 
             def lookup(node: object) -> Node:
                 entry = nodes.get(cast(int, node))
@@ -642,7 +646,7 @@ class EngineStore(StepStore):
             def references(row: SnapshotRow = row, head_sum: str | None = head_sum, sealed: bool = sealed) -> set[str]:
                 stored = walk_chain(row.head, row.length, lookup)
                 try:
-                    bodies = self._sealer.open_nodes(row.run_id, stored, head_sum, sealed=sealed)
+                    bodies = self.__sealer.open_nodes(row.run_id, stored, head_sum, sealed=sealed)
                 except MessageDamage as error:
                     raise ValueError(f'message {error.position} is damaged: {error.reason}') from error
                 refs: set[str] = set()
@@ -650,7 +654,7 @@ class EngineStore(StepStore):
                     refs |= stored_references(body)
                 return refs
 
-            found |= decoded(references, run_id=run_id, record=f'snapshot seq={row.seq}', where=self._where())
+            found |= decoded(references, run_id=run_id, record=f'snapshot seq={row.seq}', where=self.__where())
         return found
 
     # -- keys ---------------------------------------------------------------------------------
@@ -662,7 +666,7 @@ class EngineStore(StepStore):
         snapshots; a body that does not parse counts as `None`. `stepcore rekey` uses it to find
         the runs still to re-encrypt.
         """
-        run_id = self._run_id(run_id)
+        run_id = self.__run_id(run_id)
 
         def plan() -> Plan[list[Body]]:
             run = cast(RunRow | None, (yield GetRun(run_id)))
@@ -674,9 +678,9 @@ class EngineStore(StepStore):
             bodies += [body for _, body in nodes.values()]
             return bodies
 
-        return {key_id_of(body) for body in await self._driver.read(run_id, plan())}
+        return {key_id_of(body) for body in await self.__driver.read(run_id, plan())}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        await self._driver.close()
+        await self.__driver.close()

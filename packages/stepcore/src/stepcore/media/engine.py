@@ -41,6 +41,10 @@ class MediaEngine:
     - `public_url`: the configured resolver (sync or async), else `None`;
     - collection: every `put` marks the blob put now; `list_media` and `delete_media` follow
       `stepcore.media.CollectableMediaStore`.
+
+    The engine and its backends keep their own state in name-mangled attributes (`self.__db`), so a
+    user's subclass may set any single-underscore name of its own; the `_blob_*` port methods are
+    the only private names shared with subclasses.
     """
 
     features: ClassVar[frozenset[str]] = frozenset({MEDIA_COLLECTION})
@@ -48,7 +52,7 @@ class MediaEngine:
     def __init__(self, *, public_url: PublicUrlResolver | None = None) -> None:
         self.public_url_resolver = public_url
         """The `public_url=` resolver: `(uri, context) -> url | None`, sync or async."""
-        self._listed: dict[str, object] = {}
+        self.__listed: dict[str, object] = {}
         """Where `list_media` found each blob (a key strategy may use a context `delete_media` lacks)."""
 
     # -- the port (implemented by the backend) ------------------------------------------------------
@@ -132,13 +136,13 @@ class MediaEngine:
         async for blob in self._blob_list():
             uri = uri_of_digest(blob.digest)  # checked: a port lists names it may not have written
             if blob.location is not None:
-                self._listed[uri] = blob.location
+                self.__listed[uri] = blob.location
             yield StoredMedia(uri=uri, stored_at=blob.stored_at, size=blob.size)
 
     async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
         """Remove the blob at `uri`; with `older_than`, only while it was last put before then."""
         ref = BlobRef.of(uri)
-        removed = await self._blob_delete(ref, self._listed.get(uri), older_than)
+        removed = await self._blob_delete(ref, self.__listed.get(uri), older_than)
         if removed:
-            self._listed.pop(uri, None)
+            self.__listed.pop(uri, None)
         return removed

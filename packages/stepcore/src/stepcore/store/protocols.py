@@ -234,6 +234,11 @@ class StepStore(ABC):
       and `prune` remove whole runs through it.
 
     Stores are async context managers: `async with SomeStore(...) as store:` closes it on exit.
+
+    Users subclass stores: a store class keeps its own state and helpers in name-mangled
+    attributes (`self.__name`), so a subclass's `self._driver` or `self._db` never replaces them.
+    The hooks below with a single underscore (`_prune_run`, `_run_footprint`, `_status_of`) are the
+    only private names a store class shares with its subclasses.
     """
 
     features: ClassVar[frozenset[str]] = frozenset()
