@@ -48,13 +48,11 @@ class IgnoresEventKeys(InMemoryStepStore):
 
 class RunsInInsertionOrder(InMemoryStepStore):
     async def list_runs(self, *, conversation_id=None, parent_run_id=None):
-        rows = list(self.port._runs.values())  # as registered, whatever their start
-        records = [self._rows.decode_run(row) for row in rows]
-        return [
-            r for r in records
-            if (conversation_id is None or r.conversation_id == conversation_id)
-            and (parent_run_id is None or r.parent_run_id == parent_run_id)
-        ]
+        found = {
+            r.run_id: r
+            for r in await super().list_runs(conversation_id=conversation_id, parent_run_id=parent_run_id)
+        }
+        return [found[run_id] for run_id in self.port._runs if run_id in found]  # as registered, whatever their start
 
 
 class AcceptsRetentionSilently(InMemoryStepStore):

@@ -4,7 +4,7 @@ from collections import defaultdict
 
 from stepcore_conformance import MediaStoreConformance, StepStoreConformance
 
-MEDIA_SECTIONS = ('MediaCollectionConformance',)
+MEDIA_SECTIONS = ('MediaCollectionConformance', 'MediaSubclassConformance')
 """Sections of the media-store suite (`MediaStoreConformance`), not of the step-store one."""
 
 

@@ -48,7 +48,7 @@ def test_kit_tests_without_opt_in_run_but_print_no_report(pytester: pytest.Pytes
     pytester.makeini(INI)
     pytester.makepyfile(test_media=MEDIA_KIT)  # pyright: ignore[reportUnknownMemberType]
     outcome = pytester.runpytest_subprocess('-p', 'no:cacheprovider')
-    outcome.assert_outcomes(passed=26, skipped=1)
+    outcome.assert_outcomes(passed=28, skipped=1)
     assert 'stepcore conformance' not in outcome.stdout.str()
 
 
@@ -62,12 +62,12 @@ def test_opting_in_prints_the_closing_report(pytester: pytest.Pytester, how: str
     else:
         args += ['-p', 'stepcore_conformance']
     outcome = pytester.runpytest_subprocess(*args)
-    outcome.assert_outcomes(passed=26, skipped=1)
+    outcome.assert_outcomes(passed=28, skipped=1)
     outcome.stdout.fnmatch_lines(
         [
             '*= stepcore conformance =*',
             'test_media.py::TestInMemoryMedia (InMemoryMediaStore)',
-            '  sections: media 15 passed/1 skipped; media_collection 11 passed',
+            '  sections: media 15 passed/1 skipped; media_collection 11 passed; media_subclass 2 passed',
             '  features: media_collection: passed (10 tests)',
         ]
     )

@@ -34,12 +34,14 @@ from .history import HistoryConformance
 from .lifecycle import DeleteConversationConformance, PruneConformance
 from .media import MediaDamage, MediaStoreConformance
 from .media_collection import MediaCollectionConformance
+from .media_subclass import MediaSubclassConformance
 from .memory_media import InMemoryMediaStore
 from .paging import PagingConformance
 from .persistence import PersistenceConformance
 from .retention import RetentionConformance
 from .runs import RunsConformance
 from .snapshots import SnapshotsConformance
+from .subclass import SubclassConformance
 
 __all__ = (
     'BatchWritesConformance',
@@ -62,6 +64,7 @@ __all__ = (
     'MediaDamage',
     'MediaExternalizationConformance',
     'MediaStoreConformance',
+    'MediaSubclassConformance',
     'PagingConformance',
     'PersistenceConformance',
     'PruneConformance',
@@ -69,6 +72,7 @@ __all__ = (
     'RunsConformance',
     'SnapshotsConformance',
     'StepStoreConformance',
+    'SubclassConformance',
 )
 
 pytest_plugins = ('stepcore_conformance.report',)
@@ -97,5 +101,6 @@ class StepStoreConformance(
     ChecksumConformance,
     CapabilityConformance,
     ContractConformance,
+    SubclassConformance,
 ):
     """Every section of the step-store suite. Override `store` (and `store_spec` and `damage` where they apply)."""

@@ -26,6 +26,7 @@ from stepcore.media.blobs import DamagedMediaError
 
 from ._declared import Hook, require_hook
 from .media_collection import MediaCollectionConformance
+from .media_subclass import MediaSubclassConformance
 
 __all__ = ('MediaDamage', 'MediaStoreConformance')
 
@@ -42,7 +43,7 @@ def _blob(tag: str, size: int = 256) -> bytes:
     return f'{tag}:'.encode() + rng.randbytes(size)
 
 
-class MediaStoreConformance(MediaCollectionConformance):
+class MediaStoreConformance(MediaCollectionConformance, MediaSubclassConformance):
     """Subclass and override the `media_store` fixture (async, yields a `MediaStore` built without a
     `public_url` resolver, closed afterwards if it needs closing).
 

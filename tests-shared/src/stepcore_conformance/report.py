@@ -49,7 +49,7 @@ MEDIA_FEATURES = (MEDIA_COLLECTION,)
 """The optional features of a media store the report gives a verdict on."""
 FEATURES = (*_FIRST, *sorted(ALL_FEATURES - set(_FIRST) - set(MEDIA_FEATURES)))
 """The optional features of a step store the report gives a verdict on, in this order."""
-_MEDIA_SECTIONS = frozenset({'media', 'media_collection'})
+_MEDIA_SECTIONS = frozenset({'media', 'media_collection', 'media_subclass'})
 _STORE_FIXTURES = ('store', 'media_store')
 
 SUMMARY_PROPERTY = 'stepcore_conformance_summary'
