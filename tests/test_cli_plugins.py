@@ -19,6 +19,7 @@ from stepcore.store.features import (
     CHECKSUMS,
     ENCRYPTION,
     ENGINE_PORT,
+    LEASES,
     MEDIA_EXTERNALIZATION,
     PERSISTENT,
     SNAPSHOT_RETENTION,
@@ -48,7 +49,9 @@ def test_plugins_json_lists_all_six_distributions() -> None:
     for distribution, expected in OURS.items():
         assert backends.get(distribution) == expected, f'{distribution}: {backends.get(distribution)}'
     by_key = {(b['kind'], b['key']): b for row in rows for b in row['backends']}
-    assert by_key[('step', 'memory')]['features'] == sorted([SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS, ENGINE_PORT])
+    assert by_key[('step', 'memory')]['features'] == sorted(
+        [SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS, ENGINE_PORT, LEASES]
+    )
     assert set(by_key[('step', 'sqlite')]['features']) == {
         SNAPSHOT_RETENTION,
         MEDIA_EXTERNALIZATION,
@@ -56,6 +59,7 @@ def test_plugins_json_lists_all_six_distributions() -> None:
         ENCRYPTION,
         CHECKSUMS,
         ENGINE_PORT,
+        LEASES,
     }
     assert by_key[('step', 'memory')]['urls'] == ['memory://']
     assert by_key[('step', 'sqlite')]['urls'] == ['sqlite://']
@@ -100,7 +104,7 @@ def test_a_backend_whose_driver_is_missing_is_listed_as_unavailable(monkeypatch:
     assert gone['key'] == 'gone'
     assert gone['unavailable'] == "ModuleNotFoundError: No module named 'stepcore_missing_driver'"
     assert gone['features'] == []
-    assert here['features'] == sorted([SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS, ENGINE_PORT])
+    assert here['features'] == sorted([SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS, ENGINE_PORT, LEASES])
     assert 'unavailable' not in here
     table = CliRunner().invoke(app, ['plugins'], env={'COLUMNS': '250'})
     assert table.exit_code == 0, table.output

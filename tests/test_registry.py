@@ -20,6 +20,7 @@ from stepcore.store.features import (
     CHECKSUMS,
     ENCRYPTION,
     ENGINE_PORT,
+    LEASES,
     MEDIA_EXTERNALIZATION,
     PERSISTENT,
     SNAPSHOT_RETENTION,
@@ -265,6 +266,7 @@ def test_every_installed_step_backend_declares_its_features_on_the_class() -> No
             ENCRYPTION,
             CHECKSUMS,
             ENGINE_PORT,
+            LEASES,
         }, key
         assert backend.features() == backend.load().features
 

@@ -13,6 +13,7 @@ from stepcore.store.features import (
     CHECKSUMS,
     ENCRYPTION,
     ENGINE_PORT,
+    LEASES,
     MEDIA_EXTERNALIZATION,
     PERSISTENT,
     SNAPSHOT_RETENTION,
@@ -30,7 +31,7 @@ def step(n: int) -> list[ModelMessage]:
 
 
 def test_declares_retention_only() -> None:
-    assert InMemoryStepStore.features == frozenset({SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS, ENGINE_PORT})
+    assert InMemoryStepStore.features == frozenset({SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS, ENGINE_PORT, LEASES})
     assert MEDIA_EXTERNALIZATION not in InMemoryStepStore.features
     assert PERSISTENT not in InMemoryStepStore.features
     assert isinstance(InMemoryStepStore(), StepStore)

@@ -31,6 +31,7 @@ from .events import EventsConformance
 from .externalization import MediaExternalizationConformance
 from .features import FeaturesConformance
 from .history import HistoryConformance
+from .leases import LeasesConformance
 from .lifecycle import DeleteConversationConformance, PruneConformance
 from .media import MediaDamage, MediaStoreConformance
 from .media_collection import MediaCollectionConformance
@@ -60,6 +61,7 @@ __all__ = (
     'FeaturesConformance',
     'HistoryConformance',
     'InMemoryMediaStore',
+    'LeasesConformance',
     'MediaCollectionConformance',
     'MediaDamage',
     'MediaExternalizationConformance',
@@ -102,5 +104,6 @@ class StepStoreConformance(
     CapabilityConformance,
     ContractConformance,
     SubclassConformance,
+    LeasesConformance,
 ):
     """Every section of the step-store suite. Override `store` (and `store_spec` and `damage` where they apply)."""

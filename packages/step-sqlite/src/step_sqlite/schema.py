@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from .connection import write_transaction
 from .harness_tables import describe_foreign_tables
 
-__all__ = ('STEPS', 'Component', 'ensure_schema', 'media_component', 'read_version')
+__all__ = ('LEASES', 'STEPS', 'Component', 'ensure_schema', 'media_component', 'read_version')
 
 SCHEMA_TABLE = 'stepcore_schema'
 
@@ -132,6 +132,25 @@ STEPS = Component(
     migrations={1: _script(_STEPS_V1_TO_V2), 2: _script(_STEPS_V2_TO_V3)},
     tables=('runs', 'events', 'message_nodes', 'snapshots', 'snapshot_idempotency_keys', 'tool_effects', 'node_ids'),
 )
+
+
+_LEASES_V1 = """
+CREATE TABLE run_leases (
+    run_id TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    host TEXT NOT NULL,
+    expires REAL NOT NULL,
+    body TEXT NOT NULL,
+    start BLOB
+);
+CREATE INDEX run_leases_state ON run_leases (state, expires) WHERE state <> 'ended'
+"""
+
+LEASES = Component(name='leases', create=_script(_LEASES_V1), migrations={}, tables=('run_leases',))
+"""Run ownership: one lease per run (see `stepcore.store.leases`), indexed by state for finding
+orphans. A component of its own, so the step tables keep their version and an older step-sqlite
+still opens a database that has leases."""
 
 
 # -- media table -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -15,17 +16,19 @@ from typing import Any, ClassVar, Final, TypeVar
 
 from stepcore.engine import KeyConflict, SyncPort, ops
 from stepcore.engine.encryption import Encryption
+from stepcore.engine.plans import Fenced
 from stepcore.engine.sql import event_window
 from stepcore.engine.store import EngineStore
 from stepcore.media import AUTO, MediaStoreOption, check_media_store, resolve_media_store
 from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
-from stepcore.store.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.store.features import CHECKSUMS, ENCRYPTION, LEASES, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 from stepcore.store.models import SnapshotState
 
 from .connection import Database, Synchronous, write_transaction
 from .harness import migrate_harness_database
 from .media import SqliteMediaStore
 from .records import pack_body, unpack_body
+from .schema import LEASES as LEASE_TABLES
 from .schema import STEPS, ensure_schema
 
 __all__ = ('DEFAULT_MEDIA_STORE', 'SqlitePort', 'SqliteStepStore')
@@ -55,6 +58,7 @@ def _started(micros: int) -> datetime:
 
 
 _RUN_COLUMNS = 'run_id, started_us, conversation_id, parent_run_id, record'
+_LEASE_COLUMNS = 'run_id, epoch, state, host, expires, body'
 _SNAPSHOT_COLUMNS = 'run_id, state, head, length, record, seq'
 _EFFECT_COLUMNS = 'run_id, tool_call_id, status, started_us, record'
 
@@ -80,13 +84,25 @@ SELECT node_id, parent_id, body FROM chain
 """
 _LAST_NODE = 'SELECT MAX(COALESCE((SELECT MAX(node_id) FROM message_nodes), 0), (SELECT last FROM node_ids))'
 """The highest node id ever handed out: the newest node's, or a deleted run's (see `delete_run`)."""
-_RUN_TABLES = ('events', 'tool_effects', 'snapshots', 'snapshot_idempotency_keys', 'message_nodes', 'runs')
+_RUN_TABLES = (
+    'events',
+    'tool_effects',
+    'snapshots',
+    'snapshot_idempotency_keys',
+    'message_nodes',
+    'runs',
+    'run_leases',
+)
 
 
 def _run_row(row: tuple[Any, ...]) -> ops.RunRow:
     return ops.RunRow(
         run_id=row[0], started_at=_started(row[1]), conversation_id=row[2], parent_run_id=row[3], body=row[4]
     )
+
+
+def _lease_row(row: tuple[Any, ...]) -> ops.LeaseRow:
+    return ops.LeaseRow(run_id=row[0], epoch=int(row[1]), state=row[2], host=row[3], expires=float(row[4]), body=row[5])
 
 
 def _snapshot_row(row: tuple[Any, ...]) -> ops.SnapshotRow:
@@ -300,6 +316,53 @@ class SqlitePort(SyncPort):
         sql += ' ORDER BY seq DESC LIMIT 1' if op.newest else ' ORDER BY seq'
         return [_snapshot_row(r) for r in tx.execute(sql, params)]
 
+    # -- leases: each swap is one write transaction, so it is atomic against every write ---------
+
+    def get_lease(self, tx: sqlite3.Connection, op: ops.GetLease) -> ops.LeaseRead:
+        found = tx.execute(f'SELECT {_LEASE_COLUMNS} FROM run_leases WHERE run_id = ?', (op.run_id,)).fetchone()
+        return ops.LeaseRead(_lease_row(found) if found is not None else None, time.time())
+
+    def swap_lease(self, tx: sqlite3.Connection, op: ops.SwapLease) -> ops.LeaseSwap:
+        now = time.time()
+        found = tx.execute(f'SELECT {_LEASE_COLUMNS} FROM run_leases WHERE run_id = ?', (op.run_id,)).fetchone()
+        current = _lease_row(found) if found is not None else None
+        if not op.matches(current, now):
+            return ops.LeaseSwap(False, ops.LeaseRead(current, now))
+        row = op.stored(now)
+        values = (row.epoch, row.state, row.host, row.expires, _text(row.body))
+        if current is None:
+            tx.execute(
+                'INSERT INTO run_leases (run_id, epoch, state, host, expires, body, start) '
+                'VALUES (?, ?, ?, ?, ?, ?, ?)',
+                (op.run_id, *values, op.start),
+            )
+        elif op.start is not None:
+            tx.execute(
+                'UPDATE run_leases SET epoch = ?, state = ?, host = ?, expires = ?, body = ?, start = ? '
+                'WHERE run_id = ?',
+                (*values, op.start, op.run_id),
+            )
+        else:
+            tx.execute(
+                'UPDATE run_leases SET epoch = ?, state = ?, host = ?, expires = ?, body = ? WHERE run_id = ?',
+                (*values, op.run_id),
+            )
+        return ops.LeaseSwap(True, ops.LeaseRead(row, now))
+
+    def list_leases(self, tx: sqlite3.Connection, op: ops.ListLeases) -> tuple[list[ops.LeaseRow], float]:
+        marks = ', '.join('?' for _ in op.states)
+        rows = tx.execute(f'SELECT {_LEASE_COLUMNS} FROM run_leases WHERE state IN ({marks})', op.states)
+        return [_lease_row(r) for r in rows], time.time()
+
+    def get_lease_start(self, tx: sqlite3.Connection, op: ops.GetLeaseStart) -> bytes | None:
+        found = tx.execute('SELECT start FROM run_leases WHERE run_id = ?', (op.run_id,)).fetchone()
+        return None if found is None or found[0] is None else bytes(found[0])
+
+    def check_lease(self, tx: sqlite3.Connection, op: ops.CheckLease) -> None:
+        found = tx.execute('SELECT epoch FROM run_leases WHERE run_id = ?', (op.run_id,)).fetchone()
+        if found is None or found[0] != op.epoch:
+            raise Fenced(op.run_id)
+
     def get_nodes(self, tx: sqlite3.Connection, op: ops.GetNodes) -> dict[int, ops.Node]:
         if len(op.chains) == 1:
             head, length = op.chains[0]
@@ -327,7 +390,7 @@ class SqliteStepStore(EngineStore):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS, LEASES}
     )
 
     def __init__(
@@ -355,6 +418,7 @@ class SqliteStepStore(EngineStore):
 
         db.add_setup('harness', migrate)
         db.add_setup(STEPS.name, lambda conn: ensure_schema(conn, STEPS, where=db.describe))
+        db.add_setup(LEASE_TABLES.name, lambda conn: ensure_schema(conn, LEASE_TABLES, where=db.describe))
         media = resolve_media_store(media_store, default=lambda: SqliteMediaStore(db), owner=type(self).__name__)
         self.__db = db
         super().__init__(

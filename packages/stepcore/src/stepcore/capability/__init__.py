@@ -17,15 +17,18 @@ from pydantic_ai.capabilities.abstract import (
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
-from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
+from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, RunContext, ToolDefinition
 
 from stepcore import snapshot_points as points
 from stepcore.capability.context import ActiveToolCall, active_run_id, active_tool_call, inside_run
 from stepcore.capability.operations import CAPABILITY_ID, OPERATION_NAMES, StepOperations
+from stepcore.capability.run_lease import end_lease, start_point, take_lease
 from stepcore.capability.run_state import RunState, describe_error, resolve_run_id
 from stepcore.capability.run_writer import DEFERRED_WRITE_DELAY, RunWriter
 from stepcore.capability.tool_calls import annotate_in_flight, record_tool_call
-from stepcore.recovery.resolution import RESUMES_KEY, claim_resumption
+from stepcore.ownership.claims import has_leases
+from stepcore.recovery.resolution import RESUMES_KEY, take_resumption
+from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState, RunClaimedError, fencing
 from stepcore.store.memory import InMemoryStepStore
 from stepcore.store.models import EventKind, SnapshotState
 from stepcore.store.protocols import StepStoreProtocol
@@ -117,9 +120,20 @@ class StepPersistence(StepOperations[AgentDepsT]):
     outermost: bool = False
     """Place the capability outside every other one, whatever the list order (its `before_run`
     first, its `after_run` last), instead of where it is listed."""
+    lease_ttl: float | None = DEFAULT_LEASE_TTL
+    """Seconds the run's lease in its store lasts unless renewed (every third of it, on a timer, while
+    the run lives): how long after a crash its run counts as orphaned when no process on the same host
+    can tell its owner is gone. `None` takes no lease. Only on a store that keeps leases (feature
+    `leases`), and never under a durable engine, which owns the run (see docs/fleet.md)."""
 
     def __post_init__(self) -> None:
         self._state: RunState | None = None
+        ttl = cast(object, self.lease_ttl)
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0):
+            raise ValueError(
+                f'StepPersistence lease_ttl={ttl!r} cannot hold a lease: pass a number of seconds > 0, '
+                'or None to take no lease'
+            )
         _ = self.bound_store  # a store without the contract's methods is refused here, naming them
         for key, value in cast(dict[object, object], self.metadata).items():
             if not isinstance(key, str) or not isinstance(value, str):
@@ -140,6 +154,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
         parent_run_id: str | None = None,
         metadata: dict[str, str] | None = None,
         capture_frontier: bool = False,
+        lease_ttl: float | None = DEFAULT_LEASE_TTL,
         **store_options: Any,
     ) -> StepPersistence[Any]:
         """Build the capability and its store from plain values (as in an agent spec).
@@ -169,6 +184,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
             parent_run_id=parent_run_id,
             metadata=dict(metadata or {}),
             capture_frontier=capture_frontier,
+            lease_ttl=lease_ttl,
         )
 
     def get_ordering(self) -> CapabilityOrdering | None:
@@ -257,16 +273,45 @@ class StepPersistence(StepOperations[AgentDepsT]):
     # --- run lifecycle -------------------------------------------------------------------------
 
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
-        with inside_run(self._run(ctx).run_id):
-            return await handler()
+        run = self._run(ctx)
+        with inside_run(run.run_id), fencing(run.fence):
+            try:
+                return await handler()
+            finally:
+                if run.keeper is not None:  # a run abandoned without its end hooks: stop renewing its lease
+                    run.keeper.stop_soon()
+
+    def _leased(self, ctx: RunContext[Any]) -> bool:
+        """Whether this run takes a lease (see `lease_ttl`)."""
+        return self.lease_ttl is not None and not ctx.in_durable_context and has_leases(self.bound_store)
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
         run = self._run(ctx)
         run.given = list(ctx.messages)
         record = run.run_record()
-        if (resumed := claim_resumption()) is not None:  # started by `Resumption.run`: say which run it resumes
-            record.metadata[RESUMES_KEY] = resumed
-        await self.journal_registration(ctx, record)
+        resumed = take_resumption()  # started by `Resumption.run`: the run it resumes, and recovery's claim
+        if resumed is not None:
+            record.metadata[RESUMES_KEY] = resumed[0]
+        if self._leased(ctx):
+            assert self.lease_ttl is not None
+            try:
+                await take_lease(
+                    self.bound_store,
+                    run,
+                    ttl=self.lease_ttl,
+                    resumes=resumed[0] if resumed is not None else None,
+                    claim=resumed[1] if resumed is not None else None,
+                    start=start_point(ctx, run.given) if resumed is None else None,
+                )
+            except RunClaimedError:
+                if resumed is None:  # the run id is taken: registration says so as the reference does
+                    await self.journal_registration(ctx, record)
+                raise
+        try:
+            await self.journal_registration(ctx, record)
+        except BaseException as error:
+            await end_lease(run, state=LeaseState.ENDED, outcome='refused', error=error)
+            raise
         await self._event(ctx, EventKind.RUN_STARTED)
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
@@ -275,6 +320,8 @@ class StepPersistence(StepOperations[AgentDepsT]):
             await self._save(ctx, final, run.state_of(final))
         await self._event(ctx, EventKind.RUN_COMPLETED)
         run.writer.end()
+        waiting = isinstance(result.output, DeferredToolRequests)
+        await end_lease(run, state=LeaseState.WAITING if waiting else LeaseState.ENDED, outcome='completed')
         return result
 
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
@@ -286,6 +333,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
         except Exception as store_error:
             error.add_note(f'StepPersistence could not record the failure: {describe_error(store_error)}')
         run.writer.end()
+        await end_lease(run, state=LeaseState.ENDED, outcome='failed', error=error)
         raise error
 
     # --- nodes and model requests ----------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from pydantic_ai.tools import RunContext
 
+from stepcore.store.leases import FencingToken, current_fences
 from stepcore.store.protocols import StepStoreProtocol
 
 __all__ = (
@@ -17,6 +18,7 @@ __all__ = (
     'ToolEffectAnnotator',
     'active_run_id',
     'active_tool_call',
+    'fencing_token',
     'inside_run',
     'inside_tool_call',
 )
@@ -60,6 +62,20 @@ def active_tool_call() -> ActiveToolCall | None:
 def active_run_id() -> str | None:
     """The run id of the innermost `StepPersistence` run in this context, if any."""
     return _ACTIVE_RUN_ID.get()
+
+
+def fencing_token() -> FencingToken | None:
+    """The fencing token of the run this code runs in (a tool's, say): its run id, the epoch of its
+    lease and the first run of its chain of resumptions; `None` outside a run or when the run holds
+    no lease (its store keeps none, `lease_ttl=None`, or a durable engine owns the run).
+
+    Hand it to a system outside the store that remembers the highest epoch it saw per `origin` and
+    refuses a lower one: a zombie of the run (a process paused past its lease and taken over) is then
+    refused there too. See docs/fleet.md.
+    """
+    run_id = _ACTIVE_RUN_ID.get()
+    fence = current_fences().get(run_id) if run_id is not None else None
+    return fence.token if fence is not None else None
 
 
 @contextmanager

@@ -13,6 +13,7 @@ from stepcore.capability.content_tracker import ContentTracker
 from stepcore.capability.run_writer import RunWriter
 from stepcore.recovery.history import SettledTracker
 from stepcore.store.ids import derive_run_id
+from stepcore.store.leases import Fence
 from stepcore.store.models import (
     ContinuableSnapshot,
     EventKind,
@@ -69,6 +70,13 @@ class RunState:
     """Whether a node after the user prompt has finished: until then the run added nothing but its prompt."""
     in_flight: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
     """The `started` entry of each tool call being executed, as stored."""
+    fence: Fence = field(init=False)
+    """The lease epoch the run's writes are made under (none until it takes its lease)."""
+    keeper: Any = None
+    """The run's `LeaseKeeper` while it holds a lease."""
+
+    def __post_init__(self) -> None:
+        self.fence = Fence(self.run_id)
 
     def next_key(self, base: str) -> str:
         """`base` numbered by how often the run used it: a replayed run repeats the same keys."""

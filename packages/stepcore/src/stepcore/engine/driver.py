@@ -14,7 +14,7 @@ from typing import Any, Final, TypeVar, cast
 
 from stepcore.engine.group import NOT_PREPARED, WriteGroups
 from stepcore.engine.ops import Op
-from stepcore.engine.plans import KeyConflict, Plan, StaleHistory
+from stepcore.engine.plans import Fenced, KeyConflict, Plan, StaleHistory
 from stepcore.engine.port import AsyncPort, Port, SyncPort
 
 __all__ = (
@@ -39,7 +39,7 @@ it queues for the thread."""
 INLINE_NEW_MESSAGES: Final = 8
 """A snapshot save with at most this many messages new to the run's last save may be written
 inline on the event loop (`SyncPort.inline_writes`); a longer one goes to the port's thread."""
-_OURS = (ValueError, LookupError, TypeError, RuntimeError, NotImplementedError, KeyConflict, StaleHistory)
+_OURS = (ValueError, LookupError, TypeError, RuntimeError, NotImplementedError, KeyConflict, StaleHistory, Fenced)
 """Errors the engine and the contract raise themselves: they already say what is wrong."""
 
 

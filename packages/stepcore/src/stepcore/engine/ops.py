@@ -24,15 +24,22 @@ from stepcore.store.lifecycle import sort_time
 
 __all__ = (
     'Body',
+    'CheckLease',
     'DeleteRun',
     'DeleteSnapshots',
     'EffectRow',
     'EventRow',
+    'GetLease',
+    'GetLeaseStart',
     'GetNodes',
     'GetRun',
     'InsertRun',
+    'LeaseRead',
+    'LeaseRow',
+    'LeaseSwap',
     'ListEffects',
     'ListEvents',
+    'ListLeases',
     'ListRunIds',
     'ListRuns',
     'ListSnapshots',
@@ -46,6 +53,7 @@ __all__ = (
     'SnapshotKeyApplied',
     'SnapshotRow',
     'SnapshotStates',
+    'SwapLease',
     'Unparsable',
     'Unreadable',
     'legacy_step_index',
@@ -121,6 +129,41 @@ class SnapshotRow:
     """The snapshot's other fields (its header), without the messages."""
     seq: int | None = None
     """Assigned by the port when the snapshot is stored."""
+
+
+@dataclass(slots=True)
+class LeaseRow:
+    """A run's lease (see `stepcore.store.leases`): the columns a port indexes or compares, and a body.
+
+    `epoch` grows with every change of owner; `state` is a `LeaseState` value; `host` is the owner's
+    host (`''` for none), `expires` when the hold ends, in seconds since the Unix epoch on the port's
+    clock (the server's, where there is one); `body` the rest, as the engine encoded it (compact JSON
+    text: a port keeps it as given and answers it as text or bytes).
+    """
+
+    run_id: str
+    epoch: int
+    state: str
+    host: str
+    expires: float
+    body: str | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRead:
+    """A lease as a port read it (`None`: the run has none), and the port's clock at that moment."""
+
+    row: LeaseRow | None
+    now: float
+    """Seconds since the Unix epoch on the port's clock, the one `expires` is on."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSwap:
+    """The answer of `SwapLease`: whether it stored the new lease, and the lease as it is now."""
+
+    swapped: bool
+    read: LeaseRead
 
 
 def legacy_step_index(body: Body) -> int:
@@ -232,7 +275,8 @@ class ListRunIds(Op):
 @dataclass(frozen=True, slots=True)
 class DeleteRun(Op):
     """Remove everything stored for the run: its row, events, ledger, snapshots, message nodes,
-    idempotency keys and counters. Answer: whether anything was there."""
+    idempotency keys, counters, and its lease with its start point (where the port keeps leases).
+    Answer: whether anything was there."""
 
     method: ClassVar[str] = 'delete_run'
     writes: ClassVar[bool] = True
@@ -373,3 +417,84 @@ class GetNodes(Op):
     method: ClassVar[str] = 'get_nodes'
     run_id: str
     chains: Sequence[tuple[int, int]] = field(default_factory=tuple[tuple[int, int], ...])
+
+
+# -- leases: one compare-and-set primitive, its reads, and the fence on writes ----------------
+
+
+@dataclass(frozen=True, slots=True)
+class GetLease(Op):
+    """Answer: a `LeaseRead` of the run's lease (`row` is `None` when it has none)."""
+
+    method: ClassVar[str] = 'get_lease'
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SwapLease(Op):
+    """Compare and set the run's lease, atomically against every other `SwapLease` and `CheckLease`
+    of the run (and against its writes).
+
+    It matches when the run has no lease and `expect` is `None`, or when its lease's epoch is
+    `expect` and, with `expired`, its `expires` is earlier than now on the port's clock. Then it
+    stores `row` with `expires` set to now plus `ttl` seconds on that clock (`row.expires` is not
+    read), and, when `start` is not `None`, `start` as the run's start point (kept as it was
+    otherwise). Answer: a `LeaseSwap`: whether it matched, and a `LeaseRead` of the lease after the
+    operation (the new one, or the one that did not match), with the port's clock.
+
+    Ports with a clock of their own (a database server) use it for both `expires` and the
+    comparison, so the clocks of the processes sharing the store never matter.
+    """
+
+    method: ClassVar[str] = 'swap_lease'
+    writes: ClassVar[bool] = True
+    run_id: str
+    expect: int | None
+    expired: bool
+    row: LeaseRow
+    ttl: float
+    start: bytes | None = None
+
+    def matches(self, current: LeaseRow | None, now: float) -> bool:
+        """Whether `current` (the stored lease, or `None`) is what the swap expects, at `now`."""
+        if current is None or self.expect is None:
+            return current is None and self.expect is None
+        return current.epoch == self.expect and (not self.expired or current.expires < now)
+
+    def stored(self, now: float) -> LeaseRow:
+        """The row to store when the swap matches at `now`."""
+        row = self.row
+        return LeaseRow(row.run_id, row.epoch, row.state, row.host, now + self.ttl, row.body)
+
+
+@dataclass(frozen=True, slots=True)
+class ListLeases(Op):
+    """Answer: `(rows, now)`: the leases in one of `states` (never `ended`), each once, in any order,
+    and the port's clock. Read through an index on the state: never a scan of every run."""
+
+    method: ClassVar[str] = 'list_leases'
+    states: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GetLeaseStart(Op):
+    """Answer: the start point stored with the run's lease (`SwapLease.start`), or `None`."""
+
+    method: ClassVar[str] = 'get_lease_start'
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckLease(Op):
+    """Inside a write transaction, before its writes: the transaction must take effect only while the
+    run's lease epoch is `epoch`. When it is not (another owner took the run, or it has no lease),
+    raise `stepcore.engine.plans.Fenced` and store nothing of the transaction, either here or at
+    commit (a port that sends its writes at commit checks there). No answer.
+
+    Atomic against `SwapLease`: a takeover committed before this transaction commits fences it; one
+    after it sees everything it wrote.
+    """
+
+    method: ClassVar[str] = 'check_lease'
+    run_id: str
+    epoch: int

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 from stepcore.engine.ops import (
+    CheckLease,
     DeleteSnapshots,
     EffectRow,
     EventRow,
@@ -31,7 +32,16 @@ from stepcore.engine.ops import (
 )
 from stepcore.store.retention import snapshots_to_prune
 
-__all__ = ('KeyConflict', 'Plan', 'SnapshotWrite', 'StaleHistory', 'read_snapshot', 'read_snapshots', 'write_plan')
+__all__ = (
+    'Fenced',
+    'KeyConflict',
+    'Plan',
+    'SnapshotWrite',
+    'StaleHistory',
+    'read_snapshot',
+    'read_snapshots',
+    'write_plan',
+)
 
 T = TypeVar('T')
 Plan: TypeAlias = Generator[Op | tuple[Op, ...], Any, T]
@@ -42,6 +52,14 @@ _NEWEST = sys.maxsize
 
 class StaleHistory(Exception):
     """The node a save hangs its new messages off is gone (the run was deleted or replaced)."""
+
+
+class Fenced(Exception):
+    """A write of a run whose lease epoch is no longer the writer's (`CheckLease`): nothing was stored."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
 
 
 class KeyConflict(Exception):
@@ -64,6 +82,7 @@ def write_plan(
     effects: Sequence[EffectRow],
     snapshot: SnapshotWrite | None,
     max_snapshots: int | None,
+    epoch: int | None = None,
 ) -> Plan[Sequence[int] | None]:
     """Write one run's records and snapshot; answers the snapshot's new node ids (`None`: not written).
 
@@ -72,8 +91,13 @@ def write_plan(
     before the event that announces the call. In one transaction the order does not show; without
     one, it is the order of the writes, so a crash between two of them leaves a state that obeys
     the rule (see `docs/concepts/ledger.md`).
+
+    With `epoch`, the writer holds the run's lease at that epoch: the transaction is checked against
+    the lease first (`CheckLease`), so a writer whose lease was taken over stores nothing.
     """
     nodes: Sequence[int] | None = None
+    if epoch is not None:
+        yield CheckLease(run_id, epoch)
     if snapshot is not None:
         nodes = yield from _snapshot_plan(run_id, snapshot, max_snapshots)
     if effects:

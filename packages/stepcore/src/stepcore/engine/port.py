@@ -118,6 +118,25 @@ class Port:
     def get_nodes(self, tx: Any, op: ops.GetNodes) -> Mapping[int, ops.Node] | Awaitable[Mapping[int, ops.Node]]:
         raise NotImplementedError(f'{type(self).__name__} does not implement get_nodes')
 
+    # Leases: only for a store that declares the feature `leases` (see `stepcore.engine.ops`).
+
+    def get_lease(self, tx: Any, op: ops.GetLease) -> ops.LeaseRead | Awaitable[ops.LeaseRead]:
+        raise NotImplementedError(f'{type(self).__name__} does not implement get_lease')
+
+    def swap_lease(self, tx: Any, op: ops.SwapLease) -> ops.LeaseSwap | Awaitable[ops.LeaseSwap]:
+        raise NotImplementedError(f'{type(self).__name__} does not implement swap_lease')
+
+    def list_leases(
+        self, tx: Any, op: ops.ListLeases
+    ) -> tuple[Sequence[ops.LeaseRow], float] | Awaitable[tuple[Sequence[ops.LeaseRow], float]]:
+        raise NotImplementedError(f'{type(self).__name__} does not implement list_leases')
+
+    def get_lease_start(self, tx: Any, op: ops.GetLeaseStart) -> bytes | None | Awaitable[bytes | None]:
+        raise NotImplementedError(f'{type(self).__name__} does not implement get_lease_start')
+
+    def check_lease(self, tx: Any, op: ops.CheckLease) -> None | Awaitable[None]:
+        raise NotImplementedError(f'{type(self).__name__} does not implement check_lease')
+
 
 class SyncPort(Port):
     """A port doing blocking I/O, on a thread of its own (or inline, when `worker` is `None`)."""

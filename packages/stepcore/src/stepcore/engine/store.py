@@ -25,18 +25,26 @@ from stepcore.engine.ops import (
     DeleteRun,
     EffectRow,
     EventRow,
+    GetLease,
+    GetLeaseStart,
     GetRun,
     InsertRun,
+    LeaseRead,
+    LeaseRow,
+    LeaseSwap,
     ListEffects,
     ListEvents,
+    ListLeases,
     ListRunIds,
     ListRuns,
     ListSnapshots,
     Node,
     RunRow,
     SnapshotRow,
+    SwapLease,
 )
 from stepcore.engine.plans import (
+    Fenced,
     KeyConflict,
     Plan,
     SnapshotWrite,
@@ -61,8 +69,23 @@ from stepcore.engine.rows import (
 from stepcore.engine.seal import HEAD_KEY, NO_PREV, MessageDamage, Sealer, key_id_of
 from stepcore.media import MediaStore, MediaStoreOption, resolve_media_store
 from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker, stored_references
-from stepcore.store.codec import decode_messages, record_fields
-from stepcore.store.features import ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, require_feature
+from stepcore.store.codec import decode_messages, encode_message, record_fields
+from stepcore.store.features import (
+    ENCRYPTION,
+    ENGINE_PORT,
+    LEASES,
+    MEDIA_EXTERNALIZATION,
+    SNAPSHOT_RETENTION,
+    require_feature,
+)
+from stepcore.store.leases import (
+    Lease,
+    LeaseState,
+    RunFencedError,
+    decode_lease_body,
+    encode_lease_body,
+    fence_of,
+)
 from stepcore.store.lifecycle import RunFootprint, RunKey, RunQuery, RunStatus, collect_runs, run_status
 from stepcore.store.models import (
     ContinuableSnapshot,
@@ -350,15 +373,35 @@ class EngineStore(StepStore):
             run_id = self.__run_id(snapshot.run_id)
             if snapshot.idempotency_key is not None:
                 check_text(snapshot.idempotency_key, 'idempotency_key')
-            await self.__save(run_id, snapshot, by_run.pop(run_id, []))
+            epoch = fence_of(run_id)
+            try:
+                await self.__save(run_id, snapshot, by_run.pop(run_id, []), epoch)
+            except Fenced:
+                raise await self.__fenced(run_id, epoch) from None
         for run_id, records in by_run.items():
-            await self.__driver.transact(
-                [run_id],
-                lambda r=run_id, w=records: write_plan(r, *record_rows(self.__sealer, r, w), None, None),
-                short=len(records) <= INLINE_RECORDS,
-            )
+            epoch = fence_of(run_id)
+            try:
+                await self.__driver.transact(
+                    [run_id],
+                    lambda r=run_id, w=records, e=epoch: write_plan(
+                        r, *record_rows(self.__sealer, r, w), None, None, e
+                    ),
+                    short=len(records) <= INLINE_RECORDS,
+                )
+            except Fenced:
+                raise await self.__fenced(run_id, epoch) from None
 
-    async def __save(self, run_id: str, snapshot: ContinuableSnapshot, records: list[StepWrite]) -> None:
+    async def __fenced(self, run_id: str, epoch: int | None) -> RunFencedError:
+        """The error for a write refused by the run's lease: who holds the run now, and since when."""
+        try:
+            lease = await self.get_lease(run_id)
+        except Exception:  # the refusal is what matters; the lease is detail
+            lease = None
+        return RunFencedError(run_id, epoch or 0, lease)
+
+    async def __save(
+        self, run_id: str, snapshot: ContinuableSnapshot, records: list[StepWrite], epoch: int | None
+    ) -> None:
         """Save a snapshot with its run's records: find and encode the new messages, externalize their
         media, then write everything in one transaction.
 
@@ -399,7 +442,8 @@ class EngineStore(StepStore):
             )
             parent = cast(int | None, delta.parent)
             write = SnapshotWrite(key=snapshot.idempotency_key, parent=parent, bodies=bodies, row=row)
-            return write_plan(run_id, *record_rows(self.__sealer, run_id, records), write, self.max_snapshots_per_run)
+            rows = record_rows(self.__sealer, run_id, records)
+            return write_plan(run_id, *rows, write, self.max_snapshots_per_run, epoch)
 
         restarted = False
         conflicts = 0
@@ -656,6 +700,107 @@ class EngineStore(StepStore):
 
             found |= decoded(references, run_id=run_id, record=f'snapshot seq={row.seq}', where=self.__where())
         return found
+
+    # -- leases (feature `leases`: see `stepcore.store.leases`) ---------------------------------
+
+    def __lease(self, run_id: str, read: LeaseRead) -> Lease | None:
+        row = read.row
+        if row is None:
+            return None
+        try:
+            return decode_lease_body(run_id, row.epoch, row.state, row.expires, read.now, row.body)
+        except (ValueError, TypeError, KeyError) as error:
+            raise DamagedRecordError(
+                run_id=run_id, record='lease', where=self.__where(), reason=f'{type(error).__name__}: {error}'
+            ) from None
+
+    async def get_lease(self, run_id: str) -> Lease | None:
+        """The run's lease, read with the store's clock; `None` when it has none."""
+        require_feature(self, LEASES, option='get_lease')
+        run_id = self.__run_id(run_id)
+        return self.__lease(run_id, await self.__driver.read(run_id, single(GetLease(run_id))))
+
+    async def swap_lease(
+        self,
+        lease: Lease,
+        *,
+        expect: int | None,
+        expired: bool = False,
+        ttl: float,
+        start: Sequence[ModelMessage] | None = None,
+    ) -> tuple[bool, Lease | None]:
+        """Compare and set the run's lease (see `stepcore.engine.ops.SwapLease`): store `lease`, held
+        for `ttl` seconds from now on the store's clock, when the run has no lease (`expect=None`) or
+        its lease has epoch `expect` (and, with `expired`, has expired on the store's clock).
+
+        `start` stores the history a restart of the run needs with it. Answers whether it matched and
+        the lease as it is now.
+        """
+        require_feature(self, LEASES, option='swap_lease')
+        run_id = self.__run_id(lease.run_id)
+        if ttl < 0:
+            raise ValueError(f'ttl={ttl!r} cannot hold a lease: pass 0 or more seconds')
+        blob = None if start is None else await self.__seal_start(run_id, start)
+        row = LeaseRow(
+            run_id=run_id,
+            epoch=lease.epoch,
+            state=LeaseState(lease.state).value,
+            host=lease.owner.host if lease.owner is not None else '',
+            expires=0.0,
+            body=encode_lease_body(lease),
+        )
+        op = SwapLease(run_id, expect=expect, expired=expired, row=row, ttl=float(ttl), start=blob)
+        swap = cast(LeaseSwap, await self.__driver.write_op([run_id], op))
+        return swap.swapped, self.__lease(run_id, swap.read)
+
+    async def list_leases(self, states: Sequence[LeaseState | str]) -> list[Lease]:
+        """The leases in one of `states` (never `ended`), through the store's index of states."""
+        require_feature(self, LEASES, option='list_leases')
+        wanted = tuple(LeaseState(s).value for s in states)
+        if LeaseState.ENDED.value in wanted:
+            raise ValueError("list_leases lists live states only: leave 'ended' out (every finished run has it)")
+        rows, now = cast(tuple[Sequence[LeaseRow], float], await self.__driver.read(None, single(ListLeases(wanted))))
+        found: list[Lease] = []
+        for row in rows:
+            try:
+                lease = self.__lease(row.run_id, LeaseRead(row, now))
+            except DamagedRecordError as error:
+                skip_damaged(error)
+                continue
+            if lease is not None:
+                found.append(lease)
+        return found
+
+    async def lease_start(self, run_id: str) -> list[ModelMessage] | None:
+        """The history stored with the run's lease for a restart (its first request), or `None`."""
+        require_feature(self, LEASES, option='lease_start')
+        run_id = self.__run_id(run_id)
+        blob = cast(bytes | None, await self.__driver.read(run_id, single(GetLeaseStart(run_id))))
+        if blob is None:
+            return None
+
+        def opened() -> list[bytes]:
+            head, _, rest = bytes(blob).partition(b'\n')
+            bodies = rest.split(b'\n') if rest else []
+            try:
+                return self.__sealer.open_nodes(run_id, bodies, head.decode() or None, sealed=True)
+            except MessageDamage as error:
+                raise ValueError(f'message {error.position} is damaged: {error.reason}') from error
+
+        stored = decoded(opened, run_id=run_id, record='start point', where=self.__where())
+        try:
+            return await self.__history.decode(stored)
+        except (ValueError, LookupError, TypeError) as error:
+            raise DamagedRecordError(
+                run_id=run_id, record='start point', where=self.__where(), reason=f'{type(error).__name__}: {error}'
+            ) from error
+
+    async def __seal_start(self, run_id: str, messages: Sequence[ModelMessage]) -> bytes:
+        """The start point's stored form: its messages' stored bodies sealed as one chain, one per line."""
+        walker = self.__history.walker
+        stored = [await walker.externalize(encode_message(m)) for m in messages]
+        bodies, sums = self.__sealer.nodes(run_id, stored, NO_PREV)
+        return (sums[-1] if sums else '').encode() + b'\n' + b'\n'.join(bodies)
 
     # -- keys ---------------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import DeferredToolResults
 
+from stepcore.ownership.claims import Claim
 from stepcore.recovery.history import unanswered_tool_calls
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
 from stepcore.store.contract import as_step_store, write_records
@@ -69,6 +70,7 @@ __all__ = (
     'resolve_run',
     'settlements_of',
     'supply_result',
+    'take_resumption',
 )
 
 SettledBy: TypeAlias = Literal['rerun', 'reconciled', 'supplied', 'checked', 'snapshot']
@@ -155,6 +157,7 @@ class Resumption:
 @dataclass
 class _Link:
     run_id: str
+    claim: Claim | None = None
     claimed: bool = False
 
 
@@ -162,21 +165,28 @@ _RESUMING: ContextVar[_Link | None] = ContextVar('stepcore_resuming', default=No
 
 
 @contextmanager
-def _resuming(run_id: str) -> Iterator[None]:
-    token = _RESUMING.set(_Link(run_id))
+def _resuming(run_id: str, claim: Claim | None = None) -> Iterator[None]:
+    token = _RESUMING.set(_Link(run_id, claim))
     try:
         yield
     finally:
         _RESUMING.reset(token)
 
 
-def claim_resumption() -> str | None:
-    """The run the starting run resumes, once: the first `StepPersistence` run to ask claims it."""
+def take_resumption() -> tuple[str, Claim | None] | None:
+    """The run the starting run resumes, and recovery's claim on it, once: the first
+    `StepPersistence` run to ask takes them (and hands the claimed run over to itself)."""
     link = _RESUMING.get()
     if link is None or link.claimed:
         return None
     link.claimed = True
-    return link.run_id
+    return link.run_id, link.claim
+
+
+def claim_resumption() -> str | None:
+    """The run the starting run resumes, once (see `take_resumption`)."""
+    taken = take_resumption()
+    return None if taken is None else taken[0]
 
 
 # --- reading the ledger ----------------------------------------------------------------------------

@@ -59,6 +59,10 @@ EXTENSIONS: Mapping[str, tuple[str, ...]] = {
     'stored_run_ids': ('list_runs',),
     'media_references': _SNAPSHOT_READS,
     'stored_key_ids': (),
+    'get_lease': (),
+    'swap_lease': (),
+    'list_leases': (),
+    'lease_start': (),
     'aclose': (),
 }
 """Each extension stepcore uses, and the contract methods it stands in for."""

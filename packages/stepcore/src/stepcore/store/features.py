@@ -11,6 +11,7 @@ __all__ = (
     'CHECKSUMS',
     'ENCRYPTION',
     'ENGINE_PORT',
+    'LEASES',
     'MEDIA_COLLECTION',
     'MEDIA_EXTERNALIZATION',
     'PERSISTENT',
@@ -37,8 +38,22 @@ ENGINE_PORT = 'engine_port'
 and stops at the engine's write boundaries (`stepcore.engine.faults`), where the conformance kit
 injects faults and watches what reaches storage. Every `EngineStore` subclass declares it."""
 
+LEASES = 'leases'
+"""Keeps run ownership (`stepcore.store.leases`): a lease per run, swapped atomically on the store
+(compare and set, with the store's clock), listed by state through an index, and a fence on every
+write of a run (`get_lease`, `swap_lease`, `list_leases`, `lease_start`)."""
+
 ALL_FEATURES = frozenset(
-    {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, MEDIA_COLLECTION, ENCRYPTION, CHECKSUMS, ENGINE_PORT}
+    {
+        SNAPSHOT_RETENTION,
+        MEDIA_EXTERNALIZATION,
+        PERSISTENT,
+        MEDIA_COLLECTION,
+        ENCRYPTION,
+        CHECKSUMS,
+        ENGINE_PORT,
+        LEASES,
+    }
 )
 
 

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from stepcore.engine import ops
 from stepcore.engine.encryption import Encryption
-from stepcore.engine.plans import KeyConflict
+from stepcore.engine.plans import Fenced, KeyConflict
 from stepcore.engine.port import SyncPort
 from stepcore.engine.store import EngineStore
 from stepcore.media import MediaStoreOption
-from stepcore.store.features import CHECKSUMS, ENCRYPTION, SNAPSHOT_RETENTION
+from stepcore.store.features import CHECKSUMS, ENCRYPTION, LEASES, SNAPSHOT_RETENTION
 from stepcore.store.models import SnapshotState
 
 __all__ = ('InMemoryStepStore', 'MemoryPort')
@@ -38,6 +39,8 @@ class MemoryPort(SyncPort):
         self._runs: dict[str, ops.RunRow] = {}
         self._data: dict[str, _Run] = {}
         self._next_node = 1
+        self._leases: dict[str, ops.LeaseRow] = {}
+        self._starts: dict[str, bytes] = {}
 
     def describe(self) -> str:
         return 'process memory'
@@ -65,7 +68,35 @@ class MemoryPort(SyncPort):
 
     def delete_run(self, tx: Any, op: ops.DeleteRun) -> bool:
         had_row = self._runs.pop(op.run_id, None) is not None
-        return self._data.pop(op.run_id, None) is not None or had_row
+        had_lease = self._leases.pop(op.run_id, None) is not None
+        self._starts.pop(op.run_id, None)
+        return self._data.pop(op.run_id, None) is not None or had_row or had_lease
+
+    # -- leases: every operation runs whole on the event loop, so each is atomic --------------
+
+    def get_lease(self, tx: Any, op: ops.GetLease) -> ops.LeaseRead:
+        return ops.LeaseRead(self._leases.get(op.run_id), time.time())
+
+    def swap_lease(self, tx: Any, op: ops.SwapLease) -> ops.LeaseSwap:
+        now = time.time()
+        current = self._leases.get(op.run_id)
+        if not op.matches(current, now):
+            return ops.LeaseSwap(False, ops.LeaseRead(current, now))
+        stored = self._leases[op.run_id] = op.stored(now)
+        if op.start is not None:
+            self._starts[op.run_id] = op.start
+        return ops.LeaseSwap(True, ops.LeaseRead(stored, now))
+
+    def list_leases(self, tx: Any, op: ops.ListLeases) -> tuple[list[ops.LeaseRow], float]:
+        return [row for row in self._leases.values() if row.state in op.states], time.time()
+
+    def get_lease_start(self, tx: Any, op: ops.GetLeaseStart) -> bytes | None:
+        return self._starts.get(op.run_id)
+
+    def check_lease(self, tx: Any, op: ops.CheckLease) -> None:
+        current = self._leases.get(op.run_id)
+        if current is None or current.epoch != op.epoch:
+            raise Fenced(op.run_id)
 
     def put_events(self, tx: Any, op: ops.PutEvents) -> None:
         data = self._run(op.run_id)
@@ -161,7 +192,7 @@ class InMemoryStepStore(EngineStore):
     `media_externalization`).
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS})
+    features: ClassVar[frozenset[str]] = frozenset({SNAPSHOT_RETENTION, ENCRYPTION, CHECKSUMS, LEASES})
 
     def __init__(
         self,

@@ -10,8 +10,11 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeAlias, cast, runtime_checkable
 
+from pydantic_ai.messages import ModelMessage
+
 from stepcore.media.walker import payload_addresses
 from stepcore.store.codec import encode_message
+from stepcore.store.leases import Lease, LeaseState
 from stepcore.store.lifecycle import (
     PruneProgress,
     PruneReport,
@@ -622,6 +625,32 @@ class StepStore(ABC):
         if await self.get_run(run_id) is not None:
             return {None}
         return {None} if await self.latest_snapshot(run_id, include_interrupted=True) is not None else set()
+
+    # -- run ownership: the feature `leases` (see `stepcore.store.leases`) ---------------------
+
+    async def get_lease(self, run_id: str) -> Lease | None:
+        """The run's lease, read with the store's clock; `None` when it has none."""
+        raise _missing(self, 'get_lease', "to keep run ownership (declare the feature 'leases')")
+
+    async def swap_lease(
+        self,
+        lease: Lease,
+        *,
+        expect: int | None,
+        expired: bool = False,
+        ttl: float,
+        start: Sequence[ModelMessage] | None = None,
+    ) -> tuple[bool, Lease | None]:
+        """Compare and set the run's lease, atomically on the store (see `stepcore.engine.ops.SwapLease`)."""
+        raise _missing(self, 'swap_lease', "to keep run ownership (declare the feature 'leases')")
+
+    async def list_leases(self, states: Sequence[LeaseState | str]) -> list[Lease]:
+        """The leases in one of `states` (never `ended`), through an index on the state."""
+        raise _missing(self, 'list_leases', "to find orphaned runs (declare the feature 'leases')")
+
+    async def lease_start(self, run_id: str) -> list[ModelMessage] | None:
+        """The history stored with the run's lease for a restart, or `None`."""
+        raise _missing(self, 'lease_start', "to restart a run killed before its first snapshot (feature 'leases')")
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -1,0 +1,298 @@
+"""Run ownership as the store keeps it: leases, the owner behind each, and the fence on a run's writes.
+
+A run started by `StepPersistence` holds a *lease* in its store: who owns the run (host, process,
+a random token), until when (the store's own clock), and an *epoch* that grows every time the run
+changes hands. While it holds the lease the owner renews it on a timer; when the run ends it
+releases it. Every write of the run's records is *fenced*: it is made only while the run's lease
+still carries the writer's epoch, in the same transaction as the write, so a writer whose lease
+was taken over (a process paused past its lease, a partitioned host) has its writes refused and
+never visible. The epoch is also the run's *fencing token* for systems outside the store.
+
+This module holds what every layer shares: the records (`Lease`, `Owner`), the states, the errors,
+and the fence a writing task carries (`fencing`, `fence_of`). The mechanism is the storage engine's
+(`stepcore.engine.store.EngineStore`: one compare-and-set primitive per backend), the policy
+(claiming, renewing, orphans) `stepcore.ownership`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, cast
+
+__all__ = (
+    'DEFAULT_LEASE_TTL',
+    'Fence',
+    'FencingToken',
+    'Lease',
+    'LeaseState',
+    'Owner',
+    'RunClaimedError',
+    'RunFencedError',
+    'RunOwnedError',
+    'decode_lease_body',
+    'encode_lease_body',
+    'fence_of',
+    'fencing',
+    'from_seconds',
+)
+
+DEFAULT_LEASE_TTL = 30.0
+"""Seconds a lease lasts without renewal (renewed every third of it while the run lives)."""
+
+
+class LeaseState(StrEnum):
+    """Where a run stands as its lease says (a `str`)."""
+
+    RUNNING = 'running'
+    """An owner runs it; once its lease expires or the owner is gone, it is an orphan."""
+    WAITING = 'waiting'
+    """It paused on deferred tool calls (approvals, external calls) and waits for their answers."""
+    PENDING = 'pending'
+    """Recovery settled what it could; calls under `'ask'` wait for a person before it can resume."""
+    RESUMED = 'resumed'
+    """Another run (`resumed_by`) continues it: it is never resumed again."""
+    ENDED = 'ended'
+    """It finished (`outcome` says how): nothing owns it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who holds a lease: a process on a host, told apart from a later one by a random token."""
+
+    host: str
+    pid: int
+    token: str
+    boot: str | None = None
+    """The host's boot id where it has one (Linux): a process of an earlier boot is gone."""
+
+    def __str__(self) -> str:
+        return f'{self.host} pid {self.pid}'
+
+    def to_json(self) -> dict[str, Any]:
+        return {'host': self.host, 'pid': self.pid, 'token': self.token, 'boot': self.boot}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Owner:
+        return cls(host=str(data['host']), pid=int(data['pid']), token=str(data['token']), boot=data.get('boot'))
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A run's lease as read from its store, with the store's clock at the time of reading."""
+
+    run_id: str
+    epoch: int
+    """Grows by one every time the run changes hands: the fencing token of its current owner."""
+    state: LeaseState
+    owner: Owner | None
+    expires_at: datetime
+    """When the owner's hold ends unless renewed, on the store's clock."""
+    checked_at: datetime
+    """The store's clock when this lease was read."""
+    since: datetime | None = None
+    """When the current owner took it (or the run reached its state)."""
+    origin: str | None = None
+    """The first run of the chain of resumptions this run belongs to (itself when it resumes none)."""
+    resumes: str | None = None
+    """The run this one continues, when it is a resumption."""
+    resumed_by: str | None = None
+    """The run that continues this one (state `resumed`)."""
+    outcome: str | None = None
+    """How the run ended, or why it was left: `completed`, `failed`, `cancelled`, `fenced`, ..."""
+    note: str | None = None
+    """What recovery left for a person to do (state `pending`)."""
+
+    @property
+    def expired(self) -> bool:
+        """Whether the owner's hold has ended on the store's clock."""
+        return self.expires_at <= self.checked_at
+
+    @property
+    def seconds_left(self) -> float:
+        return (self.expires_at - self.checked_at).total_seconds()
+
+    @property
+    def token(self) -> FencingToken:
+        return FencingToken(run_id=self.run_id, epoch=self.epoch, origin=self.origin or self.run_id)
+
+    def describe(self) -> str:
+        """One line for messages: state, owner and expiry."""
+        if self.state is LeaseState.RUNNING and self.owner is not None:
+            when = self.expires_at.isoformat(timespec='seconds')
+            hold = f'expired at {when}' if self.expired else f'held until {when}'
+            return f'running on {self.owner} (epoch {self.epoch}, {hold})'
+        if self.state is LeaseState.RESUMED:
+            return f'resumed by run {self.resumed_by!r}'
+        extra = f' ({self.outcome})' if self.outcome else ''
+        return f'{self.state.value}{extra}'
+
+
+@dataclass(frozen=True, slots=True)
+class FencingToken:
+    """What a tool hands to a system outside the store so it can refuse a writer that lost its run.
+
+    `epoch` grows along a run and along its resumptions (a resumption starts one past the run it
+    continues), so a downstream system that remembers the highest epoch it saw for `origin` and
+    refuses anything lower refuses every zombie of that chain.
+    """
+
+    run_id: str
+    epoch: int
+    origin: str
+
+
+def from_seconds(seconds: float) -> datetime:
+    """Seconds since the Unix epoch as an aware UTC datetime."""
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def encode_lease_body(lease: Lease) -> str:
+    """The parts of a lease a port keeps in its opaque body column (compact JSON)."""
+    data: dict[str, Any] = {
+        'owner': lease.owner.to_json() if lease.owner is not None else None,
+        'since': lease.since.isoformat() if lease.since is not None else None,
+        'origin': lease.origin,
+        'resumes': lease.resumes,
+        'resumed_by': lease.resumed_by,
+        'outcome': lease.outcome,
+        'note': lease.note,
+    }
+    return json.dumps({k: v for k, v in data.items() if v is not None}, separators=(',', ':'))
+
+
+def decode_lease_body(
+    run_id: str, epoch: int, state: str, expires: float, now: float, body: str | bytes | Mapping[str, Any]
+) -> Lease:
+    """A `Lease` from a port's row; `ValueError` naming what does not parse."""
+    data: Any = body if isinstance(body, Mapping) else json.loads(body)
+    if not isinstance(data, dict):
+        raise ValueError(f'lease body is {type(data).__name__}, not an object')
+    fields = cast(dict[str, Any], data)
+    owner = fields.get('owner')
+    since = fields.get('since')
+    return Lease(
+        run_id=run_id,
+        epoch=int(epoch),
+        state=LeaseState(state),
+        owner=Owner.from_json(owner) if isinstance(owner, dict) else None,
+        expires_at=from_seconds(float(expires)),
+        checked_at=from_seconds(float(now)),
+        since=datetime.fromisoformat(since) if isinstance(since, str) else None,
+        origin=fields.get('origin'),
+        resumes=fields.get('resumes'),
+        resumed_by=fields.get('resumed_by'),
+        outcome=fields.get('outcome'),
+        note=fields.get('note'),
+    )
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+class RunOwnedError(RuntimeError):
+    """The run is held by a live owner: recovery must not act on it."""
+
+    def __init__(self, lease: Lease, *, action: str) -> None:
+        owner = lease.owner
+        who = f'{owner}' if owner is not None else 'an unknown owner'
+        until = lease.expires_at.isoformat(timespec='seconds')
+        super().__init__(
+            f'run {lease.run_id!r} is running on {who} (lease epoch {lease.epoch}, held until {until}, '
+            f'{max(lease.seconds_left, 0):.0f} s from now): {action} would act on a live run. Wait until it ends '
+            f'or its lease expires, or pass force=True (--force) if you know that process is gone'
+        )
+        self.lease = lease
+
+
+class RunClaimedError(RuntimeError):
+    """Another worker claimed the run first (or took it over meanwhile)."""
+
+    def __init__(self, run_id: str, lease: Lease | None, *, action: str) -> None:
+        if lease is None:
+            detail = 'its lease is gone'
+        elif lease.state is LeaseState.RESUMED:
+            detail = f'it was resumed by run {lease.resumed_by!r}'
+        elif lease.owner is not None:
+            since = f' since {lease.since.isoformat(timespec="seconds")}' if lease.since is not None else ''
+            detail = f'claimed by {lease.owner} (epoch {lease.epoch}){since}'
+        else:
+            detail = f'it is {lease.describe()}'
+        super().__init__(f'run {run_id!r} cannot be {action}: {detail}')
+        self.run_id = run_id
+        self.lease = lease
+
+
+class RunFencedError(RuntimeError):
+    """A write of a run whose lease was taken over: refused, and nothing of it stored."""
+
+    def __init__(self, run_id: str, epoch: int, lease: Lease | None) -> None:
+        if lease is None:
+            now = 'the run no longer has a lease (it was deleted)'
+        elif lease.owner is not None and lease.epoch != epoch:
+            since = f' at {lease.since.isoformat(timespec="seconds")}' if lease.since is not None else ''
+            now = f'it was taken over by {lease.owner} (epoch {lease.epoch}){since}'
+        else:
+            now = f'its lease is now epoch {lease.epoch}, {lease.describe()}'
+        super().__init__(
+            f'write refused: this process held run {run_id!r} at lease epoch {epoch}, and {now}. '
+            'The run stops here; its new owner carries it on'
+        )
+        self.run_id = run_id
+        self.epoch = epoch
+        self.lease = lease
+
+
+# --- the fence a writing task carries -------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Fence:
+    """The lease a task writes a run's records under: its epoch, once claimed (`None`: not fenced)."""
+
+    run_id: str
+    epoch: int | None = None
+    origin: str | None = None
+    lost: Lease | None = field(default=None)
+    """Set once the owner learns its lease was taken over."""
+
+    @property
+    def token(self) -> FencingToken | None:
+        if self.epoch is None:
+            return None
+        return FencingToken(run_id=self.run_id, epoch=self.epoch, origin=self.origin or self.run_id)
+
+
+_NO_FENCES: Mapping[str, Fence] = MappingProxyType({})
+_FENCES: ContextVar[Mapping[str, Fence]] = ContextVar('stepcore_fences', default=_NO_FENCES)
+
+
+@contextmanager
+def fencing(fence: Fence) -> Iterator[Fence]:
+    """Write `fence.run_id`'s records under `fence` in this context (and the tasks it starts)."""
+    token = _FENCES.set({**_FENCES.get(), fence.run_id: fence})
+    try:
+        yield fence
+    finally:
+        _FENCES.reset(token)
+
+
+def fence_of(run_id: str) -> int | None:
+    """The epoch this task writes `run_id` under, or `None` when its writes are not fenced."""
+    fence = _FENCES.get().get(run_id)
+    return None if fence is None else fence.epoch
+
+
+def current_fences() -> Mapping[str, Fence]:
+    """Every fence of this context, by run id (the innermost run's last)."""
+    return _FENCES.get()
+
+
+def with_epoch(lease: Lease, epoch: int) -> Lease:
+    return replace(lease, epoch=epoch)
