@@ -2,7 +2,8 @@
 
 The job names the SQLite database, the notes file, the run id, the run to resume (`resolve_run`
 then `Resumption.run`, or none for a fresh run) with the policies to resolve it by, whether to
-record with `capture_frontier`, and where the run stops for good:
+record with `capture_frontier`, the lease's time to live (`None`: no lease, so no start point is kept),
+and where the run stops for good:
 
 - `'before-tools'`: it SIGKILLs itself once the model's response is saved, before any tool starts;
 - `'at-start'`: it SIGKILLs itself once the run is registered, before anything else happens;
@@ -63,6 +64,7 @@ def build_agent(
     capture_frontier: bool,
     stop: str | None = None,
     reached: Path | None = None,
+    lease_ttl: float | None = 30.0,
 ) -> Agent[Any, str]:
     """The agent, stopping where `stop` says (see the module's docstring); `reached` is touched before hanging."""
 
@@ -86,7 +88,10 @@ def build_agent(
 
     agent = Agent(
         FunctionModel(model),
-        capabilities=[StepPersistence(store=store, run_id=run_id, capture_frontier=capture_frontier), _StopAt(stop)],
+        capabilities=[
+            StepPersistence(store=store, run_id=run_id, capture_frontier=capture_frontier, lease_ttl=lease_ttl),
+            _StopAt(stop),
+        ],
     )
 
     @agent.tool
@@ -111,6 +116,7 @@ async def main(job: dict[str, Any]) -> None:
             capture_frontier=job['capture_frontier'],
             stop=job['stop'],
             reached=Path(job['reached']),
+            lease_ttl=job.get('lease_ttl', 30.0),
         )
         if job['resume'] is None:
             await agent.run('note one')

@@ -245,7 +245,10 @@ async def test_a_call_marked_checked_resumes_with_the_note_as_its_result(killed:
         result = await resumption.run(agent)
         returns = [p.content for m in result.all_messages() for p in m.parts if isinstance(p, ToolReturnPart)]
         assert returns == ['no notes yet', 'already in the notes']
-        with pytest.raises(LookupError, match="run 'notes-1' has no ledger entry for tool call 'nope'"):
+        with pytest.raises(
+            LookupError,
+            match=r"run 'notes-2' \(the newest continuation of 'notes-1'\) has no ledger entry for tool call 'nope'",
+        ):
             await mark_checked(store, run_id='notes-1', tool_call_id='nope')
 
 

@@ -49,6 +49,7 @@ class World:
         resume: str | None = None,
         capture_frontier: bool = True,
         policies: dict[str, str] | None = None,
+        lease_ttl: float | None = 30.0,
     ) -> None:
         """Run one attempt in a child process until it stops at `stop`, SIGKILLed (by itself or by the test)."""
         reached = self.folder / f'reached-{run_id}'
@@ -61,6 +62,7 @@ class World:
             'capture_frontier': capture_frontier,
             'stop': stop,
             'policies': policies,
+            'lease_ttl': lease_ttl,
         }
         process = subprocess.Popen([sys.executable, str(CHILD), json.dumps(job)])
         try:
@@ -150,7 +152,7 @@ async def test_an_ask_call_a_killed_resumption_started_is_settled_by_hand_throug
         assert resumption.snapshot_run_id == 'r-0'
         [pending] = resumption.pending
         assert (pending.run_id, pending.tool_call_id, pending.args) == ('r-1', NOTE_CALL, {'text': 'one'})
-        with pytest.raises(LookupError, match=r"'r-2' has no ledger entry for tool call 'nope' \(nor do the runs"):
+        with pytest.raises(LookupError, match=r"run 'r-2' has no ledger entry for tool call 'nope' \(nor do the runs"):
             await mark_checked(store, run_id='r-2', tool_call_id='nope')
         # Asked about the newest run, which holds no entry of its own: the entry of the run it resumes is settled.
         settled = await supply_result(store, run_id='r-2', tool_call_id=NOTE_CALL, result='noted (checked)')
@@ -161,8 +163,36 @@ async def test_an_ask_call_a_killed_resumption_started_is_settled_by_hand_throug
 
 
 async def test_a_run_killed_before_any_snapshot_names_the_runs_it_resumes(world: World) -> None:
-    world.attempt('r-0', stop='in-model', capture_frontier=False)
-    world.attempt('r-1', resume=None, stop='at-start')
+    # Without a lease nothing kept the run's start: there is nothing to resume from.
+    world.attempt('r-0', stop='in-model', capture_frontier=False, lease_ttl=None)
+    world.attempt('r-1', resume=None, stop='at-start', lease_ttl=None)
     async with SqliteStepStore(database=world.database) as store:
-        with pytest.raises(LookupError, match=r"run 'r-0' has no complete snapshot to resume from: it was stopped"):
+        with pytest.raises(LookupError, match=r"run 'r-0' has no complete snapshot to resume from, and its store kept"):
             await resolve_run(store, run_id='r-0')
+
+
+async def test_a_run_killed_in_its_first_model_request_resumes_from_its_start_point(world: World) -> None:
+    # Default settings (no capture_frontier): the lease kept the prompt, so the run is resumable.
+    world.attempt('r-0', stop='in-model', capture_frontier=False)
+    async with SqliteStepStore(database=world.database) as store:
+        assert await store.latest_snapshot(run_id='r-0', include_interrupted=True) is None
+        report = await inspect_recovery(store=store, run_id='r-0')
+        assert report.start_point
+        resumption = await resolve_run(store, run_id='r-0')
+        assert resumption.from_start
+        assert resumption.ready
+        assert resumption.deferred_tool_results is None
+        assert [type(m).__name__ for m in resumption.message_history] == ['ModelRequest']
+        await resumption.release()  # resolved again below, and run
+    assert await _resume(world, 'r-0', 'r-1') == ()
+    assert world.notes_written() == [note_line('one')]
+
+
+async def test_a_run_killed_inside_its_first_tool_call_is_settled_not_run_again(world: World) -> None:
+    # Default settings: killed inside the first tool call, after its effect; no complete snapshot at all.
+    world.attempt('r-0', stop='in-tool', capture_frontier=False)
+    assert world.notes_written() == [note_line('one')]
+    async with SqliteStepStore(database=world.database) as store:
+        assert await store.latest_snapshot(run_id='r-0') is None
+    assert await _resume(world, 'r-0', 'r-1') == ('reconciled',)
+    assert world.notes_written() == [note_line('one')]

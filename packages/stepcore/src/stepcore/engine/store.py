@@ -130,6 +130,8 @@ __all__ = (
 
 
 _KEY_CONFLICT_ATTEMPTS = 5
+_MAX_TTL: Final = 10.0 * 365 * 24 * 3600
+"""The longest lease a swap takes: ten years (longer ones overflow some clocks)."""
 _STARTED: Final = ToolEffectStatus.STARTED.value
 
 
@@ -738,8 +740,8 @@ class EngineStore(StepStore):
         """
         require_feature(self, LEASES, option='swap_lease')
         run_id = self.__run_id(lease.run_id)
-        if ttl < 0:
-            raise ValueError(f'ttl={ttl!r} cannot hold a lease: pass 0 or more seconds')
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 <= ttl < _MAX_TTL:
+            raise ValueError(f'ttl={ttl!r} cannot hold a lease: pass a finite number of seconds from 0 up')
         blob = None if start is None else await self.__seal_start(run_id, start)
         row = LeaseRow(
             run_id=run_id,

@@ -189,14 +189,15 @@ async def claim_run(
 ) -> Claim:
     """Take over `run_id` for recovery, in one compare-and-set that raises its epoch.
 
-    Refuses (`RunOwnedError`) a run a live owner holds, unless `force`; refuses (`RunClaimedError`)
+    Refuses (`RunOwnedError`) a run a live owner holds (another claim for recovery too, even one of
+    this process: of concurrent claimers exactly one proceeds), unless `force`; refuses (`RunClaimedError`)
     a run another claimer took first, or one already resumed by another run (follow it instead). A
     run with no lease (started without one, or before leases) gets its first. The store must keep
     leases (`has_leases`).
     """
     bound = as_step_store(store)
     lease = await bound.get_lease(run_id)
-    me = owner or new_owner()
+    me = owner or new_owner('recovery')
     if lease is None:
         fresh = lease_template(run_id, epoch=1, state=LeaseState.RUNNING, owner=me, origin=run_id)
         swapped, now = await bound.swap_lease(fresh, expect=None, ttl=ttl)

@@ -36,9 +36,10 @@ def boot_id() -> str | None:
         return None
 
 
-def new_owner() -> Owner:
-    """This process as the owner of a new claim (a fresh token each time)."""
-    return Owner(host=host_name(), pid=os.getpid(), token=uuid.uuid4().hex, boot=boot_id())
+def new_owner(role: str = 'run') -> Owner:
+    """This process as the owner of a new lease (a fresh token each time): running the run, or
+    (`role='recovery'`) holding it to resolve and resume it."""
+    return Owner(host=host_name(), pid=os.getpid(), token=uuid.uuid4().hex, boot=boot_id(), role=role)
 
 
 def same_process(owner: Owner | None) -> bool:

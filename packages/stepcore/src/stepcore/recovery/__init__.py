@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from stepcore.recovery.resolution import called_in, settlements_of
+from stepcore.ownership.claims import has_leases, live
+from stepcore.recovery.chains import continuations
+from stepcore.recovery.ledger import called_in, settlements_of
 from stepcore.store.contract import as_step_store
+from stepcore.store.leases import Lease, LeaseState
+from stepcore.store.lifecycle import run_status
 from stepcore.store.models import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
 from stepcore.store.protocols import StepStoreProtocol
 
@@ -48,6 +52,28 @@ class RecoveryReport(BaseModel):
     settled_on_recovery: tuple[str, ...] = ()
     """Ids of the calls `resolve_run` (or a caller, by hand) settled whose results no complete snapshot
     of this run holds: `resolve_run` hands them over again; `continue_run` alone would not."""
+    leases_kept: bool = False
+    """Whether the store keeps run ownership (feature `leases`): without it nothing tells whether
+    another process still runs the run, and recovery cannot check it."""
+    lease: Lease | None = None
+    """The run's lease, read with the store's clock (`None`: the store keeps none, or the run has none)."""
+    resumed_by: tuple[str, ...] = ()
+    """The runs that continue this one, in order (the newest last): recovery acts on the newest."""
+    newest_status: str | None = None
+    """How the newest continuation stands: `completed`, `failed`, `unfinished`, or its lease's state."""
+    start_point: bool = False
+    """Whether the store kept the run's start point, so a run with no settled snapshot can still be
+    resumed from its first request."""
+
+    @property
+    def live(self) -> bool:
+        """Whether a live owner holds the run now (recovery must not act on it)."""
+        return live(self.lease)
+
+    @property
+    def resumed(self) -> bool:
+        """Whether another run continues this one: it is never resumed again."""
+        return bool(self.resumed_by)
 
     @property
     def newest_snapshot(self) -> ContinuableSnapshot | None:
@@ -102,8 +128,25 @@ async def inspect_recovery(*, store: StepStoreProtocol, run_id: str) -> Recovery
     settled = await store.latest_snapshot(run_id=run_id)
     in_settled = called_in(settled.messages) if settled is not None else set()
     recovered = tuple(call for call in settlements_of(events) if call not in in_settled)
+    kept = has_leases(store)
+    lease = await store.get_lease(run_id) if kept else None
+    followed = await continuations(store, run_id)
+    newest_status: str | None = None
+    if len(followed) > 1:
+        newest = followed[-1]
+        newest_lease = await store.get_lease(newest) if kept else None
+        if newest_lease is not None and newest_lease.state is not LeaseState.ENDED:
+            newest_status = newest_lease.state.value
+        else:
+            newest_status = run_status(await store.list_events_page(newest, newest=True, limit=1))
+    start = settled is None and kept and await store.lease_start(run_id) is not None
     return RecoveryReport(
         run_id=run_id,
+        leases_kept=kept,
+        lease=lease,
+        resumed_by=tuple(followed[1:]),
+        newest_status=newest_status,
+        start_point=start,
         run=await store.get_run(run_id=run_id),
         latest=await store.latest_snapshot(run_id=run_id, include_interrupted=True),
         settled=settled,

@@ -5,90 +5,98 @@ the model's response with its calls reached no complete snapshot, and the ledger
 as `started` (or `failed`, for one whose retry prompt never reached a snapshot). Continuing from the
 snapshot would ask the model again, and it would call the tools again. `resolve_run` instead:
 
-1. takes the newest complete snapshot and the calls of the cut cycle (the ledger entries of the
-   newest step that the snapshot does not hold);
-2. settles each by its tool's policy (`stepcore.recovery.policies`): `'rerun'` runs it again, a reconcile
-   function asks the outside world, `'ask'` leaves it to the caller, who settles it with
-   `supply_result` or `mark_checked` (or `stepcore recover --supply/--mark-checked`);
-3. records each settlement in the crashed run's ledger (`completed`, the effect summary saying how)
-   with a `tool_call_completed` event whose metadata carries how and, for a result, the result;
-4. returns a `Resumption`: the history (the snapshot plus the model's response, taken from an
-   interrupted snapshot when `capture_frontier=True` saved it, else rebuilt from the ledger) and
-   pydantic-ai `DeferredToolResults` (results for settled calls, approvals for calls to run), so
-   the resumed run carries on without the model asking again.
+1. follows the run's continuations to the newest (a run that was resumed is never resumed again:
+   `stepcore.recovery.chains`), and, where the store keeps leases, claims that run: one
+   compare-and-set on its lease that refuses a run a live owner holds and raises the epoch, so of
+   concurrent resolvers exactly one proceeds and a zombie of the old owner is fenced;
+2. takes the newest complete snapshot (back through the runs it resumes, or the start point a run
+   killed before its first settled step kept) and the calls of the cut cycle (the ledger entries of
+   the newest step that the snapshot does not hold);
+3. settles each by its tool's policy (`stepcore.recovery.policies`): `'rerun'` runs it again, a reconcile
+   function asks the outside world, `'ask'` leaves it to a person (`supply_result`, `mark_checked`,
+   `rerun_call`);
+4. records each settlement in the ledger (`completed`, the effect summary saying how) with a
+   `tool_call_completed` event whose metadata carries how and the result, under its claim's fence;
+5. returns a `Resumption`: the history (the snapshot plus the model's response, taken from an
+   interrupted snapshot when `capture_frontier=True` saved it, else rebuilt from the ledger),
+   pydantic-ai `DeferredToolResults` (results for settled calls, approvals for calls to run), and the
+   claim, which `Resumption.run` hands to the new run. A run left with calls for a person is let go as
+   `pending`; a finished one as it was.
 
 `Resumption.run(agent)` runs it and tags the new run's record with the run it resumes
-(`RESUMES_KEY`). A resumption killed before it saved a complete snapshot got no further than the
-cut cycle: it ran some of its calls again (or, when the snapshot ended on a model request, made
-that request and started the calls of its response). `resolve_run` on it follows the tags back to
-the newest run with a complete snapshot and reads the ledgers of every run on the way, so a call an
-abandoned resumption started is settled by its policy like any cut-short call, never run blindly.
+(`RESUMES_KEY`); the new run takes its lease one epoch past the claim and marks the run it resumes
+as resumed by it. A resumption killed before it saved a complete snapshot got no further than the
+cut cycle: `resolve_run` on it follows the tags back to the newest run with a complete snapshot
+and reads the ledgers of every run on the way, so a call an abandoned resumption started is settled
+by its policy like any cut-short call, never run blindly.
 """
 
 from __future__ import annotations
 
-import json
-import uuid
+import logging
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, cast
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
-import pydantic_core
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import DeferredToolResults
 
-from stepcore.ownership.claims import Claim
+from stepcore.ownership.claims import Claim, claim_run, has_leases
+from stepcore.recovery.chains import RESUMES_KEY, back_to_snapshot, continuations
 from stepcore.recovery.history import unanswered_tool_calls
-from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
-from stepcore.store.contract import as_step_store, write_records
-from stepcore.store.models import (
-    ContinuableSnapshot,
-    EventKind,
-    SnapshotState,
-    StepEvent,
-    ToolEffectRecord,
-    ToolEffectStatus,
-    utcnow,
+from stepcore.recovery.ledger import (
+    BY_HAND_KEY,
+    HOW_KEY,
+    RESULT_KEY,
+    SUMMARY_MARK,
+    Ledger,
+    Recorded,
+    SettledBy,
+    called_in,
+    ledger_of,
+    record_settlements,
+    settlements_of,
 )
+from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
+from stepcore.store.contract import as_step_store
+from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, fencing
+from stepcore.store.models import ContinuableSnapshot, SnapshotState, ToolEffectRecord
 from stepcore.store.protocols import StepStore, StepStoreProtocol
 
 __all__ = (
+    'BY_HAND_KEY',
     'HOW_KEY',
     'RESULT_KEY',
     'RESUMES_KEY',
     'SUMMARY_MARK',
+    'CutView',
+    'Ownership',
     'Resumption',
     'SettledBy',
     'Settlement',
     'called_in',
     'claim_resumption',
+    'cut_view',
     'mark_checked',
+    'rerun_call',
     'resolve_run',
     'settlements_of',
     'supply_result',
     'take_resumption',
 )
 
-SettledBy: TypeAlias = Literal['rerun', 'reconciled', 'supplied', 'checked', 'snapshot']
-"""How a call cut short was settled: run again, reconciled with the outside world, given a result by
-the caller, marked checked by the caller, or found answered in the complete snapshot already."""
-
-HOW_KEY = 'stepcore.settled_by'
-"""Metadata key of a settlement event: how the call was settled (`SettledBy`)."""
-RESULT_KEY = 'stepcore.result'
-"""Metadata key of a settlement event: the result the call gets, as JSON."""
-RESUMES_KEY = 'stepcore.resumes'
-"""Run-record metadata key of a run started by `Resumption.run`: the run it resumes."""
+logger = logging.getLogger('stepcore.recovery')
 
 CHECKED_NOTE = 'Checked after a crash: the effect of this call is in place.'
 """What the model receives for a call marked checked without a note of its own."""
 
-SUMMARY_MARK = ' [settled on recovery: '
-"""What an entry's effect summary says, followed by how and `]`, once `resolve_run` or a caller settled it."""
+Ownership = Literal['claimed', 'unchecked']
+"""Whether recovery claimed the run on its store's lease (`claimed`), or the store keeps no leases, so
+nothing tells whether another process still runs it (`unchecked`)."""
 
 
 @dataclass(frozen=True)
@@ -108,47 +116,85 @@ class Resumption:
     """What resuming a run takes: the history, the results to hand pydantic-ai, and what is left to settle."""
 
     run_id: str
-    """The run asked about: the run `run` resumes."""
+    """The run `run` resumes: the one asked about, or its newest continuation (`followed`)."""
     message_history: list[ModelMessage]
     deferred_tool_results: DeferredToolResults | None
     """Results and approvals for the calls of the cut cycle; `None` when the history has no open call."""
     settled: tuple[Settlement, ...] = ()
     """The calls settled, in the order the model made them."""
     pending: tuple[ToolEffectRecord, ...] = ()
-    """Calls under `'ask'` nobody settled yet: `supply_result` or `mark_checked` them, then resolve again."""
+    """Calls under `'ask'` nobody settled yet: `supply_result`, `mark_checked` or `rerun_call` them,
+    then resolve again."""
     stale: tuple[ToolEffectRecord, ...] = ()
     """Unresolved entries of older steps, whose calls are in no history the run can continue from
     (the model moved on without their results): check them by hand; they do not hold the run back."""
     finished: bool = False
-    """The run had already ended with a final response: there is nothing to resume."""
+    """The run (its newest continuation) had already ended with a final response: nothing to resume."""
     snapshot_run_id: str = ''
     """The run whose complete snapshot the history starts from: `run_id` itself, or, when `run_id` is a
     resumption killed before it saved one, the newest run it (through its own resumptions) resumes that did."""
+    followed: tuple[str, ...] = ()
+    """The run asked about and the runs that continue it, up to `run_id` (just `run_id` when it was
+    never resumed)."""
+    claim: Claim | None = None
+    """Recovery's claim on `run_id` (a store that keeps leases), which `run` hands to the new run."""
+    ownership: Ownership = 'unchecked'
+    from_start: bool = False
+    """The history is the start point the run's lease kept: it was killed before its first settled step."""
+
+    @property
+    def asked(self) -> str:
+        """The run `resolve_run` was asked about."""
+        return self.followed[0] if self.followed else self.run_id
 
     @property
     def ready(self) -> bool:
         """Whether the run can be resumed now: every call of the cut cycle is settled."""
         return not self.pending and not self.finished
 
+    async def release(self) -> None:
+        """Let go of the claim without resuming: the run is claimable again at once (by a fleet's
+        recovery loop, or by `resolve_run` here). A claim not run nor released lasts its `lease_ttl`."""
+        claim = self.claim
+        if claim is not None:
+            object.__setattr__(self, 'claim', None)
+            await claim.release()
+
     async def run(self, agent: Agent[Any, Any], **run_options: Any) -> AgentRunResult[Any]:
         """Resume: `agent.run(message_history=..., deferred_tool_results=..., **run_options)`.
 
-        The new run's record carries `RESUMES_KEY` naming this run. Raises `RuntimeError` naming the
-        calls still pending, or when the run had finished.
+        The new run's record carries `RESUMES_KEY` naming this run; the agent's `StepPersistence` takes
+        the claim over (the run is then resumed by the new run, and never resumed again). Raises
+        `RuntimeError` naming the calls still pending, or when the run had finished; `RunClaimedError`
+        (from the run's start) when another worker took the run over since `resolve_run`.
         """
         if self.finished:
-            raise RuntimeError(f'run {self.run_id!r} already ended with a final response: there is nothing to resume')
+            followed = f' (as the newest continuation of {self.asked!r})' if self.asked != self.run_id else ''
+            raise RuntimeError(
+                f'run {self.run_id!r}{followed} already ended with a final response: there is nothing to resume'
+            )
         if self.pending:
             calls = ', '.join(f'{e.tool_name} ({e.tool_call_id}) args={e.args!r}' for e in self.pending)
             raise RuntimeError(
                 f'run {self.run_id!r} has tool calls nobody settled yet: {calls}. Check each outside the agent, '
-                'then supply_result(...) or mark_checked(...) it (stepcore recover --supply/--mark-checked) '
-                'and call resolve_run again'
+                'then supply_result(...), mark_checked(...) or rerun_call(...) it (stepcore recover '
+                '--supply/--mark-checked/--rerun) and call resolve_run again'
             )
-        with _resuming(self.run_id):
+        link = _Link(self.run_id, self.claim)
+        token = _RESUMING.set(link)
+        try:
             return await agent.run(
                 message_history=self.message_history, deferred_tool_results=self.deferred_tool_results, **run_options
             )
+        finally:
+            _RESUMING.reset(token)
+            if self.claim is not None and not link.claimed:
+                # no StepPersistence run took the claim over: the run was resumed outside stepcore's sight
+                logger.warning(
+                    'run %r was resumed by an agent without StepPersistence on its store: it is left claimable',
+                    self.run_id,
+                )
+                await self.claim.release()
 
 
 # --- the link from a resumed run to the run it resumes -------------------------------------------
@@ -189,164 +235,7 @@ def claim_resumption() -> str | None:
     return None if taken is None else taken[0]
 
 
-# --- reading the ledger ----------------------------------------------------------------------------
-
-
-def called_in(messages: Sequence[ModelMessage]) -> set[str]:
-    """The ids of the tool calls the responses in `messages` made."""
-    return {
-        part.tool_call_id
-        for message in messages
-        if isinstance(message, ModelResponse)
-        for part in message.parts
-        if isinstance(part, ToolCallPart)
-    }
-
-
-def settlements_of(events: Sequence[StepEvent]) -> dict[str, tuple[SettledBy, Any]]:
-    """The newest recorded settlement (how, result) of each call, from a run's events."""
-    found: dict[str, tuple[SettledBy, Any]] = {}
-    for event in events:
-        how = event.metadata.get(HOW_KEY)
-        if how is None or event.tool_call_id is None:
-            continue
-        raw = event.metadata.get(RESULT_KEY)
-        found[event.tool_call_id] = (cast(SettledBy, how), None if raw is None else json.loads(raw))
-    return found
-
-
-async def _entries(store: StepStore, run_id: str, events: Sequence[StepEvent]) -> list[ToolEffectRecord]:
-    """Every ledger entry of the run, oldest first, through the contract: the unresolved ones and
-    those whose calls the events name."""
-    unresolved = {e.tool_call_id: e for e in await store.list_unresolved_tool_effects(run_id=run_id)}
-    entries = dict(unresolved)
-    for event in events:
-        call_id = event.tool_call_id
-        if call_id is None or call_id in entries or event.kind is not EventKind.TOOL_CALL_STARTED:
-            continue
-        entry = await store.get_tool_effect(run_id=run_id, tool_call_id=call_id)
-        if entry is not None:
-            entries[call_id] = entry
-    return sorted(entries.values(), key=lambda e: e.started_at)
-
-
-def _summary(entry: ToolEffectRecord, how: SettledBy) -> str:
-    base = entry.effect_summary or ''
-    if SUMMARY_MARK in base:
-        base = base[: base.index(SUMMARY_MARK)]
-    return f'{base}{SUMMARY_MARK}{how}]'.lstrip()
-
-
-async def _record(store: StepStore, entries: Sequence[tuple[ToolEffectRecord, SettledBy, Any]]) -> None:
-    """Record settlements: each entry `completed` (its summary saying how) and an event carrying how and the result."""
-    if not entries:
-        return
-    now = utcnow()
-    writes: list[ToolEffectRecord | StepEvent] = []
-    for entry, how, result in entries:
-        metadata = {HOW_KEY: how}
-        if how != 'rerun':
-            metadata[RESULT_KEY] = pydantic_core.to_json(result).decode()
-        writes.append(
-            entry.model_copy(
-                update={
-                    'status': ToolEffectStatus.COMPLETED,
-                    'error': None,
-                    'ended_at': now,
-                    'updated_at': now,
-                    'effect_summary': _summary(entry, how),
-                }
-            )
-        )
-        writes.append(
-            StepEvent(
-                run_id=entry.run_id,
-                kind=EventKind.TOOL_CALL_COMPLETED,
-                step_index=entry.step_index,
-                timestamp=now,
-                tool_call_id=entry.tool_call_id,
-                tool_name=entry.tool_name,
-                metadata=metadata,
-                idempotency_key=f'recovery:{entry.tool_call_id}:{uuid.uuid4().hex}',
-            )
-        )
-    await write_records(store, writes)
-
-
-@dataclass(frozen=True)
-class _Ledger:
-    """One run's ledger as resolving reads it."""
-
-    run_id: str
-    by_id: dict[str, ToolEffectRecord]
-    """Its entries by call id, oldest first."""
-    settlements: dict[str, tuple[SettledBy, Any]]
-
-
-async def _ledger(store: StepStore, run_id: str) -> _Ledger:
-    events = await store.list_events(run_id=run_id)
-    entries = await _entries(store, run_id, events)
-    return _Ledger(run_id, {e.tool_call_id: e for e in entries}, settlements_of(events))
-
-
-async def _chain(store: StepStore, run_id: str) -> tuple[list[str], ContinuableSnapshot | None]:
-    """`run_id` and the runs it resumes (`RESUMES_KEY`), newest first, back to the first that saved a
-    complete snapshot; and that snapshot (`None` when none of them saved one)."""
-    chain = [run_id]
-    while (settled := await store.latest_snapshot(run_id=chain[-1])) is None:
-        record = await store.get_run(run_id=chain[-1])
-        origin = record.metadata.get(RESUMES_KEY) if record is not None else None
-        if not isinstance(origin, str) or origin in chain:
-            return chain, None
-        chain.append(origin)
-    return chain, settled
-
-
-async def _entry(store: StepStore, run_id: str, tool_call_id: str) -> ToolEffectRecord:
-    """The newest entry of the call: in `run_id`, else in the runs it resumes that saved no complete
-    snapshot after it (where a resumption killed early leaves the calls it settled)."""
-    chain, _ = await _chain(store, run_id)
-    for rid in chain:
-        entry = await store.get_tool_effect(run_id=rid, tool_call_id=tool_call_id)
-        if entry is not None:
-            return entry
-    also = f' (nor do the runs it resumes: {", ".join(chain[1:])})' if len(chain) > 1 else ''
-    raise LookupError(
-        f'run {run_id!r} has no ledger entry for tool call {tool_call_id!r}{also}: '
-        f'list them with `stepcore effects {run_id}`'
-    )
-
-
-async def supply_result(store: StepStoreProtocol, *, run_id: str, tool_call_id: str, result: Any) -> ToolEffectRecord:
-    """Settle a call you checked by hand: its effect happened, and `result` is what the model gets.
-
-    The entry becomes `completed` (settled `supplied`); `resolve_run` hands the result to the resumed
-    run. `result` must be JSON-serializable. A resumption killed before it saved a complete snapshot
-    may hold no entry of its own for the call: the entry of the run it resumes is settled then.
-    Raises `LookupError` for an unknown call.
-    """
-    bound = as_step_store(store)
-    entry = await _entry(bound, run_id, tool_call_id)
-    await _record(bound, [(entry, 'supplied', result)])
-    return await _entry(bound, entry.run_id, tool_call_id)
-
-
-async def mark_checked(
-    store: StepStoreProtocol, *, run_id: str, tool_call_id: str, note: str | None = None
-) -> ToolEffectRecord:
-    """Settle a call you checked by hand without a result of its own: its effect is in place.
-
-    The entry becomes `completed` (settled `checked`); on resume the model receives `note` (by default
-    `CHECKED_NOTE`) as the call's result. The entry is found as by `supply_result`. Raises
-    `LookupError` for an unknown call.
-    """
-    bound = as_step_store(store)
-    entry = await _entry(bound, run_id, tool_call_id)
-    await _record(bound, [(entry, 'checked', CHECKED_NOTE if note is None else note)])
-    return await _entry(bound, entry.run_id, tool_call_id)
-
-
-# --- resolving ---------------------------------------------------------------------------------------
+# --- the cut cycle -------------------------------------------------------------------------------------
 
 
 def _response_of(
@@ -374,7 +263,7 @@ def _response_of(
 
 
 def _cut_cycle(
-    ledgers: Sequence[_Ledger], in_base: set[str]
+    ledgers: Sequence[Ledger], in_base: set[str]
 ) -> tuple[dict[str, list[ToolEffectRecord]], tuple[ToolEffectRecord, ...]]:
     """The calls of the cycle the crash cut short, each with its entries in the chain (newest first), and
     the stale entries.
@@ -395,54 +284,145 @@ def _cut_cycle(
     return cycle, stale
 
 
+@dataclass(frozen=True)
+class CutView:
+    """What a crash left of a run, as resolving reads it (nothing written)."""
+
+    run_id: str
+    chain: list[str]
+    """`run_id` and the runs it resumes, newest first, back to the one its history starts from."""
+    base: list[ModelMessage]
+    """The history to start from: the newest complete snapshot of the chain (or the start point)."""
+    from_start: bool
+    ledgers: list[Ledger]
+    """The ledgers of `chain`, in its order."""
+    cycle: dict[str, list[ToolEffectRecord]]
+    """The calls of the cut cycle, each with its entries in the chain (newest first)."""
+    stale: tuple[ToolEffectRecord, ...]
+    response: ModelResponse | None
+    """The model response of the cut cycle, when there is one."""
+
+    @property
+    def finished(self) -> bool:
+        last = self.base[-1] if self.base else None
+        return self.response is None and isinstance(last, ModelResponse) and not last.tool_calls
+
+    def recorded(self, call_id: str) -> Recorded | None:
+        """The newest settlement recorded for the call in any run of the chain."""
+        return next((led.recorded[call_id] for led in self.ledgers if call_id in led.recorded), None)
+
+
+async def cut_view(store: StepStore, run_id: str) -> CutView:
+    """Read what a crash left of `run_id` (see `CutView`); `LookupError` when there is nothing to resume from."""
+    chain = await back_to_snapshot(store, run_id)
+    if chain.settled is None:
+        also = f' (nor did the runs it resumes: {", ".join(chain.runs[1:])})' if len(chain.runs) > 1 else ''
+        raise LookupError(
+            f'run {run_id!r} has no complete snapshot to resume from{also}, and its store kept no start point for '
+            'it: it was stopped before its first settled step. Start it again'
+        )
+    ledgers = [await ledger_of(store, rid) for rid in chain.runs]  # newest first; the snapshot's run last
+    base = list(chain.settled.messages)
+    in_base = called_in(base)
+    cycle, stale = _cut_cycle(ledgers, in_base)
+    saved = [await store.latest_snapshot(run_id=rid, include_interrupted=True) for rid in chain.runs]
+    response = _response_of(saved, base, [entries[0] for entries in cycle.values()])
+    return CutView(run_id, chain.runs, base, chain.from_start, ledgers, cycle, stale, response)
+
+
+# --- resolving ---------------------------------------------------------------------------------------
+
+
+async def _claim(
+    store: StepStore, run_id: str, *, force: bool, ttl: float, action: str
+) -> tuple[Claim | None, Ownership]:
+    if not has_leases(store):
+        return None, 'unchecked'
+    return await claim_run(store, run_id, ttl=ttl, force=force, action=action), 'claimed'
+
+
+def _fenced(claim: Claim | None) -> Any:
+    return fencing(Fence(claim.run_id, claim.epoch, claim.origin)) if claim is not None else nullcontext()
+
+
 async def resolve_run(
     store: StepStoreProtocol,
     *,
     run_id: str,
     agent: Agent[Any, Any] | None = None,
     policies: Mapping[str, RecoveryPolicy] | None = None,
+    force: bool = False,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
 ) -> Resumption:
-    """Settle the calls a crash cut short in `run_id` by their tools' policies, and say how to resume.
+    """Settle the calls a crash cut short in `run_id` (or its newest continuation) by their tools'
+    policies, and say how to resume.
+
+    A run that was resumed is followed to its newest continuation: a finished one gives
+    `finished=True`, a crashed one is resolved. On a store that keeps leases the run is claimed first:
+    a run a live owner holds is refused with `RunOwnedError` naming the owner (host, pid) and when its
+    lease expires, unless `force=True` (for a person who knows the owner is gone); a run another
+    resolver claimed first is refused with `RunClaimedError`. The claim lasts `lease_ttl` seconds and
+    goes with the `Resumption` to `Resumption.run`.
 
     Policies come from `policies` (tool name to policy), then from the agent's tools
     (`recovery_policy`), else `'ask'`. Settlements are recorded in the run's ledger as they are
     made; calling it again settles nothing twice (a re-run call is re-run again, a reconciled call
-    is asked about again, supplied and checked results are reused).
-
-    A run started by `Resumption.run` that saved no complete snapshot is resolved from the run it
-    resumes, together with the calls it started itself. Raises `LookupError` when there is nothing
-    to resume from.
+    is asked about again, answers a person gave are reused). Raises `LookupError` when there is
+    nothing to resume from.
     """
     bound = as_step_store(store)
-    chain, settled = await _chain(bound, run_id)
-    if settled is None:
-        also = f' (nor did the runs it resumes: {", ".join(chain[1:])})' if len(chain) > 1 else ''
-        raise LookupError(
-            f'run {run_id!r} has no complete snapshot to resume from{also}: it was stopped before its first '
-            'settled step. Start it again (record the prompt with StepPersistence(capture_frontier=True) so a '
-            'kill inside the first tool call leaves it resumable)'
-        )
-    ledgers = [await _ledger(bound, rid) for rid in chain]  # newest first; the snapshot's run last
-    base = settled.messages
+    followed = await continuations(bound, run_id)
+    target = followed[-1]
+    claim, ownership = await _claim(bound, target, force=force, ttl=lease_ttl, action='resolve_run')
+    try:
+        view = await cut_view(bound, target)
+        with _fenced(claim):
+            resumption = await _resolve(bound, view, agent, policies)
+    except BaseException:
+        await _release_quietly(claim)
+        raise
+    resumption = replace(resumption, followed=tuple(followed), claim=claim, ownership=ownership)
+    if claim is not None and not resumption.ready:
+        if resumption.finished:
+            previous = claim.previous
+            outcome = previous.outcome if previous is not None and previous.outcome else 'completed'
+            await claim.release(state=LeaseState.ENDED, outcome=outcome)
+        else:
+            calls = ', '.join(f'{e.tool_name} ({e.tool_call_id})' for e in resumption.pending)
+            await claim.release(state=LeaseState.PENDING, note=f'settle by hand: {calls}')
+        resumption = replace(resumption, claim=None)
+    return resumption
+
+
+async def _release_quietly(claim: Claim | None) -> None:
+    """Let a claim go after a failure, without hiding the failure (the claim expires anyway)."""
+    if claim is None:
+        return
+    try:
+        await claim.release()
+    except Exception as error:
+        logger.warning('could not let go of the claim on run %r: %s: %s', claim.run_id, type(error).__name__, error)
+
+
+async def _resolve(
+    store: StepStore, view: CutView, agent: Agent[Any, Any] | None, policies: Mapping[str, RecoveryPolicy] | None
+) -> Resumption:
+    base = view.base
     in_base = called_in(base)
-
     # Calls whose results the snapshot already holds, left `started` by a store without batched writes.
-    answered = [e for e in ledgers[-1].by_id.values() if e.unresolved and e.tool_call_id in in_base]
-    await _record(bound, [(e, 'snapshot', None) for e in answered])
+    answered = [e for e in view.ledgers[-1].by_id.values() if e.unresolved and e.tool_call_id in in_base]
+    await record_settlements(store, [(e, 'snapshot', None) for e in answered])
 
-    cycle, stale = _cut_cycle(ledgers, in_base)
-    saved = [await bound.latest_snapshot(run_id=rid, include_interrupted=True) for rid in chain]
-    response = _response_of(saved, base, [entries[0] for entries in cycle.values()])
+    response = view.response
     if response is None:
-        last = base[-1] if base else None
-        finished = isinstance(last, ModelResponse) and not last.tool_calls
         return Resumption(
-            run_id=run_id,
+            run_id=view.run_id,
             message_history=list(base),
             deferred_tool_results=None,
-            stale=stale,
-            finished=finished,
-            snapshot_run_id=chain[-1],
+            stale=view.stale,
+            finished=view.finished,
+            snapshot_run_id=view.chain[-1],
+            from_start=view.from_start,
         )
 
     lookup = policy_for(agent, policies)
@@ -451,15 +431,12 @@ async def resolve_run(
     newly: list[tuple[ToolEffectRecord, SettledBy, Any]] = []
     pending: list[ToolEffectRecord] = []
     for call in unanswered_tool_calls([response]):
-        same_call = cycle.get(call.tool_call_id)
+        same_call = view.cycle.get(call.tool_call_id)
         if same_call is None:  # never started: nothing happened, it runs
             results.approvals[call.tool_call_id] = True
             continue
         entry = same_call[0]
-        recorded = next(
-            (led.settlements[call.tool_call_id] for led in ledgers if call.tool_call_id in led.settlements), None
-        )
-        how, result = await _settle(entry, recorded, lookup(entry.tool_name))
+        how, result = await _settle(entry, view.recorded(call.tool_call_id), lookup(entry.tool_name))
         if how is None:
             pending.append(entry)
             continue
@@ -468,36 +445,196 @@ async def resolve_run(
         else:
             results.calls[entry.tool_call_id] = result
         settlements.append(Settlement(entry.tool_call_id, entry.tool_name, entry.args, how, result))
-        own = next(led for led in ledgers if led.run_id == entry.run_id).settlements.get(entry.tool_call_id)
-        if own is None or own[0] != how or how == 'reconciled':
+        own = next(led for led in view.ledgers if led.run_id == entry.run_id).recorded.get(entry.tool_call_id)
+        if own is None or own.how != how or how == 'reconciled':
             newly.append((entry, how, result))
         # What older runs of the chain left unresolved for the same call is settled with it.
         for older in same_call[1:]:
             if older.unresolved:
                 newly.append((older, how, result))
-    await _record(bound, newly)
+    await record_settlements(store, newly)
     return Resumption(
-        run_id=run_id,
+        run_id=view.run_id,
         message_history=[*base, response],
         deferred_tool_results=results,
         settled=tuple(settlements),
         pending=tuple(pending),
-        stale=stale,
-        snapshot_run_id=chain[-1],
+        stale=view.stale,
+        snapshot_run_id=view.chain[-1],
+        from_start=view.from_start,
     )
 
 
 async def _settle(
-    entry: ToolEffectRecord, recorded: tuple[SettledBy, Any] | None, policy: RecoveryPolicy
+    entry: ToolEffectRecord, recorded: Recorded | None, policy: RecoveryPolicy
 ) -> tuple[SettledBy | None, Any]:
     """How `entry` is settled and with what result; `(None, None)` while nobody settled an `'ask'` call."""
-    if recorded is not None and recorded[0] in ('supplied', 'checked'):
-        return recorded
+    if recorded is not None and (recorded.how in ('supplied', 'checked') or recorded.by_hand):
+        return recorded.how, recorded.result  # a person's answer stands
     if policy == 'rerun':
         return 'rerun', None
-    if policy == 'ask':  # only the caller settles it: an earlier re-run or reconciliation is no answer now
+    if policy == 'ask':  # only a person settles it: an earlier re-run or reconciliation is no answer now
         return None, None
     answer: Reconciled | None = await reconcile(policy, entry)
     if answer is None:
         return 'rerun', None
     return 'reconciled', answer.result
+
+
+# --- settling by hand: answers a person gives -------------------------------------------------------------
+
+
+async def _settle_by_hand(
+    store: StepStoreProtocol,
+    run_id: str,
+    tool_call_id: str,
+    how: SettledBy,
+    result: Any,
+    *,
+    force: bool,
+    lease_ttl: float,
+) -> ToolEffectRecord:
+    bound = as_step_store(store)
+    followed = await continuations(bound, run_id)
+    target = followed[-1]
+    action = {'supplied': 'supply_result', 'checked': 'mark_checked'}.get(how, 'rerun_call')
+    claim, _ = await _claim(bound, target, force=force, ttl=lease_ttl, action=action)
+    try:
+        entry = await _hand_entry(bound, run_id, target, tool_call_id, force=force, action=action)
+        with _fenced(claim):
+            await record_settlements(bound, [(entry, how, result)], by_hand=True)
+    except BaseException:
+        await _release_quietly(claim)
+        raise
+    if claim is not None:
+        await _let_go(bound, claim, target)
+    found = await bound.get_tool_effect(run_id=entry.run_id, tool_call_id=tool_call_id)
+    assert found is not None
+    return found
+
+
+async def _hand_entry(
+    store: StepStore, asked: str, target: str, tool_call_id: str, *, force: bool, action: str
+) -> ToolEffectRecord:
+    """The entry of `tool_call_id` a person may settle: an unsettled call of the cut cycle of a run that
+    can be resumed (anything else is refused with a clear error unless `force`)."""
+    where = f'run {target!r}' + (f' (the newest continuation of {asked!r})' if target != asked else '')
+    try:
+        view = await cut_view(store, target)
+    except LookupError as error:
+        if not force:
+            raise LookupError(
+                f'{action} refused: {error}. Pass force=True (--force) to settle the call anyway'
+            ) from None
+        view = None
+    if view is not None and tool_call_id in view.cycle:
+        entry = view.cycle[tool_call_id][0]
+        recorded = view.recorded(tool_call_id)
+        if not force and view.finished:
+            raise ValueError(f'{action} refused: {where} already finished, so nothing will take this answer')
+        if not force and recorded is not None and (recorded.how in ('supplied', 'checked') or recorded.by_hand):
+            raise ValueError(
+                f'{action} refused: tool call {tool_call_id!r} of {where} was already settled by hand '
+                f'({recorded.how}); pass force=True (--force) to replace that answer'
+            )
+        return entry
+    if not force:
+        cut = ', '.join(view.cycle) if view is not None and view.cycle else 'none'
+        chain = view.chain if view is not None else [target]
+        found = await _find_entry(store, [*chain, asked], tool_call_id)
+        if found is None:
+            also = f' (nor do the runs it resumes: {", ".join(chain[1:])})' if len(chain) > 1 else ''
+            raise LookupError(
+                f'{action} refused: {where} has no ledger entry for tool call {tool_call_id!r}{also}: list them '
+                f'with `stepcore effects {target}`'
+            )
+        state = 'completed normally' if found.status.value == 'completed' else f'is {found.status.value}'
+        raise ValueError(
+            f'{action} refused: tool call {tool_call_id!r} of {where} {state} and is not one the crash cut '
+            f'short (calls to settle: {cut}); pass force=True (--force) to settle it anyway'
+        )
+    found = await _find_entry(store, [target, asked, *(view.chain if view is not None else ())], tool_call_id)
+    if found is None:
+        raise LookupError(f'run {target!r} has no ledger entry for tool call {tool_call_id!r}')
+    return found
+
+
+async def _find_entry(store: StepStore, runs: Sequence[str], tool_call_id: str) -> ToolEffectRecord | None:
+    for rid in dict.fromkeys(runs):
+        entry = await store.get_tool_effect(run_id=rid, tool_call_id=tool_call_id)
+        if entry is not None:
+            return entry
+    return None
+
+
+async def _let_go(store: StepStore, claim: Claim, run_id: str) -> None:
+    """After a hand settlement: `pending` while calls under `'ask'` still wait for a person, else
+    claimable at once (an orphan the fleet resumes, or the person, with `resolve_run`)."""
+    try:
+        view = await cut_view(store, run_id)
+    except LookupError:
+        await claim.release()
+        return
+    waiting: list[str] = []
+    for call, entries in view.cycle.items():
+        recorded = view.recorded(call)
+        if entries[0].unresolved and (recorded is None or not recorded.by_hand):
+            waiting.append(call)
+    if waiting and claim.previous is not None and claim.previous.state is LeaseState.PENDING:
+        await claim.release(state=LeaseState.PENDING, note=f'settle by hand: {", ".join(waiting)}')
+    else:
+        await claim.release()
+
+
+async def supply_result(
+    store: StepStoreProtocol,
+    *,
+    run_id: str,
+    tool_call_id: str,
+    result: Any,
+    force: bool = False,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+) -> ToolEffectRecord:
+    """Settle a call you checked by hand: its effect happened, and `result` is what the model gets.
+
+    Only an unsettled call of the cut cycle of a run that can be resumed is accepted (of the run's
+    newest continuation, when it was resumed), and, on a store that keeps leases, only while no live
+    owner holds the run (the call claims it while it writes): anything else is refused with an error
+    saying why, unless `force=True`. The entry becomes `completed` (settled `supplied`); `resolve_run`
+    hands the result to the resumed run. `result` must be JSON-serializable.
+    """
+    return await _settle_by_hand(store, run_id, tool_call_id, 'supplied', result, force=force, lease_ttl=lease_ttl)
+
+
+async def mark_checked(
+    store: StepStoreProtocol,
+    *,
+    run_id: str,
+    tool_call_id: str,
+    note: str | None = None,
+    force: bool = False,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+) -> ToolEffectRecord:
+    """Settle a call you checked by hand without a result of its own: its effect is in place.
+
+    The entry becomes `completed` (settled `checked`); on resume the model receives `note` (by default
+    `CHECKED_NOTE`) as the call's result. Accepted and refused as `supply_result`.
+    """
+    result = CHECKED_NOTE if note is None else note
+    return await _settle_by_hand(store, run_id, tool_call_id, 'checked', result, force=force, lease_ttl=lease_ttl)
+
+
+async def rerun_call(
+    store: StepStoreProtocol,
+    *,
+    run_id: str,
+    tool_call_id: str,
+    force: bool = False,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+) -> ToolEffectRecord:
+    """Settle a call you checked by hand and found did NOT happen: it runs again when the run resumes.
+
+    For one call what `policies={tool: 'rerun'}` does for a whole tool. Accepted and refused as
+    `supply_result`.
+    """
+    return await _settle_by_hand(store, run_id, tool_call_id, 'rerun', None, force=force, lease_ttl=lease_ttl)

@@ -71,16 +71,28 @@ class Owner:
     token: str
     boot: str | None = None
     """The host's boot id where it has one (Linux): a process of an earlier boot is gone."""
+    role: str = 'run'
+    """`'run'`: the process runs the run; `'recovery'`: it claimed the run to resolve and resume it."""
 
     def __str__(self) -> str:
-        return f'{self.host} pid {self.pid}'
+        what = ' (recovering it)' if self.role == 'recovery' else ''
+        return f'{self.host} pid {self.pid}{what}'
 
     def to_json(self) -> dict[str, Any]:
-        return {'host': self.host, 'pid': self.pid, 'token': self.token, 'boot': self.boot}
+        data: dict[str, Any] = {'host': self.host, 'pid': self.pid, 'token': self.token, 'boot': self.boot}
+        if self.role != 'run':
+            data['role'] = self.role
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Owner:
-        return cls(host=str(data['host']), pid=int(data['pid']), token=str(data['token']), boot=data.get('boot'))
+        return cls(
+            host=str(data['host']),
+            pid=int(data['pid']),
+            token=str(data['token']),
+            boot=data.get('boot'),
+            role=str(data.get('role', 'run')),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +123,8 @@ class Lease:
 
     @property
     def expired(self) -> bool:
-        """Whether the owner's hold has ended on the store's clock."""
-        return self.expires_at <= self.checked_at
+        """Whether the owner's hold has ended on the store's clock (as `SwapLease` compares: strictly)."""
+        return self.expires_at < self.checked_at
 
     @property
     def seconds_left(self) -> float:

@@ -1,0 +1,193 @@
+"""Resuming orphaned runs: the recovery loop any worker of a fleet runs.
+
+Every worker sharing a store may run `recover_orphans` (once) or `run_recovery_loop` (until
+stopped). For each orphan (`stepcore.ownership.list_orphans`: a running lease whose owner is gone)
+a worker picks the agent that runs it, by the run's `agent_name`; then `resolve_run` claims the
+run (one compare-and-set on its lease: of all the workers trying, exactly one proceeds), settles
+its cut-short calls by their tools' policies and resumes it with `Resumption.run`. A run whose
+calls wait for a person (`'ask'`) is left `pending` and reported, without holding the others back;
+a run whose agent this worker does not know is reported and left for a worker that knows it; a
+run with nothing to resume from (it died before its first model request and its store kept no
+start point) is ended as `abandoned`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+from pydantic_ai import Agent
+
+from stepcore.ownership.claims import claim_run
+from stepcore.ownership.orphans import Orphan, list_orphans
+from stepcore.recovery.policies import RecoveryPolicy
+from stepcore.recovery.resolution import resolve_run
+from stepcore.store.contract import as_step_store
+from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState, RunClaimedError, RunFencedError, RunOwnedError
+from stepcore.store.models import RunRecord
+from stepcore.store.protocols import StepStore, StepStoreProtocol
+
+__all__ = ('AgentChooser', 'OrphanOutcome', 'agent_chooser', 'recover_orphans', 'run_recovery_loop')
+
+logger = logging.getLogger('stepcore.recovery')
+
+Outcome = Literal['resumed', 'failed', 'pending', 'finished', 'unknown agent', 'taken', 'abandoned']
+
+AgentChooser: TypeAlias = Callable[[RunRecord | None], 'Agent[Any, Any] | None']
+"""Which agent resumes a run, from its record (`None` when the run has no record): `None` for none."""
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanOutcome:
+    """What one worker did with one orphan."""
+
+    run_id: str
+    outcome: Outcome
+    """`resumed` (its resumption completed), `failed` (its resumption raised), `pending` (calls wait
+    for a person), `finished` (nothing left to do), `unknown agent` (left for another worker),
+    `taken` (another worker claimed it first, or its owner came back), `abandoned` (nothing to resume from)."""
+    detail: str = ''
+    resumed_as: str | None = None
+    """The run that resumed it, when one started."""
+
+
+def agent_chooser(agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, Any]] | AgentChooser) -> AgentChooser:
+    """`agents` as an `AgentChooser`: a mapping from agent name, or agents matched by their `name`
+    (a run recorded without an agent name goes to the only agent given, if just one is)."""
+    if callable(agents):
+        return agents
+    by_name: dict[str, Agent[Any, Any]] = (
+        dict(agents) if isinstance(agents, Mapping) else {a.name: a for a in agents if a.name is not None}
+    )
+    only = next(iter(by_name.values())) if len(by_name) == 1 else None
+    if not isinstance(agents, Mapping) and len(agents) == 1:
+        only = agents[0]
+
+    def choose(record: RunRecord | None) -> Agent[Any, Any] | None:
+        name = record.agent_name if record is not None else None
+        if name is None:
+            return only
+        return by_name.get(name)
+
+    return choose
+
+
+async def _recover_one(
+    store: StepStore,
+    orphan: Orphan,
+    choose: AgentChooser,
+    *,
+    policies: Mapping[str, RecoveryPolicy] | None,
+    lease_ttl: float,
+    run_options: Mapping[str, Any],
+) -> OrphanOutcome:
+    run_id = orphan.run_id
+    record = await store.get_run(run_id=run_id)
+    agent = choose(record)
+    if agent is None:
+        name = record.agent_name if record is not None else None
+        return OrphanOutcome(run_id, 'unknown agent', f'no agent here runs {name!r}' if name else 'no agent given')
+    try:
+        resumption = await resolve_run(store, run_id=run_id, agent=agent, policies=policies, lease_ttl=lease_ttl)
+    except (RunClaimedError, RunOwnedError) as error:
+        return OrphanOutcome(run_id, 'taken', str(error))
+    except LookupError as error:
+        try:
+            claim = await claim_run(store, run_id, ttl=lease_ttl, action='ending it')
+            await claim.release(state=LeaseState.ENDED, outcome='abandoned', note=str(error))
+        except (RunClaimedError, RunOwnedError) as taken:
+            return OrphanOutcome(run_id, 'taken', str(taken))
+        return OrphanOutcome(run_id, 'abandoned', str(error))
+    if resumption.finished:
+        return OrphanOutcome(run_id, 'finished', 'its newest continuation had already finished')
+    if resumption.pending:
+        calls = ', '.join(f'{e.tool_name} ({e.tool_call_id})' for e in resumption.pending)
+        return OrphanOutcome(run_id, 'pending', f'settle by hand: {calls}')
+    try:
+        result = await resumption.run(agent, **run_options)
+    except (RunClaimedError, RunFencedError) as error:
+        return OrphanOutcome(run_id, 'taken', str(error))
+    except Exception as error:
+        return OrphanOutcome(run_id, 'failed', f'{type(error).__name__}: {error}')
+    lease = await store.get_lease(resumption.run_id)
+    resumed_as = lease.resumed_by if lease is not None else None
+    return OrphanOutcome(run_id, 'resumed', f'output {result.output!r}', resumed_as=resumed_as)
+
+
+async def recover_orphans(
+    store: StepStoreProtocol,
+    agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, Any]] | AgentChooser,
+    *,
+    policies: Mapping[str, RecoveryPolicy] | None = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    concurrency: int = 4,
+    limit: int | None = None,
+    **run_options: Any,
+) -> list[OrphanOutcome]:
+    """Resume every orphan of `store` this worker has an agent for, once (see the module docstring).
+
+    `agents`: the agents this worker runs, by agent name (a mapping, or agents with their `name`), or a
+    function choosing one from the run's record. At most `concurrency` orphans are resumed at a time,
+    at most `limit` in all. `run_options` go to each `agent.run`. Answers what happened to each orphan.
+    """
+    if concurrency < 1:
+        raise ValueError(f'concurrency={concurrency!r} resumes nothing: pass 1 or more')
+    bound = as_step_store(store)
+    choose = agent_chooser(agents)
+    orphans = await list_orphans(bound)
+    if limit is not None:
+        orphans = orphans[:limit]
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(orphan: Orphan) -> OrphanOutcome:
+        async with gate:
+            outcome = await _recover_one(
+                bound, orphan, choose, policies=policies, lease_ttl=lease_ttl, run_options=run_options
+            )
+        logger.info('orphan %s: %s %s', orphan.run_id, outcome.outcome, outcome.detail)
+        return outcome
+
+    return list(await asyncio.gather(*(one(o) for o in orphans)))
+
+
+async def run_recovery_loop(
+    store: StepStoreProtocol,
+    agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, Any]] | AgentChooser,
+    *,
+    interval: float = 10.0,
+    stop: asyncio.Event | None = None,
+    on_outcome: Callable[[OrphanOutcome], Awaitable[None] | None] | None = None,
+    policies: Mapping[str, RecoveryPolicy] | None = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    concurrency: int = 4,
+    **run_options: Any,
+) -> None:
+    """Run `recover_orphans` every `interval` seconds until `stop` is set (or the task is cancelled).
+
+    A failed pass (the store unreachable) is logged and the loop goes on. `on_outcome` is called
+    with each orphan's outcome.
+    """
+    if interval <= 0:
+        raise ValueError(f'interval={interval!r} would never wait: pass a number of seconds > 0')
+    stopped = stop or asyncio.Event()
+    while not stopped.is_set():
+        try:
+            outcomes = await recover_orphans(
+                store, agents, policies=policies, lease_ttl=lease_ttl, concurrency=concurrency, **run_options
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            logger.warning('recovery pass failed (%s: %s); retrying in %.1f s', type(error).__name__, error, interval)
+            outcomes = []
+        for outcome in outcomes:
+            if on_outcome is not None:
+                done = on_outcome(outcome)
+                if done is not None:
+                    await done
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopped.wait(), interval)
