@@ -20,11 +20,16 @@ one server by using different prefixes.
 | `<p>:snapkeys:<run>` | set | snapshot idempotency keys applied (kept when snapshots are pruned) |
 | `<p>:snapcount:<run>` | counter | the run's last snapshot seq |
 | `<p>:node:<run>` | hash | message node id -> node row |
+| `<p>:lease:<run>` | hash | the run's lease: `epoch`, `state`, `host`, `expires`, `body` |
+| `<p>:leasestart:<run>` | string | the start point stored with the lease |
+| `<p>:leases:<state>` | sorted set | the run ids whose lease is in a live state (never `ended`), scored by `expires` |
 | `<p>:media:<sha256>`, `<p>:mediameta:<sha256>` | string | a blob, its metadata (JSON) |
 | `<p>:mediatime` | sorted set | blob digests, scored by when each was last put (microseconds since the epoch) |
 
 A row is its fields joined by NUL bytes, the engine's encoded body last (ids, keys and states
-never hold NUL; a body may hold anything, since it is the rest of the value).
+never hold NUL; a body may hold anything, since it is the rest of the value). A lease is a hash
+instead, so the scripts read and compare its epoch and expiry; every time in it (`expires`, and
+the scores of `<p>:leases:<state>`) is whole microseconds since the Unix epoch on the server's clock.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ class RunKeys(NamedTuple):
     snapkeys: bytes
     snapcount: bytes
     node: bytes
+    lease: bytes
+    leasestart: bytes
 
 
 class Keys:
@@ -90,6 +97,10 @@ class Keys:
 
     def run(self, run_id: str) -> RunKeys:
         return RunKeys(*(self._key(kind, run_id) for kind in RunKeys._fields))
+
+    def leases(self, state: str) -> bytes:
+        """The index of the runs whose lease is in `state` (a live one: `ended` has none)."""
+        return self._key('leases', state)
 
     def media(self, digest: str) -> bytes:
         return self._key('media', digest)

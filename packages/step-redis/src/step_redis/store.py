@@ -11,10 +11,16 @@ the events, all or nothing. A key recorded meanwhile makes it answer `conflict` 
 plan again and finds the key applied), a node deleted meanwhile `stale` (the engine stores the
 history whole). No lock is held, so a writer killed at any moment blocks nobody. Registering and
 deleting a run are one script each, run at once.
+
+Leases (feature `leases`): a run's lease is a hash, swapped by one script (`SWAP_LEASE`) on the
+server's clock, and filed under the index of its state. A fenced write's `CheckLease` is one more
+operation of its `COMMIT`, checked before the script's first write: a lease taken over meanwhile
+makes it answer `fenced` and store nothing, without a round trip of its own.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -24,21 +30,46 @@ from redis.asyncio import Redis
 
 from stepcore.engine import Ask, EngineStore, KeyConflict, NodeIdBlocks, PipelinedPort, StaleHistory, ops
 from stepcore.engine.encryption import Encryption
+from stepcore.engine.plans import Fenced
 from stepcore.media import MediaStoreOption, check_media_store, resolve_media_store
 from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
-from stepcore.store.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.store.features import (
+    CHECKSUMS,
+    ENCRYPTION,
+    LEASES,
+    MEDIA_EXTERNALIZATION,
+    PERSISTENT,
+    SNAPSHOT_RETENTION,
+)
+from stepcore.store.leases import LeaseState
 from stepcore.store.models import SnapshotState
 from stepcore.store.retention import check_max_snapshots
 
 from .client import ClientUser
 from .keys import DEFAULT_KEY_PREFIX, EPOCH, Keys, moment, pack, text, unpack
 from .media import RedisMediaStore
-from .scripts import COMMIT, DELETE_RUN, GET_NODES, INSERT_RUN, LIST_RUNS, LIST_SNAPSHOTS
+from .scripts import (
+    COMMIT,
+    DELETE_RUN,
+    GET_LEASE,
+    GET_NODES,
+    INSERT_RUN,
+    LEASE_FIELDS,
+    LIST_LEASES,
+    LIST_RUNS,
+    LIST_SNAPSHOTS,
+    SWAP_LEASE,
+)
 
 __all__ = ('RedisPort', 'RedisStepStore')
 
 _COMPLETE: Final = SnapshotState.COMPLETE.value
 _STATES: Final = frozenset(s.value for s in SnapshotState)
+_LIVE: Final = tuple(s.value for s in LeaseState if s is not LeaseState.ENDED)
+"""The lease states with an index (`<prefix>:leases:<state>`): every one but `ended`."""
+_US: Final = 1_000_000
+_LEASE_BATCH: Final = 1000
+"""Leases read by one `LIST_LEASES` call."""
 
 
 def _bytes(body: ops.Body) -> bytes:
@@ -87,6 +118,28 @@ def _snapshot_row(run_id: str, seq: bytes, state: bytes, value: bytes) -> ops.Sn
         return ops.SnapshotRow(run_id, state.decode(errors='replace'), None, 0, _unreadable(error), seq=int(seq))
 
 
+def _whole(name: str, value: bytes) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f'its {name} {value!r} is not a whole number') from None
+
+
+def _lease_row(run_id: str, fields: Sequence[bytes | None]) -> ops.LeaseRow:
+    """A lease from its hash fields (`LEASE_FIELDS` order). A field missing or unreadable makes a row
+    whose state names what is wrong, which the engine reports as a damaged lease."""
+    epoch, state, host, expires, body = fields
+    try:
+        if epoch is None or state is None or host is None or expires is None:
+            missing = [name for name, value in zip(LEASE_FIELDS, fields, strict=True) if value is None]
+            raise ValueError(f'the lease has no {", ".join(missing)} field')
+        return ops.LeaseRow(
+            run_id, _whole('epoch', epoch), state.decode(), host.decode(), _whole('expires', expires) / _US, body or b''
+        )
+    except ValueError as error:
+        return ops.LeaseRow(run_id, 0, f'<unreadable lease: {error}>', '', 0.0, body or b'')
+
+
 def _pairs(flat: Sequence[Any]) -> list[tuple[bytes, bytes]]:
     return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
 
@@ -120,6 +173,9 @@ class RedisPort(PipelinedPort):
         self._delete_run = client.register_script(DELETE_RUN)
         self._list_snapshots = client.register_script(LIST_SNAPSHOTS)
         self._get_nodes = client.register_script(GET_NODES)
+        self._get_lease = client.register_script(GET_LEASE)
+        self._swap_lease = client.register_script(SWAP_LEASE)
+        self._list_leases = client.register_script(LIST_LEASES)
         self._node_ids = NodeIdBlocks()
 
     def describe(self) -> str:
@@ -152,6 +208,8 @@ class RedisPort(PipelinedPort):
         if not batch.args:
             return
         answer = await self._script(self._commit, batch.keys, batch.args)
+        if isinstance(answer, bytes) and answer.startswith(b'fenced:'):
+            raise Fenced(batch.runs[int(answer[len(b'fenced:') :])])
         if answer == b'conflict':
             raise KeyConflict(f'snapshot key recorded meanwhile in {self.describe()}')
         if answer == b'stale':
@@ -217,7 +275,7 @@ class RedisPort(PipelinedPort):
             removed = int(
                 await self._script(
                     self._delete_run,
-                    [keys.runs, keys.runorder, *index, *keys.run(op.run_id)],
+                    [keys.runs, keys.runorder, *index, *keys.run(op.run_id), *map(keys.leases, _LIVE)],
                     [op.run_id, value or b''],
                 )
             )
@@ -324,6 +382,71 @@ class RedisPort(PipelinedPort):
                 continue  # a node that cannot be split is missing to the engine, which reports the chain
         return found
 
+    # -- leases: each swap is one script on the server's clock; the fence is part of COMMIT -------
+
+    async def get_lease(self, tx: Any, op: ops.GetLease) -> ops.LeaseRead:
+        now, *fields = await self._script(self._get_lease, [self.keys.run(op.run_id).lease], [])
+        return ops.LeaseRead(_lease_row(op.run_id, fields) if fields else None, int(now) / _US)
+
+    async def swap_lease(self, tx: Any, op: ops.SwapLease) -> ops.LeaseSwap:
+        row = op.row
+        if row.state == LeaseState.ENDED.value:
+            slot = 0
+        elif row.state in _LIVE:
+            slot = _LIVE.index(row.state) + 1
+        else:
+            raise ValueError(f'lease state {row.state!r} cannot be stored: use a stepcore.store.leases.LeaseState')
+        if not math.isfinite(op.ttl):
+            raise ValueError(f'ttl={op.ttl!r} cannot hold a lease: pass a finite number of seconds')
+        run = self.keys.run(op.run_id)
+        body = row.body if isinstance(row.body, bytes) else row.body.encode()
+        args: list[bytes | str | int] = [
+            op.run_id,
+            '' if op.expect is None else op.expect,
+            '1' if op.expired else '',
+            row.epoch,
+            row.state,
+            row.host,
+            round(op.ttl * _US),
+            body,
+            slot,
+            '' if op.start is None else '1',
+            b'' if op.start is None else op.start,
+        ]
+        swapped, now, *fields = await self._script(
+            self._swap_lease, [run.lease, run.leasestart, *map(self.keys.leases, _LIVE)], args
+        )
+        read = ops.LeaseRead(_lease_row(op.run_id, fields) if fields else None, int(now) / _US)
+        return ops.LeaseSwap(swapped == b'1', read)
+
+    async def list_leases(self, tx: Any, op: ops.ListLeases) -> tuple[list[ops.LeaseRow], float]:
+        # The indexes name the runs; one script per batch of them reads their leases and the clock
+        # (every key a script touches is in its KEYS, so the runs are read before). A lease that
+        # left the states meanwhile is not answered; of several batches, the earliest clock is.
+        states = [state for state in dict.fromkeys(op.states) if state in _LIVE]
+        pipe = self._client.pipeline(transaction=True)
+        for state in states:
+            pipe.zrange(self.keys.leases(state), 0, -1)  # pyright: ignore[reportUnknownMemberType]
+        replies = cast(list[list[bytes]], await pipe.execute()) if states else []
+        run_ids = list(dict.fromkeys(run_id.decode() for found in replies for run_id in found))
+        rows: list[ops.LeaseRow] = []
+        clocks: list[int] = []
+        for first in range(0, max(len(run_ids), 1), _LEASE_BATCH):
+            batch = run_ids[first : first + _LEASE_BATCH]
+            now, *flat = await self._script(self._list_leases, [self.keys.run(r).lease for r in batch], states)
+            clocks.append(int(now))
+            step = 1 + len(LEASE_FIELDS)
+            for i in range(0, len(flat), step):
+                rows.append(_lease_row(batch[int(flat[i]) - 1], flat[i + 1 : i + step]))
+        return rows, min(clocks) / _US
+
+    async def get_lease_start(self, tx: Any, op: ops.GetLeaseStart) -> bytes | None:
+        return cast(bytes | None, await self._client.get(self.keys.run(op.run_id).leasestart))
+
+    async def check_lease(self, tx: _Batch, op: ops.CheckLease) -> None:
+        # checked by COMMIT before its first write, which answers `fenced:<run>` when it fails
+        tx.args += ['L', tx.run(op.run_id), op.epoch]
+
 
 class RedisStepStore(ClientUser, EngineStore):
     """Step persistence in Redis through redis-py's asyncio client.
@@ -345,7 +468,7 @@ class RedisStepStore(ClientUser, EngineStore):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS, LEASES}
     )
 
     def __init__(
