@@ -37,7 +37,7 @@ def postgres_url() -> str:
 
 
 def drop_prefix(url: str, prefix: str) -> None:
-    """Drop every table and sequence named `<prefix>_*` in the current schema."""
+    """Drop every table, sequence and domain named `<prefix>_*` in the current schema."""
     pattern = prefix.replace('_', r'\_') + r'\_%'
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
@@ -49,6 +49,13 @@ def drop_prefix(url: str, prefix: str) -> None:
         for name, kind in sorted(rows, key=lambda r: r[1] != 'r'):  # tables first, then sequences
             keyword = sql.SQL('TABLE' if kind == 'r' else 'SEQUENCE')
             conn.execute(sql.SQL('DROP {} IF EXISTS {} CASCADE').format(keyword, sql.Identifier(name)))
+        domains = conn.execute(
+            """SELECT typname FROM pg_type
+            WHERE typnamespace = current_schema()::regnamespace AND typtype = 'd' AND typname LIKE %s""",
+            (pattern,),
+        ).fetchall()
+        for (name,) in domains:  # the leases' fence domain
+            conn.execute(sql.SQL('DROP DOMAIN IF EXISTS {} CASCADE').format(sql.Identifier(name)))
 
 
 @pytest.fixture

@@ -9,13 +9,25 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
+import step_postgres.store
 from step_postgres import PostgresMediaStore, PostgresStepStore, SchemaVersionError, validate_table_prefix
-from step_postgres.schema import MEDIA, STEPS, Tables, ensure_schema, schema_version
-from stepcore import RunRecord
+from step_postgres.schema import LEASES, MEDIA, STEPS, Component, Tables, ensure_schema, schema_version
+from stepcore import (
+    ContinuableSnapshot,
+    EventKind,
+    RunRecord,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+)
+from stepcore.ownership import open_lease
+from stepcore.store.leases import Fence, RunFencedError, fencing
 
 
 @pytest.mark.parametrize('prefix', ['a', '_', 'step_persistence', 'x1_', 'a' * 41])
@@ -77,16 +89,17 @@ async def test_first_use_creates_the_latest_schema(postgres_url: str, table_pref
         'snapshots',
         'snapshot_keys',
         'tool_effects',
+        'run_leases',
         'media',
     }
-    assert {'runs_conversation', 'runs_parent', 'snapshots_state', 'tool_effects_status'} <= _indexes(
-        postgres_url, table_prefix
+    assert {'runs_conversation', 'runs_parent', 'snapshots_state', 'tool_effects_status', 'run_leases_state'} <= (
+        _indexes(postgres_url, table_prefix)
     )
     with psycopg.connect(postgres_url) as conn:
         versions = dict(
             conn.execute(Tables(table_prefix).query('SELECT component, version FROM {schema_version}')).fetchall()
         )
-    assert versions == {'steps': STEPS.latest, 'media': MEDIA.latest}
+    assert versions == {'steps': STEPS.latest, 'leases': LEASES.latest, 'media': MEDIA.latest}
 
 
 async def test_older_schema_is_migrated_in_place(postgres_url: str, table_prefix: str) -> None:
@@ -204,7 +217,7 @@ async def test_concurrent_schema_creation_from_two_processes(
         cur = await conn.execute(tables.query('SELECT run_id FROM {runs} ORDER BY run_id'))
         assert await cur.fetchall() == [('run-0',), ('run-1',)]
         cur = await conn.execute(tables.query('SELECT component, version FROM {schema_version} ORDER BY 1'))
-        assert await cur.fetchall() == [('media', MEDIA.latest), ('steps', STEPS.latest)]
+        assert await cur.fetchall() == [('leases', LEASES.latest), ('media', MEDIA.latest), ('steps', STEPS.latest)]
         cur = await conn.execute(tables.query('SELECT count(*) FROM {media}'))
         assert await cur.fetchone() == (2,)
 
@@ -245,8 +258,11 @@ async def test_the_longest_prefix_names_every_object_in_full(postgres_url: str, 
             row[0]
             for row in conn.execute(
                 'SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace '
-                "AND starts_with(relname, %s) AND relkind IN ('r', 'i', 'S')",
-                (prefix + '_',),
+                "AND starts_with(relname, %s) AND relkind IN ('r', 'i', 'S') "
+                # the leases' fence domain is a type
+                'UNION SELECT typname FROM pg_type WHERE typnamespace = current_schema()::regnamespace '
+                "AND starts_with(typname, %s) AND typtype = 'd'",
+                (prefix + '_', prefix + '_'),
             ).fetchall()
         }
     expected = set(Tables(prefix).identifiers())
@@ -268,3 +284,78 @@ async def test_an_index_built_beforehand_under_the_migration_name_is_kept(postgr
     async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
         assert await schema_version(conn, tables, STEPS) == STEPS.latest == 3
     assert 'nodes_run' in _indexes(postgres_url, table_prefix)
+
+
+def _versions(url: str, prefix: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        return dict(conn.execute(Tables(prefix).query('SELECT component, version FROM {schema_version}')).fetchall())
+
+
+async def test_a_database_without_leases_gets_them_and_its_rows_still_read(
+    postgres_url: str, table_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database the previous release made gets the lease table when this release first opens
+    it; its rows read on, its runs take leases, and the step tables keep their version, so the
+    previous release still opens it afterwards."""
+
+    ensure = step_postgres.store.ensure_schema
+
+    async def steps_only(conn: psycopg.AsyncConnection[Any], tables: Tables, component: Component) -> int:
+        # The previous release: the same step tables and statements, and no leases component, so
+        # a store creates and migrates the step tables only, and never looks at the leases' version.
+        return 0 if component.name == 'leases' else await ensure(conn, tables, component)
+
+    run = RunRecord(run_id='old', conversation_id='c')
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('hi')]), ModelResponse(parts=[TextPart('yo')])]
+    snapshot = ContinuableSnapshot(run_id='old', messages=messages, step_index=1)
+    event = StepEvent(run_id='old', kind=EventKind.RUN_STARTED, step_index=0)
+    effect = ToolEffectRecord(run_id='old', tool_call_id='c1', tool_name='t', status=ToolEffectStatus.STARTED)
+    with monkeypatch.context() as previous_release:
+        previous_release.setattr(step_postgres.store, 'ensure_schema', steps_only)
+        async with PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix) as old:
+            await old.register_run(run)
+            await old.write_batch([event, effect], snapshot=snapshot)
+    assert 'run_leases' not in _tables(postgres_url, table_prefix)
+    assert _versions(postgres_url, table_prefix) == {'steps': STEPS.latest}
+
+    async with PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix) as store:
+        assert await store.get_run('old') == run
+        assert await store.list_runs(conversation_id='c') == [run]
+        assert await store.list_events('old') == [event.model_copy(update={'seq': 1})]
+        assert await store.get_tool_effect('old', 'c1') == effect
+        assert await store.latest_snapshot('old') == snapshot.model_copy(update={'seq': 1})
+        assert await store.get_lease('old') is None
+        lease = await open_lease(store, 'old', ttl=60.0, start=messages)
+        with fencing(Fence('old', lease.epoch)):
+            await store.append_event(StepEvent(run_id='old', kind=EventKind.RUN_COMPLETED, step_index=1))
+        assert await store.lease_start('old') == messages
+    assert 'run_leases' in _tables(postgres_url, table_prefix)
+    assert 'run_leases_state' in _indexes(postgres_url, table_prefix)
+    assert _versions(postgres_url, table_prefix) == {'steps': STEPS.latest, 'leases': LEASES.latest}
+
+    with monkeypatch.context() as previous_release:
+        previous_release.setattr(step_postgres.store, 'ensure_schema', steps_only)
+        async with PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix) as old:
+            assert [e.seq for e in await old.list_events('old')] == [1, 2]
+            await old.append_event(StepEvent(run_id='old', kind=EventKind.RUN_COMPLETED, step_index=2))
+    assert _versions(postgres_url, table_prefix) == {'steps': STEPS.latest, 'leases': LEASES.latest}
+
+
+async def test_lease_tables_dropped_by_hand_are_made_again(postgres_url: str, table_prefix: str) -> None:
+    """With the fence's domain, which dropping the table leaves behind: it is made anew too."""
+    async with PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix) as store:
+        await store.register_run(RunRecord(run_id='r'))
+        await open_lease(store, 'r', ttl=60.0)
+    tables = Tables(table_prefix)
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute(tables.query('DROP TABLE {run_leases}'))
+        conn.execute(tables.query("DELETE FROM {schema_version} WHERE component = 'leases'"))
+    async with PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix) as store:
+        assert await store.get_lease('r') is None
+        lease = await open_lease(store, 'r', ttl=60.0)
+        with fencing(Fence('r', lease.epoch)):
+            await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0))
+        with fencing(Fence('r', lease.epoch + 1)), pytest.raises(RunFencedError):
+            await store.append_event(StepEvent(run_id='r', kind=EventKind.RUN_COMPLETED, step_index=0))
+        assert [e.step_index for e in await store.list_events('r')] == [0]
+    assert _versions(postgres_url, table_prefix)['leases'] == LEASES.latest

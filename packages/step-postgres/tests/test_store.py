@@ -39,6 +39,7 @@ from stepcore import (
 )
 from stepcore.engine import DamagedRecordError, ops
 from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at
+from stepcore.ownership import open_lease
 from stepcore.store.codec import dump_record_json, encode_message
 from stepcore.store.models import utcnow
 
@@ -361,6 +362,17 @@ async def test_every_protocol_query_can_use_an_index(
     assert isinstance(port, PostgresPort)
     q = port._q
     snapshot = {'run': 'r', 'complete': 'complete'}
+    lease = {
+        'run': 'r',
+        'epoch': 2,
+        'state': 'running',
+        'host': 'h',
+        'ttl': 60.0,
+        'body': '{}',
+        'start': None,
+        'expect': 1,
+        'expired': True,
+    }
     checks: list[tuple[Any, Any]] = [
         (q.run_get, ('r',)),
         *(
@@ -384,6 +396,13 @@ async def test_every_protocol_query_can_use_an_index(
         (q.effect_get, ('r', 'c')),
         (q.effects_list, ('r',)),
         (q.run_delete, {'run': 'r'}),
+        (q.lease_get, ('r',)),
+        (q.leases_list, (['running', 'waiting'],)),
+        (q.lease_start, ('r',)),
+        (q.lease_epochs, (['r', 's'],)),
+        (q.lease_lock, ('r',)),
+        (q.lease_check, ('r', 1)),
+        *((query, lease) for query in (q.lease_insert, q.lease_update)),
     ]
     async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
         await conn.execute('SET enable_seqscan = off')
@@ -537,8 +556,11 @@ async def test_nul_in_a_run_id_or_key_is_refused_naming_it(
 async def test_delete_run_removes_every_row_of_the_run(
     store: PostgresStepStore, postgres_url: str, table_prefix: str
 ) -> None:
+    start = _exchange(0)
+
     async def write(run_id: str) -> None:
         await store.register_run(RunRecord(run_id=run_id))
+        await open_lease(store, run_id, ttl=60.0, start=start)
         await store.write_batch(
             [
                 ToolEffectRecord(run_id=run_id, tool_call_id='c', tool_name='t', status=ToolEffectStatus.STARTED),
@@ -549,7 +571,17 @@ async def test_delete_run_removes_every_row_of_the_run(
 
     await write('gone')
     await write('kept')
-    tables = ('runs', 'counters', 'events', 'event_keys', 'nodes', 'snapshots', 'snapshot_keys', 'tool_effects')
+    tables = (
+        'runs',
+        'counters',
+        'events',
+        'event_keys',
+        'nodes',
+        'snapshots',
+        'snapshot_keys',
+        'tool_effects',
+        'run_leases',
+    )
 
     def counts(run_id: str) -> list[int]:
         with psycopg.connect(postgres_url) as conn:
@@ -569,6 +601,9 @@ async def test_delete_run_removes_every_row_of_the_run(
     assert await store.delete_run('gone') is True
     assert counts('gone') == [0] * len(tables)
     assert counts('kept') == before
+    assert await store.get_lease('gone') is None
+    assert await store.lease_start('gone') is None
+    assert await store.lease_start('kept') == start
     assert await store.delete_run('gone') is False
     # A run written again under the same id starts afresh: seqs from 1, its keys not applied.
     await write('gone')

@@ -4,12 +4,12 @@ Every table a store uses is named `<table_prefix>_<name>`. The prefix is validat
 lowercase identifier, and names reach SQL only through `psycopg.sql.Identifier`; values always
 travel as query parameters.
 
-Schema changes are numbered migrations per component (`steps` for the step store, `media` for the
-media store), recorded in `<prefix>_schema_version`. A store brings its component up to date when
-it first connects, inside one transaction holding a transaction-scoped advisory lock derived from
-the prefix, so processes that start together never race on `CREATE TABLE`, and a migration is
-applied completely or not at all. A database whose recorded version is newer than this release
-knows is refused rather than written to.
+Schema changes are numbered migrations per component (`steps` for the step store, `leases` for its
+run leases, `media` for the media store), recorded in `<prefix>_schema_version`. A store brings its
+component up to date when it first connects, inside one transaction holding a transaction-scoped
+advisory lock derived from the prefix, so processes that start together never race on
+`CREATE TABLE`, and a migration is applied completely or not at all. A database whose recorded
+version is newer than this release knows is refused rather than written to.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from psycopg.rows import tuple_row
 
 __all__ = (
     'DEFAULT_TABLE_PREFIX',
+    'LEASES',
     'MEDIA',
     'STEPS',
     'Component',
@@ -72,6 +73,9 @@ _TABLE_NAMES: tuple[LiteralString, ...] = (
     'snapshots_state',
     'tool_effects_status',
     'nodes_run',
+    'run_leases',
+    'run_leases_state',
+    'lease_held',
     'media',
 )
 
@@ -192,6 +196,34 @@ STEPS = Component(
         ('CREATE INDEX IF NOT EXISTS {nodes_run} ON {nodes} (run_id)',),
     ),
 )
+
+LEASES = Component(
+    name='leases',
+    migrations=(
+        # 1: one lease per run (see `stepcore.store.leases`): `expires` in seconds since the Unix
+        # epoch on the server's clock, `start` the run's start point; the live states indexed for
+        # finding orphans. And the domain a write's fence casts its check to: a check that fails
+        # is an error of the server's, which aborts the write's transaction without a round trip
+        # of its own (`PostgresPort.check_lease`). A leftover domain of tables dropped by hand is
+        # replaced (nothing else uses it).
+        (
+            """CREATE TABLE {run_leases} (
+                run_id text PRIMARY KEY,
+                epoch bigint NOT NULL,
+                state text NOT NULL,
+                host text NOT NULL,
+                expires double precision NOT NULL,
+                body json NOT NULL,
+                start bytea
+            )""",
+            "CREATE INDEX {run_leases_state} ON {run_leases} (state, expires) WHERE state <> 'ended'",
+            'DROP DOMAIN IF EXISTS {lease_held}',
+            'CREATE DOMAIN {lease_held} AS boolean CONSTRAINT {lease_held} CHECK (VALUE IS TRUE)',
+        ),
+    ),
+)
+"""Run ownership: a component of its own, so the step tables keep their version and an older
+step-postgres, which knows only `steps`, still opens a database that has leases."""
 
 MEDIA = Component(
     name='media',

@@ -4,7 +4,8 @@ The store is the stepcore engine over `PostgresPort`, which answers the engine's
 SQL on pooled connections. A write is one transaction on one connection in pipeline mode:
 statements whose answers the engine does not need are sent without waiting for them, so a write
 without a snapshot costs one round trip and a snapshot save two (its checks, then the writes and
-the commit).
+the commit). A fenced write (one made under a run's lease) costs no more: its check is one more
+statement of the transaction, which fails the transaction on the server when the lease moved on.
 """
 
 from __future__ import annotations
@@ -20,16 +21,25 @@ from psycopg_pool import AsyncConnectionPool
 
 from stepcore.engine import Ask, EngineStore, KeyConflict, NodeIdBlocks, PipelinedPort, ops
 from stepcore.engine.encryption import Encryption
+from stepcore.engine.plans import Fenced
 from stepcore.engine.setup_once import SetupOnce
 from stepcore.engine.sql import event_window
 from stepcore.media import AUTO, MediaStoreOption, resolve_media_store
 from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
-from stepcore.store.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.store.features import (
+    CHECKSUMS,
+    ENCRYPTION,
+    LEASES,
+    MEDIA_EXTERNALIZATION,
+    PERSISTENT,
+    SNAPSHOT_RETENTION,
+)
 from stepcore.store.models import SnapshotState
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
 from .media import PostgresMediaStore
 from .schema import DEFAULT_TABLE_PREFIX, STEPS, Tables, ensure_schema
+from .schema import LEASES as LEASE_TABLES
 
 __all__ = ('DEFAULT_MEDIA', 'PostgresPort', 'PostgresStepStore')
 
@@ -40,7 +50,17 @@ Rows: TypeAlias = list[tuple[Any, ...]]
 DEFAULT_MEDIA: Final = AUTO
 """`media_store=` default, `'auto'`: a `PostgresMediaStore` on the store's pool and table prefix."""
 
-_RUN_TABLES: Final = ('events', 'event_keys', 'counters', 'nodes', 'snapshots', 'snapshot_keys', 'tool_effects', 'runs')
+_RUN_TABLES: Final = (
+    'events',
+    'event_keys',
+    'counters',
+    'nodes',
+    'snapshots',
+    'snapshot_keys',
+    'tool_effects',
+    'run_leases',
+    'runs',
+)
 
 
 def _ask(query: sql.Composed, params: Sequence[Any] | Mapping[str, Any], answer: Callable[[Rows], T]) -> Ask[T]:
@@ -73,6 +93,29 @@ def _flag(rows: Rows) -> bool:
     return bool(rows[0][0])
 
 
+def _lease_read(run_id: str, row: tuple[Any, ...]) -> ops.LeaseRead:
+    """`(now, epoch, state, host, expires, body)`: the server's clock and the run's lease (epoch
+    `NULL`: it has none)."""
+    now, epoch, state, host, expires, body = row
+    lease = None if epoch is None else ops.LeaseRow(run_id, int(epoch), state, host, float(expires), body)
+    return ops.LeaseRead(lease, float(now))
+
+
+def _lease_rows(rows: Rows) -> tuple[list[ops.LeaseRow], float]:
+    """`(now, run_id, epoch, state, host, expires, body)` rows: the leases (none where `run_id` is
+    `NULL`, the clock's row alone) and the server's clock."""
+    leases = [
+        ops.LeaseRow(run_id, int(epoch), state, host, float(expires), body)
+        for _, run_id, epoch, state, host, expires, body in rows
+        if run_id is not None
+    ]
+    return leases, float(rows[0][0])
+
+
+def _start(rows: Rows) -> bytes | None:
+    return bytes(rows[0][0]) if rows and rows[0][0] is not None else None
+
+
 async def _roll_back(conn: AsyncConnection[Any]) -> None:
     """End a transaction that did not commit; a broken connection is left to the pool to discard."""
     if not conn.closed:
@@ -90,6 +133,12 @@ class PostgresPort(PipelinedPort):
     table's sequence a block at a time and handed out from memory, so storing a snapshot needs no
     answer; a snapshot key another writer recorded meanwhile then fails the commit on the key's
     primary key, and the transaction raises `KeyConflict` for the engine to retry.
+
+    Leases (`<prefix>_run_leases`) are read and compared on the server's clock only. A swap locks
+    the lease row (`FOR UPDATE`), then compares and sets it in one statement; a fenced write's
+    check (`check_lease`) locks the row `FOR SHARE` for the rest of its transaction and casts
+    whether the epoch still holds to a domain that admits only true, so a write whose lease moved
+    on fails on the server (and rolls back) without waiting for an answer of its own.
     """
 
     name = 'PostgreSQL store'
@@ -100,6 +149,8 @@ class PostgresPort(PipelinedPort):
         self._q = _Queries(tables)
         self._ensure = SetupOnce(self._create_schema)
         self._node_ids = NodeIdBlocks()
+        self._fences: dict[int, list[tuple[str, int]]] = {}
+        """The `(run_id, epoch)` each open transaction checked (`check_lease`), by connection."""
 
     def describe(self) -> str:
         return f"PostgreSQL tables '{self._tables.prefix}_*'"
@@ -107,6 +158,7 @@ class PostgresPort(PipelinedPort):
     async def _create_schema(self) -> None:
         async with self.__handle.connection() as conn:
             await ensure_schema(conn, self._tables, STEPS)
+            await ensure_schema(conn, self._tables, LEASE_TABLES)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -130,6 +182,7 @@ class PostgresPort(PipelinedPort):
     @asynccontextmanager
     async def transaction(self, runs: Sequence[str]) -> AsyncIterator[AsyncConnection[Any]]:
         async with self._connection() as conn:
+            checked = self._fences[id(conn)] = []
             try:
                 async with conn.pipeline():
                     await conn.execute(b'BEGIN', prepare=False)
@@ -143,7 +196,25 @@ class PostgresPort(PipelinedPort):
                     'snapshot_keys'
                 ):
                     raise KeyConflict(f'snapshot key recorded meanwhile in {self.describe()}') from error
+                if isinstance(error, errors.CheckViolation) and checked and self._is_fence(error):
+                    raise Fenced(await self._fenced_run(conn, checked)) from None
                 raise
+            finally:
+                del self._fences[id(conn)]
+
+    def _is_fence(self, error: errors.CheckViolation) -> bool:
+        """Whether `error` is a lease check's (`check_lease`) failing, which names the domain."""
+        return error.diag.datatype_name == error.diag.constraint_name == self._tables.name('lease_held')
+
+    async def _fenced_run(self, conn: AsyncConnection[Any], checked: Sequence[tuple[str, int]]) -> str:
+        """Which of the runs a failed transaction checked lost its lease: the one run (the engine
+        checks one per transaction), else the first whose epoch is not the one checked now."""
+        if len(checked) > 1 and not conn.closed:
+            with suppress(Error):
+                cur = await conn.execute(self._q.lease_epochs, ([run_id for run_id, _ in checked],))
+                now = dict(await cur.fetchall())
+                return next((run_id for run_id, epoch in checked if now.get(run_id) != epoch), checked[0][0])
+        return checked[0][0]
 
     @asynccontextmanager
     async def reading(self, run_id: str | None) -> AsyncIterator[AsyncConnection[Any]]:
@@ -219,6 +290,7 @@ class PostgresPort(PipelinedPort):
         return await self.fetch(tx, _ask(self._q.run_ids, (), lambda rows: [str(r[0]) for r in rows]))
 
     async def delete_run(self, tx: AsyncConnection[Any], op: ops.DeleteRun) -> bool:
+        """Every row of the run, its lease (and start point) included, in one statement."""
         return await self.fetch(tx, _ask(self._q.run_delete, {'run': op.run_id}, _flag))
 
     # -- events and ledger --------------------------------------------------------------------
@@ -298,6 +370,59 @@ class PostgresPort(PipelinedPort):
             {'run': op.run_id, 'heads': [head for head, _ in op.chains]},
             lambda rows: {int(n): (p, bytes(b)) for n, p, b in rows},
         )
+
+    # -- leases: every time is the server's (`clock_timestamp()`, read once per statement) ------
+
+    def ask_get_lease(self, op: ops.GetLease) -> Ask[ops.LeaseRead]:
+        return _ask(self._q.lease_get, (op.run_id,), lambda rows: _lease_read(op.run_id, rows[0]))
+
+    async def swap_lease(self, tx: AsyncConnection[Any], op: ops.SwapLease) -> ops.LeaseSwap:
+        """Lock the lease row (`FOR UPDATE`: no other swap, and no write fenced with its epoch, can
+        hold it meanwhile), then compare and set it in one statement on the server's clock, read
+        after the lock was granted. Both go in one round trip.
+
+        With `expect=None` the set is `INSERT ... ON CONFLICT DO NOTHING`: a lease inserted by a
+        writer that does not take the run's advisory lock (there is none in this package) and
+        committed while the insert waited for it is not in the statement's snapshot, so the answer
+        is then read again.
+        """
+        row = op.row
+        params = {
+            'run': op.run_id,
+            'epoch': row.epoch,
+            'state': row.state,
+            'host': row.host,
+            'ttl': op.ttl,
+            'body': _text(row.body),
+            'start': op.start,
+            'expect': op.expect,
+            'expired': op.expired,
+        }
+        swap = self._q.lease_insert if op.expect is None else self._q.lease_update
+        _, rows = await self.pipeline(tx, [(self._q.lease_lock, (op.run_id,)), (swap, params)])
+        now, swapped, *lease = rows[0]
+        read = _lease_read(op.run_id, (now, *lease))
+        if swapped is None and op.expect is None:  # pragma: no cover - see the docstring
+            read = await self.fetch(tx, self.ask_get_lease(ops.GetLease(op.run_id)))
+        return ops.LeaseSwap(bool(swapped), read)
+
+    def ask_list_leases(self, op: ops.ListLeases) -> Ask[tuple[list[ops.LeaseRow], float]]:
+        return _ask(self._q.leases_list, (list(op.states),), _lease_rows)
+
+    def ask_get_lease_start(self, op: ops.GetLeaseStart) -> Ask[bytes | None]:
+        return _ask(self._q.lease_start, (op.run_id,), _start)
+
+    async def check_lease(self, tx: AsyncConnection[Any], op: ops.CheckLease) -> None:
+        """One statement sent with the transaction's others, whose answer is not awaited: it locks
+        the lease row `FOR SHARE` until the transaction ends, so a takeover (its `FOR UPDATE`) waits
+        for the write to commit and then sees it, and fails the transaction on the server when the
+        lease is not at `op.epoch` (a takeover committed first, or the run has no lease).
+        `transaction()` then raises `Fenced`."""
+        checked = self._fences.get(id(tx))
+        if checked is None:
+            raise RuntimeError(f'check_lease of run {op.run_id!r} runs only inside a write transaction')
+        checked.append((op.run_id, op.epoch))
+        await tx.execute(self._q.lease_check, (op.run_id, op.epoch))
 
 
 class _Queries:
@@ -403,6 +528,69 @@ class _Queries:
             SELECT n.node_id, n.parent, n.body FROM reach JOIN {nodes} n USING (node_id)"""
         )
 
+        # -- leases. The server's clock, read once per statement (a CTE that calls a volatile
+        # function is evaluated once), in seconds since the Unix epoch like `expires`.
+        clock = 'WITH clock AS MATERIALIZED (SELECT extract(epoch FROM clock_timestamp())::float8 AS now)'
+        self.lease_get = q(
+            clock
+            + """ SELECT clock.now, l.epoch, l.state, l.host, l.expires, l.body::text
+            FROM clock LEFT JOIN {run_leases} l ON l.run_id = %s"""
+        )
+        # `state <> 'ended'` as written in the partial index, so a generic plan can use it too.
+        self.leases_list = q(
+            clock
+            + """ SELECT clock.now, l.run_id, l.epoch, l.state, l.host, l.expires, l.body::text
+            FROM clock LEFT JOIN {run_leases} l ON l.state = ANY(%s::text[]) AND l.state <> 'ended'"""
+        )
+        self.lease_start = q('SELECT start FROM {run_leases} WHERE run_id = %s')
+        self.lease_epochs = q('SELECT run_id, epoch FROM {run_leases} WHERE run_id = ANY(%s::text[])')
+        self.lease_lock = q('SELECT FROM {run_leases} WHERE run_id = %s FOR UPDATE')
+        # The lease after a swap: the row it stored, else the row as it is (the lock taken before
+        # the statement keeps it from changing), else none; and the clock, always.
+        swap_answer = """,
+            found AS (
+                SELECT true AS swapped, epoch, state, host, expires, body FROM stored
+                UNION ALL
+                SELECT false, epoch, state, host, expires, body FROM {run_leases}
+                WHERE run_id = %(run)s AND NOT EXISTS (SELECT FROM stored)
+            )
+            SELECT clock.now, found.swapped, found.epoch, found.state, found.host, found.expires,
+                found.body::text
+            FROM clock LEFT JOIN found ON true"""
+        self.lease_insert = q(
+            clock
+            + """, stored AS (
+                INSERT INTO {run_leases} (run_id, epoch, state, host, expires, body, start)
+                SELECT %(run)s, %(epoch)s::bigint, %(state)s::text, %(host)s::text,
+                    clock.now + %(ttl)s::float8, %(body)s::json, %(start)s::bytea
+                FROM clock
+                ON CONFLICT (run_id) DO NOTHING
+                RETURNING epoch, state, host, expires, body
+            )"""
+            + swap_answer
+        )
+        self.lease_update = q(
+            clock
+            + """, stored AS (
+                UPDATE {run_leases} AS l
+                SET epoch = %(epoch)s::bigint, state = %(state)s::text, host = %(host)s::text,
+                    expires = clock.now + %(ttl)s::float8, body = %(body)s::json,
+                    start = coalesce(%(start)s::bytea, l.start)
+                FROM clock
+                WHERE l.run_id = %(run)s AND l.epoch = %(expect)s::bigint
+                    AND (NOT %(expired)s::boolean OR l.expires < clock.now)
+                RETURNING l.epoch, l.state, l.host, l.expires, l.body
+            )"""
+            + swap_answer
+        )
+        # The fence of a write: `FOR SHARE` holds the row until the transaction ends; the cast
+        # fails (a check violation naming the domain) unless the lease is at the writer's epoch.
+        self.lease_check = q(
+            """SELECT EXISTS (
+                SELECT FROM {run_leases} WHERE run_id = %s AND epoch = %s::bigint FOR SHARE
+            )::{lease_held}"""
+        )
+
     def events_window(self, op: ops.ListEvents) -> tuple[sql.Composed, list[object]]:
         """The events of a run after `op.after_seq`, `op.limit` of them (the newest with `op.newest`)."""
         query, params = event_window(op, 'SELECT seq, idempotency_key, record FROM {events} WHERE run_id = %s', '%s')
@@ -428,7 +616,7 @@ class PostgresStepStore(EngineStore):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS, LEASES}
     )
 
     def __init__(
