@@ -22,6 +22,7 @@ from stepcore_conformance import (
     ConcurrencyConformance,
     EffectsConformance,
     EventsConformance,
+    LeasesConformance,
     PersistenceConformance,
     SnapshotsConformance,
     StepStoreConformance,
@@ -112,9 +113,14 @@ async def damage_keeping_keys(
 
 
 class TestFileStepStoreFullDurability(
-    EventsConformance, SnapshotsConformance, EffectsConformance, ConcurrencyConformance, PersistenceConformance
+    EventsConformance,
+    SnapshotsConformance,
+    EffectsConformance,
+    ConcurrencyConformance,
+    PersistenceConformance,
+    LeasesConformance,
 ):
-    """The write-path sections again, with every append and rename fsynced."""
+    """The write-path sections again, and leases, with every append and rename fsynced."""
 
     @pytest.fixture
     async def store(self, tmp_path: Path, store_options: dict[str, Any]) -> AsyncIterator[FileStepStore]:

@@ -9,8 +9,11 @@ answers each operation of `stepcore.engine.ops` with files under one directory.
         lock                          locked (flock) by every write (exclusive) and read (shared)
         next-node                     the next message node id of the whole store
         media/                        the default media store, for media_store='auto'
+        leases/<state>/<run id>       an empty file for each run whose lease is in that state
         runs/<run id>/
             run.json                  the run row
+            lease.json                the run's lease: epoch, state, host, expires, body
+            lease-start               the start point stored with the lease, as the engine gave it
             events/<seq>.json         an event (<seq>.<key name>.json when it has an idempotency key)
             effects/<call name>.json  a tool call's ledger entry, replaced on each update
             nodes/<node id>.json      one stored message and its parent node
@@ -26,6 +29,10 @@ There are no transactions: a write holds the store's lock and makes its writes i
 engine asks for them. A process killed between two leaves the earlier ones, which is what the
 engine's write order is designed for (see "Write order and the crash rule" in docs/engine.md).
 Files are not fsynced: the data survives a killed process, not a power loss.
+
+Run ownership (feature `leases`): a lease swap is a write like the others, under the same lock, so
+it is atomic against every fenced write, whose first operation (`check_lease`) reads the lease
+file. Expiry times are on this host's clock (`time.time()`): the store is for one host.
 """
 
 from __future__ import annotations
@@ -33,9 +40,11 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -47,11 +56,14 @@ from media_disk import DiskMediaStore
 from stepcore.backend import (
     CHECKSUMS,
     ENCRYPTION,
+    LEASES,
     MEDIA_EXTERNALIZATION,
     PERSISTENT,
     SNAPSHOT_RETENTION,
+    DamagedRecordError,
     Encryption,
     EngineStore,
+    Fenced,
     KeyConflict,
     MediaStoreOption,
     SyncPort,
@@ -64,6 +76,8 @@ from stepcore.backend import (
 )
 
 __all__ = ('TemplatePort', 'TemplateStepStore', 'key_name')
+
+logger = logging.getLogger('stepcore_template_backend')
 
 _NUMBERED = re.compile(r'(\d+)(?:\.([0-9a-f]{64}))?\.json')
 """`<seq>.json` or `<seq>.<key name>.json` (other names, such as temporary files, are not records)."""
@@ -228,11 +242,97 @@ class TemplatePort(SyncPort):
         if not folder.exists():
             return False
         # Renamed away in one step, then removed: a process killed meanwhile leaves a `deleted-*`
-        # folder outside `runs/` (safe to remove), never half a run.
+        # folder outside `runs/` (safe to remove), never half a run. The lease goes with the folder;
+        # its marker in the index after it (one a kill leaves behind is passed over: see leases).
         doomed = self.directory / f'deleted-{uuid.uuid4().hex}'
         folder.rename(doomed)
+        for marker in self._markers(op.run_id):
+            marker.unlink()
         shutil.rmtree(doomed)
         return True
+
+    # -- leases: run ownership ------------------------------------------------------------------
+    # A swap is a compare and set: the store's lock makes the compare and the set one step, and
+    # keeps every fenced write (which starts with `check_lease`) either before a takeover or after.
+    # `list_leases` reads an index instead of every run: `leases/<state>/<run id>`, kept beside the
+    # lease file, which is the truth (a marker whose run's lease is in another state is passed over).
+
+    def _markers(self, run_id: str) -> list[Path]:
+        return list((self.directory / 'leases').glob(f'*/{run_id}'))  # run ids hold no glob characters
+
+    def _lease_row(self, run_id: str) -> ops.LeaseRow | None:
+        document = _read(self.run_folder(run_id) / 'lease.json')
+        if document is None:
+            return None
+        if not isinstance(document, dict):  # raised, not guessed: a lease decides who may write
+            kind = 'unreadable' if isinstance(document, ops.Unreadable) else 'unparsable'
+            raise DamagedRecordError(
+                run_id=run_id, record='lease', where=self.describe(), reason=document.reason, kind=kind
+            )
+        try:
+            return ops.LeaseRow(
+                run_id=run_id,
+                epoch=int(document['epoch']),
+                state=str(document['state']),
+                host=str(document['host']),
+                expires=float(document['expires']),
+                body=str(document['body']),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            reason = f'lease.json lacks a valid column: {type(error).__name__}: {error}'
+            raise DamagedRecordError(run_id=run_id, record='lease', where=self.describe(), reason=reason) from None
+
+    def get_lease(self, tx: Any, op: ops.GetLease) -> ops.LeaseRead:
+        return ops.LeaseRead(self._lease_row(op.run_id), time.time())
+
+    def swap_lease(self, tx: Any, op: ops.SwapLease) -> ops.LeaseSwap:
+        now = time.time()
+        current = self._lease_row(op.run_id)
+        if not op.matches(current, now):
+            return ops.LeaseSwap(False, ops.LeaseRead(current, now))
+        row = op.stored(now)  # the new lease, expiring `op.ttl` seconds from now
+        folder = self.run_folder(op.run_id)  # may not exist yet: a run takes its lease before it registers
+        if op.start is not None:
+            make_dir(folder)
+            write_atomic(folder / 'lease-start', op.start, sync=False)
+        # The new state's marker, then the lease, then the other markers: a process killed in between
+        # leaves a marker too many, never a live lease missing from the index. `ended` is never listed.
+        if row.state != 'ended':
+            marker = self.directory / 'leases' / row.state / op.run_id
+            make_dir(marker.parent)
+            marker.touch(mode=0o600)
+        body = row.body if isinstance(row.body, str) else row.body.decode()
+        _write(folder / 'lease.json', epoch=row.epoch, state=row.state, host=row.host, expires=row.expires, body=body)
+        for marker in self._markers(op.run_id):
+            if marker.parent.name != row.state:
+                marker.unlink()
+        return ops.LeaseSwap(True, ops.LeaseRead(row, now))
+
+    def list_leases(self, tx: Any, op: ops.ListLeases) -> tuple[list[ops.LeaseRow], float]:
+        rows: list[ops.LeaseRow] = []
+        for state in sorted(set(op.states)):
+            folder = self.directory / 'leases' / state
+            for run_id in os.listdir(folder) if folder.is_dir() else []:
+                try:
+                    row = self._lease_row(run_id)
+                except DamagedRecordError as error:  # a listing passes over a damaged record, saying so
+                    logger.warning('skipping a damaged lease: %s', error)
+                    continue
+                if row is not None and row.state == state:
+                    rows.append(row)
+        return rows, time.time()
+
+    def get_lease_start(self, tx: Any, op: ops.GetLeaseStart) -> bytes | None:
+        folder = self.run_folder(op.run_id)
+        if not (folder / 'lease.json').exists():
+            return None  # a start point whose swap was killed before it wrote the lease
+        path = folder / 'lease-start'
+        return path.read_bytes() if path.exists() else None
+
+    def check_lease(self, tx: Any, op: ops.CheckLease) -> None:
+        row = self._lease_row(op.run_id)
+        if row is None or row.epoch != op.epoch:
+            raise Fenced(op.run_id)  # another owner took the run: this write stores nothing
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -411,7 +511,7 @@ class TemplateStepStore(EngineStore):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {PERSISTENT, SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, ENCRYPTION, CHECKSUMS}
+        {PERSISTENT, SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, ENCRYPTION, CHECKSUMS, LEASES}
     )
 
     def __init__(

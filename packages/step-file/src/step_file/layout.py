@@ -26,6 +26,9 @@ from .logs import EPOCH, json_object
 __all__ = (
     'EFFECTS_FILE',
     'EVENTS_FILE',
+    'LEASE_FILE',
+    'LEASE_INDEX_DIR',
+    'LEASE_START_FILE',
     'LOCK_FILE',
     'MEDIA_DIR',
     'MESSAGES_FILE',
@@ -51,6 +54,12 @@ MESSAGES_FILE = 'messages.jsonl'
 SNAPSHOTS_DIR = 'snapshots'
 LOCK_FILE = '.lock'
 MEDIA_DIR = 'media'
+LEASE_FILE = 'lease.json'
+LEASE_START_FILE = 'lease-start'
+LEASE_INDEX_DIR = '.leases+'
+"""The store's index of live lease states, `<directory>/.leases+/<state>/<run id>` (see `leases.py`):
+a `+` is no run id's character, so no run folder can take the name, and the leading `.` keeps it out
+of the run listings."""
 
 SNAPSHOT_NAME = re.compile(r'(\d+)\.json')
 STATES = frozenset(s.value for s in SnapshotState)

@@ -3,7 +3,7 @@
 The store is the stepcore engine over `FilePort`, which answers the engine's operations with the
 files of a run folder, on the store's own worker thread. The folder's files and formats are in
 `layout.py`, its append-only logs in `files.py` (what a process keeps of each: `logs.py`,
-`nodes.py`).
+`nodes.py`), its lease and the store's index of lease states in `leases.py`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,13 +24,22 @@ from typing import ClassVar, Literal, cast
 
 from media_disk import DiskMediaStore
 from stepcore.engine import KeyConflict, SyncPort, ops
+from stepcore.engine.damage import DamagedRecordError, decoded, skip_damaged
 from stepcore.engine.encryption import Encryption
 from stepcore.engine.fileio import TEMP_NAME, fsync_dir, make_dir, write_atomic, write_temp
+from stepcore.engine.plans import Fenced
 from stepcore.engine.store import EngineStore
 from stepcore.engine.worker import WorkerThread, WouldBlock, running_inline
 from stepcore.media import MediaStoreOption, resolve_media_store
 from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
-from stepcore.store.features import CHECKSUMS, ENCRYPTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
+from stepcore.store.features import (
+    CHECKSUMS,
+    ENCRYPTION,
+    LEASES,
+    MEDIA_EXTERNALIZATION,
+    PERSISTENT,
+    SNAPSHOT_RETENTION,
+)
 from stepcore.store.ids import validate_path_safe_run_id
 from stepcore.store.models import SnapshotState
 
@@ -37,6 +47,9 @@ from .files import Log, run_lock
 from .layout import (
     EFFECTS_FILE,
     EVENTS_FILE,
+    LEASE_FILE,
+    LEASE_INDEX_DIR,
+    LEASE_START_FILE,
     LOCK_FILE,
     MEDIA_DIR,
     MESSAGES_FILE,
@@ -53,12 +66,16 @@ from .layout import (
     snapshot_document,
     with_field,
 )
+from .leases import LeaseIndex, lease_document, read_lease
 from .logs import EPOCH, EventsSeen, KeysSeen, LedgerSeen, json_object
 from .nodes import Nodes, NodeWriter, parse_nodes
 
 __all__ = (
     'EFFECTS_FILE',
     'EVENTS_FILE',
+    'LEASE_FILE',
+    'LEASE_INDEX_DIR',
+    'LEASE_START_FILE',
     'LOCK_FILE',
     'MEDIA_DIR',
     'MESSAGES_FILE',
@@ -137,7 +154,9 @@ class FilePort(SyncPort):
 
     A write holds, for each of its runs, this process's lock of the run and an exclusive `flock`
     on the run's `.lock` file; a read holds a shared `flock`. Logs are only appended to, under the
-    exclusive lock, in whole lines.
+    exclusive lock, in whole lines. A lease swap is a write too: it and every fenced write of the
+    run hold the same exclusive lock, so `CheckLease` (reading the lease file inside the write) is
+    atomic against a takeover.
     """
 
     name = 'file store'
@@ -149,6 +168,7 @@ class FilePort(SyncPort):
         self.inline_writes = not full  # appends without fsync are short enough for the event loop
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._runs_lock = threading.Lock()
+        self._leases = LeaseIndex(directory / LEASE_INDEX_DIR, sync=full)
 
     def describe(self) -> str:
         return f'directory {str(self.directory)!r}'
@@ -290,7 +310,11 @@ class FilePort(SyncPort):
         return found
 
     def delete_run(self, tx: _Tx, op: ops.DeleteRun) -> bool:
-        """Move the run's folder aside under a hidden name, then remove it (the run's lock is held)."""
+        """Move the run's folder aside under a hidden name, then remove it (the run's lock is held).
+
+        The lease and its start point go with the folder; the run's markers in the index of lease
+        states are removed after it (a kill in between leaves markers a listing passes over).
+        """
         folder = self._run(op.run_id).folder
         existed = holds_records(folder)
         with self._runs_lock:
@@ -298,6 +322,7 @@ class FilePort(SyncPort):
         if folder.exists():
             os.rename(folder, self.directory / f'.{op.run_id}.deleted.{uuid.uuid4().hex}')
             fsync_dir(self.directory)
+        self._leases.unmark(op.run_id)
         # This delete's folder, and any an interrupted delete of the same run id left behind.
         for tombstone in self.directory.glob(f'.{op.run_id}.deleted.*'):
             try:
@@ -310,6 +335,69 @@ class FilePort(SyncPort):
                     exc,
                 )
         return existed
+
+    # -- leases: a swap and every fenced write of a run hold the run's exclusive lock -----------
+
+    def _lease(self, run_id: str) -> ops.LeaseRow | None:
+        """The run's lease from its lease file; `DamagedRecordError` when the file cannot be had."""
+        path = self.directory / run_id / LEASE_FILE
+        return decoded(lambda: read_lease(run_id, path), run_id=run_id, record='lease', where=self.describe())
+
+    def get_lease(self, tx: _Tx, op: ops.GetLease) -> ops.LeaseRead:
+        return ops.LeaseRead(self._lease(op.run_id), time.time())
+
+    def swap_lease(self, tx: _Tx, op: ops.SwapLease) -> ops.LeaseSwap:
+        """The start point, the new state's marker, the lease file, then the other states' markers
+        removed: the lease file is where the swap takes effect (see `leases.py`)."""
+        now = time.time()
+        current = self._lease(op.run_id)
+        if not op.matches(current, now):
+            return ops.LeaseSwap(False, ops.LeaseRead(current, now))
+        row = op.stored(now)
+        folder = self._run(op.run_id).folder  # made by `transaction`, even before the run registers
+        if op.start is not None:
+            write_atomic(folder / LEASE_START_FILE, op.start, sync=self._full)
+            self.boundary('swap_lease:start')
+        self._leases.mark(op.run_id, row.state)
+        self.boundary('swap_lease:index')
+        write_atomic(folder / LEASE_FILE, lease_document(row), sync=self._full)
+        self.boundary('swap_lease:lease')
+        self._leases.unmark(op.run_id, keep=row.state)
+        return ops.LeaseSwap(True, ops.LeaseRead(row, now))
+
+    def list_leases(self, tx: _Tx, op: ops.ListLeases) -> tuple[list[ops.LeaseRow], float]:
+        """Through the index: each marked run's lease file, kept when it is in the marker's state."""
+        rows: dict[str, ops.LeaseRow] = {}
+        for state in dict.fromkeys(op.states):
+            for run_id in self._leases.listed(state):
+                if run_id in rows:
+                    continue  # moved between two of the states while they were listed
+                try:
+                    row = self._lease(run_id)
+                except DamagedRecordError as error:
+                    skip_damaged(error)
+                    continue
+                if row is not None and row.state == state:  # else a marker a kill left behind
+                    rows[run_id] = row
+        return list(rows.values()), time.time()
+
+    def get_lease_start(self, tx: _Tx, op: ops.GetLeaseStart) -> bytes | None:
+        folder = self.directory / op.run_id
+        if not (folder / LEASE_FILE).exists():
+            return None  # a start point without its lease: a swap killed before it took effect
+
+        def read() -> bytes | None:
+            try:
+                return (folder / LEASE_START_FILE).read_bytes()
+            except FileNotFoundError:
+                return None
+
+        return decoded(read, run_id=op.run_id, record='start point', where=self.describe())
+
+    def check_lease(self, tx: _Tx, op: ops.CheckLease) -> None:
+        current = self._lease(op.run_id)
+        if current is None or current.epoch != op.epoch:
+            raise Fenced(op.run_id)
 
     # -- events and ledger --------------------------------------------------------------------
 
@@ -519,6 +607,9 @@ class FileStepStore(EngineStore):
     - `snapshots/<seq>.json`: one small file per snapshot: its header, head node and length.
     - `snapshot-keys.jsonl`: one line per saved snapshot (seq, state, idempotency key); kept when
       snapshots are pruned, so a replayed save stays suppressed.
+    - `lease.json`, `lease-start`: the run's lease (owner, expiry on this host's clock, epoch) and the
+      start point stored with it; with `<directory>/.leases+/<state>/<run_id>`, an index of the runs
+      whose lease is in each live state (see `leases.py`).
 
     Saving a step appends only the messages that are new since the previous save (see
     `stepcore.engine.history`), so bytes grow linearly with the run. Payloads of `media_threshold_bytes` or
@@ -532,11 +623,15 @@ class FileStepStore(EngineStore):
     events follow. An incomplete last line left in a log by a crash is ignored when reading and cut
     off before the next append. Files are `0600` and folders `0700`.
 
+    Leases (feature `leases`) are kept on one host: `expires` is on this host's clock
+    (`time.time()`), and a swap holds the run's exclusive lock, as every fenced write does, so a
+    write checks the lease and makes its changes with no takeover in between.
+
     `durability='full'` also fsyncs every append and snapshot file (and its folder).
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS}
+        {SNAPSHOT_RETENTION, MEDIA_EXTERNALIZATION, PERSISTENT, ENCRYPTION, CHECKSUMS, LEASES}
     )
 
     def __init__(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from stepcore.engine.damage import DamagedRecordError
 from stepcore.engine.pipeline import Ask, NodeIdBlocks, PipelinedPort
-from stepcore.engine.plans import KeyConflict, StaleHistory
+from stepcore.engine.plans import Fenced, KeyConflict, StaleHistory
 from stepcore.engine.port import AsyncPort, Port, SyncPort, check_text
 from stepcore.engine.store import EngineStore
 
@@ -25,6 +25,7 @@ __all__ = (
     'AsyncPort',
     'DamagedRecordError',
     'EngineStore',
+    'Fenced',
     'KeyConflict',
     'NodeIdBlocks',
     'PipelinedPort',
