@@ -664,9 +664,14 @@ class EngineStore(StepStore):
         """The id of every run this store holds a run record or a snapshot of, sorted.
 
         Unlike `list_runs`, a run whose record is damaged or missing (a snapshot saved without
-        `register_run`) is included: maintenance must not overlook what it cannot read.
+        `register_run`, a run killed after it took its lease and before it registered) is included:
+        maintenance must not overlook what it cannot read.
         """
-        return sorted(set(cast(Sequence[str], await self.__driver.read(None, single(ListRunIds())))))
+        found = set(cast(Sequence[str], await self.__driver.read(None, single(ListRunIds()))))
+        if LEASES in type(self).features:
+            live = (LeaseState.RUNNING, LeaseState.WAITING, LeaseState.PENDING, LeaseState.RESUMED)
+            found |= {lease.run_id for lease in await self.list_leases(live)}
+        return sorted(found)
 
     async def media_references(self, run_id: str) -> set[str]:
         """The `media+sha256://` URIs that the run's snapshots (complete and interrupted) reference.
@@ -701,7 +706,32 @@ class EngineStore(StepStore):
                 return refs
 
             found |= decoded(references, run_id=run_id, record=f'snapshot seq={row.seq}', where=self.__where())
+        if LEASES in type(self).features:
+            found |= await self.__start_references(run_id)
         return found
+
+    async def __start_references(self, run_id: str) -> set[str]:
+        """The media the run's start point references (a restart reads them)."""
+        refs: set[str] = set()
+        for body in await self.__start(run_id) or ():
+            refs |= stored_references(body)
+        return refs
+
+    async def __start(self, run_id: str) -> list[bytes] | None:
+        """The stored bodies of the run's start point, checked (`DamagedRecordError` naming it); `None`: none."""
+        blob = cast(bytes | None, await self.__driver.read(run_id, single(GetLeaseStart(run_id))))
+        if blob is None:
+            return None
+
+        def opened() -> list[bytes]:
+            head, _, rest = bytes(blob).partition(b'\n')
+            bodies = rest.split(b'\n') if rest else []
+            try:
+                return self.__sealer.open_nodes(run_id, bodies, head.decode() or None, sealed=True)
+            except MessageDamage as error:
+                raise ValueError(f'message {error.position} is damaged: {error.reason}') from error
+
+        return decoded(opened, run_id=run_id, record='start point', where=self.__where())
 
     # -- leases (feature `leases`: see `stepcore.store.leases`) ---------------------------------
 
@@ -777,19 +807,9 @@ class EngineStore(StepStore):
         """The history stored with the run's lease for a restart (its first request), or `None`."""
         require_feature(self, LEASES, option='lease_start')
         run_id = self.__run_id(run_id)
-        blob = cast(bytes | None, await self.__driver.read(run_id, single(GetLeaseStart(run_id))))
-        if blob is None:
+        stored = await self.__start(run_id)
+        if stored is None:
             return None
-
-        def opened() -> list[bytes]:
-            head, _, rest = bytes(blob).partition(b'\n')
-            bodies = rest.split(b'\n') if rest else []
-            try:
-                return self.__sealer.open_nodes(run_id, bodies, head.decode() or None, sealed=True)
-            except MessageDamage as error:
-                raise ValueError(f'message {error.position} is damaged: {error.reason}') from error
-
-        stored = decoded(opened, run_id=run_id, record='start point', where=self.__where())
         try:
             return await self.__history.decode(stored)
         except (ValueError, LookupError, TypeError) as error:
