@@ -77,9 +77,12 @@ def test_runs_lists_every_run_oldest_first(db: str) -> None:
     rows = as_json('runs', '--store', db)
     assert [r['run_id'] for r in rows] == ['report-run-1', 'report-run-1.research', 'report-run-2', 'deploy-1']
     assert [r['status'] for r in rows] == ['unfinished', 'completed', 'completed', 'failed']
+    # the killed run was resumed: its lease says so, and it is never offered for resuming again
+    assert [r['ownership'] for r in rows] == ['resumed', None, None, None]
+    assert rows[0]['standing'] == 'resumed by report-run-2 (completed)'
     text = ok('runs', '--store', db)
     assert 'report-run-1' in text
-    assert 'unfinished' in text
+    assert 'resumed by report-run-2 (completed)' in text
     assert 'failed' in text
 
 
@@ -193,17 +196,24 @@ def test_effects_and_unresolved(db: str) -> None:
 
 
 def test_recover_explains_in_words(db: str) -> None:
-    text = ok('recover', 'report-run-1', '-s', db)
-    assert 'Settled snapshot' in text
-    assert 'No unresolved tool calls' in text
-    assert 'resolve_run' in text
+    text = ' '.join(ok('recover', 'report-run-1', '-s', db).split())
+    assert 'Resumed by report-run-2 (completed): a resumed run is never resumed again' in text
+    assert 'Nothing left to do' in text
+    assert 'resolve_run' not in text
+    text = ' '.join(ok('recover', 'deploy-1', '-s', db).split())
+    assert "No settled snapshot, but the store kept the run's start point" in text
+    assert 'Tools with failed calls (may have made partial changes): deploy.' in text
+    assert 'Next: resumption = await resolve_run' in text
     report = as_json('recover', 'report-run-1', '-s', db)
+    assert report['resumed_by'] == ['report-run-2']
+    assert report['newest_status'] == 'completed'
+    assert report['lease']['state'] == 'resumed'
+    assert report['lease']['resumed_by'] == 'report-run-2'
     assert report['settled_snapshot']['message_count'] == 5
     assert report['unresolved_effects'] == []
     # its result is in report-run-2, not here: continuing report-run-1 as is would send it again
     assert report['settled_on_recovery'] == ['call-email']
     assert report['continuable_as_is'] is False
-    assert 'Settled on recovery, with results in no snapshot of this run: call-email' in ' '.join(text.split())
     assert report['completed_tools'] == ['ask_researcher', 'write_report', 'send_email']
     assert as_json('recover', 'deploy-1', '-s', db)['failed_tools'] == ['deploy']
 

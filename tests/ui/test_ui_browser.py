@@ -28,7 +28,7 @@ def test_runs_to_run_to_snapshot(browser: Any, demo_ui: Any, shoot: Callable[[st
     rows = _wait(browser).until(ec.presence_of_all_elements_located((By.CSS_SELECTOR, 'table.runs tbody tr')))
     listed = {row.find_element(By.CSS_SELECTOR, 'a.run-id').text: row for row in rows}
     assert set(listed) == {'report-run-1', 'report-run-1.research', 'report-run-2'}
-    assert 'unfinished' in listed['report-run-1'].text
+    assert 'resumed by report-run-2 (completed)' in listed['report-run-1'].text
     assert 'unresolved' not in listed['report-run-1'].text  # its cut-short send_email was reconciled on resume
     shoot('1-runs')
 
@@ -41,12 +41,15 @@ def test_runs_to_run_to_snapshot(browser: Any, demo_ui: Any, shoot: Callable[[st
     assert "email 'Weekly report' to team@example.com [settled on recovery: reconciled]" in row.text
     recovery = browser.find_element(By.ID, 'recovery').text
     assert 'Settled on recovery, with results in no snapshot of this run: call-email' in recovery
-    assert 'It cannot be continued as is' in browser.find_element(By.ID, 'continuable').text
+    # it was resumed: the page says by which run, and offers no second resumption, only a fork
+    resumed = browser.find_element(By.ID, 'resumed-by').text
+    assert 'Resumed by report-run-2 (completed): a resumed run is never resumed again' in resumed
+    assert 'resumed by report-run-2 (completed)' in browser.find_element(By.ID, 'ownership').text
+    assert browser.find_elements(By.ID, 'continuable') == []
     tree = browser.find_element(By.CSS_SELECTOR, '#lineage .tree')
     assert 'report-run-1.research' in tree.text
-    snippet = browser.find_element(By.ID, 'snippet-1').text
-    assert "resumption = await resolve_run(store, run_id='report-run-1', agent=agent)" in snippet
-    assert "fork_run(store, run_id='report-run-1')" in browser.find_element(By.ID, 'snippet-2').text
+    assert "fork_run(store, run_id='report-run-1')" in browser.find_element(By.ID, 'snippet-1').text
+    assert browser.find_elements(By.ID, 'snippet-2') == []
     shoot('2-run')
 
     # the timeline: the send_email call started, and ended when it was settled on recovery

@@ -32,6 +32,7 @@ from stepcore.cli.transfer import (
     parse_export,
 )
 from stepcore.plugins.registry import RegisteredBackend, get_registry
+from stepcore.recovery.standing import LEASE_STATUSES, Standing, runs_by_lease, standings_of
 from stepcore.store.codec import dump_record
 from stepcore.store.lifecycle import PruneReport, RunStatus, parse_duration
 from stepcore.store.models import utcnow
@@ -368,7 +369,12 @@ def runs(
     parent: Annotated[str | None, typer.Option(help='Only runs delegated from this run id.')] = None,
     agent: Annotated[str | None, typer.Option(help='Only runs of this agent name.')] = None,
     status: Annotated[
-        str | None, typer.Option(metavar='STATUS', help='Only runs with this status: completed, failed or unfinished.')
+        str | None,
+        typer.Option(
+            metavar='STATUS',
+            help='Only runs with this status: completed, failed or unfinished; or, from their leases: running, '
+            'orphaned, waiting, pending or resumed.',
+        ),
     ] = None,
     after: Annotated[
         str | None,
@@ -386,29 +392,40 @@ def runs(
 ) -> None:
     """List runs, oldest first and newest last (filters combine with AND).
 
-    Only the runs shown are read: the store filters and pages (newest first) in its own query.
+    Only the runs shown are read: the store filters and pages (newest first) in its own query. On a
+    store that keeps leases the status says more than the events do: a run running in a process, an
+    orphan (its owner gone), one waiting for answers, pending a person, or resumed by another run.
     """
     started_after = _moment_option(after, '--after')
     started_before = _moment_option(before, '--before')
+    by_lease = status in LEASE_STATUSES
 
-    async def body(s: StepStore) -> tuple[list[Any], list[str], bool]:
-        found = await s.list_runs(
-            conversation_id=conversation,
-            parent_run_id=parent,
-            agent_name=agent,
-            status=cast(RunStatus | None, status),
-            started_after=started_after,
-            started_before=started_before,
-            limit=offset + limit + 1,
-            newest_first=True,
-        )
+    async def body(s: StepStore) -> tuple[list[Any], list[Standing], bool]:
+        options: dict[str, Any] = {
+            'conversation_id': conversation,
+            'parent_run_id': parent,
+            'agent_name': agent,
+            'started_after': started_after,
+            'started_before': started_before,
+        }
+        if by_lease:
+            found = await runs_by_lease(s, cast(str, status), **options)
+        else:
+            found = await s.list_runs(
+                **options, status=cast(RunStatus | None, status), limit=offset + limit + 1, newest_first=True
+            )
         page = found[offset : offset + limit][::-1]
-        statuses = [render.run_status(await s.list_events_page(r.run_id, newest=True, limit=1)) for r in page]
-        return page, statuses, len(found) > offset + limit
+        return page, await standings_of(s, [r.run_id for r in page]), len(found) > offset + limit
 
-    page, statuses, more = _with_store(store, body)
+    page, standings, more = _with_store(store, body)
+    statuses = [st.label for st in standings]
     if as_json:
-        _echo_json([{**dump_record(r), 'status': st} for r, st in zip(page, statuses, strict=True)])
+        _echo_json(
+            [
+                {**dump_record(r), 'status': st.status, 'ownership': st.ownership, 'standing': st.label}
+                for r, st in zip(page, standings, strict=True)
+            ]
+        )
         return
     if not page:
         filtered = any(v is not None for v in (conversation, parent, agent, status, after, before)) or offset
@@ -536,7 +553,14 @@ def effects(
 
 @app.command()
 def recover(
-    run_id: RunArgument,
+    run_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar='[RUN]',
+            help='The run id, or a prefix that only one run id starts with (not with --orphans).',
+            show_default=False,
+        ),
+    ] = None,
     store: StoreOption = None,
     as_json: JsonOption = False,
     supply: Annotated[
@@ -555,21 +579,68 @@ def recover(
             help='Settle tool call CALL, checked by hand: its effect is in place. Repeatable.',
         ),
     ] = None,
+    rerun: Annotated[
+        list[str] | None,
+        typer.Option(
+            '--rerun',
+            metavar='CALL',
+            help='Settle tool call CALL, checked by hand: it did NOT happen, run it again on resume. Repeatable.',
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            '--force',
+            help='Settle even a call the crash did not cut short, or one already answered, or a run whose lease '
+            'is live: for a person who knows its owner is gone.',
+        ),
+    ] = False,
+    orphans: Annotated[
+        bool,
+        typer.Option('--orphans', help='Resume every orphaned run of the store this worker has an --agent for.'),
+    ] = False,
+    agent_specs: Annotated[
+        list[str] | None,
+        typer.Option(
+            '--agent',
+            metavar='MODULE:ATTR',
+            help='With --orphans: an agent that resumes the runs recorded under its name. Repeatable.',
+        ),
+    ] = None,
+    watch: Annotated[
+        bool, typer.Option('--watch', help='With --orphans: keep looking for orphans until interrupted.')
+    ] = False,
+    interval: Annotated[
+        float, typer.Option(min=0.1, help='With --watch: seconds between two looks for orphans.')
+    ] = 10.0,
 ) -> None:
-    """Explain what a run left behind and how it can be resumed; settle calls you checked by hand."""
+    """Explain what a run left behind and how it can be resumed; settle calls you checked by hand.
+
+    With --orphans, resume every orphaned run (its owner gone or its lease expired) that one of the
+    --agent agents runs: each is claimed first, so several workers can do it at once safely.
+    """
     from stepcore.cli.recovery_view import describe_recovery, parse_supplied, recovery_json
 
+    if orphans:
+        if run_id is not None or supply or mark_checked or rerun:
+            _fail('--orphans resumes every orphan: give no RUN, --supply, --mark-checked or --rerun with it')
+        _recover_orphans(store, agent_specs or [], watch=watch, interval=interval, as_json=as_json)
+        return
+    if run_id is None:
+        _fail('name the run to recover (RUN), or pass --orphans to resume every orphaned run')
     supplied = [parse_supplied(item) for item in supply or ()]
 
     async def body(s: StepStore, rid: str) -> Any:
         from stepcore.recovery import inspect_recovery
         from stepcore.recovery.resolution import mark_checked as check
-        from stepcore.recovery.resolution import supply_result
+        from stepcore.recovery.resolution import rerun_call, supply_result
 
         for call_id, result in supplied:
-            await supply_result(s, run_id=rid, tool_call_id=call_id, result=result)
+            await supply_result(s, run_id=rid, tool_call_id=call_id, result=result, force=force)
         for call_id in mark_checked or ():
-            await check(s, run_id=rid, tool_call_id=call_id)
+            await check(s, run_id=rid, tool_call_id=call_id, force=force)
+        for call_id in rerun or ():
+            await rerun_call(s, run_id=rid, tool_call_id=call_id, force=force)
         return await inspect_recovery(store=s, run_id=rid)
 
     run_id, report = _with_run(store, run_id, body)
@@ -577,6 +648,75 @@ def recover(
         _echo_json(recovery_json(report))
         return
     _out().print(describe_recovery(run_id, report))
+
+
+def _load_agent(spec: str) -> Any:
+    """The object `MODULE:ATTR` names (an agent), imported from the current directory too."""
+    import importlib
+
+    module_name, sep, attr = spec.partition(':')
+    if not sep or not module_name or not attr:
+        raise typer.BadParameter(f'--agent {spec!r} is not MODULE:ATTR: write e.g. myapp.agents:support_agent')
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attr.split('.'):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise typer.BadParameter(f'--agent {spec!r}: {type(exc).__name__}: {exc}') from exc
+    if not callable(getattr(found, 'run', None)):
+        raise typer.BadParameter(f'--agent {spec!r} is a {type(found).__name__}, not a pydantic-ai Agent')
+    return found
+
+
+def _recover_orphans(url: str | None, specs: list[str], *, watch: bool, interval: float, as_json: bool) -> None:
+    from stepcore.recovery.fleet import OrphanOutcome, recover_orphans, run_recovery_loop
+
+    if not specs:
+        _fail('--orphans needs the agents that run them: pass --agent MODULE:ATTR (repeatable)')
+    try:
+        agents = [_load_agent(spec) for spec in specs]
+    except typer.BadParameter as exc:
+        _fail(str(exc.message))
+
+    def show(outcome: OrphanOutcome) -> None:
+        if as_json:
+            typer.echo(json.dumps(_outcome_json(outcome)))
+        else:
+            style = {'resumed': 'green', 'failed': 'red', 'pending': 'yellow', 'abandoned': 'yellow'}
+            _out().print(
+                Text.assemble(
+                    (f'{outcome.run_id}: ', 'bold'),
+                    (outcome.outcome, style.get(outcome.outcome, '')),
+                    f' {outcome.detail}' if outcome.detail else '',
+                    f' (resumed as {outcome.resumed_as})' if outcome.resumed_as else '',
+                )
+            )
+
+    async def body(s: StepStore) -> int:
+        if watch:
+            await run_recovery_loop(s, agents, interval=interval, on_outcome=show)
+            return 0
+        outcomes = await recover_orphans(s, agents)
+        for outcome in outcomes:
+            show(outcome)
+        if not outcomes and not as_json:
+            _out().print('no orphaned runs')
+        return sum(o.outcome == 'failed' for o in outcomes)
+
+    failed = _with_store(url, body)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _outcome_json(outcome: Any) -> dict[str, Any]:
+    return {
+        'run_id': outcome.run_id,
+        'outcome': outcome.outcome,
+        'detail': outcome.detail,
+        'resumed_as': outcome.resumed_as,
+    }
 
 
 # --- prune ---------------------------------------------------------------------------------------

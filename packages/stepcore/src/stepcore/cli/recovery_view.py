@@ -39,6 +39,29 @@ def recovery_json(report: RecoveryReport) -> dict[str, Any]:
         'unresolved_effects': [dump_record(e) for e in report.unresolved],
         'completed_tools': list(report.completed_tools),
         'failed_tools': list(report.failed_tools),
+        'leases_kept': report.leases_kept,
+        'lease': _lease(report),
+        'resumed_by': list(report.resumed_by),
+        'newest_status': report.newest_status,
+        'start_point': report.start_point,
+    }
+
+
+def _lease(report: RecoveryReport) -> dict[str, Any] | None:
+    lease = report.lease
+    if lease is None:
+        return None
+    return {
+        'epoch': lease.epoch,
+        'state': lease.state.value,
+        'owner': lease.owner.to_json() if lease.owner is not None else None,
+        'expires_at': lease.expires_at.isoformat(),
+        'checked_at': lease.checked_at.isoformat(),
+        'live': report.live,
+        'resumes': lease.resumes,
+        'resumed_by': lease.resumed_by,
+        'outcome': lease.outcome,
+        'note': lease.note,
     }
 
 
@@ -51,11 +74,49 @@ def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
 
     settled = report.settled
     newest = report.latest
+    lease = report.lease
+    if report.resumed_by:
+        newest_run = report.resumed_by[-1]
+        say(
+            f'Resumed by {newest_run} ({report.newest_status or "unknown"}): a resumed run is never resumed again. '
+            f'Recovery acts on its newest continuation, {newest_run}.',
+            'bold',
+        )
+        if report.newest_status == 'completed':
+            say('Nothing left to do: its newest continuation completed.', 'green')
+        else:
+            say(f'Next: `stepcore recover {newest_run}` tells how that run stands.', 'bold')
+        return Group(*lines)
+    if report.live and lease is not None and lease.owner is not None:
+        say(
+            f'Running now on {lease.owner}, its lease held until {lease.expires_at.isoformat(timespec="seconds")} '
+            f'(epoch {lease.epoch}): recovery refuses a live run. Wait until it ends or its lease expires; '
+            'if you know that process is gone, settle with --force.',
+            'bold yellow',
+        )
+    elif lease is not None and lease.state.value == 'running':
+        say(
+            f'Orphaned: its lease ({lease.describe()}) has no live owner. Any worker may claim and resume it.', 'yellow'
+        )
+    elif lease is not None and lease.state.value == 'pending' and lease.note:
+        say(f'Pending a person: {lease.note}.', 'yellow')
+    elif not report.leases_kept:
+        say(
+            'This store keeps no leases, so ownership cannot be checked: make sure no process still runs the run '
+            'before you settle or resume it.',
+            'yellow',
+        )
     if settled is not None:
         say(
             f'Settled snapshot: seq {settled.seq} at step {settled.step_index}, {len(settled.messages)} messages; '
             'every tool call in it has its result.',
             'green',
+        )
+    elif report.start_point:
+        say(
+            "No settled snapshot, but the store kept the run's start point (the history and prompt it began "
+            'with): resolve_run resumes it from its first request.',
+            'yellow',
         )
     else:
         say('No settled snapshot: continue_run has nothing to resume from by default.', 'yellow')
@@ -82,7 +143,8 @@ def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
             'The run cannot be continued as is: continuing from the settled snapshot would let the model '
             'call these tools again. Tools with a recovery policy are settled by resolve_run; check the others '
             'outside the agent, then settle each with '
-            f'`stepcore recover {run_id} --supply CALL=RESULT` or `--mark-checked CALL`.',
+            f'`stepcore recover {run_id} --supply CALL=RESULT`, `--mark-checked CALL` (it happened) or '
+            '`--rerun CALL` (it did not).',
             'yellow',
         )
     else:
@@ -93,8 +155,10 @@ def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
             'resolve_run hands their results over again; continue_run alone would let the model call them again.',
             'yellow',
         )
-    if settled is not None:
+    if settled is not None or report.start_point:
         verb = 'continue from the settled point' if report.continuable_as_is else 'settle the calls and resume'
+        if report.live:
+            verb += ' once its owner is gone'
         say(
             f'Next: resumption = await resolve_run(store, run_id={run_id!r}, agent=agent), then '
             f'await resumption.run(agent) to {verb}.',

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import cast
 
+from stepcore.ownership.claims import has_leases
 from stepcore.recovery.resolution import SUMMARY_MARK
+from stepcore.recovery.standing import LEASE_STATUSES, Standing, runs_by_lease, standing_of
 from stepcore.store.lifecycle import RunStatus, run_status
 from stepcore.store.models import (
     EventKind,
@@ -57,7 +59,7 @@ LINEAGE_LIMIT = 200
 """Most runs shown in one lineage tree; a larger family is cut with a note."""
 PAIRING_WINDOW = 200
 """Events read before and after a timeline page to pair the starts and ends that cross its edges."""
-STATUSES = ('completed', 'failed', 'unfinished')
+STATUSES = ('completed', 'failed', 'unfinished', *LEASE_STATUSES)
 
 
 async def status_of(store: StepStore, run_id: str) -> str:
@@ -107,6 +109,10 @@ class RecoveryView:
     failed_tools: tuple[str, ...]
     settled_on_recovery: tuple[str, ...] = ()
     """Calls `resolve_run` settled from outside the snapshots (their summaries say how)."""
+    standing: Standing | None = None
+    """How the run stands by its lease: running, orphaned, waiting, pending or resumed."""
+    start_point: bool = False
+    """The store kept the run's start point: without a settled snapshot it still resumes."""
 
     @property
     def interrupted(self) -> bool:
@@ -130,6 +136,8 @@ async def recovery_view(
     """The recovery facts of a run, given its ledger (`list_tool_effects`)."""
     summaries = await store.list_snapshot_summaries(run_id, include_interrupted=True)
     settled = next((s for s in reversed(summaries) if s.state is SnapshotState.COMPLETE), None)
+    standing = await standing_of(store, run_id)
+    start = settled is None and has_leases(store) and await store.lease_start(run_id) is not None
     return RecoveryView(
         run_id=run_id,
         run=run,
@@ -139,6 +147,8 @@ async def recovery_view(
         completed_tools=_tool_names(effects, ToolEffectStatus.COMPLETED),
         failed_tools=_tool_names(effects, ToolEffectStatus.FAILED),
         settled_on_recovery=tuple(e.tool_call_id for e in effects if _recovered(e)),
+        standing=standing,
+        start_point=start,
     )
 
 
@@ -197,6 +207,9 @@ class RunRow:
     record: RunRecord
     status: str
     unresolved: int
+    ownership: str | None = None
+    """What the run's lease says beyond its status (see `stepcore.recovery.standing.Standing.ownership`)."""
+    label: str = ''
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,7 +224,15 @@ async def runs_page(store: StepStore, where: RunFilter, number: int, size: int =
     """One page of the runs matching `where`, newest first; the store applies every filter but the id prefix."""
     every = await store.list_runs()
     agents = sorted({r.agent_name for r in every if r.agent_name})
-    if where.conversation or where.parent or where.agent or where.status:
+    if where.status in LEASE_STATUSES:
+        found = await runs_by_lease(
+            store,
+            where.status,
+            conversation_id=where.conversation or None,
+            parent_run_id=where.parent or None,
+            agent_name=where.agent or None,
+        )
+    elif where.conversation or where.parent or where.agent or where.status:
         found = await store.list_runs(
             conversation_id=where.conversation or None,
             parent_run_id=where.parent or None,
@@ -226,9 +247,17 @@ async def runs_page(store: StepStore, where: RunFilter, number: int, size: int =
     page = page_of(number, size, len(found))
     rows: list[RunRow] = []
     for record in found[page.start : page.end]:
-        status = where.status or await status_of(store, record.run_id)
+        standing = await standing_of(store, record.run_id)
         unresolved = len(await store.list_unresolved_tool_effects(run_id=record.run_id))
-        rows.append(RunRow(record=record, status=status, unresolved=unresolved))
+        rows.append(
+            RunRow(
+                record=record,
+                status=standing.status,
+                unresolved=unresolved,
+                ownership=standing.ownership,
+                label=standing.label,
+            )
+        )
     return RunsPage(rows=rows, page=page, agents=agents)
 
 

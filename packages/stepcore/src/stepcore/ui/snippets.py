@@ -75,6 +75,8 @@ def recovery_snippets(
         "result = await agent.run(message_history=history, conversation_id='a-new-branch')\n"
     )
     snippets = [Snippet(title='Fork it (a new branch from the same point)', code=fork)]
-    if not interrupted:
+    standing = getattr(report, 'standing', None)
+    ownership = standing.ownership if standing is not None else None
+    if not interrupted and ownership not in ('resumed', 'running'):  # never offered for a resumed or live run
         snippets.insert(0, Snippet(title='Resume the run (settling what a crash cut short)', code=resume))
     return snippets
