@@ -157,6 +157,15 @@ class Claim:
         new = replace(self.lease, state=state, owner=owner, outcome=outcome, note=note, since=utcnow())
         return await self._swap(new, ttl=0.0, action='released')
 
+    async def restore(self) -> Lease:
+        """Let the run go as it was before the claim (a finished run stays finished, a pending one
+        pending), at the claim's epoch; a run that was running (an orphan), or had no lease, is left
+        claimable at once."""
+        previous = self.previous
+        if previous is None or previous.state is LeaseState.RUNNING:
+            return await self.release()
+        return await self.release(state=previous.state, outcome=previous.outcome, note=previous.note)
+
     async def hand_over(self, to_run: str, *, ttl: float, owner: Owner | None = None) -> Lease:
         """Give the run to its resumption `to_run`: the resumption's own lease is taken one epoch past
         this claim's, then this run is marked resumed by it at that epoch (fencing anything still

@@ -385,8 +385,10 @@ async def resolve_run(
     if claim is not None and not resumption.ready:
         if resumption.finished:
             previous = claim.previous
-            outcome = previous.outcome if previous is not None and previous.outcome else 'completed'
-            await claim.release(state=LeaseState.ENDED, outcome=outcome)
+            if previous is not None and previous.state is LeaseState.ENDED:
+                await claim.restore()
+            else:
+                await claim.release(state=LeaseState.ENDED, outcome='completed')
         else:
             calls = ', '.join(f'{e.tool_name} ({e.tool_call_id})' for e in resumption.pending)
             await claim.release(state=LeaseState.PENDING, note=f'settle by hand: {calls}')
@@ -395,11 +397,12 @@ async def resolve_run(
 
 
 async def _release_quietly(claim: Claim | None) -> None:
-    """Let a claim go after a failure, without hiding the failure (the claim expires anyway)."""
+    """Let a claim go after a failure, the run as it was, without hiding the failure (the claim
+    expires anyway)."""
     if claim is None:
         return
     try:
-        await claim.release()
+        await claim.restore()
     except Exception as error:
         logger.warning('could not let go of the claim on run %r: %s: %s', claim.run_id, type(error).__name__, error)
 
@@ -568,8 +571,13 @@ async def _find_entry(store: StepStore, runs: Sequence[str], tool_call_id: str) 
 
 
 async def _let_go(store: StepStore, claim: Claim, run_id: str) -> None:
-    """After a hand settlement: `pending` while calls under `'ask'` still wait for a person, else
-    claimable at once (an orphan the fleet resumes, or the person, with `resolve_run`)."""
+    """After a hand settlement: a run that was pending stays `pending` while calls still wait for a
+    person, and is claimable at once (an orphan the fleet resumes) once none does; a run that was an
+    orphan, or had no lease, is claimable at once; any other (a failed run) is left as it was."""
+    previous = claim.previous
+    if previous is not None and previous.state not in (LeaseState.RUNNING, LeaseState.PENDING):
+        await claim.restore()
+        return
     try:
         view = await cut_view(store, run_id)
     except LookupError:
@@ -580,7 +588,7 @@ async def _let_go(store: StepStore, claim: Claim, run_id: str) -> None:
         recorded = view.recorded(call)
         if entries[0].unresolved and (recorded is None or not recorded.by_hand):
             waiting.append(call)
-    if waiting and claim.previous is not None and claim.previous.state is LeaseState.PENDING:
+    if waiting and previous is not None and previous.state is LeaseState.PENDING:
         await claim.release(state=LeaseState.PENDING, note=f'settle by hand: {", ".join(waiting)}')
     else:
         await claim.release()
