@@ -13,9 +13,14 @@ MongoDB server stay exactly as they are:
   time, in order, and a duplicate key is reported as the `BulkWriteError` a server would send.
 - A database's `with_options(...)` and the client's `get_default_database(...)` hand out
   mongomock's synchronous database instead of the async one (see `client.resolve_database`).
+- It has no `$$NOW` (an update pipeline sets the field to null, `$expr` fails) and no sessions,
+  hence no transactions. The leases of `MongoPort` take the time from this process's clock there
+  (`MongoPort._local_clock`): mongomock's data lives in this one process, so there is one clock.
 
 mongomock runs each call to completion without yielding, so a replacement made alone is as
-atomic there as one inside a bulk write on a server.
+atomic there as one inside a bulk write on a server, and a sequence of calls with no other await
+between them (a lease's read and write, a fenced write from its check to its last write) is atomic
+against every other task.
 
 Two more differences need no adapting: mongomock refuses codec options with an explicit `tzinfo`
 (`client.CODEC_OPTIONS` sets only `tz_aware`, which means UTC), and it keeps a database's codec
@@ -67,15 +72,16 @@ async def create_indexes(collection: Any, models: Sequence[IndexModel]) -> None:
 
 
 async def replace_all(
-    collection: Any, replacements: Sequence[tuple[dict[str, Any], dict[str, Any]]], *, ordered: bool
+    collection: Any, replacements: Sequence[tuple[dict[str, Any], dict[str, Any]]], *, ordered: bool, **options: Any
 ) -> None:
     """Replace-or-insert each `(filter, document)` in one bulk write (on mongomock: one by one).
 
-    Raises `BulkWriteError` as the bulk write does: with the duplicate-key failures in
-    `details['writeErrors']`, stopping at the first when `ordered`.
+    `options` go to the bulk write (a `session`). Raises `BulkWriteError` as the bulk write does:
+    with the duplicate-key failures in `details['writeErrors']`, stopping at the first when `ordered`.
     """
     if not is_mongomock(collection):
-        await collection.bulk_write([ReplaceOne(f, d, upsert=True) for f, d in replacements], ordered=ordered)
+        requests = [ReplaceOne(f, d, upsert=True) for f, d in replacements]
+        await collection.bulk_write(requests, ordered=ordered, **options)
         return
     errors: list[dict[str, Any]] = []
     for index, (query, document) in enumerate(replacements):

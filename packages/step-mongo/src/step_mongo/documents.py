@@ -14,6 +14,11 @@ record instead of disappearing.
 
 Message nodes are one document per message (`run_id`, `n`, `parent`, `body` as binary); a body
 larger than `NODE_PIECE_BYTES` continues in documents with the same `n` and `part` 1, 2, ...
+
+A run's lease is one document in `run_leases` (`_id` = run id): `epoch`, `state`, `host`, `body`
+(the engine's JSON, a string), `expires` (a BSON date on the server's clock), the start point in
+`start` (binary, absent when none was stored) and `fenced_writes`, a count of the fenced write
+transactions that went through it (see `store.py`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any, Final, cast
 
 from bson.binary import Binary
 
-from stepcore.engine.ops import Body, EffectRow, EventRow, Node, RunRow, SnapshotRow, Unparsable
+from stepcore.engine.ops import Body, EffectRow, EventRow, LeaseRow, Node, RunRow, SnapshotRow, Unparsable
 
 from .client import Document
 
@@ -35,7 +40,11 @@ __all__ = (
     'effect_row',
     'event_document',
     'event_row',
+    'from_millis',
+    'lease_fields',
+    'lease_row',
     'micros',
+    'millis',
     'node_documents',
     'nodes_from',
     'run_document',
@@ -49,6 +58,7 @@ NODE_PIECE_BYTES: Final = 8 * 1024 * 1024
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
+_MILLISECOND: Final = timedelta(milliseconds=1)
 _CONVERSION_ERRORS = (KeyError, TypeError, ValueError, OverflowError)
 
 
@@ -56,6 +66,17 @@ def micros(moment: datetime) -> int:
     """Microseconds since the epoch: BSON dates hold milliseconds, this twin keeps the exact instant."""
     aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     return (aware - _EPOCH) // _MICROSECOND
+
+
+def millis(moment: datetime) -> int:
+    """Milliseconds since the epoch (a BSON date's precision); a naive time is taken as UTC."""
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return (aware - _EPOCH) // _MILLISECOND
+
+
+def from_millis(value: int) -> datetime:
+    """The UTC time `value` milliseconds after the epoch."""
+    return _EPOCH + timedelta(milliseconds=value)
 
 
 def _put_time(doc: Document, name: str, moment: datetime) -> None:
@@ -248,3 +269,29 @@ def nodes_from(docs: Iterable[Document]) -> dict[int, Node]:
         parent = doc.get('parent')
         nodes[node] = (parent if type(parent) is int else None, body)
     return nodes
+
+
+# -- leases -----------------------------------------------------------------------------------
+
+
+def lease_fields(row: LeaseRow) -> Document:
+    """A lease's fields other than `_id`, `expires` and `start` (which the store sets itself)."""
+    return {'epoch': row.epoch, 'state': row.state, 'host': row.host, 'body': _text(row.body)}
+
+
+def lease_row(doc: Mapping[str, Any]) -> LeaseRow:
+    """A lease document as the engine's row; `expires` in seconds since the epoch.
+
+    A document with a field of the wrong type gets an empty body, which the engine's decoding
+    refuses: the lease reads as damaged rather than failing here.
+    """
+    epoch, state, host, expires, body = (doc.get(k) for k in ('epoch', 'state', 'host', 'expires', 'body'))
+    sound = type(epoch) is int and isinstance(state, str) and isinstance(host, str) and isinstance(expires, datetime)
+    return LeaseRow(
+        run_id=cast(str, doc['_id']),
+        epoch=epoch if type(epoch) is int else 0,
+        state=state if isinstance(state, str) else '',
+        host=host if isinstance(host, str) else '',
+        expires=millis(expires) / 1000 if isinstance(expires, datetime) else 0.0,
+        body=body if sound and isinstance(body, str | bytes) else '',
+    )
