@@ -93,7 +93,7 @@ async def _recover_one(
         return OrphanOutcome(run_id, 'unknown agent', f'no agent here runs {name!r}' if name else 'no agent given')
     try:
         resumption = await resolve_run(store, run_id=run_id, agent=agent, policies=policies, lease_ttl=lease_ttl)
-    except (RunClaimedError, RunOwnedError) as error:
+    except (RunClaimedError, RunOwnedError, RunFencedError) as error:  # another worker got there first
         return OrphanOutcome(run_id, 'taken', str(error))
     except LookupError as error:
         try:

@@ -62,13 +62,14 @@ from stepcore.recovery.ledger import (
     settlements_of,
 )
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
-from stepcore.store.contract import as_step_store
+from stepcore.store.contract import as_step_store, write_records
 from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, fencing
-from stepcore.store.models import ContinuableSnapshot, SnapshotState, ToolEffectRecord
+from stepcore.store.models import ContinuableSnapshot, EventKind, SnapshotState, StepEvent, ToolEffectRecord, utcnow
 from stepcore.store.protocols import StepStore, StepStoreProtocol
 
 __all__ = (
     'BY_HAND_KEY',
+    'COMPLETED_ON_RECOVERY_KEY',
     'HOW_KEY',
     'RESULT_KEY',
     'RESUMES_KEY',
@@ -374,6 +375,8 @@ async def resolve_run(
     followed = await continuations(bound, run_id)
     target = followed[-1]
     claim, ownership = await _claim(bound, target, force=force, ttl=lease_ttl, action='resolve_run')
+    if claim is not None:
+        await _refuse_abandoned(claim)
     try:
         view = await cut_view(bound, target)
         with _fenced(claim):
@@ -394,6 +397,23 @@ async def resolve_run(
             await claim.release(state=LeaseState.PENDING, note=f'settle by hand: {calls}')
         resumption = replace(resumption, claim=None)
     return resumption
+
+
+async def _refuse_abandoned(claim: Claim) -> None:
+    """A resumption that took its lease and was killed before the run it resumes named it as its
+    continuation never took that run over: the run it meant to resume is still the one to recover.
+    Its lease is ended as `abandoned` and `LookupError` says where to go instead."""
+    resumes = claim.lease.resumes
+    if resumes is None:
+        return
+    meant = await claim.store.get_lease(resumes)
+    if meant is not None and meant.resumed_by == claim.run_id:
+        return
+    await claim.release(state=LeaseState.ENDED, outcome='abandoned', note=f'it never took over run {resumes!r}')
+    raise LookupError(
+        f'run {claim.run_id!r} is an abandoned resumption of run {resumes!r}: it was stopped before it took '
+        f'{resumes!r} over, and ran nothing of it. Recover {resumes!r} instead (its own lease says how it stands)'
+    )
 
 
 async def _release_quietly(claim: Claim | None) -> None:
@@ -418,6 +438,8 @@ async def _resolve(
 
     response = view.response
     if response is None:
+        if view.finished:
+            await _record_completion(store, view)
         return Resumption(
             run_id=view.run_id,
             message_history=list(base),
@@ -466,6 +488,36 @@ async def _resolve(
         snapshot_run_id=view.chain[-1],
         from_start=view.from_start,
     )
+
+
+COMPLETED_ON_RECOVERY_KEY = 'stepcore.completed_on_recovery'
+"""Metadata key of a `run_completed` event recovery appended for a run that saved its final answer and
+was killed before it recorded its completion."""
+
+
+async def _record_completion(store: StepStore, view: CutView) -> None:
+    """A run killed after it saved its final answer and before its `run_completed` event: the event is
+    appended now (marked `COMPLETED_ON_RECOVERY_KEY`), so the run reads as completed."""
+    run_id = view.chain[0]
+    if view.chain[-1] != run_id:
+        return  # the final answer is another run's: this one never reached it
+    newest = await store.list_events_page(run_id, newest=True, limit=1)
+    if newest and newest[-1].kind in (EventKind.RUN_COMPLETED, EventKind.RUN_FAILED):
+        return
+    record = await store.get_run(run_id=run_id)
+    settled = await store.latest_snapshot(run_id=run_id)
+    event = StepEvent(
+        run_id=run_id,
+        kind=EventKind.RUN_COMPLETED,
+        step_index=settled.step_index if settled is not None else 0,
+        timestamp=utcnow(),
+        agent_name=record.agent_name if record is not None else None,
+        conversation_id=record.conversation_id if record is not None else None,
+        parent_run_id=record.parent_run_id if record is not None else None,
+        metadata={COMPLETED_ON_RECOVERY_KEY: '1'},
+        idempotency_key='run_completed:recovered',
+    )
+    await write_records(store, [event])
 
 
 async def _settle(
