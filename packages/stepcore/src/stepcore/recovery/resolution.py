@@ -92,6 +92,8 @@ __all__ = (
 
 logger = logging.getLogger('stepcore.recovery')
 
+_FENCE_ATTEMPTS = 5
+
 CHECKED_NOTE = 'Checked after a crash: the effect of this call is in place.'
 """What the model receives for a call marked checked without a note of its own."""
 
@@ -406,9 +408,21 @@ async def _refuse_abandoned(claim: Claim) -> None:
     resumes = claim.lease.resumes
     if resumes is None:
         return
-    meant = await claim.store.get_lease(resumes)
-    if meant is not None and meant.resumed_by == claim.run_id:
-        return
+    store = claim.store
+    meant = await store.get_lease(resumes)
+    for _ in range(_FENCE_ATTEMPTS):
+        if meant is None or meant.resumed_by == claim.run_id:
+            return  # its hand-over completed (or the run it resumes kept no lease): it is the continuation
+        if meant.state is not LeaseState.RUNNING:
+            break  # the run it meant to resume was resumed by another run, or ended: its hand-over cannot complete
+        # The hand-over may still be on its way (its process paused between taking its own lease and
+        # marking the run it resumes): the run's epoch is raised, so that it never completes, and the run
+        # is left claimable at once.
+        bumped = replace(meant, epoch=meant.epoch + 1, since=utcnow())
+        swapped, now = await store.swap_lease(bumped, expect=meant.epoch, ttl=0.0)
+        if swapped:
+            break
+        meant = now
     await claim.release(state=LeaseState.ENDED, outcome='abandoned', note=f'it never took over run {resumes!r}')
     raise LookupError(
         f'run {claim.run_id!r} is an abandoned resumption of run {resumes!r}: it was stopped before it took '
