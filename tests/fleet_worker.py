@@ -233,6 +233,12 @@ async def worker(config: dict[str, Any]) -> None:
             kind = 'zombie run stopped by an effect refusal'
         await asyncio.to_thread(effects.count, kind, f'{found.run_id}: {found.detail[:200]}')
 
+    def dump_tasks() -> None:  # SIGUSR1: what every task of this worker is waiting on, to stderr
+        for task in asyncio.all_tasks(loop):
+            task.print_stack(limit=12, file=sys.stderr)
+        sys.stderr.flush()
+
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
     halt = asyncio.Event()
     recovery = asyncio.create_task(
         run_recovery_loop(

@@ -280,3 +280,40 @@ async def test_an_unbound_hook_without_a_run_id_names_the_agent_graph() -> None:
     ctx = RunContext(deps=None, model=TestModel(), usage=RunUsage())
     with pytest.raises(RuntimeError, match='agent graph'):
         await persistence.before_run(ctx)
+
+
+@pytest.mark.parametrize('wrap', [ProtocolOnlyStore, ForwardingWrapper], ids=['protocol-only', 'getattr-wrapper'])
+async def test_a_store_without_leases_works_as_before_and_recovery_says_ownership_is_unchecked(wrap: Any) -> None:
+    import asyncio
+    import io
+
+    from rich.console import Console
+
+    from stepcore import inspect_recovery, list_orphans, resolve_run
+    from stepcore.cli.recovery_view import describe_recovery
+    from stepcore_conformance.subclass import _notes_agent  # pyright: ignore[reportPrivateUsage]
+
+    store = wrap(InMemoryStepStore())
+    writes: list[str] = []
+    began = asyncio.Event()
+    cut = asyncio.create_task(_notes_agent(store, writes, block=began, run_id='plain-1').run('note'))
+    await asyncio.wait_for(began.wait(), 30)
+    cut.cancel()
+    await asyncio.gather(cut, return_exceptions=True)
+
+    report = await inspect_recovery(store=store, run_id='plain-1')
+    assert not report.leases_kept
+    assert report.lease is None
+    console = Console(file=io.StringIO(), width=200)
+    console.print(describe_recovery('plain-1', report))
+    assert 'This store keeps no leases, so ownership cannot be checked' in console.file.getvalue()  # pyright: ignore[reportAttributeAccessIssue]
+    assert await list_orphans(store) == []  # nothing tells who owns a run here
+    agent = _notes_agent(store, writes)
+    resumption = await resolve_run(store, run_id='plain-1', agent=agent, policies={'write': 'rerun'})
+    assert resumption.ownership == 'unchecked'
+    assert resumption.claim is None
+    assert (await resumption.run(agent)).output == 'noted after 2 write(s)'
+    # resumed once: resolving it again follows it to its continuation, which finished
+    again = await resolve_run(store, run_id='plain-1', agent=agent)
+    assert again.finished
+    assert len(again.followed) == 2

@@ -3,54 +3,17 @@
 A process takes a conversation by saving it as `'running'` with its process id (`save(...,
 in_progress=True)` does both). Another process may take it over only once that process is gone.
 This is a local check, not a lease: the database must not be shared between hosts, and a process
-id the system has handed to another program since counts as alive (the safe mistake).
+id the system has handed to another program since counts as alive (the safe mistake). The probe is
+the one run ownership uses on one host (`stepcore.ownership.process_alive`).
 """
 
 from __future__ import annotations
 
-import os
-import sys
+from stepcore.ownership import process_alive
 
 from .conversation_models import ConversationConflict, ConversationSummary
 
 __all__ = ('ensure_inactive', 'process_alive', 'running_owner')
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this machine (no signal is delivered)."""
-    if pid <= 0:
-        return False
-    if sys.platform == 'win32':
-        return _windows_process_alive(pid)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # e.g. it exists but belongs to another user: it is alive
-    return True
-
-
-if sys.platform == 'win32':
-    import ctypes
-
-    _QUERY_LIMITED_INFORMATION = 0x1000
-    _ACCESS_DENIED = 5
-    _STILL_ACTIVE = 259
-
-    def _windows_process_alive(pid: int) -> bool:
-        # os.kill(pid, 0) would terminate the process on Windows: ask for its exit code instead.
-        kernel32 = ctypes.windll.kernel32
-        handle = kernel32.OpenProcess(_QUERY_LIMITED_INFORMATION, False, pid)
-        if not handle:
-            return kernel32.GetLastError() == _ACCESS_DENIED
-        try:
-            code = ctypes.c_ulong()
-            if not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)):
-                return True
-            return code.value == _STILL_ACTIVE
-        finally:
-            kernel32.CloseHandle(handle)
 
 
 def running_owner(summary: ConversationSummary) -> int | None:
