@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias, cast
 
@@ -42,6 +43,7 @@ __all__ = (
     'needs_feature',
     'new_id',
     'options',
+    'other_store',
     'register',
     'reply',
     'require_feature_declared',
@@ -127,6 +129,21 @@ class StoreFixtures:
         damage section then fails for a store declaring `persistent` and is skipped for others.
         """
         return None
+
+
+@asynccontextmanager
+async def other_store(store: StepStore, spec: dict[str, Any] | None) -> AsyncIterator[StepStore]:
+    """Another store object over the same data when there is a `store_spec`, else `store` itself."""
+    if spec is None:
+        yield store
+        return
+    import stepcore
+
+    other = cast(StepStore, stepcore.from_spec(**spec))
+    try:
+        yield other
+    finally:
+        await other.aclose()
 
 
 def new_id(prefix: str) -> str:

@@ -22,15 +22,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 
-import stepcore
 from stepcore import (
     ContinuableSnapshot,
     EventKind,
@@ -45,7 +44,7 @@ from stepcore.store.features import ENGINE_PORT, PERSISTENT
 from stepcore.store.protocols import StepWrite
 
 from ._crash_agent import FINAL_ANSWER, TOOL_CALLS
-from ._support import StoreFixtures, at, needs_feature, new_id, register, snapshot, user
+from ._support import StoreFixtures, at, needs_feature, new_id, other_store, register, snapshot, user
 from .forkserver import Zygote, zygote
 from .report import SUMMARY_PROPERTY
 from .support import check_crash_rule
@@ -108,19 +107,6 @@ class _Cycle:
         await store.write_batch(self.second, snapshot=self.snapshot)
 
 
-@asynccontextmanager
-async def _reader(store: StepStore, spec: dict[str, Any] | None) -> AsyncIterator[StepStore]:
-    """A store to read back what was written: a new one from `spec` when there is one, else `store`."""
-    if spec is None:
-        yield store
-        return
-    other = cast(StepStore, stepcore.from_spec(**spec))
-    try:
-        yield other
-    finally:
-        await other.aclose()
-
-
 def _zygote(spec: dict[str, Any], workdir: Path) -> AbstractAsyncContextManager[Zygote]:
     """The fork server of `_crash_zygote` for `spec`."""
     args = ('-m', 'stepcore_conformance._crash_zygote', json.dumps(spec))
@@ -150,12 +136,12 @@ class CrashWindowConformance(StoreFixtures):
                 except InjectedFault:
                     stopped = True
             assert stopped, f'{where}: the boundary was not reached again (boundaries: {passed})'
-            async with _reader(store, store_spec) as reader:
+            async with other_store(store, store_spec) as reader:
                 effects = await check_crash_rule(reader, cycle.run_id, context=where)
                 assert [e.tool_call_id for e in effects] == [CALL], f'{where}: the ledger lost the call: {effects}'
             # Written again (as a recovering run would), the cycle ends complete, every record once.
             await cycle.finish(engine)
-            async with _reader(store, store_spec) as reader:
+            async with other_store(store, store_spec) as reader:
                 [entry] = await check_crash_rule(reader, cycle.run_id, context=f'{where}, then written again')
                 assert entry.status is ToolEffectStatus.COMPLETED, f'{where}, then written again: {entry}'
                 kinds = [e.kind for e in await reader.list_events(cycle.run_id)]
@@ -177,7 +163,7 @@ class CrashWindowConformance(StoreFixtures):
         kills = 0
         broken: list[str] = []
         startup = 0.0
-        async with _zygote(store_spec, tmp_path) as server, _reader(store, store_spec) as reader:
+        async with _zygote(store_spec, tmp_path) as server, other_store(store, store_spec) as reader:
             startup = time.perf_counter() - began
             for k in range(MAX_BOUNDARIES):
                 run_id = f'{prefix}-{k}'

@@ -21,8 +21,6 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -56,7 +54,7 @@ from stepcore.store.leases import (
 )
 from stepcore.store.models import utcnow
 
-from ._support import StoreFixtures, at, conversation, needs_feature, new_id, snapshot
+from ._support import StoreFixtures, at, conversation, needs_feature, new_id, other_store, snapshot
 from .capability import function_model, script, tool_call
 
 __all__ = ('LeasesConformance', 'claim_child_main')
@@ -67,19 +65,6 @@ _FAR_HOST = 'another-host.invalid'
 def _stranger() -> Owner:
     """An owner on another host: only the lease's expiry tells whether it is gone."""
     return Owner(host=_FAR_HOST, pid=4242, token=new_id('token'), boot=None)
-
-
-@asynccontextmanager
-async def _other(store: StepStore, spec: dict[str, Any] | None) -> AsyncIterator[StepStore]:
-    """Another store object over the same data when the store has a spec, else the store itself."""
-    if spec is None:
-        yield store
-        return
-    other = cast(StepStore, stepcore.from_spec(**spec))
-    try:
-        yield other
-    finally:
-        await other.aclose()
 
 
 async def _registered(store: StepStore) -> str:
@@ -197,7 +182,7 @@ class LeasesConformance(StoreFixtures):
         run_id = await _registered(store)
         await _expired_lease(store, run_id)
         stores = [store]
-        async with _other(store, store_spec) as second, _other(store, store_spec) as third:
+        async with other_store(store, store_spec) as second, other_store(store, store_spec) as third:
             stores += [second, third]
 
             async def attempt(n: int) -> str:
@@ -263,7 +248,7 @@ class LeasesConformance(StoreFixtures):
             await store.append_event(_event(run_id, 1))
             await store.save_snapshot(snapshot(run_id, conversation(1), step_index=1))
         await asyncio.sleep(0.01)
-        async with _other(store, store_spec) as other:
+        async with other_store(store, store_spec) as other:
             claim = await claim_run(other, run_id, ttl=60.0)
             writes: list[Any] = [
                 store.append_event(_event(run_id, 2)),
@@ -307,7 +292,7 @@ class LeasesConformance(StoreFixtures):
                     written.append(n)
                     await asyncio.sleep(0)  # a store that writes without waiting lets the claimer in
 
-        async with _other(store, store_spec) as other:
+        async with other_store(store, store_spec) as other:
             writer = asyncio.create_task(zombie())
             while True:
                 try:
@@ -348,7 +333,7 @@ class LeasesConformance(StoreFixtures):
                 except RunOwnedError:
                     checks.append('live')
 
-        async with _other(store, store_spec) as other:
+        async with other_store(store, store_spec) as other:
 
             @agent.tool_plain
             async def wait_async() -> str:  # pyright: ignore[reportUnusedFunction]
