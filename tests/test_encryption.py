@@ -94,7 +94,11 @@ def _rows_except(db: Path, skipped: str) -> bytes:
             for row in raw.execute(f'SELECT * FROM "{table}"'):
                 for value in row:
                     # message bodies may be stored compressed: look at them as the store reads them
-                    found += unpack_body(value) if isinstance(value, bytes) else str(value).encode()
+                    # (other binary columns, such as a lease's start point, are stored as they are)
+                    if isinstance(value, bytes):
+                        found += unpack_body(value) if table == 'message_nodes' else value
+                    else:
+                        found += str(value).encode()
     return found
 
 
