@@ -53,6 +53,11 @@ from stepcore.store.memory import InMemoryStepStore
         ),
         ('postgresql://u@localhost/db', 'postgres', {'dsn': 'postgresql://u@localhost/db'}),
         ('postgres://u@h:5433/db?sslmode=require', 'postgres', {'dsn': 'postgres://u@h:5433/db?sslmode=require'}),
+        (
+            'postgresql://u@h/db?sslmode=require&table_prefix=agents',
+            'postgres',
+            {'dsn': 'postgresql://u@h/db?sslmode=require', 'table_prefix': 'agents'},
+        ),
         ('memory://', 'memory', {}),
         ('memory://?max_snapshots_per_run=5', 'memory', {'max_snapshots_per_run': '5'}),
         ('mongo://?db_url=mongodb://h/&database=x', 'mongo', {'db_url': 'mongodb://h/', 'database': 'x'}),

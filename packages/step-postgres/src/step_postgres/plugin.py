@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
 from stepcore.plugins.hookspecs import BackendInfo, hookimpl
 
 
 def postgres_url_options(url: str) -> dict[str, str]:
-    """`postgresql://user@host:5432/db?sslmode=require` (or `postgres://`) -> `dsn=`, the URL as it is."""
-    return {'dsn': url.strip()}
+    """`postgresql://user@host:5432/db?sslmode=require` (or `postgres://`) -> `dsn=`, the URL as it is.
+
+    A `table_prefix=NAME` in the query picks the store's tables (`NAME_*`) and is taken out of the DSN
+    (libpq would refuse it); every other parameter stays in it for libpq.
+    """
+    parts = urlsplit(url.strip())
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefixes = [value for key, value in query if key == 'table_prefix']
+    if not prefixes:
+        return {'dsn': url.strip()}
+    rest = urlencode([(key, value) for key, value in query if key != 'table_prefix'])
+    return {'dsn': urlunsplit(parts._replace(query=rest)), 'table_prefix': prefixes[-1]}
 
 
 @hookimpl
