@@ -19,17 +19,18 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent, ModelRetry
+from pydantic_ai import Agent, CallDeferred, DeferredToolRequests, ModelRetry
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from rich.console import Console
 
 from step_sqlite import SqliteStepStore
-from stepcore import StepPersistence
+from stepcore import StepPersistence, answer_call
 from stepcore.cli._loop import run_coroutine
 from stepcore.cli.demo import run_demo
 from stepcore.cli.demo_chart import chart_png
@@ -200,6 +201,56 @@ def hostile_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope='session')
 def hostile_ui(hostile_db: Path, serve: Callable[..., Ui]) -> Ui:
     return serve('--store', f'sqlite:///{hostile_db}')
+
+
+def _approval_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    del info
+    if any(isinstance(p, ToolReturnPart) and p.tool_call_id == 'call-drop' for m in messages for p in m.parts):
+        return ModelResponse(parts=[TextPart('done')])
+    return ModelResponse(
+        parts=[
+            ToolCallPart('count_rows', {'table': 'users'}, tool_call_id='call-count'),
+            ToolCallPart('drop_table', {'name': 'users', 'cascade': True}, tool_call_id='call-drop'),
+            ToolCallPart('ask_owner', {'question': 'keep a backup?'}, tool_call_id='call-ask'),
+        ]
+    )
+
+
+async def _fill_waiting(database: Path) -> None:
+    store = SqliteStepStore(database=database)
+    agent = Agent(
+        FunctionModel(_approval_model),
+        name='dba',
+        output_type=[str, DeferredToolRequests],
+        capabilities=[StepPersistence(store=store, answer_within={'drop_table': timedelta(hours=4)})],
+    )
+
+    @agent.tool_plain
+    def count_rows(table: str) -> int:  # pyright: ignore[reportUnusedFunction]
+        return 3
+
+    @agent.tool_plain(requires_approval=True)
+    def drop_table(name: str, cascade: bool) -> str:  # pyright: ignore[reportUnusedFunction]
+        return f'dropped {name}'
+
+    @agent.tool_plain
+    def ask_owner(question: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        raise CallDeferred
+
+    try:
+        result = await agent.run('Drop the users table', run_id='approval-run-1')
+        assert isinstance(result.output, DeferredToolRequests)
+        await answer_call(store, run_id='approval-run-1', tool_call_id='call-ask', result='yes, keep one', by='ops')
+    finally:
+        await store.aclose()
+
+
+@pytest.fixture(scope='session')
+def waiting_ui(tmp_path_factory: pytest.TempPathFactory, serve: Callable[..., Ui]) -> Ui:
+    """A run paused on an approval nobody gave yet (with a deadline) and an outside call answered already."""
+    path = tmp_path_factory.mktemp('ui-waiting') / 'waiting.db'
+    run_coroutine(_fill_waiting(path))
+    return serve('--store', f'sqlite:///{path}')
 
 
 # -- the browser ------------------------------------------------------------------------------------

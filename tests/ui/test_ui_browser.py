@@ -118,3 +118,31 @@ def test_a_killed_run_shows_its_cut_short_call_with_arguments(
     plain = browser.find_element(By.XPATH, "//*[@id='ledger']//tr[contains(., 'write_report')]")
     assert highlighted[0].value_of_css_property('background-color') != plain.value_of_css_property('background-color')
     shoot('7-killed')
+
+
+def test_a_paused_run_shows_what_it_waits_for(browser: Any, waiting_ui: Any, shoot: Callable[[str], Path]) -> None:
+    browser.get(waiting_ui.base + '/')
+    rows = _wait(browser).until(ec.presence_of_all_elements_located((By.CSS_SELECTOR, 'table.runs tbody tr')))
+    [row] = rows
+    assert 'waiting' in row.find_element(By.CSS_SELECTOR, '.badge.status-waiting').text
+    assert 'completed' not in row.text
+    row.find_element(By.LINK_TEXT, 'approval-run-1').click()
+    paused = _wait(browser).until(ec.presence_of_element_located((By.ID, 'paused')))
+    assert 'Paused on 2 deferred tool calls' in paused.text
+    drop = browser.find_element(By.ID, 'deferred-call-drop')
+    assert 'drop_table' in drop.text
+    assert 'approval' in drop.text
+    assert json.loads(drop.find_element(By.CSS_SELECTOR, 'pre.args').text) == {'name': 'users', 'cascade': True}
+    assert drop.find_element(By.CSS_SELECTOR, '.badge.waiting').text == 'waiting'
+    assert drop.find_element(By.CSS_SELECTOR, 'td.when').text.strip() != '-'  # its deadline
+    ask = browser.find_element(By.ID, 'deferred-call-ask')
+    assert "result 'yes, keep one' by ops" in ask.text
+    assert 'stepcore answer approval-run-1 CALL --approve' in paused.text
+    assert 'waiting for answers to deferred tool calls' in browser.find_element(By.ID, 'ownership').text
+    assert browser.find_elements(By.ID, 'continuable') == []
+    snippet = browser.find_element(By.ID, 'snippet-1').text
+    assert "approve_call(store, run_id='approval-run-1', tool_call_id='call-drop'" in snippet
+    assert "resume_run(store, run_id='approval-run-1', agent=agent)" in snippet
+    # count_rows ran beside the deferred calls: its entry is completed with the paused history
+    assert browser.find_elements(By.CSS_SELECTOR, '#ledger tr.unresolved') == []
+    shoot('8-waiting')

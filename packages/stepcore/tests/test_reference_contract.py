@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.usage import RunUsage
 
@@ -317,3 +319,42 @@ async def test_a_store_without_leases_works_as_before_and_recovery_says_ownershi
     again = await resolve_run(store, run_id='plain-1', agent=agent)
     assert again.finished
     assert len(again.followed) == 2
+
+
+@pytest.mark.parametrize('wrap', [ProtocolOnlyStore, ForwardingWrapper], ids=['protocol-only', 'getattr-wrapper'])
+async def test_a_paused_run_is_answered_and_resumed_on_a_store_written_to_the_protocol(wrap: Any) -> None:
+    from pydantic_ai.messages import ToolReturnPart
+    from pydantic_ai.tools import DeferredToolRequests
+
+    from stepcore import AnswerConflictError, approve_call, deny_call, list_waiting, read_waiting, resume_run
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        del info
+        returned = [p.content for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        if returned:
+            return ModelResponse(parts=[TextPart(f'said: {returned[-1]}')])
+        return ModelResponse(parts=[ToolCallPart('drop_table', {'name': 'users'}, tool_call_id='call-drop')])
+
+    store = wrap(InMemoryStepStore())
+    ran: list[str] = []
+    agent = Agent(
+        FunctionModel(respond), output_type=[str, DeferredToolRequests], capabilities=[StepPersistence(store=store)]
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def drop_table(name: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        ran.append(name)
+        return f'dropped {name}'
+
+    run_id = (await agent.run('drop it')).run_id
+    assert [w.run_id for w in await list_waiting(store)] == [run_id]
+    await approve_call(store, run_id=run_id, tool_call_id='call-drop', override_args={'name': 'guests'}, by='a')
+    with pytest.raises(AnswerConflictError):  # the store applies the answer's key once
+        await deny_call(store, run_id=run_id, tool_call_id='call-drop')
+    result = await resume_run(store, run_id=run_id, agent=agent)
+    assert result.output == 'said: dropped guests'
+    assert ran == ['guests']
+    waiting = await read_waiting(store, run_id=run_id)
+    assert waiting is not None
+    assert waiting.resumed_by == result.run_id  # told by the resumption's record: the store keeps no leases
+    assert await list_waiting(store) == []

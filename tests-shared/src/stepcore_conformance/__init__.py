@@ -18,6 +18,7 @@ in the conftest.py at your rootdir, or `-p stepcore_conformance` on the command 
 from __future__ import annotations
 
 from ._support import Damage
+from .approvals import ApprovalsConformance
 from .batches import BatchWritesConformance
 from .capability import CapabilityConformance
 from .concurrency import ConcurrencyConformance
@@ -45,6 +46,7 @@ from .snapshots import SnapshotsConformance
 from .subclass import SubclassConformance
 
 __all__ = (
+    'ApprovalsConformance',
     'BatchWritesConformance',
     'CapabilityConformance',
     'ChecksumConformance',
@@ -105,5 +107,6 @@ class StepStoreConformance(
     ContractConformance,
     SubclassConformance,
     LeasesConformance,
+    ApprovalsConformance,
 ):
     """Every section of the step-store suite. Override `store` (and `store_spec` and `damage` where they apply)."""

@@ -14,6 +14,18 @@ from stepcore.plugins.hookspecs import BackendInfo, hookimpl
 from stepcore.plugins.registry import media_from_spec, open_store
 from stepcore.plugins.registry import store_from_spec as from_spec
 from stepcore.recovery import RecoveryReport, inspect_recovery
+from stepcore.recovery.answers import (
+    AnswerConflictError,
+    RequestExpiredError,
+    Waiting,
+    answer_call,
+    approve_call,
+    deny_call,
+    fail_call,
+    list_waiting,
+    read_waiting,
+    resume_run,
+)
 from stepcore.recovery.fleet import OrphanOutcome, recover_orphans, run_recovery_loop
 from stepcore.recovery.history import annotate_tool_effect, continue_run, fork_run, is_provider_valid
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, recovery_policy
@@ -46,11 +58,15 @@ from stepcore.store.models import (
     ToolEffectStatus,
 )
 from stepcore.store.protocols import StepStore, StepStoreProtocol
+from stepcore.store.waiting import Answer, DeferredCall
 
 __all__ = (
+    'Answer',
+    'AnswerConflictError',
     'BackendInfo',
     'ContinuableSnapshot',
     'DamagedRecordError',
+    'DeferredCall',
     'Encryption',
     'EncryptionKeyError',
     'EngineStore',
@@ -67,6 +83,7 @@ __all__ = (
     'Reconciled',
     'RecoveryPolicy',
     'RecoveryReport',
+    'RequestExpiredError',
     'Resumption',
     'RunClaimedError',
     'RunFencedError',
@@ -83,9 +100,14 @@ __all__ = (
     'StepStoreProtocol',
     'ToolEffectRecord',
     'ToolEffectStatus',
+    'Waiting',
     'annotate_tool_effect',
+    'answer_call',
+    'approve_call',
     'collect_garbage',
     'continue_run',
+    'deny_call',
+    'fail_call',
     'fencing_token',
     'fork_run',
     'from_spec',
@@ -94,13 +116,16 @@ __all__ = (
     'inspect_recovery',
     'is_provider_valid',
     'list_orphans',
+    'list_waiting',
     'mark_checked',
     'media_from_spec',
     'open_store',
+    'read_waiting',
     'recover_orphans',
     'recovery_policy',
     'rerun_call',
     'resolve_run',
+    'resume_run',
     'run_recovery_loop',
     'supply_result',
 )

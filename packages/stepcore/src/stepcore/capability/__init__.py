@@ -22,6 +22,7 @@ from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, RunContext, Tool
 from stepcore import snapshot_points as points
 from stepcore.capability.context import ActiveToolCall, active_run_id, active_tool_call, inside_run
 from stepcore.capability.operations import CAPABILITY_ID, OPERATION_NAMES, StepOperations
+from stepcore.capability.pause import AnswerWithin, check_answer_within, deferred_calls
 from stepcore.capability.run_lease import end_lease, start_point, take_lease
 from stepcore.capability.run_state import RunState, describe_error, resolve_run_id
 from stepcore.capability.run_writer import DEFERRED_WRITE_DELAY, RunWriter
@@ -30,8 +31,9 @@ from stepcore.ownership.claims import has_leases
 from stepcore.recovery.resolution import RESUMES_KEY, take_resumption
 from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState, RunClaimedError, fencing
 from stepcore.store.memory import InMemoryStepStore
-from stepcore.store.models import EventKind, SnapshotState
+from stepcore.store.models import EventKind, SnapshotState, utcnow
 from stepcore.store.protocols import StepStoreProtocol
+from stepcore.store.waiting import pause_metadata
 
 __all__ = (
     'CAPABILITY_ID',
@@ -125,9 +127,15 @@ class StepPersistence(StepOperations[AgentDepsT]):
     the run lives): how long after a crash its run counts as orphaned when no process on the same host
     can tell its owner is gone. `None` takes no lease. Only on a store that keeps leases (feature
     `leases`), and never under a durable engine, which owns the run (see docs/fleet.md)."""
+    answer_within: AnswerWithin = None
+    """How long a deferred tool call (one that needs approval, or a result from outside) of a run that
+    pauses waits for its answer: seconds or a `timedelta` for every call, or a mapping of tool names to
+    one. A call unanswered by then is denied when the run is resumed, and answers to it are refused
+    (see docs/approvals.md). `None`: the calls wait as long as it takes."""
 
     def __post_init__(self) -> None:
         self._state: RunState | None = None
+        self._answer_within = check_answer_within(self.answer_within)
         ttl = cast(object, self.lease_ttl)
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0):
             raise ValueError(
@@ -155,6 +163,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
         metadata: dict[str, str] | None = None,
         capture_frontier: bool = False,
         lease_ttl: float | None = DEFAULT_LEASE_TTL,
+        answer_within: float | dict[str, float] | None = None,
         **store_options: Any,
     ) -> StepPersistence[Any]:
         """Build the capability and its store from plain values (as in an agent spec).
@@ -185,6 +194,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
             metadata=dict(metadata or {}),
             capture_frontier=capture_frontier,
             lease_ttl=lease_ttl,
+            answer_within=answer_within,
         )
 
     def get_ordering(self) -> CapabilityOrdering | None:
@@ -316,13 +326,30 @@ class StepPersistence(StepOperations[AgentDepsT]):
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         run = self._run(ctx)
+        if isinstance(result.output, DeferredToolRequests):
+            await self._pause(ctx, result, result.output)
+            run.writer.end()
+            await end_lease(run, state=LeaseState.WAITING, outcome='paused')
+            return result
         if (final := points.final_history(run, result)) is not None:
             await self._save(ctx, final, run.state_of(final))
         await self._event(ctx, EventKind.RUN_COMPLETED)
         run.writer.end()
-        waiting = isinstance(result.output, DeferredToolRequests)
-        await end_lease(run, state=LeaseState.WAITING if waiting else LeaseState.ENDED, outcome='completed')
+        await end_lease(run, state=LeaseState.ENDED, outcome='completed')
         return result
+
+    async def _pause(self, ctx: RunContext[Any], result: AgentRunResult[Any], requests: DeferredToolRequests) -> None:
+        """Record that the run waits on deferred tool calls (see `stepcore.capability.pause`)."""
+        run = self._run(ctx)
+        history = list(result.all_messages())
+        fresh = run.content.differs(history) if history else False
+        snapshot = run.snapshot(history, run.state_of(history)) if fresh else None
+        calls = deferred_calls(requests, now=utcnow(), within=self._answer_within)
+        event = run.event(EventKind.RUN_COMPLETED, discriminator='run')
+        event.metadata.update(pause_metadata(calls))
+        await run.writer.pause(ctx, event, snapshot=snapshot, history=history)
+        if fresh:
+            run.content.update(history, encode_tail=True)
 
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
         run = self._run(ctx)

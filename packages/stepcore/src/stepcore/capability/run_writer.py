@@ -103,6 +103,29 @@ class RunWriter:
         """Keep a completed call's entry and event until a complete snapshot holds the call's result."""
         self._held.append((record, event))
 
+    async def pause(
+        self,
+        ctx: RunContext[Any],
+        event: StepEvent,
+        *,
+        snapshot: ContinuableSnapshot | None,
+        history: Sequence[ModelMessage],
+    ) -> None:
+        """Write a paused run's `snapshot` (when not saved yet) and its pause `event`, with the held
+        completions of the calls `history` answers, in one write.
+
+        The paused history is never `complete` (the deferred calls are open in it), yet it holds the
+        results of the calls that ran beside them: a run resumed from it never runs those again, so
+        their entries are `completed` with it. The order keeps the pause the run's newest event, and
+        keeps those entries `started` until the pause is written (for a store whose batch is not
+        atomic): the completion events, the pause, then the entries.
+        """
+        answered = _answered(history, {record.tool_call_id for record, _ in self._held})
+        released = [c for c in self._held if c[0].tool_call_id in answered]
+        self._held = [c for c in self._held if c[0].tool_call_id not in answered]
+        writes = [*(done for _, done in released), event, *(record for record, _ in released)]
+        await self.write(ctx, *writes, snapshot=snapshot)
+
     def end(self) -> None:
         """At the end of the run: completions still held are dropped, their calls stay `started`."""
         if self._held:

@@ -31,6 +31,7 @@ from stepcore.cli.transfer import (
     import_runs,
     parse_export,
 )
+from stepcore.ownership.claims import has_leases
 from stepcore.plugins.registry import RegisteredBackend, get_registry
 from stepcore.recovery.standing import LEASE_STATUSES, Standing, runs_by_lease, standings_of
 from stepcore.store.codec import dump_record
@@ -372,8 +373,8 @@ def runs(
         str | None,
         typer.Option(
             metavar='STATUS',
-            help='Only runs with this status: completed, failed or unfinished; or, from their leases: running, '
-            'orphaned, waiting, pending or resumed.',
+            help='Only runs with this status: completed, failed, unfinished or waiting (paused on deferred tool '
+            'calls, not resumed yet); or, from their leases: running, orphaned, pending or resumed.',
         ),
     ] = None,
     after: Annotated[
@@ -398,9 +399,10 @@ def runs(
     """
     started_after = _moment_option(after, '--after')
     started_before = _moment_option(before, '--before')
-    by_lease = status in LEASE_STATUSES
 
     async def body(s: StepStore) -> tuple[list[Any], list[Standing], bool]:
+        # `waiting` is told by events too: a store without leases answers it from them
+        by_lease = status in LEASE_STATUSES and (status != 'waiting' or has_leases(s))
         options: dict[str, Any] = {
             'conversation_id': conversation,
             'parent_run_id': parent,
@@ -648,6 +650,135 @@ def recover(
         _echo_json(recovery_json(report))
         return
     _out().print(describe_recovery(run_id, report))
+
+
+@app.command()
+def answer(
+    run_id: RunArgument,
+    tool_call_id: Annotated[
+        str, typer.Argument(metavar='CALL', help='The id of the deferred tool call to answer.', show_default=False)
+    ],
+    approve: Annotated[bool, typer.Option('--approve', help='Approve the call: it runs when the run resumes.')] = False,
+    args: Annotated[
+        str | None,
+        typer.Option(
+            '--args', metavar='JSON', help='With --approve: the arguments the call runs with instead (a JSON object).'
+        ),
+    ] = None,
+    deny: Annotated[bool, typer.Option('--deny', help='Deny the call: it does not run, the model is told.')] = False,
+    message: Annotated[
+        str | None, typer.Option('--message', metavar='TEXT', help='With --deny: what the model is told.')
+    ] = None,
+    result: Annotated[
+        str | None,
+        typer.Option(
+            '--result', metavar='JSON', help='The result of a call made outside the agent (JSON, or plain text).'
+        ),
+    ] = None,
+    fail: Annotated[
+        str | None,
+        typer.Option('--fail', metavar='TEXT', help='A call made outside the agent failed: what the model is told.'),
+    ] = None,
+    by: Annotated[
+        str | None, typer.Option('--by', metavar='WHO', help='Who answers (recorded with the answer).')
+    ] = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Answer a deferred tool call of a run that paused: approve or deny it, or give its result from outside.
+
+    Each call is answered once: the first answer stands, and a different one is refused. Resume the
+    run once every call is answered (`stepcore resume`).
+    """
+    from stepcore.cli.recovery_view import parse_json_or_text
+    from stepcore.recovery.answers import answer_call, approve_call, deny_call, fail_call
+
+    chosen = [
+        flag
+        for flag, given in (
+            ('--approve', approve),
+            ('--deny', deny),
+            ('--result', result is not None),
+            ('--fail', fail is not None),
+        )
+        if given
+    ]
+    if len(chosen) != 1:
+        _fail(
+            'give exactly one of --approve, --deny, --result JSON or --fail TEXT'
+            + (f' (got {", ".join(chosen)})' if chosen else '')
+        )
+    if args is not None and not approve:
+        _fail('--args goes with --approve: the arguments an approved call runs with')
+    if message is not None and not deny:
+        _fail('--message goes with --deny: what the model is told of the denial')
+    override: dict[str, Any] | None = None
+    if args is not None:
+        try:
+            parsed = json.loads(args)
+        except ValueError as exc:
+            _fail(f'--args {args!r} is not JSON: {exc}; write an object such as {{"name": "guests"}}')
+        if not isinstance(parsed, dict):
+            _fail(f'--args {args!r} is not a JSON object: write the arguments by name, such as {{"name": "guests"}}')
+        override = cast(dict[str, Any], parsed)
+
+    async def body(s: StepStore, rid: str) -> Any:
+        if approve:
+            return await approve_call(s, run_id=rid, tool_call_id=tool_call_id, override_args=override, by=by)
+        if deny:
+            return await deny_call(s, run_id=rid, tool_call_id=tool_call_id, message=message, by=by)
+        if result is not None:
+            value = parse_json_or_text(result)
+            return await answer_call(s, run_id=rid, tool_call_id=tool_call_id, result=value, by=by)
+        assert fail is not None
+        return await fail_call(s, run_id=rid, tool_call_id=tool_call_id, message=fail, by=by)
+
+    run_id, recorded = _with_run(store, run_id, body)
+    if as_json:
+        _echo_json({'run_id': run_id, **recorded.to_json()})
+        return
+    _out().print(Text(f'{run_id} {tool_call_id}: {recorded.describe()}'))
+
+
+@app.command()
+def resume(
+    run_id: RunArgument,
+    agent_spec: Annotated[
+        str,
+        typer.Option('--agent', metavar='MODULE:ATTR', help='The agent that resumes the run.', show_default=False),
+    ],
+    force: Annotated[
+        bool,
+        typer.Option(
+            '--force', help='Resume even a run whose lease is live: for a person who knows its owner is gone.'
+        ),
+    ] = False,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Resume a run once: a run paused on deferred tool calls with its answers, or a run a crash cut short.
+
+    The run is claimed first on a store that keeps leases, so of two resumers exactly one proceeds, and a
+    run once resumed is never resumed again. Prints the new run's id and output.
+    """
+    from stepcore.recovery.answers import resume_run
+
+    try:
+        agent = _load_agent(agent_spec)
+    except typer.BadParameter as exc:
+        _fail(str(exc.message))
+
+    async def body(s: StepStore, rid: str) -> Any:
+        return await resume_run(s, run_id=rid, agent=agent, force=force)
+
+    run_id, outcome = _with_run(store, run_id, body)
+    output = outcome.output
+    shown = output if isinstance(output, str | int | float | bool | None) else repr(output)
+    if as_json:
+        _echo_json({'run_id': run_id, 'resumed_as': outcome.run_id, 'output': shown})
+        return
+    _out().print(Text.assemble((f'{run_id}: ', 'bold'), ('resumed', 'green'), f' as {outcome.run_id}'))
+    _out().print(Text(str(shown)))
 
 
 def _load_agent(spec: str) -> Any:

@@ -175,7 +175,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
 
     _stage(console, 6, 'What inspect_recovery says', 'The same report `stepcore recover` prints:')
     report = await inspect_recovery(store=store, run_id=FIRST_RUN_ID)
-    console.print(Padding(describe_recovery(FIRST_RUN_ID, report), (0, 2), expand=False))
+    console.print(Padding(describe_recovery(FIRST_RUN_ID, report, owners=False), (0, 2), expand=False))
 
 
 async def _resume(store: StepStore, workdir: Path, console: Console) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import typer
@@ -11,10 +12,12 @@ from rich.padding import Padding
 from rich.text import Text
 
 from stepcore.recovery import RecoveryReport
+from stepcore.recovery.paused import Waiting
 from stepcore.store.codec import dump_record
-from stepcore.store.models import ContinuableSnapshot
+from stepcore.store.models import ContinuableSnapshot, utcnow
+from stepcore.store.waiting import DeferredCall
 
-__all__ = ('describe_recovery', 'parse_supplied', 'recovery_json')
+__all__ = ('describe_call', 'describe_recovery', 'parse_supplied', 'recovery_json')
 
 
 def _snap(snapshot: ContinuableSnapshot | None) -> dict[str, Any] | None:
@@ -44,7 +47,64 @@ def recovery_json(report: RecoveryReport) -> dict[str, Any]:
         'resumed_by': list(report.resumed_by),
         'newest_status': report.newest_status,
         'start_point': report.start_point,
+        'waiting': _waiting(report.waiting),
     }
+
+
+def _waiting(waiting: Waiting | None) -> dict[str, Any] | None:
+    if waiting is None:
+        return None
+    return {
+        'paused_at': waiting.paused_at.isoformat(),
+        'resumed_by': waiting.resumed_by,
+        'ready': waiting.ready(),
+        'calls': [
+            {
+                **call.to_json(),
+                'answer': answer.to_json() if (answer := waiting.answers.get(call.tool_call_id)) is not None else None,
+            }
+            for call in waiting.calls
+        ],
+    }
+
+
+def describe_call(waiting: Waiting, call: DeferredCall, now: datetime) -> str:
+    """One line for a deferred call: what it waits for, its arguments and deadline, its answer."""
+    need = 'needs approval' if call.kind == 'approval' else f'needs its result from outside ({call.kind})'
+    text = f'- {call.tool_name} ({call.tool_call_id}) {need}, args {_args(call.args)}'
+    answer = waiting.answers.get(call.tool_call_id)
+    if answer is not None:
+        return f'{text}: {answer.describe()}'
+    if call.deadline is not None:
+        when = f'{call.deadline:%Y-%m-%d %H:%M:%S} UTC'
+        return f'{text}: expired at {when}, denied on resume' if call.expired(now) else f'{text}: answer by {when}'
+    return f'{text}: waiting for an answer'
+
+
+def _describe_waiting(run_id: str, waiting: Waiting) -> RenderableType:
+    now = utcnow()
+    lines: list[RenderableType] = [
+        Text(
+            f'Paused on deferred tool calls since {waiting.paused_at:%Y-%m-%d %H:%M:%S} UTC: the run waits for '
+            'answers, not for recovery.',
+            style='bold',
+        )
+    ]
+    for call in waiting.calls:
+        lines.append(Padding(Text(describe_call(waiting, call, now)), (0, 0, 0, 2), expand=False))
+    if waiting.ready(now):
+        next_step = (
+            f'Next: every call is answered. Resume it once, from any process: `stepcore resume {run_id} --agent '
+            f'MODULE:ATTR`, or await resume_run(store, run_id={run_id!r}, agent=agent).'
+        )
+    else:
+        next_step = (
+            f'Next: answer each call with `stepcore answer {run_id} CALL --approve [--args JSON]`, `--deny '
+            '[--message TEXT]`, `--result JSON` or `--fail TEXT` (or approve_call, deny_call, answer_call, '
+            'fail_call), then resume it.'
+        )
+    lines.append(Text(next_step, style='bold'))
+    return Group(*lines)
 
 
 def _lease(report: RecoveryReport) -> dict[str, Any] | None:
@@ -65,8 +125,12 @@ def _lease(report: RecoveryReport) -> dict[str, Any] | None:
     }
 
 
-def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
-    """A few sentences: what is saved, what may have happened, and what to do next."""
+def describe_recovery(run_id: str, report: RecoveryReport, *, owners: bool = True) -> RenderableType:
+    """A few sentences: what is saved, what may have happened, and what to do next.
+
+    `owners=False` leaves out who holds a lease and until when (a process id, a time), for a text
+    that reads the same every time (the demo's).
+    """
     lines: list[RenderableType] = []
 
     def say(text: str, style: str = '') -> None:
@@ -87,6 +151,8 @@ def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
         else:
             say(f'Next: `stepcore recover {newest_run}` tells how that run stands.', 'bold')
         return Group(*lines)
+    if report.waiting is not None:
+        return _describe_waiting(run_id, report.waiting)
     if report.live and lease is not None and lease.owner is not None:
         say(
             f'Running now on {lease.owner}, its lease held until {lease.expires_at.isoformat(timespec="seconds")} '
@@ -95,9 +161,8 @@ def describe_recovery(run_id: str, report: RecoveryReport) -> RenderableType:
             'bold yellow',
         )
     elif lease is not None and lease.state.value == 'running':
-        say(
-            f'Orphaned: its lease ({lease.describe()}) has no live owner. Any worker may claim and resume it.', 'yellow'
-        )
+        held = f' ({lease.describe()})' if owners else ''
+        say(f'Orphaned: its lease{held} has no live owner. Any worker may claim and resume it.', 'yellow')
     elif lease is not None and lease.state.value == 'pending' and lease.note:
         say(f'Pending a person: {lease.note}.', 'yellow')
     elif not report.leases_kept:
@@ -184,7 +249,12 @@ def parse_supplied(item: str) -> tuple[str, Any]:
     call_id, sep, raw = item.partition('=')
     if not sep or not call_id:
         raise typer.BadParameter(f'{item!r} is not CALL=RESULT: write the tool call id, "=", then the result')
+    return call_id, parse_json_or_text(raw)
+
+
+def parse_json_or_text(raw: str) -> Any:
+    """`raw` as JSON when it parses, else the text itself."""
     try:
-        return call_id, json.loads(raw)
+        return json.loads(raw)
     except ValueError:
-        return call_id, raw
+        return raw

@@ -40,7 +40,7 @@ __all__ = (
     'when',
 )
 
-_STATUS_STYLE = {'completed': 'green', 'failed': 'red', 'unfinished': 'yellow'}
+_STATUS_STYLE = {'completed': 'green', 'failed': 'red', 'unfinished': 'yellow', 'waiting': 'cyan'}
 _EFFECT_STYLE = {
     ToolEffectStatus.COMPLETED: 'green',
     ToolEffectStatus.FAILED: 'red',
@@ -49,7 +49,7 @@ _EFFECT_STYLE = {
 
 
 def run_status(events: Sequence[StepEvent]) -> str:
-    """`completed`, `failed`, or `unfinished` (still running, or the process died) from a run's events."""
+    """`completed`, `failed`, `unfinished` (still running, or the process died) or `waiting` from a run's events."""
     return lifecycle_status(events)
 
 

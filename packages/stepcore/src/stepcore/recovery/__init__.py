@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from stepcore.ownership.claims import has_leases, live
 from stepcore.recovery.chains import continuations
 from stepcore.recovery.ledger import called_in, settlements_of
+from stepcore.recovery.paused import Waiting, waiting_of
 from stepcore.store.contract import as_step_store
 from stepcore.store.leases import Lease, LeaseState
 from stepcore.store.lifecycle import run_status
 from stepcore.store.models import ContinuableSnapshot, EventKind, RunRecord, StepEvent, ToolEffectRecord
 from stepcore.store.protocols import StepStoreProtocol
+from stepcore.store.waiting import is_answer, waits
 
 __all__ = ('RecoveryInspection', 'RecoveryReport', 'inspect_recovery')
 
@@ -64,6 +68,9 @@ class RecoveryReport(BaseModel):
     start_point: bool = False
     """Whether the store kept the run's start point, so a run with no settled snapshot can still be
     resumed from its first request."""
+    waiting: Waiting | None = None
+    """For a run that paused on deferred tool calls: the calls, the answers recorded so far, and the
+    run that resumed it, if any (`stepcore.recovery.answers`)."""
 
     @property
     def live(self) -> bool:
@@ -114,7 +121,8 @@ RecoveryInspection = RecoveryReport
 
 
 def _tools(events: list[StepEvent], kind: EventKind) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(e.tool_name for e in events if e.kind is kind and e.tool_name))
+    """The tools of `kind` events, each once: an answer to a deferred call is no call of the tool."""
+    return tuple(dict.fromkeys(e.tool_name for e in events if e.kind is kind and e.tool_name and not is_answer(e)))
 
 
 async def inspect_recovery(*, store: StepStoreProtocol, run_id: str) -> RecoveryReport:
@@ -140,6 +148,10 @@ async def inspect_recovery(*, store: StepStoreProtocol, run_id: str) -> Recovery
         else:
             newest_status = run_status(await store.list_events_page(newest, newest=True, limit=1))
     start = settled is None and kept and await store.lease_start(run_id) is not None
+    paused = waiting_of(run_id, events, None) if events and waits(events[-1]) else None
+    if paused is not None:
+        latest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
+        paused = replace(paused, snapshot=latest, resumed_by=followed[1] if len(followed) > 1 else None)
     return RecoveryReport(
         run_id=run_id,
         leases_kept=kept,
@@ -154,4 +166,5 @@ async def inspect_recovery(*, store: StepStoreProtocol, run_id: str) -> Recovery
         unresolved=tuple(await store.list_unresolved_tool_effects(run_id=run_id)),
         completed_tools=_tools(events, EventKind.TOOL_CALL_COMPLETED),
         failed_tools=_tools(events, EventKind.TOOL_CALL_FAILED),
+        waiting=paused,
     )

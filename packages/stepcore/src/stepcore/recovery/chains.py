@@ -6,7 +6,8 @@
 - Back (`back_to_snapshot`): a resumption killed before it saved a complete snapshot got no further
   than the cut cycle, so its history starts from the run it resumes; the chain is followed back
   until a run with a complete snapshot, or, for a run killed before its first settled step, the
-  start point its lease kept (the history and prompt it was started with).
+  start point its lease kept (the history and prompt it was started with). A run that paused on
+  deferred tool calls stops the walk too: the history it paused with is where it carries on.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepcore.ownership.claims import has_leases
+from stepcore.recovery.paused import Waiting, read_pause
 from stepcore.store.models import ContinuableSnapshot, RunRecord, SnapshotState
 from stepcore.store.protocols import StepStore
 
@@ -74,20 +76,27 @@ class Chain:
     """The newest complete snapshot of the chain, or the start point of its oldest run (`from_start`)."""
     from_start: bool = False
     """Whether `settled` is the start point a lease kept, not a saved snapshot."""
+    paused: Waiting | None = None
+    """The pause of the oldest run of the chain, when it paused on deferred tool calls: then `settled` is
+    the history it paused with (its deferred calls open), not a complete snapshot."""
 
 
 async def back_to_snapshot(store: StepStore, run_id: str) -> Chain:
     """`run_id` and the runs it resumes (`RESUMES_KEY`, or its lease's `resumes`), newest first, back
-    to the first that saved a complete snapshot, with that snapshot; else back to the oldest, with its
-    start point (when its store kept one), else with none."""
+    to the first that paused on deferred tool calls, with the history it paused with, or saved a
+    complete snapshot, with that snapshot; else back to the oldest, with its start point (when its
+    store kept one), else with none."""
     chain = [run_id]
-    while (settled := await store.latest_snapshot(run_id=chain[-1])) is None:
+    while True:
+        paused = await read_pause(store, chain[-1])
+        if paused is not None and paused.snapshot is not None:
+            return Chain(chain, paused.snapshot, paused=paused)
+        if (settled := await store.latest_snapshot(run_id=chain[-1])) is not None:
+            return Chain(chain, settled)
         origin = await _resumes(store, chain[-1])
         if origin is None or origin in chain:
             break
         chain.append(origin)
-    if settled is not None:
-        return Chain(chain, settled)
     start = await store.lease_start(chain[-1]) if has_leases(store) else None
     if start is None:
         return Chain(chain, None)

@@ -18,6 +18,7 @@ from pydantic_ai.tools import RunContext
 
 from stepcore.capability.context import active_tool_call
 from stepcore.engine.history import TAIL_RECHECK, shares_prefix, starts_with
+from stepcore.recovery.paused import read_pause
 from stepcore.store.contract import as_step_store
 from stepcore.store.ids import dotted_run_id
 from stepcore.store.protocols import StepStore, StepStoreProtocol
@@ -118,10 +119,15 @@ async def continue_run(
     """The messages of the run's newest settled snapshot, to pass as `message_history=`.
 
     With `include_interrupted=True` the newest snapshot of any state is used (check
-    `store.list_unresolved_tool_effects(run_id=run_id)` first). Raises `LookupError` ("no continuable
-    snapshot for run_id ...") when the run has no matching snapshot.
+    `store.list_unresolved_tool_effects(run_id=run_id)` first). A run that paused on deferred tool
+    calls (it ended with `DeferredToolRequests`) continues from the history it paused with, whose
+    deferred calls are open: pass it with `deferred_tool_results=`, or let `resume_run` hand over the
+    answers recorded in the store. Raises `LookupError` ("no continuable snapshot for run_id ...")
+    when the run has no matching snapshot.
     """
     bound = as_step_store(store)
+    if not include_interrupted and (paused := await read_pause(bound, run_id)) is not None and paused.snapshot:
+        return paused.snapshot.messages
     snapshot = await bound.latest_snapshot(run_id=run_id, include_interrupted=include_interrupted)
     if snapshot is None:
         raise LookupError(

@@ -41,9 +41,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic_ai import Agent
+from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.run import AgentRunResult
-from pydantic_ai.tools import DeferredToolResults
+from pydantic_ai.tools import DeferredToolResults, ToolApproved, ToolDenied
 
 from stepcore.ownership.claims import Claim, claim_run, has_leases
 from stepcore.recovery.chains import RESUMES_KEY, back_to_snapshot, continuations
@@ -61,15 +62,18 @@ from stepcore.recovery.ledger import (
     record_settlements,
     settlements_of,
 )
+from stepcore.recovery.paused import Waiting, record_answer
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
 from stepcore.store.contract import as_step_store, write_records
 from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, fencing
 from stepcore.store.models import ContinuableSnapshot, EventKind, SnapshotState, StepEvent, ToolEffectRecord, utcnow
 from stepcore.store.protocols import StepStore, StepStoreProtocol
+from stepcore.store.waiting import Answer, DeferredCall
 
 __all__ = (
     'BY_HAND_KEY',
     'COMPLETED_ON_RECOVERY_KEY',
+    'EXPIRED_BY',
     'HOW_KEY',
     'RESULT_KEY',
     'RESUMES_KEY',
@@ -82,6 +86,7 @@ __all__ = (
     'called_in',
     'claim_resumption',
     'cut_view',
+    'expiry_message',
     'mark_checked',
     'rerun_call',
     'resolve_run',
@@ -144,6 +149,12 @@ class Resumption:
     ownership: Ownership = 'unchecked'
     from_start: bool = False
     """The history is the start point the run's lease kept: it was killed before its first settled step."""
+    waiting: tuple[DeferredCall, ...] = ()
+    """Deferred calls of a run that paused still waiting for an answer (`approve_call`, `deny_call`,
+    `answer_call`, `fail_call`), then resolve again."""
+    answered: tuple[Answer, ...] = ()
+    """The answers to the deferred calls of a run that paused, as handed to the resumed run (an
+    expired call's denial included)."""
 
     @property
     def asked(self) -> str:
@@ -152,8 +163,9 @@ class Resumption:
 
     @property
     def ready(self) -> bool:
-        """Whether the run can be resumed now: every call of the cut cycle is settled."""
-        return not self.pending and not self.finished
+        """Whether the run can be resumed now: every call of the cut cycle is settled, every deferred
+        call answered."""
+        return not self.pending and not self.waiting and not self.finished
 
     async def release(self) -> None:
         """Let go of the claim without resuming: the run is claimable again at once (by a fleet's
@@ -175,6 +187,12 @@ class Resumption:
             followed = f' (as the newest continuation of {self.asked!r})' if self.asked != self.run_id else ''
             raise RuntimeError(
                 f'run {self.run_id!r}{followed} already ended with a final response: there is nothing to resume'
+            )
+        if self.waiting:
+            calls = ', '.join(f'{c.tool_name} ({c.tool_call_id}, {c.kind})' for c in self.waiting)
+            raise RuntimeError(
+                f'run {self.run_id!r} waits for answers to deferred tool calls: {calls}. Answer each with '
+                'approve_call, deny_call, answer_call or fail_call (stepcore answer RUN CALL ...), then resume again'
             )
         if self.pending:
             calls = ', '.join(f'{e.tool_name} ({e.tool_call_id}) args={e.args!r}' for e in self.pending)
@@ -304,6 +322,8 @@ class CutView:
     stale: tuple[ToolEffectRecord, ...]
     response: ModelResponse | None
     """The model response of the cut cycle, when there is one."""
+    paused: Waiting | None = None
+    """The pause `base` comes from, when the chain's oldest run paused on deferred tool calls."""
 
     @property
     def finished(self) -> bool:
@@ -326,11 +346,21 @@ async def cut_view(store: StepStore, run_id: str) -> CutView:
         )
     ledgers = [await ledger_of(store, rid) for rid in chain.runs]  # newest first; the snapshot's run last
     base = list(chain.settled.messages)
-    in_base = called_in(base)
+    in_base = _answered_in(base, chain.paused)
     cycle, stale = _cut_cycle(ledgers, in_base)
+    if chain.paused is not None:  # the deferred calls are open in the paused history itself
+        return CutView(run_id, chain.runs, base, chain.from_start, ledgers, cycle, stale, None, chain.paused)
     saved = [await store.latest_snapshot(run_id=rid, include_interrupted=True) for rid in chain.runs]
     response = _response_of(saved, base, [entries[0] for entries in cycle.values()])
     return CutView(run_id, chain.runs, base, chain.from_start, ledgers, cycle, stale, response)
+
+
+def _answered_in(base: Sequence[ModelMessage], paused: Waiting | None) -> set[str]:
+    """The calls `base` holds the results of: every call it made, but for a paused history's open calls."""
+    made = called_in(base)
+    if paused is None:
+        return made
+    return made - {call.tool_call_id for call in unanswered_tool_calls(base)}
 
 
 # --- resolving ---------------------------------------------------------------------------------------
@@ -394,6 +424,9 @@ async def resolve_run(
                 await claim.restore()
             else:
                 await claim.release(state=LeaseState.ENDED, outcome='completed')
+        elif resumption.waiting:
+            calls = ', '.join(f'{c.tool_name} ({c.tool_call_id})' for c in resumption.waiting)
+            await claim.release(state=LeaseState.WAITING, note=f'waiting for answers: {calls}')
         else:
             calls = ', '.join(f'{e.tool_name} ({e.tool_call_id})' for e in resumption.pending)
             await claim.release(state=LeaseState.PENDING, note=f'settle by hand: {calls}')
@@ -445,11 +478,13 @@ async def _resolve(
     store: StepStore, view: CutView, agent: Agent[Any, Any] | None, policies: Mapping[str, RecoveryPolicy] | None
 ) -> Resumption:
     base = view.base
-    in_base = called_in(base)
+    in_base = _answered_in(base, view.paused)
     # Calls whose results the snapshot already holds, left `started` by a store without batched writes.
     answered = [e for e in view.ledgers[-1].by_id.values() if e.unresolved and e.tool_call_id in in_base]
     await record_settlements(store, [(e, 'snapshot', None) for e in answered])
 
+    if view.paused is not None:
+        return await _resolve_paused(store, view, view.paused, agent, policies)
     response = view.response
     if response is None:
         if view.finished:
@@ -501,6 +536,104 @@ async def _resolve(
         stale=view.stale,
         snapshot_run_id=view.chain[-1],
         from_start=view.from_start,
+    )
+
+
+EXPIRED_BY = 'stepcore (deadline)'
+"""Who an expired deferred call's denial is recorded as given by."""
+
+
+def expiry_message(call: DeferredCall) -> str:
+    """What the model is told of a deferred call nobody answered before its deadline."""
+    assert call.deadline is not None
+    return (
+        f'The request to run {call.tool_name} was not answered before its deadline '
+        f'({call.deadline:%Y-%m-%d %H:%M:%S} UTC) and expired: the call was not run.'
+    )
+
+
+async def answer_or_expiry(store: StepStore, paused: Waiting, call: DeferredCall) -> Answer | None:
+    """The answer to `call`; for a call past its deadline with none, its expiry, recorded once (an
+    answer given at the same moment may stand instead); `None` while it waits."""
+    answer = paused.answers.get(call.tool_call_id)
+    now = utcnow()
+    if answer is not None or not call.expired(now):
+        return answer
+    expiry = Answer(call.tool_call_id, 'expired', at=now, by=EXPIRED_BY, message=expiry_message(call))
+    return await record_answer(store, paused, call, expiry)
+
+
+def _hand_over_answer(results: DeferredToolResults, call: DeferredCall, answer: Answer) -> None:
+    """Put `answer` in `results` as pydantic-ai takes it."""
+    call_id = call.tool_call_id
+    if answer.decision == 'approved':
+        results.approvals[call_id] = ToolApproved(override_args=answer.override_args) if answer.override_args else True
+    elif answer.decision == 'denied':
+        results.approvals[call_id] = ToolDenied(answer.message) if answer.message else ToolDenied()
+    elif answer.decision == 'result':
+        results.calls[call_id] = answer.result
+    elif call.kind == 'approval':  # expired
+        results.approvals[call_id] = ToolDenied(answer.message or 'The tool call was denied.')
+    else:  # failed outside, or expired
+        results.calls[call_id] = ToolFailed(answer.message or 'The tool call failed.')
+
+
+async def _resolve_paused(
+    store: StepStore,
+    view: CutView,
+    paused: Waiting,
+    agent: Agent[Any, Any] | None,
+    policies: Mapping[str, RecoveryPolicy] | None,
+) -> Resumption:
+    """Resume a run that paused on deferred tool calls, or a resumption of it killed before it saved a
+    complete snapshot: the paused history, and for each deferred call its answer; an approved call
+    a resumption started is settled by its tool's policy like any cut-short call."""
+    lookup = policy_for(agent, policies)
+    results = DeferredToolResults()
+    settlements: list[Settlement] = []
+    newly: list[tuple[ToolEffectRecord, SettledBy, Any]] = []
+    pending: list[ToolEffectRecord] = []
+    waiting: list[DeferredCall] = []
+    answered: list[Answer] = []
+    resumptions = set(view.chain[:-1])
+    for open_call in unanswered_tool_calls(view.base):
+        call = paused.call(open_call.tool_call_id) or DeferredCall(
+            open_call.tool_call_id, open_call.tool_name, open_call.args, 'external'
+        )
+        answer = await answer_or_expiry(store, paused, call)
+        if answer is None:
+            waiting.append(call)
+            continue
+        answered.append(answer)
+        started = [e for e in view.cycle.get(call.tool_call_id, ()) if e.run_id in resumptions]
+        if answer.decision != 'approved' or not started:
+            _hand_over_answer(results, call, answer)
+            continue
+        entry = started[0]  # approved, and a resumption ran it: cut short like any call
+        how, result = await _settle(entry, view.recorded(call.tool_call_id), lookup(entry.tool_name))
+        if how is None:
+            pending.append(entry)
+            continue
+        if how == 'rerun':
+            _hand_over_answer(results, call, answer)
+        else:
+            results.calls[call.tool_call_id] = result
+        settlements.append(Settlement(entry.tool_call_id, entry.tool_name, entry.args, how, result))
+        own = next(led for led in view.ledgers if led.run_id == entry.run_id).recorded.get(entry.tool_call_id)
+        if own is None or own.how != how or how == 'reconciled':
+            newly.append((entry, how, result))
+        newly.extend((older, how, result) for older in started[1:] if older.unresolved)
+    await record_settlements(store, newly)
+    return Resumption(
+        run_id=view.run_id,
+        message_history=list(view.base),
+        deferred_tool_results=results if results.approvals or results.calls else None,
+        settled=tuple(settlements),
+        pending=tuple(pending),
+        stale=view.stale,
+        snapshot_run_id=view.chain[-1],
+        waiting=tuple(waiting),
+        answered=tuple(answered),
     )
 
 
@@ -596,6 +729,14 @@ async def _hand_entry(
                 f'{action} refused: {error}. Pass force=True (--force) to settle the call anyway'
             ) from None
         view = None
+    if view is not None and view.paused is not None and (deferred := view.paused.call(tool_call_id)) is not None:
+        ran = [e for e in view.cycle.get(tool_call_id, ()) if e.run_id != view.paused.run_id]
+        if not ran:
+            raise ValueError(
+                f'{action} refused: tool call {tool_call_id!r} ({deferred.tool_name}) of {where} is a deferred '
+                f'call that waits for an answer ({deferred.kind}), not a call a crash cut short: answer it with '
+                'approve_call, deny_call, answer_call or fail_call (stepcore answer)'
+            )
     if view is not None and tool_call_id in view.cycle:
         entry = view.cycle[tool_call_id][0]
         recorded = view.recorded(tool_call_id)

@@ -34,7 +34,7 @@ class Standing:
 
     run_id: str
     status: RunStatus
-    """From the run's newest event: `completed`, `failed` or `unfinished`."""
+    """From the run's newest event: `completed`, `failed`, `unfinished` or `waiting`."""
     lease: Lease | None = None
     resumed_by: tuple[str, ...] = ()
     """The runs that continue it, in order (the newest last)."""
@@ -114,7 +114,7 @@ async def runs_by_lease(
     if not has_leases(store):
         raise ValueError(
             f'status {status!r} needs the store to keep leases, and {type(store).__name__} keeps none: '
-            'filter by completed, failed or unfinished'
+            'filter by completed, failed, unfinished or waiting'
         )
     if status == 'orphaned':
         run_ids = [o.run_id for o in await list_orphans(store)]

@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final, Literal, TypeAlias
 
 from stepcore.store.models import EventKind, RunRecord, StepEvent
+from stepcore.store.waiting import waits
 
 __all__ = (
     'RUN_STATUSES',
@@ -46,8 +47,8 @@ __all__ = (
     'sort_time',
 )
 
-RunStatus: TypeAlias = Literal['completed', 'failed', 'unfinished']
-RUN_STATUSES: Final[tuple[RunStatus, ...]] = ('completed', 'failed', 'unfinished')
+RunStatus: TypeAlias = Literal['completed', 'failed', 'unfinished', 'waiting']
+RUN_STATUSES: Final[tuple[RunStatus, ...]] = ('completed', 'failed', 'unfinished', 'waiting')
 
 PruneProgress: TypeAlias = Callable[[int, int], None]
 """Called by `prune` with `(runs examined, runs to examine)`: once before the first, then after each."""
@@ -64,16 +65,21 @@ def sort_time(moment: datetime) -> datetime:
 
 
 def run_status(events: Sequence[StepEvent]) -> RunStatus:
-    """`completed`, `failed`, or `unfinished` (still running, or the process died) from a run's events.
+    """`completed`, `failed`, `unfinished` (still running, or the process died) or `waiting` (paused on
+    deferred tool calls) from a run's events.
 
     A run's last event is `run_completed` or `run_failed` once it has ended, so the newest event
     decides; a run that goes on after a failure (a durable replay of it) is unfinished again until
-    it ends. `events` may be the whole trail or only its newest event
-    (`list_events_page(run_id, newest=True, limit=1)`).
+    it ends. A run that ended with `DeferredToolRequests` is `waiting`: its `run_completed` event
+    says so, and so do the answers recorded after it (`stepcore.store.waiting`). `events` may be
+    the whole trail or only its newest event (`list_events_page(run_id, newest=True, limit=1)`).
     """
     if not events:
         return 'unfinished'
-    kind = events[-1].kind
+    newest = events[-1]
+    kind = newest.kind
+    if waits(newest):
+        return 'waiting'
     if kind is EventKind.RUN_COMPLETED:
         return 'completed'
     if kind is EventKind.RUN_FAILED:

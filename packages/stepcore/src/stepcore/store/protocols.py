@@ -280,7 +280,7 @@ class StepStore(ABC):
     ) -> list[RunRecord]:
         """Runs matching every given filter, oldest `started_at` first (ties by `run_id`).
 
-        `status` is `completed`, `failed` or `unfinished` (see `stepcore.store.lifecycle.run_status`);
+        `status` is `completed`, `failed`, `unfinished` or `waiting` (see `stepcore.store.lifecycle.run_status`);
         `started_after` / `started_before` bound `started_at`, both exclusive. `limit` answers at
         most that many; `cursor` (from `list_runs_page`) continues after the run it names;
         `newest_first=True` lists in the opposite order. A bad value raises `ValueError` naming it.

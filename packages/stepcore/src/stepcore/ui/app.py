@@ -31,7 +31,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stepcore.engine import DamagedRecordError
-from stepcore.store.models import SnapshotState, SnapshotSummary
+from stepcore.store.models import SnapshotState, SnapshotSummary, utcnow
 from stepcore.store.protocols import StepStore
 from stepcore.ui import queries
 from stepcore.ui.conversation import INLINE_MEDIA_TYPES, MessageView, message_views, part_binaries
@@ -345,6 +345,7 @@ def create_app(
             effects=queries.unresolved_first(effects)[ledger_page.start : ledger_page.end],
             ledger_page=ledger_page,
             lineage=family,
+            now=utcnow(),
         )
 
     async def timeline(request: Request) -> Response:

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import cast
 
 from stepcore.ownership.claims import has_leases
+from stepcore.recovery.answers import Waiting, read_waiting
 from stepcore.recovery.resolution import SUMMARY_MARK
 from stepcore.recovery.standing import LEASE_STATUSES, Standing, runs_by_lease, standing_of
 from stepcore.store.lifecycle import RunStatus, run_status
@@ -59,7 +60,7 @@ LINEAGE_LIMIT = 200
 """Most runs shown in one lineage tree; a larger family is cut with a note."""
 PAIRING_WINDOW = 200
 """Events read before and after a timeline page to pair the starts and ends that cross its edges."""
-STATUSES = ('completed', 'failed', 'unfinished', *LEASE_STATUSES)
+STATUSES = tuple(dict.fromkeys(('completed', 'failed', 'unfinished', 'waiting', *LEASE_STATUSES)))
 
 
 async def status_of(store: StepStore, run_id: str) -> str:
@@ -113,9 +114,13 @@ class RecoveryView:
     """How the run stands by its lease: running, orphaned, waiting, pending or resumed."""
     start_point: bool = False
     """The store kept the run's start point: without a settled snapshot it still resumes."""
+    waiting: Waiting | None = None
+    """The deferred tool calls the run paused on, with their answers (a run that paused)."""
 
     @property
     def interrupted(self) -> bool:
+        if self.waiting is not None:
+            return False  # a paused history holds open calls by design: they wait for answers
         if self.newest_snapshot is None:
             return False
         return self.settled_snapshot is None or self.newest_snapshot.seq != self.settled_snapshot.seq
@@ -138,6 +143,9 @@ async def recovery_view(
     settled = next((s for s in reversed(summaries) if s.state is SnapshotState.COMPLETE), None)
     standing = await standing_of(store, run_id)
     start = settled is None and has_leases(store) and await store.lease_start(run_id) is not None
+    waiting = await read_waiting(store, run_id=run_id) if standing.status == 'waiting' else None
+    deferred = {c.tool_call_id for c in waiting.calls} if waiting is not None else set[str]()
+    failed = [e for e in effects if e.tool_call_id not in deferred]  # a deferral is no failure
     return RecoveryView(
         run_id=run_id,
         run=run,
@@ -145,10 +153,11 @@ async def recovery_view(
         settled_snapshot=settled,
         unresolved_effects=[e for e in effects if e.unresolved],
         completed_tools=_tool_names(effects, ToolEffectStatus.COMPLETED),
-        failed_tools=_tool_names(effects, ToolEffectStatus.FAILED),
+        failed_tools=_tool_names(failed, ToolEffectStatus.FAILED),
         settled_on_recovery=tuple(e.tool_call_id for e in effects if _recovered(e)),
         standing=standing,
         start_point=start,
+        waiting=waiting,
     )
 
 
@@ -224,7 +233,7 @@ async def runs_page(store: StepStore, where: RunFilter, number: int, size: int =
     """One page of the runs matching `where`, newest first; the store applies every filter but the id prefix."""
     every = await store.list_runs()
     agents = sorted({r.agent_name for r in every if r.agent_name})
-    if where.status in LEASE_STATUSES:
+    if where.status in LEASE_STATUSES and (where.status != 'waiting' or has_leases(store)):
         found = await runs_by_lease(
             store,
             where.status,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from stepcore.recovery import RecoveryReport
+from stepcore.recovery.paused import Waiting
 from stepcore.ui.queries import RecoveryView
 
 __all__ = ('Snippet', 'display_url', 'recovery_snippets')
@@ -49,6 +50,9 @@ def recovery_snippets(
     """
     if report.newest_snapshot is None:
         return []
+    waiting = getattr(report, 'waiting', None)
+    if isinstance(waiting, Waiting) and waiting.resumed_by is None:
+        return [_answer_snippet(waiting, store_url, media_hint)]
     run_id = report.run_id
     interrupted = report.settled_snapshot is None
     flag = ', include_interrupted=True' if interrupted else ''
@@ -80,3 +84,24 @@ def recovery_snippets(
     if not interrupted and ownership not in ('resumed', 'running'):  # never offered for a resumed or live run
         snippets.insert(0, Snippet(title='Resume the run (settling what a crash cut short)', code=resume))
     return snippets
+
+
+def _answer_snippet(waiting: Waiting, store_url: str, media_hint: str | None) -> Snippet:
+    """Answer the deferred calls still waiting (approving those that need approval), then resume once."""
+    imports = ['open_store', 'resume_run']
+    lines: list[str] = []
+    for call in waiting.unanswered():
+        verb = 'approve_call' if call.kind == 'approval' else 'answer_call'
+        extra = '' if call.kind == 'approval' else ', result=...'
+        imports.append(verb)
+        lines.append(
+            f'    await {verb}(store, run_id={waiting.run_id!r}, tool_call_id={call.tool_call_id!r}{extra}, by=...)\n'
+        )
+    if media_hint:
+        imports.append('media_from_spec')
+    code = (
+        f'from stepcore import {", ".join(sorted(set(imports)))}\n\n{_open_line(store_url, media_hint)}\n'
+        f'{"".join(lines)}'
+        f'    result = await resume_run(store, run_id={waiting.run_id!r}, agent=agent)\n'
+    )
+    return Snippet(title='Answer its deferred calls and resume it once', code=code)
