@@ -37,7 +37,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic_ai import Agent
@@ -474,6 +474,41 @@ async def _release_quietly(claim: Claim | None) -> None:
         logger.warning('could not let go of the claim on run %r: %s: %s', claim.run_id, type(error).__name__, error)
 
 
+@dataclass
+class _Settling:
+    """The calls of a cut cycle as they are settled: what pydantic-ai gets, and what is recorded."""
+
+    view: CutView
+    results: DeferredToolResults = field(default_factory=DeferredToolResults)
+    settlements: list[Settlement] = field(default_factory=list[Settlement])
+    newly: list[tuple[ToolEffectRecord, SettledBy, Any]] = field(
+        default_factory=list[tuple[ToolEffectRecord, SettledBy, Any]]
+    )
+    """Settlements to record (those not recorded already)."""
+    pending: list[ToolEffectRecord] = field(default_factory=list[ToolEffectRecord])
+
+    async def cut_short(
+        self, same_call: Sequence[ToolEffectRecord], policy: RecoveryPolicy, *, rerun: bool | ToolApproved
+    ) -> None:
+        """Settle a call a crash cut short (its entries in the chain, newest first) by `policy`; a call
+        to run again is approved with `rerun`."""
+        entry = same_call[0]
+        how, result = await _settle(entry, self.view.recorded(entry.tool_call_id), policy)
+        if how is None:
+            self.pending.append(entry)
+            return
+        if how == 'rerun':
+            self.results.approvals[entry.tool_call_id] = rerun
+        else:
+            self.results.calls[entry.tool_call_id] = result
+        self.settlements.append(Settlement(entry.tool_call_id, entry.tool_name, entry.args, how, result))
+        own = next(led for led in self.view.ledgers if led.run_id == entry.run_id).recorded.get(entry.tool_call_id)
+        if own is None or own.how != how or how == 'reconciled':
+            self.newly.append((entry, how, result))
+        # What older runs of the chain left unresolved for the same call is settled with it.
+        self.newly.extend((older, how, result) for older in same_call[1:] if older.unresolved)
+
+
 async def _resolve(
     store: StepStore, view: CutView, agent: Agent[Any, Any] | None, policies: Mapping[str, RecoveryPolicy] | None
 ) -> Resumption:
@@ -500,39 +535,20 @@ async def _resolve(
         )
 
     lookup = policy_for(agent, policies)
-    results = DeferredToolResults()
-    settlements: list[Settlement] = []
-    newly: list[tuple[ToolEffectRecord, SettledBy, Any]] = []
-    pending: list[ToolEffectRecord] = []
+    settling = _Settling(view)
     for call in unanswered_tool_calls([response]):
         same_call = view.cycle.get(call.tool_call_id)
         if same_call is None:  # never started: nothing happened, it runs
-            results.approvals[call.tool_call_id] = True
+            settling.results.approvals[call.tool_call_id] = True
             continue
-        entry = same_call[0]
-        how, result = await _settle(entry, view.recorded(call.tool_call_id), lookup(entry.tool_name))
-        if how is None:
-            pending.append(entry)
-            continue
-        if how == 'rerun':
-            results.approvals[entry.tool_call_id] = True
-        else:
-            results.calls[entry.tool_call_id] = result
-        settlements.append(Settlement(entry.tool_call_id, entry.tool_name, entry.args, how, result))
-        own = next(led for led in view.ledgers if led.run_id == entry.run_id).recorded.get(entry.tool_call_id)
-        if own is None or own.how != how or how == 'reconciled':
-            newly.append((entry, how, result))
-        # What older runs of the chain left unresolved for the same call is settled with it.
-        for older in same_call[1:]:
-            if older.unresolved:
-                newly.append((older, how, result))
-    await record_settlements(store, newly)
+        await settling.cut_short(same_call, lookup(same_call[0].tool_name), rerun=True)
+    await record_settlements(store, settling.newly)
     return Resumption(
         run_id=view.run_id,
         message_history=[*base, response],
-        deferred_tool_results=results,
-        settled=tuple(settlements),
-        pending=tuple(pending),
+        deferred_tool_results=settling.results,
+        settled=tuple(settling.settlements),
+        pending=tuple(settling.pending),
         stale=view.stale,
         snapshot_run_id=view.chain[-1],
         from_start=view.from_start,
@@ -563,11 +579,16 @@ async def answer_or_expiry(store: StepStore, paused: Waiting, call: DeferredCall
     return await record_answer(store, paused, call, expiry)
 
 
+def _approval(answer: Answer) -> bool | ToolApproved:
+    """An approval as pydantic-ai takes it: with the arguments it gave, when it gave any."""
+    return ToolApproved(override_args=answer.override_args) if answer.override_args else True
+
+
 def _hand_over_answer(results: DeferredToolResults, call: DeferredCall, answer: Answer) -> None:
     """Put `answer` in `results` as pydantic-ai takes it."""
     call_id = call.tool_call_id
     if answer.decision == 'approved':
-        results.approvals[call_id] = ToolApproved(override_args=answer.override_args) if answer.override_args else True
+        results.approvals[call_id] = _approval(answer)
     elif answer.decision == 'denied':
         results.approvals[call_id] = ToolDenied(answer.message) if answer.message else ToolDenied()
     elif answer.decision == 'result':
@@ -589,10 +610,8 @@ async def _resolve_paused(
     complete snapshot: the paused history, and for each deferred call its answer; an approved call
     a resumption started is settled by its tool's policy like any cut-short call."""
     lookup = policy_for(agent, policies)
-    results = DeferredToolResults()
-    settlements: list[Settlement] = []
-    newly: list[tuple[ToolEffectRecord, SettledBy, Any]] = []
-    pending: list[ToolEffectRecord] = []
+    settling = _Settling(view)
+    results = settling.results
     waiting: list[DeferredCall] = []
     answered: list[Answer] = []
     resumptions = set(view.chain[:-1])
@@ -609,27 +628,15 @@ async def _resolve_paused(
         if answer.decision != 'approved' or not started:
             _hand_over_answer(results, call, answer)
             continue
-        entry = started[0]  # approved, and a resumption ran it: cut short like any call
-        how, result = await _settle(entry, view.recorded(call.tool_call_id), lookup(entry.tool_name))
-        if how is None:
-            pending.append(entry)
-            continue
-        if how == 'rerun':
-            _hand_over_answer(results, call, answer)
-        else:
-            results.calls[call.tool_call_id] = result
-        settlements.append(Settlement(entry.tool_call_id, entry.tool_name, entry.args, how, result))
-        own = next(led for led in view.ledgers if led.run_id == entry.run_id).recorded.get(entry.tool_call_id)
-        if own is None or own.how != how or how == 'reconciled':
-            newly.append((entry, how, result))
-        newly.extend((older, how, result) for older in started[1:] if older.unresolved)
-    await record_settlements(store, newly)
+        # approved, and a resumption ran it: cut short like any call, run again as approved
+        await settling.cut_short(started, lookup(started[0].tool_name), rerun=_approval(answer))
+    await record_settlements(store, settling.newly)
     return Resumption(
         run_id=view.run_id,
         message_history=list(view.base),
         deferred_tool_results=results if results.approvals or results.calls else None,
-        settled=tuple(settlements),
-        pending=tuple(pending),
+        settled=tuple(settling.settlements),
+        pending=tuple(settling.pending),
         stale=view.stale,
         snapshot_run_id=view.chain[-1],
         waiting=tuple(waiting),
