@@ -15,7 +15,7 @@ above 1 backends are interleaved and medians over rounds are given.
 `--encryption` runs every backend twice per round, interleaved: as it is (checksums on every
 record) and with `encryption=` (AES-GCM). A second table gives, per mode, the hook time per step
 at the last mark, the whole run's process CPU per step, and the CPU per step spent sealing and
-opening bodies (`stepcore.engine.seal`: checksums, or encryption), measured in the thread that
+opening bodies (`stepcore.engine._seal`: checksums, or encryption), measured in the thread that
 does it.
 """
 
@@ -49,7 +49,7 @@ RESULTS = Path(__file__).with_name('results-long-run.md')
 
 def _count_sealing() -> list[float]:
     """Wrap the engine's sealing so the CPU it takes (in the calling thread) adds up in the list."""
-    from stepcore.engine import seal
+    from stepcore.engine import _seal as seal
 
     spent = [0.0]
     for name in ('record', 'open_record', 'nodes', 'open_nodes'):

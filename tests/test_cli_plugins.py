@@ -11,11 +11,8 @@ import pluggy
 import pytest
 from typer.testing import CliRunner
 
-from stepcore import hookspecs
 from stepcore.cli import app
-from stepcore.plugins.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
-from stepcore.plugins.registry import Registry
-from stepcore.store.features import (
+from stepcore.common.features import (
     CHECKSUMS,
     ENCRYPTION,
     ENGINE_PORT,
@@ -24,6 +21,9 @@ from stepcore.store.features import (
     PERSISTENT,
     SNAPSHOT_RETENTION,
 )
+from stepcore.plugins import hookspecs
+from stepcore.plugins.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
+from stepcore.plugins.registry import Registry
 
 cli_app = importlib.import_module('stepcore.cli.app')  # the module; `stepcore.cli.app` is the Typer app
 
@@ -84,7 +84,7 @@ def _registry_with_a_missing_driver() -> Registry:
     def register_step_stores() -> list[BackendInfo]:
         return [
             BackendInfo(key='gone', factory='stepcore_missing_driver.store:GoneStore', summary='Needs a driver.'),
-            BackendInfo(key='here', factory='stepcore.store.memory:InMemoryStepStore', summary='Works.'),
+            BackendInfo(key='here', factory='stepcore.engine.memory:InMemoryStepStore', summary='Works.'),
         ]
 
     module = types.ModuleType('stepcore_gone_plugin')

@@ -9,7 +9,7 @@ import pytest
 import stepcore
 from stepcore.cli._loop import run_coroutine
 from stepcore.cli.stores import StoreError, open_store, parse_store_url
-from stepcore.store.memory import InMemoryStepStore
+from stepcore.engine.memory import InMemoryStepStore
 
 
 def test_sqlite_urls() -> None:

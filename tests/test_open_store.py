@@ -22,8 +22,8 @@ from pymongo import MongoClient
 import stepcore
 from stepcore import RunRecord, StepPersistence, StepStore, continue_run
 from stepcore.engine import EngineStore
+from stepcore.engine.memory import InMemoryStepStore
 from stepcore.plugins.registry import Registry, build_manager, get_registry
-from stepcore.store.memory import InMemoryStepStore
 
 
 @pytest.mark.parametrize(

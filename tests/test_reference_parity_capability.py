@@ -46,8 +46,8 @@ from stepcore import (
     inspect_recovery,
     is_provider_valid,
 )
+from stepcore.capability.settled import SettledTracker
 from stepcore.recovery import RecoveryInspection, RecoveryReport
-from stepcore.recovery.history import SettledTracker
 from stepcore.store.ids import derive_run_id, dotted_run_id
 from stepcore_conformance.capability import encoded, function_model, script, tool_call
 

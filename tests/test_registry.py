@@ -13,10 +13,7 @@ import pluggy
 import pytest
 
 import stepcore
-from stepcore import hookspecs
-from stepcore.plugins.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
-from stepcore.plugins.registry import Kind, Registry, build_manager, get_registry, load_factory, store_from_spec
-from stepcore.store.features import (
+from stepcore.common.features import (
     CHECKSUMS,
     ENCRYPTION,
     ENGINE_PORT,
@@ -25,7 +22,10 @@ from stepcore.store.features import (
     PERSISTENT,
     SNAPSHOT_RETENTION,
 )
-from stepcore.store.memory import InMemoryStepStore
+from stepcore.engine.memory import InMemoryStepStore
+from stepcore.plugins import hookspecs
+from stepcore.plugins.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
+from stepcore.plugins.registry import Kind, Registry, build_manager, get_registry, load_factory, store_from_spec
 
 
 def plugin_module(name: str, step: Sequence[BackendInfo] = (), media: Sequence[BackendInfo] = ()) -> types.ModuleType:
@@ -52,7 +52,7 @@ def manager_with(*plugins: tuple[str, types.ModuleType]) -> pluggy.PluginManager
     return manager
 
 
-def info(key: str, factory: str = 'stepcore.store.memory:InMemoryStepStore') -> BackendInfo:
+def info(key: str, factory: str = 'stepcore.engine.memory:InMemoryStepStore') -> BackendInfo:
     return BackendInfo(key=key, factory=factory, summary=f'{key} backend')
 
 
@@ -133,7 +133,7 @@ def test_load_factory_rejects_malformed_specs(spec: str) -> None:
 
 def test_load_factory_reports_a_missing_attribute() -> None:
     with pytest.raises(ImportError, match="has no attribute 'Nope'"):
-        load_factory('stepcore.store.memory:Nope')
+        load_factory('stepcore.engine.memory:Nope')
 
 
 def test_installed_distributions_are_found_through_entry_points() -> None:
@@ -274,7 +274,7 @@ def test_every_installed_step_backend_declares_its_features_on_the_class() -> No
 def test_backend_info_features_are_ignored_with_a_warning() -> None:
     with pytest.warns(DeprecationWarning, match='declare the features once, on the store class'):
         entry = BackendInfo(
-            key='old', factory='stepcore.store.memory:InMemoryStepStore', features=frozenset({PERSISTENT})
+            key='old', factory='stepcore.engine.memory:InMemoryStepStore', features=frozenset({PERSISTENT})
         )
     registry = Registry(manager_with(('old', plugin_module('old', step=[entry]))))
     assert registry.get('step', 'old').features() == InMemoryStepStore.features
@@ -283,12 +283,12 @@ def test_backend_info_features_are_ignored_with_a_warning() -> None:
 @pytest.mark.parametrize('scheme', ['sqlite://', 'SQLite', '1db', ''])
 def test_url_schemes_must_be_bare_lowercase_schemes(scheme: str) -> None:
     with pytest.raises(ValueError, match='is not a lowercase URL scheme'):
-        BackendInfo(key='x', factory='stepcore.store.memory:InMemoryStepStore', schemes=(scheme,))
+        BackendInfo(key='x', factory='stepcore.engine.memory:InMemoryStepStore', schemes=(scheme,))
 
 
 def test_a_scheme_claimed_by_two_backends_is_an_error_naming_both() -> None:
     def claiming(key: str) -> BackendInfo:
-        return BackendInfo(key=key, factory='stepcore.store.memory:InMemoryStepStore', schemes=('shared',))
+        return BackendInfo(key=key, factory='stepcore.engine.memory:InMemoryStepStore', schemes=('shared',))
 
     manager = manager_with(
         ('acme-store', plugin_module('acme', step=[claiming('acme')])),
@@ -307,7 +307,7 @@ def test_a_declared_scheme_reads_its_url_with_the_plugin_function() -> None:
 
     entry = BackendInfo(
         key='keep',
-        factory='stepcore.store.memory:InMemoryStepStore',
+        factory='stepcore.engine.memory:InMemoryStepStore',
         schemes=('keep', 'keep+n'),
         url_options=options_of,
     )

@@ -22,7 +22,7 @@ import pytest
 from memory_hook import damage_memory
 from stepcore import InMemoryStepStore, StepStore
 from stepcore.engine import DamagedRecordError
-from stepcore.store.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION, require_feature
+from stepcore.common.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION, require_feature
 from stepcore.store.retention import check_max_snapshots
 from stepcore_conformance import (
     BatchWritesConformance,

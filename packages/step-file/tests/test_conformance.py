@@ -17,7 +17,7 @@ from step_file.logs import json_object
 from step_file.nodes import node_id_of, parse_nodes
 from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent, StepStore, ToolEffectRecord, ToolEffectStatus
 from stepcore.engine import DamagedRecordError
-from stepcore.engine.seal import Sealer
+from stepcore.engine._seal import Sealer
 from stepcore_conformance import (
     ConcurrencyConformance,
     EffectsConformance,

@@ -46,9 +46,9 @@ from stepcore import (
     continue_run,
     is_provider_valid,
 )
+from stepcore.common.features import PERSISTENT
 from stepcore.media import MediaContext, media_uri
 from stepcore.media.blobs import DamagedMediaError
-from stepcore.store.features import PERSISTENT
 from stepcore_conformance import MediaDamage, MediaStoreConformance, StepStoreConformance
 
 MockClient: TypeAlias = 'AsyncMongoMockClient[Document]'

@@ -20,8 +20,8 @@ from stepcore import (
     ToolEffectStatus,
 )
 from stepcore.engine import KeyConflict
+from stepcore.engine._ops import PutSnapshot, SnapshotRow
 from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at
-from stepcore.engine.ops import PutSnapshot, SnapshotRow
 
 WRITE_ORDER = [
     'put_snapshot',

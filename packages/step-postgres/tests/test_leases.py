@@ -26,8 +26,8 @@ from step_postgres import PostgresStepStore
 from step_postgres.schema import Tables
 from step_postgres.store import PostgresPort
 from stepcore import ContinuableSnapshot, EventKind, RunRecord, StepEvent
-from stepcore.engine import ops
-from stepcore.engine.plans import Fenced
+from stepcore.engine import _ops as ops
+from stepcore.engine._plans import Fenced
 from stepcore.ownership import open_lease
 from stepcore.store.leases import Fence, LeaseState, RunFencedError, fencing
 

@@ -285,7 +285,7 @@ async def test_other_stores_on_a_harness_file_say_what_to_do(tmp_path: Path) -> 
 CRASH_CHILD = textwrap.dedent(
     """
     import asyncio, os, sys
-    import stepcore.engine.store as engine_store
+    import stepcore.engine._engine_store as engine_store
     import step_sqlite.harness as harness
     from step_sqlite import SqliteStepStore
 

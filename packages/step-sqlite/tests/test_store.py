@@ -35,7 +35,7 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.engine.seal import Sealer
+from stepcore.engine._seal import Sealer
 from stepcore.store.codec import encode_message, record_fields
 
 
@@ -116,7 +116,7 @@ async def test_each_message_is_written_once_so_storage_grows_linearly(tmp_path: 
         with sqlite3.connect(db) as raw:
             bodies = [unpack_body(r[0]) for r in raw.execute('SELECT body FROM message_nodes ORDER BY node_id')]
             stored_bytes = int(raw.execute('SELECT SUM(LENGTH(body)) FROM message_nodes').fetchone()[0])
-        # each message once, in order (with its checksum, see stepcore.engine.seal)
+        # each message once, in order (with its checksum, see stepcore.engine._seal)
         assert Sealer().open_nodes('r', bodies, None, sealed=False) == [encode_message(m) for m in messages]
         assert stored_bytes < sum(len(b) for b in bodies)  # the 2 KB tool returns are compressed
         assert _count(db, 'SELECT COUNT(*) FROM snapshots') == 60

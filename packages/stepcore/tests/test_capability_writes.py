@@ -26,9 +26,8 @@ from stepcore import (
     StepStore,
     ToolEffectRecord,
     ToolEffectStatus,
-    run_writer,
 )
-from stepcore.capability import DEFERRED_WRITE_DELAY
+from stepcore.capability import DEFERRED_WRITE_DELAY, run_writer
 from stepcore.store.protocols import StepWrite
 from stepcore.store.writes import apply_writes, check_writes
 from stepcore_conformance.capability import function_model

@@ -41,7 +41,7 @@ T = datetime(2026, 1, 1, 12, 30, 15, 123456, tzinfo=UTC)
 
 
 def test_dump_stamps_the_format_version() -> None:
-    # plain JSON (an export) is format 1; a store's sealed bodies are format 2 (stepcore.engine.seal)
+    # plain JSON (an export) is format 1; a store's sealed bodies are format 2 (stepcore.engine._seal)
     data = dump_record(RunRecord(run_id='r', started_at=T, metadata={'k': 'v'}))
     assert data[FORMAT_KEY] == PLAIN_FORMAT_VERSION == 1
     assert data['run_id'] == 'r'

@@ -17,7 +17,7 @@ from stepcore import (
     ToolEffectStatus,
 )
 from stepcore.engine import KeyConflict, ops
-from stepcore.store.memory import MemoryPort
+from stepcore.engine.memory import MemoryPort
 from stepcore.store.models import EventKind
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolReturnPart, UserPromptPart
 
-from stepcore.engine.history import REFRESH_WINDOW, TAIL_RECHECK, HistoryDelta, HistoryIndex, shares_prefix, walk_chain
+from stepcore.engine._history import REFRESH_WINDOW, TAIL_RECHECK, HistoryDelta, HistoryIndex, shares_prefix, walk_chain
 from stepcore.media.walker import MediaWalker
 from stepcore.store.codec import encode_message
 from stepcore_conformance import InMemoryMediaStore
@@ -157,7 +157,7 @@ def returned(value: object, text: str) -> ModelRequest:
 async def test_a_value_whose_equality_raises_falls_back_to_identity(index: HistoryIndex, monkeypatch: Any) -> None:
     # Comparing the saved prefix as lists calls `==` on objects that are not the same one; a value
     # refusing it must not fail the save: the prefix is then compared object by object.
-    monkeypatch.setattr('stepcore.engine.history.encode_message', lambda m: b'{"m":%d}' % id(m))
+    monkeypatch.setattr('stepcore.engine._history.encode_message', lambda m: b'{"m":%d}' % id(m))
     table = NodeTable()
     first = [req('q'), returned(Refuses(), 'a'), res('r'), req('s')]
     delta = await index.delta('r', first)

@@ -13,6 +13,7 @@ from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, User
 import stepcore
 from stepcore import ContinuableSnapshot, InMemoryStepStore, RunRecord
 from stepcore.engine import EngineStore
+from stepcore.engine.memory import MemoryPort
 from stepcore.media import (
     AUTO,
     EMPTY_CONTEXT,
@@ -22,7 +23,6 @@ from stepcore.media import (
     media_uri,
     resolve_media_store,
 )
-from stepcore.store.memory import MemoryPort
 from stepcore_conformance import InMemoryMediaStore
 
 T = datetime(2026, 1, 1, tzinfo=UTC)

@@ -9,7 +9,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 
 import stepcore
 from stepcore import ContinuableSnapshot, InMemoryStepStore, RunRecord, StepStore
-from stepcore.store.features import (
+from stepcore.common.features import (
     CHECKSUMS,
     ENCRYPTION,
     ENGINE_PORT,

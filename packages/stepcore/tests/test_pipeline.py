@@ -12,9 +12,9 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepcore import StepPersistence, ToolEffectStatus
+from stepcore.common.features import SNAPSHOT_RETENTION
 from stepcore.engine import Ask, EngineStore, NodeIdBlocks, PipelinedPort, ops
-from stepcore.store.features import SNAPSHOT_RETENTION
-from stepcore.store.memory import MemoryPort
+from stepcore.engine.memory import MemoryPort
 
 
 class _PipelinedMemoryPort(PipelinedPort):

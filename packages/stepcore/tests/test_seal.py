@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from stepcore import EventKind, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
-from stepcore.engine.encryption import Encryption
-from stepcore.engine.seal import Sealer
+from stepcore.common.encryption import Encryption
+from stepcore.engine._seal import Sealer
 from stepcore.store.codec import dump_record_compact, record_fields
 
 _WHEN = datetime(2026, 12, 3, 21, 0, 0, 123456, tzinfo=UTC)

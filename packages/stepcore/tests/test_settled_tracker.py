@@ -13,7 +13,7 @@ from pydantic_ai.messages import (
 )
 
 from stepcore import is_provider_valid
-from stepcore.recovery.history import SettledTracker
+from stepcore.capability.settled import SettledTracker
 
 
 def _call(*ids: str) -> ModelResponse:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from stepcore.engine.worker import WorkerThread, WouldBlock, running_inline
+from stepcore.engine._worker import WorkerThread, WouldBlock, running_inline
 
 
 def _pause() -> None:

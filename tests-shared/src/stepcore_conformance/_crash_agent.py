@@ -17,8 +17,8 @@ from pydantic_ai.messages import ModelResponse, TextPart
 
 import stepcore
 from stepcore import InMemoryStepStore, StepPersistence
+from stepcore.common.features import ENGINE_PORT
 from stepcore.engine.faults import inject_faults
-from stepcore.store.features import ENGINE_PORT
 
 from ._declared import declared
 from .capability import function_model, script, tool_call

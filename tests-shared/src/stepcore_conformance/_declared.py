@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from stepcore.store.features import PERSISTENT
+from stepcore.common.features import PERSISTENT
 
 __all__ = (
     'FEATURE_ATTRIBUTE',
@@ -114,7 +114,7 @@ def refusal_verdict(error: NotImplementedError, features: tuple[str, ...], what:
     if cls is None:
         pytest.fail(
             f'the store fixture raised NotImplementedError for the options of {what} {wanted} before building a '
-            f'store ({error}); refuse them from the store constructor (stepcore.store.features.require_feature) so the '
+            f'store ({error}); refuse them from the store constructor (stepcore.backend.require_feature) so the '
             'kit can see what the store declares'
         )
     missing = [f for f in features if f not in declared_by(cls)]

@@ -39,7 +39,7 @@ from stepcore import (
     read_waiting,
     resume_run,
 )
-from stepcore.store.features import LEASES
+from stepcore.common.features import LEASES
 from stepcore.store.leases import LeaseState
 
 from ._support import StoreFixtures, needs_feature, other_store

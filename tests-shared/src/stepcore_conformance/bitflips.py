@@ -5,7 +5,7 @@ in its files, flips one bit in a copy, opens the copy and reads everything throu
 (`read_everything`). `judge` compares what came back with the undamaged reading: every answer must
 be equal to the original, or be missing with a warning logged, or be an error. An answer that
 differs, or an item left out without a warning, is *silent* damage, which the checksums of
-`stepcore.engine.seal` exist to prevent.
+`stepcore.engine._seal` exist to prevent.
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ from stepcore import (
     inspect_recovery,
     is_provider_valid,
 )
+from stepcore.common.features import PERSISTENT
 from stepcore.store.codec import encode_message
-from stepcore.store.features import PERSISTENT
 
 from ._support import StoreFixtures, needs_feature, new_id
 from .support import ONE_TOOL_CALL_RUN_EVENTS, kill_when_ready

@@ -38,9 +38,9 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
+from stepcore.common.features import ENGINE_PORT, PERSISTENT
 from stepcore.engine import EngineStore
 from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at
-from stepcore.store.features import ENGINE_PORT, PERSISTENT
 from stepcore.store.protocols import StepWrite
 
 from ._crash_agent import FINAL_ANSWER, TOOL_CALLS

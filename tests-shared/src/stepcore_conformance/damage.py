@@ -1,6 +1,6 @@
 """Damaged records: what cannot be read is reported, never hidden, and costs only what needs it.
 
-The policy (`stepcore.engine.damage`): reading a damaged record on its own raises
+The policy (`stepcore.common.damage`): reading a damaged record on its own raises
 `DamagedRecordError` (a `ValueError`) naming the run and the record and saying whether it is
 `unreadable` (its bytes cannot be had) or `unparsable` (they do not decode: the kit's damage); the
 listings `list_runs`, `list_events` and `list_snapshots` skip it with one WARNING on the logger

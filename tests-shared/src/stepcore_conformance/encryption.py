@@ -23,12 +23,12 @@ from stepcore import (
     ToolEffectStatus,
     from_spec,
 )
+from stepcore.common.encryption import Encryption, generate_key
+from stepcore.common.features import CHECKSUMS, ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION
 from stepcore.engine import DamagedRecordError, EngineStore
-from stepcore.engine.encryption import Encryption, generate_key
-from stepcore.engine.seal import Sealer
-from stepcore.engine.store import EFFECT_FIELDS_IN_ROW, EVENT_FIELDS_IN_ROW
+from stepcore.engine._engine_store import EFFECT_FIELDS_IN_ROW, EVENT_FIELDS_IN_ROW
+from stepcore.engine._seal import Sealer
 from stepcore.store.codec import dump_record_compact
-from stepcore.store.features import CHECKSUMS, ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION
 
 from ._declared import declared
 from ._support import Damage, StoreFixtures, at, event, needs_feature, options, register, snapshot

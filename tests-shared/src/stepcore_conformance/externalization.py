@@ -29,8 +29,8 @@ from pydantic_ai.messages import (
 )
 
 from stepcore import StepStore
+from stepcore.common.features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
 from stepcore.media import MediaStore, media_uri
-from stepcore.store.features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
 
 from ._declared import declared, feature_test, refusal_verdict
 from ._support import (

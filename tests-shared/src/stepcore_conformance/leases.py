@@ -39,10 +39,10 @@ from stepcore import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
+from stepcore.common.features import LEASES, PERSISTENT
 from stepcore.ownership import claim_run, list_orphans, open_lease, owner_gone
 from stepcore.ownership.claims import lease_template
 from stepcore.ownership.identity import new_owner
-from stepcore.store.features import LEASES, PERSISTENT
 from stepcore.store.leases import (
     Fence,
     LeaseState,

@@ -26,9 +26,9 @@ from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, Mode
 from pydantic_ai.models.function import AgentInfo
 
 from stepcore import ContinuableSnapshot, InMemoryStepStore, RunRecord, SnapshotState, StepPersistence, StepStore
+from stepcore.common.features import MEDIA_COLLECTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
 from stepcore.maintenance.gc import GcReport, collect_garbage
 from stepcore.media import CollectableMediaStore, MediaStore, media_uri
-from stepcore.store.features import MEDIA_COLLECTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
 from stepcore.store.models import utcnow
 
 from ._declared import feature_test, require_feature_declared

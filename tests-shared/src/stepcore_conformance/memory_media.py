@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import ClassVar
 
+from stepcore.common.features import MEDIA_COLLECTION
 from stepcore.media import PublicUrlResolver, uri_of_digest
 from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros
-from stepcore.store.features import MEDIA_COLLECTION
 
 __all__ = ('InMemoryMediaStore',)
 

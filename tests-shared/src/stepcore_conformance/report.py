@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import pytest
 
-from stepcore.store.features import (
+from stepcore.common.features import (
     ALL_FEATURES,
     MEDIA_COLLECTION,
     MEDIA_EXTERNALIZATION,

@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stepcore import BackendInfo, hookimpl
-from stepcore.urls import local_path, query_options
+from stepcore.backend import (
+    BackendInfo,
+    backend_hooks,
+    local_path,
+    query_options,
+)
 
 
 def template_url_options(url: str) -> dict[str, Any]:
@@ -15,14 +19,12 @@ def template_url_options(url: str) -> dict[str, Any]:
     return {'directory': directory, **query_options(url)}
 
 
-@hookimpl
-def register_step_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='template',
-            factory='stepcore_template_backend.store:TemplateStepStore',
-            schemes=('template',),
-            url_options=template_url_options,
-            summary='One JSON file per record in a folder (a template for backend authors).',
-        )
-    ]
+register_step_stores, register_media_stores = backend_hooks(
+    step=BackendInfo(
+        key='template',
+        factory='stepcore_template_backend.store:TemplateStepStore',
+        schemes=('template',),
+        url_options=template_url_options,
+        summary='One JSON file per record in a folder (a template for backend authors).',
+    ),
+)

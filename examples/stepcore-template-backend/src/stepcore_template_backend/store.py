@@ -3,7 +3,7 @@
 The engine (`stepcore.engine.EngineStore`) does everything a step store must get right: encoding
 records, idempotency, incremental snapshots, retention, media, encryption, checksums, the write
 order that keeps the crash rule, and damage handling. This module only does I/O: `TemplatePort`
-answers each operation of `stepcore.engine.ops` with files under one directory.
+answers each operation of `stepcore.backend.ops` with files under one directory.
 
     <directory>/
         lock                          locked (flock) by every write (exclusive) and read (shared)
@@ -70,7 +70,6 @@ from stepcore.backend import (
     WorkerThread,
     make_dir,
     ops,
-    resolve_media_store,
     validate_path_safe_run_id,
     write_atomic,
 )
@@ -527,10 +526,9 @@ class TemplateStepStore(EngineStore):
         super().__init__(
             TemplatePort(self.directory),
             max_snapshots_per_run=max_snapshots_per_run,
-            # 'auto' is this store's own default media store; None and a media store pass through
-            media_store=resolve_media_store(
-                media_store, default=lambda: DiskMediaStore(self.directory / 'media'), owner=type(self).__name__
-            ),
+            media_store=media_store,
+            # made only for 'auto'; None and a media store pass through
+            default_media_store=lambda: DiskMediaStore(self.directory / 'media'),
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

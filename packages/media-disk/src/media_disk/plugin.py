@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from stepcore.plugins.hookspecs import BackendInfo, hookimpl
+from stepcore.backend import (
+    BackendInfo,
+    backend_hooks,
+)
 
-
-@hookimpl
-def register_media_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='disk',
-            factory='media_disk.store:DiskMediaStore',
-            summary='One file per blob in a local directory.',
-        )
-    ]
+register_step_stores, register_media_stores = backend_hooks(
+    media=BackendInfo(
+        key='disk',
+        factory='media_disk.store:DiskMediaStore',
+        summary='One file per blob in a local directory.',
+    ),
+)

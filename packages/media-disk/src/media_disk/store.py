@@ -15,10 +15,24 @@ from typing import Any, ClassVar, cast
 
 import anyio.to_thread
 
-from stepcore.engine.fileio import make_dir, write_atomic
-from stepcore.media import EMPTY_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, default_key
-from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, digest_in_name, strategy_key
-from stepcore.store.features import MEDIA_COLLECTION, PERSISTENT
+from stepcore.backend import (
+    EMPTY_CONTEXT,
+    MEDIA_COLLECTION,
+    PERSISTENT,
+    BlobHead,
+    BlobMeta,
+    BlobRef,
+    KeyStrategy,
+    ListedBlob,
+    MediaContext,
+    MediaEngine,
+    PublicUrlResolver,
+    default_key,
+    digest_in_name,
+    make_dir,
+    strategy_key,
+    write_atomic,
+)
 
 __all__ = ('SIDECAR_SUFFIX', 'DiskMediaStore')
 

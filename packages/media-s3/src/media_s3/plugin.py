@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from stepcore.plugins.hookspecs import BackendInfo, hookimpl
+from stepcore.backend import (
+    BackendInfo,
+    backend_hooks,
+)
 
-
-@hookimpl
-def register_media_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='s3',
-            factory='media_s3.store:S3MediaStore',
-            summary='Objects in an S3-compatible bucket (AWS S3, R2, MinIO).',
-        )
-    ]
+register_step_stores, register_media_stores = backend_hooks(
+    media=BackendInfo(
+        key='s3',
+        factory='media_s3.store:S3MediaStore',
+        summary='Objects in an S3-compatible bucket (AWS S3, R2, MinIO).',
+    ),
+)

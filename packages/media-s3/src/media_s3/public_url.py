@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import quote, urlsplit
 
-from stepcore.media import EMPTY_CONTEXT, KeyStrategy, MediaContext, default_key
+from stepcore.backend import (
+    EMPTY_CONTEXT,
+    KeyStrategy,
+    MediaContext,
+    default_key,
+)
 
 __all__ = ('make_static_public_url',)
 

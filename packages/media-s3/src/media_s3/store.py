@@ -37,9 +37,22 @@ from botocore.exceptions import (
 from media_s3.client import S3Client
 from media_s3.errors import S3AccessDeniedError, S3BucketNotFoundError, S3EndpointUnreachableError, S3MediaError
 from media_s3.metadata import decode_metadata, encode_metadata
-from stepcore.media import EMPTY_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, default_key
-from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, digest_in_name, strategy_key
-from stepcore.store.features import MEDIA_COLLECTION, PERSISTENT
+from stepcore.backend import (
+    EMPTY_CONTEXT,
+    MEDIA_COLLECTION,
+    PERSISTENT,
+    BlobHead,
+    BlobMeta,
+    BlobRef,
+    KeyStrategy,
+    ListedBlob,
+    MediaContext,
+    MediaEngine,
+    PublicUrlResolver,
+    default_key,
+    digest_in_name,
+    strategy_key,
+)
 
 __all__ = ('DEFAULT_MULTIPART_THRESHOLD_BYTES', 'DEFAULT_PART_BYTES', 'S3MediaStore')
 

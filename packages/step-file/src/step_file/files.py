@@ -3,7 +3,7 @@
 Every log of a run folder (events, ledger, snapshot keys, message nodes) is a `Log`: a file that
 only grows by complete lines, and a *fold* of its lines (whatever this process keeps of it: the
 next seq, the keys seen, ...), which a catch-up feeds with the lines appended since the last one.
-Atomic writes and folder creation come from `stepcore.engine.fileio` (shared with `media-disk`).
+Atomic writes and folder creation come from `stepcore.backend` (shared with `media-disk`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
-from stepcore.engine.fileio import create_file, fsync_dir, write_all
-from stepcore.engine.worker import WouldBlock, running_inline
+from stepcore.backend import (
+    WouldBlock,
+    create_file,
+    fsync_dir,
+    running_inline,
+    write_all,
+)
 
 __all__ = ('Fold', 'Log', 'run_lock')
 

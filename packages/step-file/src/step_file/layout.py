@@ -2,7 +2,7 @@
 `snapshots/<seq>.json`), and how a record's body becomes a line or a file.
 
 A file that cannot be read is handed to the engine as a body that raises when read, saying why
-(`Unreadable` when the file itself cannot be read, `Unparsable` when its content cannot be taken
+(`ops.Unreadable` when the file itself cannot be read, `Unparsable` when its content cannot be taken
 apart), so the engine's damage policy applies to it like to any damaged record.
 """
 
@@ -17,9 +17,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from stepcore.engine.ops import Body, RunRow, Unreadable
-from stepcore.store.codec import FORMAT_KEY, check_format_version
-from stepcore.store.models import RECORD_FORMAT_VERSION, SnapshotState
+from stepcore.backend import (
+    FORMAT_KEY,
+    RECORD_FORMAT_VERSION,
+    SnapshotState,
+    check_format_version,
+    ops,
+)
 
 from .logs import EPOCH, json_object
 
@@ -70,7 +74,7 @@ class Uncommitted(Exception):
     """A snapshot whose file or messages never reached the disk (an interrupted write)."""
 
 
-def with_field(body: Body, key: str, value: int | str) -> bytes:
+def with_field(body: ops.Body, key: str, value: int | str) -> bytes:
     """`body` (a JSON object) with `key` set, as one compact line's bytes (no newline).
 
     The field goes right after the format stamp that leads the engine's encoding, where the
@@ -88,13 +92,13 @@ def with_field(body: Body, key: str, value: int | str) -> bytes:
     return b'{' + field_text[1:] + (b'' if rest.startswith(b'}') else b',') + rest
 
 
-def as_bytes(body: Body) -> bytes:
+def as_bytes(body: ops.Body) -> bytes:
     if isinstance(body, Mapping):
         return json.dumps(dict(body), separators=(',', ':'), ensure_ascii=False).encode()
     return body.encode() if isinstance(body, str) else body
 
 
-def snapshot_document(head: int | None, length: int, header: Body, seq: int) -> bytes:
+def snapshot_document(head: int | None, length: int, header: ops.Body, seq: int) -> bytes:
     """A snapshot file: the format stamp, the newest message node, the number of messages, and the
     snapshot's header (its fields but the messages) with its seq."""
     return b'{"%s":%d,"head":%s,"length":%d,"snapshot":%s}' % (
@@ -151,7 +155,7 @@ def _started(value: object) -> datetime:
     return EPOCH
 
 
-def read_run(run_id: str, path: Path) -> RunRow | None:
+def read_run(run_id: str, path: Path) -> ops.RunRow | None:
     """The run's row from its `run.json`; a file that cannot be read is handed over as it is."""
     try:
         raw = path.read_bytes()
@@ -159,12 +163,12 @@ def read_run(run_id: str, path: Path) -> RunRow | None:
         return None
     except OSError as exc:
         reason = f'run record {str(path)!r} is unreadable ({type(exc).__name__}: {exc.strerror})'
-        return RunRow(run_id, EPOCH, None, None, Unreadable(reason))
+        return ops.RunRow(run_id, EPOCH, None, None, ops.Unreadable(reason))
     data = json_object(raw)
     if data is None:
-        return RunRow(run_id, EPOCH, None, None, raw)
+        return ops.RunRow(run_id, EPOCH, None, None, raw)
     conversation, parent = data.get('conversation_id'), data.get('parent_run_id')
-    return RunRow(
+    return ops.RunRow(
         run_id=run_id,
         started_at=_started(data.get('started_at')),
         conversation_id=conversation if isinstance(conversation, str) else None,

@@ -25,12 +25,17 @@ import re
 from pathlib import Path
 from typing import Any, cast
 
-from stepcore.engine.fileio import create_file, fsync_dir, make_dir
-from stepcore.engine.ops import LeaseRow
-from stepcore.store.codec import FORMAT_KEY, check_format_version
-from stepcore.store.ids import validate_path_safe_run_id
-from stepcore.store.leases import LeaseState
-from stepcore.store.models import RECORD_FORMAT_VERSION
+from stepcore.backend import (
+    FORMAT_KEY,
+    RECORD_FORMAT_VERSION,
+    LeaseState,
+    check_format_version,
+    create_file,
+    fsync_dir,
+    make_dir,
+    ops,
+    validate_path_safe_run_id,
+)
 
 __all__ = ('LeaseIndex', 'lease_document', 'read_lease')
 
@@ -41,7 +46,7 @@ _STATE_NAME = re.compile(r'[a-z_]{1,64}')
 """What a state must look like to name a folder of the index (every `LeaseState` value does)."""
 
 
-def lease_document(row: LeaseRow) -> bytes:
+def lease_document(row: ops.LeaseRow) -> bytes:
     """The content of a run's `lease.json` for `row`."""
     body = row.body.decode() if isinstance(row.body, bytes) else row.body
     document = {
@@ -72,7 +77,7 @@ def _read_file(path: Path) -> bytes:
         os.close(fd)
 
 
-def read_lease(run_id: str, path: Path) -> LeaseRow | None:
+def read_lease(run_id: str, path: Path) -> ops.LeaseRow | None:
     """The lease in `path` (`None` when there is no such file).
 
     An `OSError` when the file cannot be read, a `ValueError` saying what is wrong when its content
@@ -102,7 +107,7 @@ def read_lease(run_id: str, path: Path) -> LeaseRow | None:
         raise ValueError(f'lease file {str(path)!r} lacks a valid epoch, state, host, expires or body')
     if content.get('run_id') != run_id:
         raise ValueError(f'lease file {str(path)!r} holds the lease of run {content.get("run_id")!r}')
-    return LeaseRow(run_id, cast(int, epoch), state, host, float(cast(float, expires)), body)
+    return ops.LeaseRow(run_id, cast(int, epoch), state, host, float(cast(float, expires)), body)
 
 
 class LeaseIndex:

@@ -16,8 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, cast
 
-from stepcore.engine.ops import EffectRow
-from stepcore.store.models import SnapshotState, ToolEffectStatus
+from stepcore.backend import (
+    SnapshotState,
+    ToolEffectStatus,
+    ops,
+)
 
 __all__ = ('EPOCH', 'EventsSeen', 'KeysSeen', 'LedgerSeen', 'json_object')
 
@@ -79,18 +82,18 @@ class LedgerSeen:
 
     run_id: str
     path: Path
-    entries: dict[str, EffectRow] = field(default_factory=dict[str, EffectRow])
+    entries: dict[str, ops.EffectRow] = field(default_factory=dict[str, ops.EffectRow])
 
     def add(self, number: int, line: bytes) -> None:
         data = json_object(line)
         tool_call_id = data.get('tool_call_id') if data is not None else None
         status = data.get('status', ToolEffectStatus.STARTED.value) if data is not None else None
         if data is not None and isinstance(tool_call_id, str) and status in _STATUSES:
-            row = EffectRow(self.run_id, tool_call_id, cast(str, status), _time(data.get('started_at')), line)
+            row = ops.EffectRow(self.run_id, tool_call_id, cast(str, status), _time(data.get('started_at')), line)
         else:
             if not isinstance(tool_call_id, str):
                 tool_call_id = _damaged_call_id(line) or f'(unreadable line {number} of {self.path.name})'
-            row = EffectRow(self.run_id, tool_call_id, '', EPOCH, line)
+            row = ops.EffectRow(self.run_id, tool_call_id, '', EPOCH, line)
         self.entries[row.tool_call_id] = row
 
 

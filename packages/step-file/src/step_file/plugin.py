@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stepcore.plugins.hookspecs import BackendInfo, hookimpl
-from stepcore.plugins.urls import local_path, query_options
+from stepcore.backend import (
+    BackendInfo,
+    backend_hooks,
+    local_path,
+    query_options,
+)
 
 
 def file_url_options(url: str) -> dict[str, Any]:
@@ -21,16 +25,14 @@ def check_folder(path: Path) -> None:
         raise ValueError(f'{str(path)!r} is a file, not a folder of runs: for a SQLite database use sqlite://')
 
 
-@hookimpl
-def register_step_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='file',
-            factory='step_file.store:FileStepStore',
-            schemes=('file',),
-            url_options=file_url_options,
-            default_location={'directory': '.step-persistence'},
-            check_location='step_file.plugin:check_folder',
-            summary='One folder per run on the local file system.',
-        )
-    ]
+register_step_stores, register_media_stores = backend_hooks(
+    step=BackendInfo(
+        key='file',
+        factory='step_file.store:FileStepStore',
+        schemes=('file',),
+        url_options=file_url_options,
+        default_location={'directory': '.step-persistence'},
+        check_location='step_file.plugin:check_folder',
+        summary='One folder per run on the local file system.',
+    ),
+)

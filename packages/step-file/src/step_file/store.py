@@ -23,25 +23,35 @@ from pathlib import Path
 from typing import ClassVar, Literal, cast
 
 from media_disk import DiskMediaStore
-from stepcore.engine import KeyConflict, SyncPort, ops
-from stepcore.engine.damage import DamagedRecordError, decoded, skip_damaged
-from stepcore.engine.encryption import Encryption
-from stepcore.engine.fileio import TEMP_NAME, fsync_dir, make_dir, write_atomic, write_temp
-from stepcore.engine.plans import Fenced
-from stepcore.engine.store import EngineStore
-from stepcore.engine.worker import WorkerThread, WouldBlock, running_inline
-from stepcore.media import MediaStoreOption, resolve_media_store
-from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
-from stepcore.store.features import (
+from stepcore.backend import (
     CHECKSUMS,
+    DEFAULT_MEDIA_THRESHOLD_BYTES,
     ENCRYPTION,
     LEASES,
     MEDIA_EXTERNALIZATION,
     PERSISTENT,
     SNAPSHOT_RETENTION,
+    TEMP_NAME,
+    DamagedRecordError,
+    Encryption,
+    EngineStore,
+    Fenced,
+    KeyConflict,
+    MediaStoreOption,
+    SnapshotState,
+    SyncPort,
+    WorkerThread,
+    WouldBlock,
+    decoded,
+    fsync_dir,
+    make_dir,
+    ops,
+    running_inline,
+    skip_damaged,
+    validate_path_safe_run_id,
+    write_atomic,
+    write_temp,
 )
-from stepcore.store.ids import validate_path_safe_run_id
-from stepcore.store.models import SnapshotState
 
 from .files import Log, run_lock
 from .layout import (
@@ -612,7 +622,7 @@ class FileStepStore(EngineStore):
       whose lease is in each live state (see `leases.py`).
 
     Saving a step appends only the messages that are new since the previous save (see
-    `stepcore.engine.history`), so bytes grow linearly with the run. Payloads of `media_threshold_bytes` or
+    `stepcore.engine`), so bytes grow linearly with the run. Payloads of `media_threshold_bytes` or
     more (`BinaryContent` data and strings) go to `media_store`: with `'auto'` (the default) a
     `DiskMediaStore` in `<directory>/media`; pass `media_store=None` to keep them inline, or a
     media store of your own.
@@ -648,14 +658,12 @@ class FileStepStore(EngineStore):
             raise ValueError(f'durability={durability!r} is not a durability level: use one of {_DURABILITY}')
         self.durability: Durability = durability
         self.directory = Path(directory)
-        media = resolve_media_store(
-            media_store, default=lambda: DiskMediaStore(self.directory / MEDIA_DIR), owner=type(self).__name__
-        )
         self.media_threshold_bytes = media_threshold_bytes
         super().__init__(
             FilePort(self.directory, full=durability == 'full'),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=media,
+            media_store=media_store,
+            default_media_store=lambda: DiskMediaStore(self.directory / MEDIA_DIR),
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

@@ -30,7 +30,7 @@ from typing import Any, Final, cast
 
 from bson.binary import Binary
 
-from stepcore.engine.ops import Body, EffectRow, EventRow, LeaseRow, Node, RunRow, SnapshotRow, Unparsable
+from stepcore.backend import ops
 
 from .client import Document
 
@@ -96,11 +96,11 @@ def _time(doc: Mapping[str, Any], name: str) -> datetime:
     return value if isinstance(value, datetime) else _EPOCH
 
 
-def _text(body: Body) -> str:
+def _text(body: ops.Body) -> str:
     return body.decode() if isinstance(body, bytes) else cast(str, body)
 
 
-def _body(doc: Document, legacy: Iterable[str] = ()) -> Body:
+def _body(doc: Document, legacy: Iterable[str] = ()) -> ops.Body:
     """The record body of a document: its `body` field as stored, else its fields converted the way
     documents written before bodies were read (`legacy`: its time fields).
 
@@ -108,7 +108,7 @@ def _body(doc: Document, legacy: Iterable[str] = ()) -> Body:
     over as it is, it could validate with a field quietly lost (tool arguments, say).
     """
     if 'body' in doc:
-        return cast(Body, doc['body'])
+        return cast(ops.Body, doc['body'])
     data = {k: v for k, v in doc.items() if k != '_id'}
     try:
         for name in legacy:
@@ -116,7 +116,7 @@ def _body(doc: Document, legacy: Iterable[str] = ()) -> Body:
         if 'args_json' in data:
             data['args'] = json.loads(cast(str, data.pop('args_json')))
     except _CONVERSION_ERRORS as error:
-        return Unparsable(
+        return ops.Unparsable(
             f'its document (written before record bodies) does not convert: {type(error).__name__}: {error}'
         )
     return data
@@ -130,7 +130,7 @@ def _optional(doc: Document, name: str) -> Any:
 # -- runs -------------------------------------------------------------------------------------
 
 
-def run_document(row: RunRow) -> Document:
+def run_document(row: ops.RunRow) -> Document:
     doc: Document = {'_id': row.run_id}
     # absent rather than null, so the sparse lineage indexes hold only runs that have the field
     if row.conversation_id is not None:
@@ -142,8 +142,8 @@ def run_document(row: RunRow) -> Document:
     return doc
 
 
-def run_row(doc: Document) -> RunRow:
-    return RunRow(
+def run_row(doc: Document) -> ops.RunRow:
+    return ops.RunRow(
         run_id=cast(str, doc['_id']),
         started_at=_time(doc, 'started_at'),
         conversation_id=_optional(doc, 'conversation_id'),
@@ -155,7 +155,7 @@ def run_row(doc: Document) -> RunRow:
 # -- events and ledger ------------------------------------------------------------------------
 
 
-def event_document(run_id: str, row: EventRow, seq: int) -> Document:
+def event_document(run_id: str, row: ops.EventRow, seq: int) -> Document:
     doc: Document = {'run_id': run_id, 'seq': seq}
     if row.idempotency_key is not None:
         doc['idempotency_key'] = row.idempotency_key
@@ -163,9 +163,9 @@ def event_document(run_id: str, row: EventRow, seq: int) -> Document:
     return doc
 
 
-def event_row(doc: Document) -> EventRow:
+def event_row(doc: Document) -> ops.EventRow:
     seq = doc.get('seq')
-    return EventRow(
+    return ops.EventRow(
         run_id=cast(str, doc['run_id']),
         idempotency_key=_optional(doc, 'idempotency_key'),
         body=_body(doc, ('timestamp',)),
@@ -173,16 +173,16 @@ def event_row(doc: Document) -> EventRow:
     )
 
 
-def effect_document(row: EffectRow) -> Document:
+def effect_document(row: ops.EffectRow) -> Document:
     doc: Document = {'run_id': row.run_id, 'tool_call_id': row.tool_call_id, 'status': row.status}
     _put_time(doc, 'started_at', row.started_at)
     doc['body'] = _text(row.body)
     return doc
 
 
-def effect_row(doc: Document) -> EffectRow:
+def effect_row(doc: Document) -> ops.EffectRow:
     # tool_call_id and status go back into the record from these fields: a bad one fails its validation
-    return EffectRow(
+    return ops.EffectRow(
         run_id=cast(str, doc['run_id']),
         tool_call_id=cast(str, doc.get('tool_call_id')),
         status=cast(str, doc.get('status')),
@@ -194,7 +194,7 @@ def effect_row(doc: Document) -> EffectRow:
 # -- snapshots and message nodes --------------------------------------------------------------
 
 
-def snapshot_document(run_id: str, row: SnapshotRow, *, key: str | None, seq: int, head: int | None) -> Document:
+def snapshot_document(run_id: str, row: ops.SnapshotRow, *, key: str | None, seq: int, head: int | None) -> Document:
     doc: Document = {'run_id': run_id, 'seq': seq, 'state': row.state, 'head': head, 'length': row.length}
     if key is not None:
         doc['idempotency_key'] = key  # for the unique index; the body holds it too
@@ -202,16 +202,16 @@ def snapshot_document(run_id: str, row: SnapshotRow, *, key: str | None, seq: in
     return doc
 
 
-def snapshot_row(doc: Document) -> SnapshotRow:
+def snapshot_row(doc: Document) -> ops.SnapshotRow:
     seq, head, length = doc.get('seq'), doc.get('head'), doc.get('length')
     body = _body(doc, ('created_at',))
     if not (head is None or type(head) is int) or type(length) is not int or length < 0:
         # the chain cannot be followed: the snapshot reads as damaged instead of as a shorter history
-        body = Unparsable(f'its document has head={head!r} and length={length!r}: expected a node id and a count')
+        body = ops.Unparsable(f'its document has head={head!r} and length={length!r}: expected a node id and a count')
         head, length = None, 0
     if isinstance(body, dict):  # converted from a document written before bodies
         body = {k: v for k, v in body.items() if k not in ('head', 'length')}
-    return SnapshotRow(
+    return ops.SnapshotRow(
         run_id=cast(str, doc['run_id']),
         state=cast(str, doc.get('state')),
         head=head,
@@ -243,7 +243,7 @@ def _bytes(value: object) -> bytes:
     return value.encode() if isinstance(value, str) else repr(value).encode()
 
 
-def nodes_from(docs: Iterable[Document]) -> dict[int, Node]:
+def nodes_from(docs: Iterable[Document]) -> dict[int, ops.Node]:
     """Nodes (`{n: (parent, body)}`) from their documents, continuation parts joined.
 
     A node missing continuation parts keeps the parts there are: decoding it fails, and the engine
@@ -259,7 +259,7 @@ def nodes_from(docs: Iterable[Document]) -> dict[int, Node]:
             heads[node] = doc
         else:
             extra.setdefault(node, {})[part] = _bytes(doc.get('body'))
-    nodes: dict[int, Node] = {}
+    nodes: dict[int, ops.Node] = {}
     for node, doc in heads.items():
         body = _bytes(doc.get('body'))
         parts = doc.get('parts', 1)
@@ -274,12 +274,12 @@ def nodes_from(docs: Iterable[Document]) -> dict[int, Node]:
 # -- leases -----------------------------------------------------------------------------------
 
 
-def lease_fields(row: LeaseRow) -> Document:
+def lease_fields(row: ops.LeaseRow) -> Document:
     """A lease's fields other than `_id`, `expires` and `start` (which the store sets itself)."""
     return {'epoch': row.epoch, 'state': row.state, 'host': row.host, 'body': _text(row.body)}
 
 
-def lease_row(doc: Mapping[str, Any]) -> LeaseRow:
+def lease_row(doc: Mapping[str, Any]) -> ops.LeaseRow:
     """A lease document as the engine's row; `expires` in seconds since the epoch.
 
     A document with a field of the wrong type gets an empty body, which the engine's decoding
@@ -287,7 +287,7 @@ def lease_row(doc: Mapping[str, Any]) -> LeaseRow:
     """
     epoch, state, host, expires, body = (doc.get(k) for k in ('epoch', 'state', 'host', 'expires', 'body'))
     sound = type(epoch) is int and isinstance(state, str) and isinstance(host, str) and isinstance(expires, datetime)
-    return LeaseRow(
+    return ops.LeaseRow(
         run_id=cast(str, doc['_id']),
         epoch=epoch if type(epoch) is int else 0,
         state=state if isinstance(state, str) else '',

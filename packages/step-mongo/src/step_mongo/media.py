@@ -21,10 +21,20 @@ from pymongo import ASCENDING, IndexModel
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from stepcore.engine.setup_once import SetupOnce
-from stepcore.media import PublicUrlResolver
-from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros, now_micros
-from stepcore.store.features import MEDIA_COLLECTION, PERSISTENT
+from stepcore.backend import (
+    MEDIA_COLLECTION,
+    PERSISTENT,
+    BlobHead,
+    BlobMeta,
+    BlobRef,
+    ListedBlob,
+    MediaEngine,
+    PublicUrlResolver,
+    SetupOnce,
+    from_micros,
+    micros,
+    now_micros,
+)
 
 from .client import AsyncClient, ClientUser, Document
 from .compat import replace_all

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
-from stepcore.plugins.hookspecs import BackendInfo, hookimpl
+from stepcore.backend import (
+    BackendInfo,
+    backend_hooks,
+)
 
 
 def mongo_url_options(url: str) -> dict[str, str]:
@@ -22,25 +25,17 @@ def mongo_url_options(url: str) -> dict[str, str]:
     return {'db_url': db_url, 'database': database}
 
 
-@hookimpl
-def register_step_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='mongo',
-            factory='step_mongo.store:MongoStepStore',
-            schemes=('mongodb', 'mongodb+srv'),
-            url_options=mongo_url_options,
-            summary="MongoDB collections through pymongo's async client.",
-        )
-    ]
-
-
-@hookimpl
-def register_media_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='mongo',
-            factory='step_mongo.media:MongoMediaStore',
-            summary='Chunked, content-addressed blobs in MongoDB.',
-        )
-    ]
+register_step_stores, register_media_stores = backend_hooks(
+    step=BackendInfo(
+        key='mongo',
+        factory='step_mongo.store:MongoStepStore',
+        schemes=('mongodb', 'mongodb+srv'),
+        url_options=mongo_url_options,
+        summary="MongoDB collections through pymongo's async client.",
+    ),
+    media=BackendInfo(
+        key='mongo',
+        factory='step_mongo.media:MongoMediaStore',
+        summary='Chunked, content-addressed blobs in MongoDB.',
+    ),
+)

@@ -8,7 +8,7 @@ document layout is in `documents.py`):
 - `events`: one document per step event, with a per-run `seq`.
 - `snapshots`: one small document per snapshot: its header, plus `head` and `length`, which name
   the run's message nodes the snapshot consists of.
-- `message_nodes`: one document per stored message, written once (see `stepcore.engine.history`).
+- `message_nodes`: one document per stored message, written once (see `stepcore.engine`).
 - `snapshot_idempotency_keys`: applied snapshot keys, kept when pruning deletes snapshots.
 - `tool_effects`: one document per `(run_id, tool_call_id)`, replaced on each update.
 - `counters`: per-run sequence counters (`events/`, `snapshots/`, `nodes/` + run id), advanced
@@ -62,22 +62,24 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, ConfigurationError, DuplicateKeyError, OperationFailure, PyMongoError
 
-from stepcore.engine import AsyncPort, EngineStore, KeyConflict, ops
-from stepcore.engine.encryption import Encryption
-from stepcore.engine.plans import Fenced
-from stepcore.engine.setup_once import SetupOnce
-from stepcore.media import MediaStoreOption, check_media_store, resolve_media_store
-from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
-from stepcore.store.features import (
+from stepcore.backend import (
     CHECKSUMS,
+    DEFAULT_MEDIA_THRESHOLD_BYTES,
     ENCRYPTION,
     LEASES,
     MEDIA_EXTERNALIZATION,
     PERSISTENT,
     SNAPSHOT_RETENTION,
+    AsyncPort,
+    Encryption,
+    EngineStore,
+    Fenced,
+    KeyConflict,
+    MediaStoreOption,
+    SetupOnce,
+    SnapshotState,
+    ops,
 )
-from stepcore.store.models import SnapshotState
-from stepcore.store.retention import check_max_snapshots
 
 from .client import AsyncClient, ClientUser, Document
 from .compat import is_mongomock, replace_all
@@ -755,20 +757,18 @@ class MongoStepStore(ClientUser, EngineStore):
         encryption: Encryption | None = None,
     ) -> None:
         # options are checked before a client is created, so a bad one leaves nothing to close
-        check_max_snapshots(max_snapshots_per_run)
-        MediaWalker(None, media_threshold_bytes)
-        check_media_store(media_store, owner=type(self).__name__)
-        ClientUser.__init__(self, 'MongoStepStore', client, db_url, database)
-        media = resolve_media_store(
-            media_store,
-            default=lambda: MongoMediaStore(client=self.client, database=self.database_name),
-            owner=type(self).__name__,
+        self.check_options(
+            max_snapshots_per_run=max_snapshots_per_run,
+            media_store=media_store,
+            media_threshold_bytes=media_threshold_bytes,
         )
+        ClientUser.__init__(self, 'MongoStepStore', client, db_url, database)
         EngineStore.__init__(
             self,
             MongoPort(self.database),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=media,
+            media_store=media_store,
+            default_media_store=lambda: MongoMediaStore(client=self.client, database=self.database_name),
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

@@ -9,10 +9,18 @@ from typing import Any, ClassVar
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from stepcore.engine.setup_once import SetupOnce
-from stepcore.media import PublicUrlResolver
-from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros
-from stepcore.store.features import MEDIA_COLLECTION, PERSISTENT
+from stepcore.backend import (
+    MEDIA_COLLECTION,
+    PERSISTENT,
+    BlobHead,
+    BlobMeta,
+    BlobRef,
+    ListedBlob,
+    MediaEngine,
+    PublicUrlResolver,
+    SetupOnce,
+    from_micros,
+)
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
 from .schema import DEFAULT_TABLE_PREFIX, MEDIA, Tables, ensure_schema

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from stepcore.plugins.hookspecs import BackendInfo, hookimpl
+from stepcore.backend import (
+    BackendInfo,
+    backend_hooks,
+)
 
 
 def postgres_url_options(url: str) -> dict[str, str]:
@@ -22,25 +25,17 @@ def postgres_url_options(url: str) -> dict[str, str]:
     return {'dsn': urlunsplit(parts._replace(query=rest)), 'table_prefix': prefixes[-1]}
 
 
-@hookimpl
-def register_step_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='postgres',
-            factory='step_postgres.store:PostgresStepStore',
-            schemes=('postgresql', 'postgres'),
-            url_options=postgres_url_options,
-            summary='Tables in a PostgreSQL database, shared by many processes (psycopg 3, pooled).',
-        )
-    ]
-
-
-@hookimpl
-def register_media_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='postgres',
-            factory='step_postgres.media:PostgresMediaStore',
-            summary='Blobs in a table of a PostgreSQL database.',
-        )
-    ]
+register_step_stores, register_media_stores = backend_hooks(
+    step=BackendInfo(
+        key='postgres',
+        factory='step_postgres.store:PostgresStepStore',
+        schemes=('postgresql', 'postgres'),
+        url_options=postgres_url_options,
+        summary='Tables in a PostgreSQL database, shared by many processes (psycopg 3, pooled).',
+    ),
+    media=BackendInfo(
+        key='postgres',
+        factory='step_postgres.media:PostgresMediaStore',
+        summary='Blobs in a table of a PostgreSQL database.',
+    ),
+)

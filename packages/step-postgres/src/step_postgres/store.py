@@ -19,22 +19,28 @@ from psycopg import AsyncConnection, Error, errors, pq, sql
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from stepcore.engine import Ask, EngineStore, KeyConflict, NodeIdBlocks, PipelinedPort, ops
-from stepcore.engine.encryption import Encryption
-from stepcore.engine.plans import Fenced
-from stepcore.engine.setup_once import SetupOnce
-from stepcore.engine.sql import event_window
-from stepcore.media import AUTO, MediaStoreOption, resolve_media_store
-from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
-from stepcore.store.features import (
+from stepcore.backend import (
+    AUTO,
     CHECKSUMS,
+    DEFAULT_MEDIA_THRESHOLD_BYTES,
     ENCRYPTION,
     LEASES,
     MEDIA_EXTERNALIZATION,
     PERSISTENT,
     SNAPSHOT_RETENTION,
+    Ask,
+    Encryption,
+    EngineStore,
+    Fenced,
+    KeyConflict,
+    MediaStoreOption,
+    NodeIdBlocks,
+    PipelinedPort,
+    SetupOnce,
+    SnapshotState,
+    event_window,
+    ops,
 )
-from stepcore.store.models import SnapshotState
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
 from .media import PostgresMediaStore
@@ -634,15 +640,11 @@ class PostgresStepStore(EngineStore):
         self.tables = Tables(table_prefix)
         self.table_prefix = table_prefix
         self.__handle = PoolHandle(pool=pool, dsn=dsn, owner='PostgresStepStore', connect_timeout=connect_timeout)
-        media = resolve_media_store(
-            media_store,
-            default=lambda: PostgresMediaStore(table_prefix=table_prefix, _handle=self.__handle),
-            owner=type(self).__name__,
-        )
         super().__init__(
             PostgresPort(self.__handle, self.tables),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=media,
+            media_store=media_store,
+            default_media_store=lambda: PostgresMediaStore(table_prefix=table_prefix, _handle=self.__handle),
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

@@ -8,9 +8,18 @@ from typing import ClassVar, Final, cast
 
 from redis.asyncio import Redis
 
-from stepcore.media import PublicUrlResolver
-from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros
-from stepcore.store.features import MEDIA_COLLECTION, PERSISTENT
+from stepcore.backend import (
+    MEDIA_COLLECTION,
+    PERSISTENT,
+    BlobHead,
+    BlobMeta,
+    BlobRef,
+    ListedBlob,
+    MediaEngine,
+    PublicUrlResolver,
+    from_micros,
+    micros,
+)
 
 from .client import ClientUser
 from .keys import DEFAULT_KEY_PREFIX, Keys

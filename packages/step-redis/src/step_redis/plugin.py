@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from stepcore.plugins.hookspecs import BackendInfo, hookimpl
+from stepcore.backend import (
+    BackendInfo,
+    backend_hooks,
+)
 
 STORE_OPTIONS = ('key_prefix', 'max_snapshots_per_run', 'media_store', 'media_threshold_bytes')
 """Query parameters of a store URL that are store options; the others are the client's."""
@@ -35,25 +38,17 @@ def redis_url_options(url: str) -> dict[str, str]:
     return {'url': urlunsplit(parts._replace(query=urlencode(rest))), **options}
 
 
-@hookimpl
-def register_step_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='redis',
-            factory='step_redis.store:RedisStepStore',
-            schemes=('redis', 'rediss'),
-            url_options=redis_url_options,
-            summary="Keys under a prefix in a Redis server, one Lua script per write (redis-py's asyncio client).",
-        )
-    ]
-
-
-@hookimpl
-def register_media_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='redis',
-            factory='step_redis.media:RedisMediaStore',
-            summary='Content-addressed blobs as strings in a Redis server (small media).',
-        )
-    ]
+register_step_stores, register_media_stores = backend_hooks(
+    step=BackendInfo(
+        key='redis',
+        factory='step_redis.store:RedisStepStore',
+        schemes=('redis', 'rediss'),
+        url_options=redis_url_options,
+        summary="Keys under a prefix in a Redis server, one Lua script per write (redis-py's asyncio client).",
+    ),
+    media=BackendInfo(
+        key='redis',
+        factory='step_redis.media:RedisMediaStore',
+        summary='Content-addressed blobs as strings in a Redis server (small media).',
+    ),
+)

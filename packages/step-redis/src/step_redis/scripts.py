@@ -278,7 +278,7 @@ SWAP_LEASE: Final = (
     _NOW
     + _LEASE
     + """
--- Compare and set a run's lease (stepcore.engine.ops.SwapLease) on the server's clock.
+-- Compare and set a run's lease (stepcore.backend.ops.SwapLease) on the server's clock.
 -- KEYS: lease, start point, then the index of every live state. ARGV: run id, the expected epoch
 -- ('' for no lease), '1' to match only an expired lease, then the new lease's epoch, state, host,
 -- time to live (whole microseconds) and body, the position among the indexes of the one its state

@@ -28,22 +28,27 @@ from typing import Any, ClassVar, Final, cast
 
 from redis.asyncio import Redis
 
-from stepcore.engine import Ask, EngineStore, KeyConflict, NodeIdBlocks, PipelinedPort, StaleHistory, ops
-from stepcore.engine.encryption import Encryption
-from stepcore.engine.plans import Fenced
-from stepcore.media import MediaStoreOption, check_media_store, resolve_media_store
-from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
-from stepcore.store.features import (
+from stepcore.backend import (
     CHECKSUMS,
+    DEFAULT_MEDIA_THRESHOLD_BYTES,
     ENCRYPTION,
     LEASES,
     MEDIA_EXTERNALIZATION,
     PERSISTENT,
     SNAPSHOT_RETENTION,
+    Ask,
+    Encryption,
+    EngineStore,
+    Fenced,
+    KeyConflict,
+    LeaseState,
+    MediaStoreOption,
+    NodeIdBlocks,
+    PipelinedPort,
+    SnapshotState,
+    StaleHistory,
+    ops,
 )
-from stepcore.store.leases import LeaseState
-from stepcore.store.models import SnapshotState
-from stepcore.store.retention import check_max_snapshots
 
 from .client import ClientUser
 from .keys import DEFAULT_KEY_PREFIX, EPOCH, Keys, moment, pack, text, unpack
@@ -484,21 +489,19 @@ class RedisStepStore(ClientUser, EngineStore):
     ) -> None:
         # options are checked before a client is created, so a bad one leaves nothing to close
         keys = Keys(key_prefix)
-        check_max_snapshots(max_snapshots_per_run)
-        MediaWalker(None, media_threshold_bytes)
-        check_media_store(media_store, owner=type(self).__name__)
+        self.check_options(
+            max_snapshots_per_run=max_snapshots_per_run,
+            media_store=media_store,
+            media_threshold_bytes=media_threshold_bytes,
+        )
         ClientUser.__init__(self, 'RedisStepStore', client, url)
         self.key_prefix = key_prefix
-        media = resolve_media_store(
-            media_store,
-            default=lambda: RedisMediaStore(client=self.client, key_prefix=key_prefix),
-            owner=type(self).__name__,
-        )
         EngineStore.__init__(
             self,
             RedisPort(self.client, keys),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=media,
+            media_store=media_store,
+            default_media_store=lambda: RedisMediaStore(client=self.client, key_prefix=key_prefix),
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

@@ -1,6 +1,6 @@
 """One SQLite connection shared by the stores of a database, used from worker threads.
 
-Every store call runs its SQL on the connection's own worker thread (`stepcore.engine.worker`) so the event
+Every store call runs its SQL on the connection's own worker thread (`stepcore.backend.WorkerThread`) so the event
 loop never waits on the disk, and a per-connection lock keeps calls from interleaving inside one
 connection. A short write may instead run on the event loop's thread when the worker is idle
 (`Database.try_inline`), only where it waits for nothing: no fsync at commit, and neither the
@@ -22,7 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
-from stepcore.engine.worker import WorkerThread, WouldBlock, running_inline
+from stepcore.backend import (
+    WorkerThread,
+    WouldBlock,
+    running_inline,
+)
 
 __all__ = ('Database', 'Guard', 'Synchronous', 'check_shared_connection', 'write_transaction')
 
@@ -112,7 +116,7 @@ def write_transaction(connection: sqlite3.Connection, *, busy_timeout: float | N
 
     On a shared connection that already has a transaction open, the work joins it through a
     savepoint and is committed (or rolled back) with the caller's transaction. Running inline on
-    the event loop (`stepcore.engine.worker.running_inline`) with the connection's `busy_timeout` given,
+    the event loop (`stepcore.backend.running_inline`) with the connection's `busy_timeout` given,
     it does not wait for another connection's write lock: it raises `WouldBlock` instead.
     """
     if connection.in_transaction:

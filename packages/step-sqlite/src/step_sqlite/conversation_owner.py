@@ -9,7 +9,7 @@ the one run ownership uses on one host (`stepcore.ownership.process_alive`).
 
 from __future__ import annotations
 
-from stepcore.ownership import process_alive
+from stepcore.backend import process_alive
 
 from .conversation_models import ConversationConflict, ConversationSummary
 

@@ -26,11 +26,19 @@ from typing import Any, TypeVar, cast
 
 from pydantic_ai.messages import ModelMessage, ModelResponse
 
-from stepcore.media import MediaStore, MediaStoreOption, resolve_media_store
-from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
-from stepcore.store.codec import check_format_version, decode_messages, encode_message
-from stepcore.store.models import RECORD_FORMAT_VERSION, utcnow
-from stepcore.store.protocols import StepStore
+from stepcore.backend import (
+    DEFAULT_MEDIA_THRESHOLD_BYTES,
+    RECORD_FORMAT_VERSION,
+    MediaStore,
+    MediaStoreOption,
+    MediaWalker,
+    StepStore,
+    check_format_version,
+    decode_messages,
+    encode_message,
+    resolve_media_store,
+    utcnow,
+)
 
 from .connection import Database, write_transaction
 from .conversation_models import (

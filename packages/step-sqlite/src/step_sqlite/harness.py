@@ -39,10 +39,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from stepcore.engine.fileio import fsync_dir
-from stepcore.harness import HarnessImportSummary, HarnessSqliteSource, import_harness, is_harness_sqlite
-from stepcore.store.models import utcnow
-from stepcore.store.protocols import StepStore
+from stepcore.backend import (
+    HarnessImportSummary,
+    HarnessSqliteSource,
+    StepStore,
+    fsync_dir,
+    import_harness,
+    is_harness_sqlite,
+    utcnow,
+)
 
 from .connection import Database, Guard
 from .harness_tables import HARNESS_TABLES, describe_foreign_tables

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Collection
 
-from stepcore.harness import is_harness_sqlite
+from stepcore.backend import is_harness_sqlite
 
 __all__ = ('HARNESS_TABLES', 'describe_foreign_tables')
 

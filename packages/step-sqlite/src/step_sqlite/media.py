@@ -9,10 +9,19 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import ClassVar, cast
 
-from stepcore.media import PublicUrlResolver
-from stepcore.media.blobs import BlobHead, BlobMeta, BlobRef, ListedBlob, MediaEngine, from_micros, micros
-from stepcore.store.features import MEDIA_COLLECTION, PERSISTENT
-from stepcore.store.models import utcnow
+from stepcore.backend import (
+    MEDIA_COLLECTION,
+    PERSISTENT,
+    BlobHead,
+    BlobMeta,
+    BlobRef,
+    ListedBlob,
+    MediaEngine,
+    PublicUrlResolver,
+    from_micros,
+    micros,
+    utcnow,
+)
 
 from .connection import Database, Synchronous, write_transaction
 from .schema import ensure_schema, media_component

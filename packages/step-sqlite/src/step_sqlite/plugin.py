@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stepcore.plugins.hookspecs import BackendInfo, hookimpl
-from stepcore.plugins.urls import local_path, query_options
+from stepcore.backend import (
+    BackendInfo,
+    backend_hooks,
+    local_path,
+    query_options,
+)
 
 
 def sqlite_url_options(url: str) -> dict[str, Any]:
@@ -28,28 +32,20 @@ def check_database_file(path: Path) -> None:
         raise ValueError(f'{str(path)!r} is not a SQLite database: point --store at a database written by stepcore')
 
 
-@hookimpl
-def register_step_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='sqlite',
-            factory='step_sqlite.store:SqliteStepStore',
-            schemes=('sqlite',),
-            url_options=sqlite_url_options,
-            default_location={'database': '.step-persistence.db'},
-            location_options=('connection',),
-            check_location='step_sqlite.plugin:check_database_file',
-            summary='One embedded SQLite database file (the default).',
-        )
-    ]
-
-
-@hookimpl
-def register_media_stores() -> list[BackendInfo]:
-    return [
-        BackendInfo(
-            key='sqlite',
-            factory='step_sqlite.media:SqliteMediaStore',
-            summary='Blobs in a table of a SQLite database.',
-        )
-    ]
+register_step_stores, register_media_stores = backend_hooks(
+    step=BackendInfo(
+        key='sqlite',
+        factory='step_sqlite.store:SqliteStepStore',
+        schemes=('sqlite',),
+        url_options=sqlite_url_options,
+        default_location={'database': '.step-persistence.db'},
+        location_options=('connection',),
+        check_location='step_sqlite.plugin:check_database_file',
+        summary='One embedded SQLite database file (the default).',
+    ),
+    media=BackendInfo(
+        key='sqlite',
+        factory='step_sqlite.media:SqliteMediaStore',
+        summary='Blobs in a table of a SQLite database.',
+    ),
+)

@@ -18,7 +18,12 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from stepcore.store.codec import R, Record, dump_record_compact, load_record
+from stepcore.backend import (
+    R,
+    Record,
+    dump_record_compact,
+    load_record,
+)
 
 __all__ = ('dump_compact', 'load_compact', 'pack_body', 'unpack_body')
 

@@ -14,15 +14,26 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, TypeVar
 
-from stepcore.engine import KeyConflict, SyncPort, ops
-from stepcore.engine.encryption import Encryption
-from stepcore.engine.plans import Fenced
-from stepcore.engine.sql import event_window
-from stepcore.engine.store import EngineStore
-from stepcore.media import AUTO, MediaStoreOption, check_media_store, resolve_media_store
-from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
-from stepcore.store.features import CHECKSUMS, ENCRYPTION, LEASES, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
-from stepcore.store.models import SnapshotState
+from stepcore.backend import (
+    AUTO,
+    CHECKSUMS,
+    DEFAULT_MEDIA_THRESHOLD_BYTES,
+    ENCRYPTION,
+    LEASES,
+    MEDIA_EXTERNALIZATION,
+    PERSISTENT,
+    SNAPSHOT_RETENTION,
+    Encryption,
+    EngineStore,
+    Fenced,
+    KeyConflict,
+    MediaStoreOption,
+    SnapshotState,
+    SyncPort,
+    check_media_store,
+    event_window,
+    ops,
+)
 
 from .connection import Database, Synchronous, write_transaction
 from .harness import migrate_harness_database
@@ -419,12 +430,12 @@ class SqliteStepStore(EngineStore):
         db.add_setup('harness', migrate)
         db.add_setup(STEPS.name, lambda conn: ensure_schema(conn, STEPS, where=db.describe))
         db.add_setup(LEASE_TABLES.name, lambda conn: ensure_schema(conn, LEASE_TABLES, where=db.describe))
-        media = resolve_media_store(media_store, default=lambda: SqliteMediaStore(db), owner=type(self).__name__)
         self.__db = db
         super().__init__(
             SqlitePort(db),
             max_snapshots_per_run=max_snapshots_per_run,
-            media_store=media,
+            media_store=media_store,
+            default_media_store=lambda: SqliteMediaStore(db),
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )

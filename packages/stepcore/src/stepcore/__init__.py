@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from stepcore.capability import StepPersistence
 from stepcore.capability.context import fencing_token
 from stepcore.capability.events import SnapshotSaved
+from stepcore.capability.persistence import StepPersistence
+from stepcore.capability.settled import is_provider_valid
+from stepcore.capability.tool_calls import annotate_tool_effect
+from stepcore.common.encryption import Encryption, EncryptionKeyError, generate_key
+from stepcore.common.version import VERSION
 from stepcore.engine import DamagedRecordError, EngineStore
-from stepcore.engine.encryption import Encryption, EncryptionKeyError, generate_key
+from stepcore.engine.memory import InMemoryStepStore
 from stepcore.maintenance.gc import GcReport, collect_garbage
-from stepcore.media import MediaContext, MediaStore
+from stepcore.media.protocol import MediaContext, MediaStore
 from stepcore.ownership import Orphan, list_orphans
 from stepcore.plugins.hookspecs import BackendInfo, hookimpl
 from stepcore.plugins.registry import media_from_spec, open_store
 from stepcore.plugins.registry import store_from_spec as from_spec
-from stepcore.recovery import RecoveryReport, inspect_recovery
 from stepcore.recovery.answers import (
     AnswerConflictError,
     RequestExpiredError,
@@ -26,8 +29,9 @@ from stepcore.recovery.answers import (
     read_waiting,
     resume_run,
 )
+from stepcore.recovery.continuing import continue_run, fork_run
 from stepcore.recovery.fleet import OrphanOutcome, recover_orphans, run_recovery_loop
-from stepcore.recovery.history import annotate_tool_effect, continue_run, fork_run, is_provider_valid
+from stepcore.recovery.inspection import RecoveryReport, inspect_recovery
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, recovery_policy
 from stepcore.recovery.resolution import (
     Resumption,
@@ -45,7 +49,6 @@ from stepcore.store.leases import (
     RunFencedError,
     RunOwnedError,
 )
-from stepcore.store.memory import InMemoryStepStore
 from stepcore.store.models import (
     ContinuableSnapshot,
     EventKind,
@@ -57,7 +60,8 @@ from stepcore.store.models import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.store.protocols import StepStore, StepStoreProtocol
+from stepcore.store.protocols import StepStoreProtocol
+from stepcore.store.step_store import StepStore
 from stepcore.store.waiting import Answer, DeferredCall
 
 __all__ = (
@@ -130,4 +134,4 @@ __all__ = (
     'supply_result',
 )
 
-__version__ = '0.1.0'
+__version__ = VERSION

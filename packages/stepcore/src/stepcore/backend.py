@@ -1,31 +1,53 @@
-"""Everything a backend author imports, from one place.
+"""Everything a backend author imports, from one place: read this module to know what you may use.
 
 A step store is a port of the storage engine (`EngineStore` and `SyncPort` or `AsyncPort`, with the
 operations in `ops`); a media store is a blob port of the media engine (`MediaEngine`). The plugin
-registers both (`BackendInfo`, `hookimpl`). See `docs/plugins.md` for a walk through the template
-backend, and `docs/engine.md` for the port's contract.
+registers both (`BackendInfo`, `hookimpl`, or `backend_hooks` for the two hooks at once). Every
+backend of this repository, and the template, imports from here only. See `docs/plugins.md` for a
+walk through the template backend, and `docs/engine.md` for the port's contract.
 """
 
 from __future__ import annotations
 
+from stepcore.common.damage import DamagedRecordError, decoded, skip_damaged
+from stepcore.common.encryption import Encryption
+from stepcore.common.features import (
+    CHECKSUMS,
+    ENCRYPTION,
+    ENGINE_PORT,
+    LEASES,
+    MEDIA_COLLECTION,
+    MEDIA_EXTERNALIZATION,
+    PERSISTENT,
+    SNAPSHOT_RETENTION,
+    require_feature,
+)
 from stepcore.engine import (
+    TEMP_NAME,
     Ask,
     AsyncPort,
-    DamagedRecordError,
     EngineStore,
     Fenced,
     KeyConflict,
     NodeIdBlocks,
     PipelinedPort,
     Port,
+    SetupOnce,
     StaleHistory,
     SyncPort,
+    WorkerThread,
+    WouldBlock,
+    create_file,
+    event_window,
+    fsync_dir,
+    make_dir,
     ops,
+    running_inline,
+    write_all,
+    write_atomic,
+    write_temp,
 )
-from stepcore.engine.encryption import Encryption
-from stepcore.engine.fileio import fsync_dir, make_dir, write_atomic
-from stepcore.engine.setup_once import SetupOnce
-from stepcore.engine.worker import WorkerThread, WouldBlock, running_inline
+from stepcore.harness import HarnessImportSummary, HarnessSqliteSource, import_harness, is_harness_sqlite
 from stepcore.media import (
     AUTO,
     EMPTY_CONTEXT,
@@ -52,24 +74,34 @@ from stepcore.media.blobs import (
     now_micros,
     strategy_key,
 )
-from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES
-from stepcore.plugins.hookspecs import BackendInfo, hookimpl
+from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
+from stepcore.ownership import process_alive
+from stepcore.plugins.hookspecs import BackendInfo, backend_hooks, hookimpl
 from stepcore.plugins.urls import local_path, query_options
-from stepcore.store.features import (
-    CHECKSUMS,
-    ENCRYPTION,
-    ENGINE_PORT,
-    LEASES,
-    MEDIA_COLLECTION,
-    MEDIA_EXTERNALIZATION,
-    PERSISTENT,
-    SNAPSHOT_RETENTION,
-    require_feature,
+from stepcore.store.codec import (
+    FORMAT_KEY,
+    R,
+    Record,
+    check_format_version,
+    decode_messages,
+    dump_record_compact,
+    encode_message,
+    load_record,
 )
 from stepcore.store.ids import validate_path_safe_run_id
-from stepcore.store.models import RECORD_FORMAT_VERSION, SnapshotState, ToolEffectStatus, utcnow
-from stepcore.store.protocols import StepStore
+from stepcore.store.leases import LeaseState
+from stepcore.store.models import (
+    RECORD_FORMAT_VERSION,
+    ContinuableSnapshot,
+    RunRecord,
+    SnapshotState,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+    utcnow,
+)
 from stepcore.store.retention import check_max_snapshots
+from stepcore.store.step_store import StepStore
 
 __all__ = (
     'AUTO',
@@ -78,61 +110,88 @@ __all__ = (
     'EMPTY_CONTEXT',
     'ENCRYPTION',
     'ENGINE_PORT',
+    'FORMAT_KEY',
     'LEASES',
     'MEDIA_COLLECTION',
     'MEDIA_EXTERNALIZATION',
     'PERSISTENT',
     'RECORD_FORMAT_VERSION',
     'SNAPSHOT_RETENTION',
+    'TEMP_NAME',
     'Ask',
     'AsyncPort',
     'BackendInfo',
     'BlobHead',
     'BlobMeta',
     'BlobRef',
+    'ContinuableSnapshot',
     'DamagedMediaError',
     'DamagedRecordError',
     'Encryption',
     'EngineStore',
     'Fenced',
+    'HarnessImportSummary',
+    'HarnessSqliteSource',
     'KeyConflict',
     'KeyStrategy',
+    'LeaseState',
     'ListedBlob',
     'MediaContext',
     'MediaEngine',
     'MediaNotFoundError',
     'MediaStore',
     'MediaStoreOption',
+    'MediaWalker',
     'NodeIdBlocks',
     'PipelinedPort',
     'Port',
     'PublicUrlResolver',
+    'R',
+    'Record',
+    'RunRecord',
     'SetupOnce',
     'SnapshotState',
     'StaleHistory',
+    'StepEvent',
     'StepStore',
     'SyncPort',
+    'ToolEffectRecord',
     'ToolEffectStatus',
     'WorkerThread',
     'WouldBlock',
+    'backend_hooks',
+    'check_format_version',
     'check_max_snapshots',
     'check_media_store',
+    'create_file',
+    'decode_messages',
+    'decoded',
     'default_key',
     'digest_in_name',
+    'dump_record_compact',
+    'encode_message',
+    'event_window',
     'from_micros',
     'fsync_dir',
     'hookimpl',
+    'import_harness',
+    'is_harness_sqlite',
+    'load_record',
     'local_path',
     'make_dir',
     'micros',
     'now_micros',
     'ops',
+    'process_alive',
     'query_options',
     'require_feature',
     'resolve_media_store',
     'running_inline',
+    'skip_damaged',
     'strategy_key',
     'utcnow',
     'validate_path_safe_run_id',
+    'write_all',
     'write_atomic',
+    'write_temp',
 )

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from pydantic_ai.messages import ModelMessage
 
-from stepcore.engine.history import TAIL_RECHECK, trusted_prefix
+from stepcore.engine import TAIL_RECHECK, trusted_prefix
 from stepcore.store.codec import encode_message
 
 __all__ = ('ContentTracker',)

@@ -10,18 +10,26 @@ from typing import Any, Protocol
 
 from pydantic_ai.tools import RunContext
 
+from stepcore.ownership.claims import Claim
 from stepcore.store.leases import FencingToken, current_fences
 from stepcore.store.protocols import StepStoreProtocol
 
 __all__ = (
+    'RESUMES_KEY',
     'ActiveToolCall',
+    'ResumptionLink',
     'ToolEffectAnnotator',
     'active_run_id',
     'active_tool_call',
     'fencing_token',
     'inside_run',
     'inside_tool_call',
+    'resuming',
+    'take_resumption',
 )
+
+RESUMES_KEY = 'stepcore.resumes'
+"""Run-record metadata key of a run started by `Resumption.run`: the run it resumes."""
 
 
 class ToolEffectAnnotator(Protocol):
@@ -96,3 +104,38 @@ def inside_tool_call(call: ActiveToolCall) -> Iterator[None]:
         yield
     finally:
         _ACTIVE_TOOL_CALL.reset(token)
+
+
+@dataclass
+class ResumptionLink:
+    """The run a resumption started in this context resumes, and recovery's claim on it, until a
+    `StepPersistence` run takes them (`take_resumption`)."""
+
+    run_id: str
+    claim: Claim | None = None
+    claimed: bool = False
+
+
+_RESUMING: ContextVar[ResumptionLink | None] = ContextVar('stepcore_resuming', default=None)
+
+
+@contextmanager
+def resuming(run_id: str, claim: Claim | None = None) -> Iterator[ResumptionLink]:
+    """While the block runs, a `StepPersistence` run that starts resumes `run_id` (and takes `claim`
+    over); the link says afterwards whether one did."""
+    link = ResumptionLink(run_id, claim)
+    token = _RESUMING.set(link)
+    try:
+        yield link
+    finally:
+        _RESUMING.reset(token)
+
+
+def take_resumption() -> tuple[str, Claim | None] | None:
+    """The run the starting run resumes, and recovery's claim on it, once: the first
+    `StepPersistence` run to ask takes them (and hands the claimed run over to itself)."""
+    link = _RESUMING.get()
+    if link is None or link.claimed:
+        return None
+    link.claimed = True
+    return link.run_id, link.claim

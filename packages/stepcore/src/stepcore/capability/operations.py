@@ -13,7 +13,8 @@ from pydantic_ai.tools import AgentDepsT, RunContext
 
 from stepcore.store.contract import as_step_store
 from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus, utcnow
-from stepcore.store.protocols import StepStore, StepStoreProtocol, StepWrite
+from stepcore.store.protocols import StepStoreProtocol, StepWrite
+from stepcore.store.step_store import StepStore
 
 __all__ = ('CAPABILITY_ID', 'OPERATION_NAMES', 'RegistrationIdentity', 'StepOperations')
 

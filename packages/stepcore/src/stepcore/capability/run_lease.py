@@ -28,7 +28,7 @@ from stepcore.ownership.claims import Claim, open_lease
 from stepcore.ownership.keeper import LeaseKeeper
 from stepcore.store.leases import LeaseState, RunFencedError
 from stepcore.store.models import utcnow
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 __all__ = ('end_lease', 'start_point', 'take_lease')
 

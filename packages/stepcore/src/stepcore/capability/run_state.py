@@ -11,7 +11,7 @@ from pydantic_ai.tools import RunContext
 
 from stepcore.capability.content_tracker import ContentTracker
 from stepcore.capability.run_writer import RunWriter
-from stepcore.recovery.history import SettledTracker
+from stepcore.capability.settled import SettledTracker
 from stepcore.store.ids import derive_run_id
 from stepcore.store.leases import Fence
 from stepcore.store.models import (

@@ -14,7 +14,8 @@ from stepcore.capability.events import announce_snapshot
 from stepcore.capability.operations import StepOperations
 from stepcore.store.contract import write_records
 from stepcore.store.models import ContinuableSnapshot, SnapshotState, StepEvent, ToolEffectRecord
-from stepcore.store.protocols import StepStore, StepWrite
+from stepcore.store.protocols import StepWrite
+from stepcore.store.step_store import StepStore
 
 __all__ = ('DEFERRED_WRITE_DELAY', 'RunWriter')
 

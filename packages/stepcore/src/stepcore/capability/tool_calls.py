@@ -8,12 +8,12 @@ from typing import Any, TypeVar, cast
 from pydantic_ai.messages import ToolCallPart
 from pydantic_ai.tools import RunContext
 
-from stepcore.capability.context import ActiveToolCall, ToolEffectAnnotator, inside_tool_call
+from stepcore.capability.context import ActiveToolCall, ToolEffectAnnotator, active_tool_call, inside_tool_call
 from stepcore.capability.run_state import RunState, describe_error
 from stepcore.store.models import EventKind, ToolEffectRecord, ToolEffectStatus, utcnow
 from stepcore.store.protocols import StepStoreProtocol
 
-__all__ = ('annotate_in_flight', 'record_tool_call')
+__all__ = ('annotate_in_flight', 'annotate_tool_effect', 'record_tool_call')
 
 T = TypeVar('T')
 
@@ -122,3 +122,24 @@ async def annotate_in_flight(
     else:
         run.in_flight[tool_call_id] = merged
         await store.record_tool_effect(merged.model_copy(update={'updated_at': utcnow()}))
+
+
+async def annotate_tool_effect(
+    store: StepStoreProtocol,
+    ctx: RunContext[Any],
+    *,
+    idempotency_key: str | None = None,
+    effect_summary: str | None = None,
+) -> None:
+    """Attach how to deduplicate, and what, a tool's side effect is to its in-flight ledger entry.
+
+    Call it from inside a tool, before doing the side effect. The fields are merged into the
+    `started` record of this tool call and kept when the call's terminal record is written. Outside
+    a tool call wrapped by `StepPersistence` it does nothing.
+    """
+    active = active_tool_call()
+    if active is None or ctx.tool_call_id is None or active.tool_call_id != ctx.tool_call_id:
+        return
+    await active.capability.annotate(
+        ctx, store, active.tool_call_id, idempotency_key=idempotency_key, effect_summary=effect_summary
+    )

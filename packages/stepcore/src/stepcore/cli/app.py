@@ -19,7 +19,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from stepcore import __version__
 from stepcore.cli import render
 from stepcore.cli._loop import run_coroutine
 from stepcore.cli.stores import ENV_VAR, StoreError, open_store, resolve_store_url
@@ -31,13 +30,14 @@ from stepcore.cli.transfer import (
     import_runs,
     parse_export,
 )
+from stepcore.common.version import VERSION as __version__
 from stepcore.ownership.claims import has_leases
 from stepcore.plugins.registry import RegisteredBackend, get_registry
 from stepcore.recovery.standing import LEASE_STATUSES, Standing, runs_by_lease, standings_of
 from stepcore.store.codec import dump_record
 from stepcore.store.lifecycle import PruneReport, RunStatus, parse_duration
 from stepcore.store.models import utcnow
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 __all__ = ('app', 'main')
 
@@ -1074,7 +1074,7 @@ def rekey(
 ) -> None:
     """Re-encrypt every run of a store under the active key (safe to stop and run again)."""
     from stepcore.cli.rekey import rekey_store
-    from stepcore.store.features import ENCRYPTION
+    from stepcore.common.features import ENCRYPTION
 
     options: dict[str, Any] = {}
     if keys_env is not None:

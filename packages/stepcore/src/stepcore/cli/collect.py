@@ -9,10 +9,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stepcore import lifecycle, registry
 from stepcore.cli.stores import StoreError, open_store
 from stepcore.maintenance.gc import GcReport, collect_garbage
-from stepcore.media import MediaStore
+from stepcore.media.protocol import MediaStore
+from stepcore.plugins import registry
+from stepcore.store import lifecycle
 
 __all__ = ('gc_report_json', 'open_media_store', 'parse_duration', 'print_gc_report', 'run_gc')
 

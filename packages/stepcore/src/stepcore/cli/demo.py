@@ -27,9 +27,9 @@ from stepcore.cli.demo_agents import (
 from stepcore.cli.demo_chart import CHART_FILE
 from stepcore.cli.recovery_view import describe_recovery
 from stepcore.plugins.registry import get_registry, store_from_spec
-from stepcore.recovery import inspect_recovery
+from stepcore.recovery.inspection import inspect_recovery
 from stepcore.recovery.resolution import resolve_run
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 __all__ = ('DemoError', 'run_demo')
 

@@ -27,12 +27,12 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from stepcore.capability import StepPersistence
+from stepcore.capability.persistence import StepPersistence
+from stepcore.capability.tool_calls import annotate_tool_effect
 from stepcore.cli.demo_chart import CHART_FILE, chart_png
-from stepcore.recovery.history import annotate_tool_effect
 from stepcore.recovery.policies import Reconciled, recovery_policy
 from stepcore.store.models import ToolEffectRecord
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 __all__ = (
     'CONVERSATION_ID',

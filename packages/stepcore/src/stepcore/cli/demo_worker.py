@@ -12,7 +12,7 @@ from typing import cast
 
 from stepcore.cli.demo_agents import CONVERSATION_ID, FIRST_RUN_ID, PROMPT, build_agents
 from stepcore.plugins.registry import store_from_spec
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 
 def _say(line: str) -> None:

@@ -11,7 +11,7 @@ from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
 
-from stepcore.recovery import RecoveryReport
+from stepcore.recovery.inspection import RecoveryReport
 from stepcore.recovery.paused import Waiting
 from stepcore.store.codec import dump_record
 from stepcore.store.models import ContinuableSnapshot, utcnow

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepcore.cli.transfer import collect_run, dump_export, import_runs, parse_export
-from stepcore.engine.fileio import fsync_dir
-from stepcore.store.protocols import StepStore
+from stepcore.engine import fsync_dir
+from stepcore.store.step_store import StepStore
 
 __all__ = ('RekeyReport', 'rekey_store')
 

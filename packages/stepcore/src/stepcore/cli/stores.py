@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepcore import registry
+from stepcore.plugins import registry
 from stepcore.plugins.urls import URL_EXAMPLES, url_scheme
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 __all__ = ('ENV_VAR', 'StoreError', 'StoreTarget', 'open_store', 'parse_store_url', 'resolve_store_url')
 

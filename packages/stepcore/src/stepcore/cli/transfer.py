@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from stepcore.store.codec import decode_messages, dump_record, encode_message, load_record
 from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 __all__ = ('EXPORT_VERSION', 'RunExport', 'dump_export', 'export_runs', 'import_runs', 'parse_export')
 

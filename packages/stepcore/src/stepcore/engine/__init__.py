@@ -1,26 +1,39 @@
 """The storage engine: one implementation of every store mechanism, over a small port per backend.
 
-- `EngineStore` (`store.py`): the `StepStore` a backend subclasses: the public API.
-- `rows.py`: the row codec: records into rows (bodies sealed) and back, damage named.
-- `driver.py`: runs plans on a port, in transactions, inline or grouped.
-- `SyncPort` / `AsyncPort` (`port.py`): the I/O a backend implements, one method per operation.
-- `PipelinedPort`, `Ask`, `NodeIdBlocks` (`pipeline.py`): what network ports share: reads sent
+What other layers and backends use is handed on here (backends take it from `stepcore.backend`);
+the modules that implement it are private:
+
+- `EngineStore` (`_store.py`): the `StepStore` a backend subclasses: the public API.
+- `_rows.py`, `_seal.py`: the row codec: records into rows (bodies checked, sealed) and back.
+- `_driver.py`, `_group.py`: run plans on a port, in transactions, inline or grouped.
+- `SyncPort` / `AsyncPort` (`_port.py`): the I/O a backend implements, one method per operation.
+- `PipelinedPort`, `Ask`, `NodeIdBlocks` (`_pipeline.py`): what network ports share: reads sent
   together, message node ids reserved in blocks.
-- `ops.py`: the rows and operations a port deals in.
-- `plans.py`: the mechanisms themselves, as plans of operations.
-- `damage.py`: `DamagedRecordError` and how listings pass over damaged records.
+- `ops` (`_ops.py`): the rows and operations a port deals in.
+- `_plans.py`: the mechanisms themselves, as plans of operations.
+- `_history.py`: message histories stored as chains of nodes, and how histories are compared.
+- `_fileio.py`, `_worker.py`, `_setup_once.py`, `_sql.py`: what local and SQL backends share.
+- `memory.py`: `InMemoryStepStore`, the engine over dictionaries.
 - `faults.py`: fault injection at write boundaries, for crash tests.
 """
 
 from __future__ import annotations
 
-from stepcore.engine.damage import DamagedRecordError
-from stepcore.engine.pipeline import Ask, NodeIdBlocks, PipelinedPort
-from stepcore.engine.plans import Fenced, KeyConflict, StaleHistory
-from stepcore.engine.port import AsyncPort, Port, SyncPort, check_text
-from stepcore.engine.store import EngineStore
+from stepcore.common.damage import DamagedRecordError
+from stepcore.engine import _ops as ops
+from stepcore.engine._engine_store import EngineStore
+from stepcore.engine._fileio import TEMP_NAME, create_file, fsync_dir, make_dir, write_all, write_atomic, write_temp
+from stepcore.engine._history import TAIL_RECHECK, shares_prefix, starts_with, trusted_prefix
+from stepcore.engine._pipeline import Ask, NodeIdBlocks, PipelinedPort
+from stepcore.engine._plans import Fenced, KeyConflict, StaleHistory
+from stepcore.engine._port import AsyncPort, Port, SyncPort, check_text
+from stepcore.engine._setup_once import SetupOnce
+from stepcore.engine._sql import event_window
+from stepcore.engine._worker import WorkerThread, WouldBlock, running_inline
 
 __all__ = (
+    'TAIL_RECHECK',
+    'TEMP_NAME',
     'Ask',
     'AsyncPort',
     'DamagedRecordError',
@@ -30,7 +43,22 @@ __all__ = (
     'NodeIdBlocks',
     'PipelinedPort',
     'Port',
+    'SetupOnce',
     'StaleHistory',
     'SyncPort',
+    'WorkerThread',
+    'WouldBlock',
     'check_text',
+    'create_file',
+    'event_window',
+    'fsync_dir',
+    'make_dir',
+    'ops',
+    'running_inline',
+    'shares_prefix',
+    'starts_with',
+    'trusted_prefix',
+    'write_all',
+    'write_atomic',
+    'write_temp',
 )

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from stepcore.engine.store import EngineStore
+from stepcore.engine._engine_store import EngineStore
 
 __all__ = ('InjectedFault', 'boundaries', 'inject_faults', 'stop_at')
 

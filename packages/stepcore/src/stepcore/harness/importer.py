@@ -19,8 +19,9 @@ from pathlib import Path
 from stepcore.harness.file_source import HarnessFileSource, is_harness_folder
 from stepcore.harness.source import HarnessRun, HarnessSource
 from stepcore.harness.sqlite_source import open_harness_sqlite
+from stepcore.store.lifecycle import sort_time
 from stepcore.store.models import RunRecord
-from stepcore.store.protocols import StepStore, sort_time
+from stepcore.store.step_store import StepStore
 
 __all__ = ('HarnessImportSummary', 'import_harness', 'open_harness_source')
 

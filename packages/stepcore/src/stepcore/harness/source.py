@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
 from stepcore.harness.markers import HARNESS_MARKER_PREFIX, restore_harness_media
-from stepcore.media import digest_of_uri
+from stepcore.media.protocol import digest_of_uri
 from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 
 __all__ = ('HarnessRun', 'HarnessSource', 'decode_history')

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import cast
 
-from stepcore.media import CollectableMediaStore, MediaStore, StoredMedia
+from stepcore.common.features import MEDIA_COLLECTION, require_feature
+from stepcore.media.protocol import CollectableMediaStore, MediaStore, StoredMedia
 from stepcore.store.contract import as_step_store
-from stepcore.store.features import MEDIA_COLLECTION, require_feature
 from stepcore.store.models import utcnow
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 __all__ = ('DEFAULT_GRACE', 'GcProgress', 'GcReport', 'collect_garbage')
 

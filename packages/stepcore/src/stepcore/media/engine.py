@@ -7,7 +7,11 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from typing import ClassVar
 
-from stepcore.media import (
+from stepcore.common.features import MEDIA_COLLECTION
+from stepcore.media.errors import DamagedMediaError, MediaNotFoundError
+from stepcore.media.metadata import BlobMeta, decode_metadata
+from stepcore.media.port import BlobHead, BlobRef, ListedBlob, now_micros
+from stepcore.media.protocol import (
     EMPTY_CONTEXT,
     MediaContext,
     PublicUrlResolver,
@@ -16,10 +20,6 @@ from stepcore.media import (
     resolve_public_url,
     uri_of_digest,
 )
-from stepcore.media.errors import DamagedMediaError, MediaNotFoundError
-from stepcore.media.metadata import BlobMeta, decode_metadata
-from stepcore.media.port import BlobHead, BlobRef, ListedBlob, now_micros
-from stepcore.store.features import MEDIA_COLLECTION
 
 __all__ = ('MediaEngine',)
 

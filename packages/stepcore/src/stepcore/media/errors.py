@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepcore.engine.damage import UNPARSABLE, DamagedRecordError
+from stepcore.common.damage import UNPARSABLE, DamagedRecordError
 
 __all__ = ('DamagedMediaError', 'MediaNotFoundError')
 

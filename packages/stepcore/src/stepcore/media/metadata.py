@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from stepcore.media import MediaContext
+from stepcore.media.protocol import MediaContext
 
 __all__ = ('BlobMeta', 'RawMetadata', 'decode_metadata', 'encode_metadata')
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import cast
 
-from stepcore.media import EMPTY_CONTEXT, KeyStrategy, MediaContext, digest_of_uri
 from stepcore.media.metadata import RawMetadata
+from stepcore.media.protocol import EMPTY_CONTEXT, KeyStrategy, MediaContext, digest_of_uri
 
 __all__ = (
     'BlobHead',

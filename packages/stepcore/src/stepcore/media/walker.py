@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable
 from typing import Any, cast
 
-from stepcore.media import EMPTY_CONTEXT, MediaContext, MediaStore, media_uri
+from stepcore.media.protocol import EMPTY_CONTEXT, MediaContext, MediaStore, media_uri
 
 __all__ = (
     'DEFAULT_MEDIA_THRESHOLD_BYTES',

@@ -19,9 +19,9 @@ from datetime import datetime
 
 from pydantic_ai.messages import ModelMessage
 
+from stepcore.common.features import LEASES
 from stepcore.ownership.identity import new_owner, owner_gone
 from stepcore.store.contract import as_step_store
-from stepcore.store.features import LEASES
 from stepcore.store.leases import (
     Lease,
     LeaseState,
@@ -31,7 +31,7 @@ from stepcore.store.leases import (
     from_seconds,
 )
 from stepcore.store.models import utcnow
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 __all__ = ('Claim', 'claim_run', 'has_leases', 'lease_template', 'live', 'open_lease', 'read_lease')
 

@@ -17,7 +17,7 @@ import logging
 from dataclasses import replace
 
 from stepcore.store.leases import Fence, Lease
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 __all__ = ('LeaseKeeper',)
 

@@ -14,6 +14,7 @@ __all__ = (
     'PROJECT_NAME',
     'BackendInfo',
     'UrlOptions',
+    'backend_hooks',
     'hookimpl',
     'hookspec',
     'register_media_stores',
@@ -93,3 +94,33 @@ def register_step_stores() -> Sequence[BackendInfo]:  # type: ignore[empty-body]
 @hookspec
 def register_media_stores() -> Sequence[BackendInfo]:  # type: ignore[empty-body]
     """Return the `MediaStore` backends this plugin provides."""
+
+
+Hook = Callable[[], Sequence[BackendInfo]]
+
+
+def backend_hooks(
+    *, step: Sequence[BackendInfo] | BackendInfo = (), media: Sequence[BackendInfo] | BackendInfo = ()
+) -> tuple[Hook, Hook]:
+    """A plugin's two hooks at once, answering the step and media backends it provides:
+
+        register_step_stores, register_media_stores = backend_hooks(
+            step=BackendInfo(key='sqlite', factory='step_sqlite.store:SqliteStepStore', ...),
+            media=BackendInfo(key='sqlite', factory='step_sqlite.media:SqliteMediaStore', ...),
+        )
+
+    Bind them to those two names in the plugin module (the module the entry point names): the
+    plugin manager finds a hook by its name there.
+    """
+    steps = [step] if isinstance(step, BackendInfo) else list(step)
+    medias = [media] if isinstance(media, BackendInfo) else list(media)
+
+    @hookimpl
+    def register_step_stores() -> Sequence[BackendInfo]:
+        return list(steps)
+
+    @hookimpl
+    def register_media_stores() -> Sequence[BackendInfo]:
+        return list(medias)
+
+    return register_step_stores, register_media_stores

@@ -12,13 +12,13 @@ from urllib.parse import urlsplit
 
 import pluggy
 
-from stepcore import hookspecs
+from stepcore.plugins import hookspecs
 from stepcore.plugins.hookspecs import PROJECT_NAME, BackendInfo
 from stepcore.plugins.options import check_options, coerce_text_options, declared_features, option_names
 from stepcore.plugins.urls import URL_EXAMPLES, query_options, url_scheme
 
 if TYPE_CHECKING:
-    from stepcore.store.protocols import StepStore
+    from stepcore.store.step_store import StepStore
 
 __all__ = (
     'KNOWN_PACKAGES',
@@ -263,7 +263,7 @@ def _encryption_option(options: Mapping[str, Any]) -> dict[str, Any]:
         return found
     if env is not None and path is not None:
         raise ValueError(f'give one of {ENCRYPTION_ENV_OPTION} and {ENCRYPTION_FILE_OPTION}, not both')
-    from stepcore.engine.encryption import Encryption
+    from stepcore.common.encryption import Encryption
 
     found['encryption'] = Encryption.from_env(str(env)) if env is not None else Encryption.from_file(str(path))
     return found
@@ -287,9 +287,9 @@ def build_manager(*, load_entrypoints: bool = True) -> pluggy.PluginManager:
     if load_entrypoints:
         manager.load_setuptools_entrypoints(PROJECT_NAME)
     if not any(k == 'memory' for _, p in manager.list_name_plugin() for k in _step_keys(p)):
-        from stepcore import plugin
+        from stepcore.plugins import builtin
 
-        manager.register(plugin, name='memory')
+        manager.register(builtin, name='memory')
     return manager
 
 

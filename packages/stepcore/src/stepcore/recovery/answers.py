@@ -35,7 +35,8 @@ from stepcore.store.contract import as_step_store
 from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState
 from stepcore.store.lifecycle import run_status
 from stepcore.store.models import utcnow
-from stepcore.store.protocols import StepStore, StepStoreProtocol
+from stepcore.store.protocols import StepStoreProtocol
+from stepcore.store.step_store import StepStore
 from stepcore.store.waiting import Answer, DeferredCall, DeferredKind
 
 __all__ = (

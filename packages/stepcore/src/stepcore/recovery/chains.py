@@ -14,15 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stepcore.capability.context import RESUMES_KEY
 from stepcore.ownership.claims import has_leases
 from stepcore.recovery.paused import Waiting, read_pause
 from stepcore.store.models import ContinuableSnapshot, RunRecord, SnapshotState
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
-__all__ = ('RESUMES_KEY', 'Chain', 'back_to_snapshot', 'continuations', 'resumed_by')
-
-RESUMES_KEY = 'stepcore.resumes'
-"""Run-record metadata key of a run started by `Resumption.run`: the run it resumes."""
+__all__ = ('Chain', 'back_to_snapshot', 'continuations', 'resumed_by')
 
 
 async def resumed_by(store: StepStore, run_id: str) -> str | None:

@@ -29,7 +29,8 @@ from stepcore.recovery.resolution import resolve_run
 from stepcore.store.contract import as_step_store
 from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState, RunClaimedError, RunFencedError, RunOwnedError
 from stepcore.store.models import RunRecord
-from stepcore.store.protocols import StepStore, StepStoreProtocol
+from stepcore.store.protocols import StepStoreProtocol
+from stepcore.store.step_store import StepStore
 
 __all__ = ('AgentChooser', 'OrphanOutcome', 'agent_chooser', 'recover_orphans', 'run_recovery_loop')
 

@@ -19,7 +19,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 
 from stepcore.store.contract import write_records
 from stepcore.store.models import EventKind, StepEvent, ToolEffectRecord, ToolEffectStatus, utcnow
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 __all__ = (
     'BY_HAND_KEY',

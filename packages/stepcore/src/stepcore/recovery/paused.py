@@ -14,7 +14,7 @@ import pydantic_core
 
 from stepcore.store.contract import write_records
 from stepcore.store.models import ContinuableSnapshot, EventKind, StepEvent, utcnow
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 from stepcore.store.waiting import ANSWER_KEY, Answer, DeferredCall, answer_key, answer_of, calls_of, waits
 
 __all__ = ('Waiting', 'read_pause', 'record_answer', 'waiting_of')

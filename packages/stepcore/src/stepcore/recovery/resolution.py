@@ -34,9 +34,8 @@ by its policy like any cut-short call, never run blindly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -46,9 +45,10 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import DeferredToolResults, ToolApproved, ToolDenied
 
+from stepcore.capability.context import RESUMES_KEY, resuming
+from stepcore.capability.settled import unanswered_tool_calls
 from stepcore.ownership.claims import Claim, claim_run, has_leases
-from stepcore.recovery.chains import RESUMES_KEY, back_to_snapshot, continuations
-from stepcore.recovery.history import unanswered_tool_calls
+from stepcore.recovery.chains import back_to_snapshot, continuations
 from stepcore.recovery.ledger import (
     BY_HAND_KEY,
     HOW_KEY,
@@ -67,7 +67,8 @@ from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, r
 from stepcore.store.contract import as_step_store, write_records
 from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, fencing
 from stepcore.store.models import ContinuableSnapshot, EventKind, SnapshotState, StepEvent, ToolEffectRecord, utcnow
-from stepcore.store.protocols import StepStore, StepStoreProtocol
+from stepcore.store.protocols import StepStoreProtocol
+from stepcore.store.step_store import StepStore
 from stepcore.store.waiting import Answer, DeferredCall
 
 __all__ = (
@@ -84,7 +85,6 @@ __all__ = (
     'SettledBy',
     'Settlement',
     'called_in',
-    'claim_resumption',
     'cut_view',
     'expiry_message',
     'mark_checked',
@@ -92,7 +92,6 @@ __all__ = (
     'resolve_run',
     'settlements_of',
     'supply_result',
-    'take_resumption',
 )
 
 logger = logging.getLogger('stepcore.recovery')
@@ -201,59 +200,21 @@ class Resumption:
                 'then supply_result(...), mark_checked(...) or rerun_call(...) it (stepcore recover '
                 '--supply/--mark-checked/--rerun) and call resolve_run again'
             )
-        link = _Link(self.run_id, self.claim)
-        token = _RESUMING.set(link)
-        try:
-            return await agent.run(
-                message_history=self.message_history, deferred_tool_results=self.deferred_tool_results, **run_options
-            )
-        finally:
-            _RESUMING.reset(token)
-            if self.claim is not None and not link.claimed:
-                # no StepPersistence run took the claim over: the run was resumed outside stepcore's sight
-                logger.warning(
-                    'run %r was resumed by an agent without StepPersistence on its store: it is left claimable',
-                    self.run_id,
+        with resuming(self.run_id, self.claim) as link:
+            try:
+                return await agent.run(
+                    message_history=self.message_history,
+                    deferred_tool_results=self.deferred_tool_results,
+                    **run_options,
                 )
-                await self.claim.release()
-
-
-# --- the link from a resumed run to the run it resumes -------------------------------------------
-
-
-@dataclass
-class _Link:
-    run_id: str
-    claim: Claim | None = None
-    claimed: bool = False
-
-
-_RESUMING: ContextVar[_Link | None] = ContextVar('stepcore_resuming', default=None)
-
-
-@contextmanager
-def _resuming(run_id: str, claim: Claim | None = None) -> Iterator[None]:
-    token = _RESUMING.set(_Link(run_id, claim))
-    try:
-        yield
-    finally:
-        _RESUMING.reset(token)
-
-
-def take_resumption() -> tuple[str, Claim | None] | None:
-    """The run the starting run resumes, and recovery's claim on it, once: the first
-    `StepPersistence` run to ask takes them (and hands the claimed run over to itself)."""
-    link = _RESUMING.get()
-    if link is None or link.claimed:
-        return None
-    link.claimed = True
-    return link.run_id, link.claim
-
-
-def claim_resumption() -> str | None:
-    """The run the starting run resumes, once (see `take_resumption`)."""
-    taken = take_resumption()
-    return None if taken is None else taken[0]
+            finally:
+                if self.claim is not None and not link.claimed:
+                    # no StepPersistence run took the claim over: the run was resumed outside stepcore's sight
+                    logger.warning(
+                        'run %r was resumed by an agent without StepPersistence on its store: it is left claimable',
+                        self.run_id,
+                    )
+                    await self.claim.release()
 
 
 # --- the cut cycle -------------------------------------------------------------------------------------

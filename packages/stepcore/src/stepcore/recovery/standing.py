@@ -19,7 +19,7 @@ from stepcore.recovery.chains import continuations
 from stepcore.store.leases import Lease, LeaseState
 from stepcore.store.lifecycle import RunStatus, run_status, sort_time
 from stepcore.store.models import RunRecord
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 
 __all__ = ('LEASE_STATUSES', 'Standing', 'runs_by_lease', 'standing_of', 'standings_of')
 

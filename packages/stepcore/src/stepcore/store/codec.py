@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import pydantic
+from pydantic import ValidationError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
+from pydantic_core import ErrorDetails
 
+from stepcore.common.damage import WrongTypes
 from stepcore.store.models import RECORD_FORMAT_VERSION, ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 
 __all__ = (
@@ -28,6 +31,7 @@ __all__ = (
     'encode_messages',
     'load_record',
     'record_fields',
+    'validated',
 )
 
 FORMAT_KEY = 'format'
@@ -146,3 +150,54 @@ def decode_messages(encoded: Iterable[bytes | str]) -> list[ModelMessage]:
     """Messages back from `encode_message` output, validated in one pass by pydantic-ai's adapter."""
     parts = [e.encode() if isinstance(e, str) else e for e in encoded]
     return ModelMessagesTypeAdapter.validate_json(b'[' + b','.join(parts) + b']')
+
+
+_SHOWN_VALUE: Final = 60
+"""How many characters of a value at fault a message shows."""
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN_VALUE else text[:_SHOWN_VALUE] + '...'
+
+
+def _wrong_types(error: ValidationError, what: str, stored: Mapping[str, Any], kinds: Mapping[str, str]) -> str:
+    unknown: list[str] = []
+    wrong: list[str] = []
+    problem: ErrorDetails
+    for problem in error.errors(include_url=False):
+        loc = problem['loc']
+        field = loc[0] if len(loc) == 1 else None
+        found: object = problem['input']
+        missing = problem['type'] == 'missing'
+        if isinstance(field, str) and found == '':
+            # A port hands over a field it could not read from the record (a ledger entry's status,
+            # a snapshot's state) as '': the value at fault is the one in the record's body.
+            missing = field not in stored
+            found = stored.get(field, found)
+        if missing:
+            wrong.append(f'{".".join(map(str, loc))}: missing')
+        elif problem['type'] == 'enum' and isinstance(field, str) and field in kinds and isinstance(found, str):
+            expected = (problem.get('ctx') or {}).get('expected')
+            unknown.append(f'unknown {kinds[field]}: {_shown(found)}' + (f' (known: {expected})' if expected else ''))
+        else:
+            where = '.'.join(map(str, loc)) or 'the record'
+            wrong.append(f'{where}: {problem["msg"]} (found {_shown(found)})')
+    if wrong or not unknown:
+        unknown.append(f'{what} has wrong types: ' + ('; '.join(wrong) or str(error).replace('\n', ' ')))
+    return '; '.join(unknown)
+
+
+def validated(
+    cls: type[R], stored: Mapping[str, Any], *, what: str, kinds: Mapping[str, str] | None = None, **extra: Any
+) -> R:
+    """`load_record(cls, stored, **extra)`, with a record whose fields do not validate raised as
+    `WrongTypes`: "<what> has wrong types: <field>: <problem> (found <value>)".
+
+    `kinds` names the record's enumerated fields (`{'status': 'tool effect status'}`): a text value
+    that is none of the field's members is told first, as "unknown tool effect status: 'sent'".
+    """
+    try:
+        return load_record(cls, stored, **extra)
+    except ValidationError as error:
+        raise WrongTypes(_wrong_types(error, what, stored, kinds or {})) from error

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
+from stepcore.store.adapters import paged_list_runs
 from stepcore.store.lifecycle import PruneProgress, PruneReport, RunPage
 from stepcore.store.models import (
     ContinuableSnapshot,
@@ -36,8 +37,9 @@ from stepcore.store.models import (
     StepEvent,
     ToolEffectRecord,
 )
-from stepcore.store.protocols import CONTRACT_METHODS, StepStore, StepStoreProtocol, StepWrite, paged_list_runs
+from stepcore.store.protocols import CONTRACT_METHODS, StepStoreProtocol, StepWrite
 from stepcore.store.registration import check_registration
+from stepcore.store.step_store import StepStore
 
 __all__ = ('EXTENSIONS', 'ProtocolStore', 'as_step_store', 'is_step_store_subclass', 'own_extension', 'write_records')
 

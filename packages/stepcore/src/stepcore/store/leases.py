@@ -10,7 +10,7 @@ never visible. The epoch is also the run's *fencing token* for systems outside t
 
 This module holds what every layer shares: the records (`Lease`, `Owner`), the states, the errors,
 and the fence a writing task carries (`fencing`, `fence_of`). The mechanism is the storage engine's
-(`stepcore.engine.store.EngineStore`: one compare-and-set primitive per backend), the policy
+(`stepcore.engine.EngineStore`: one compare-and-set primitive per backend), the policy
 (claiming, renewing, orphans) `stepcore.ownership`'s.
 """
 

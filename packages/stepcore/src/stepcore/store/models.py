@@ -43,7 +43,7 @@ __all__ = (
 RECORD_FORMAT_VERSION = 2
 """Version of the stored record format. Readers refuse records stamped with a newer version.
 
-1: compact JSON bodies. 2: a store's bodies carry a checksum or a ciphertext (`stepcore.engine.seal`).
+1: compact JSON bodies. 2: a store's bodies carry a checksum or a ciphertext (`stepcore.engine`).
 """
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from stepcore.store.arguments import check_writes
 from stepcore.store.contract import write_records
-from stepcore.store.protocols import check_writes
 
 __all__ = ('apply_writes', 'check_writes')
 

@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stepcore.engine import DamagedRecordError
 from stepcore.store.models import SnapshotState, SnapshotSummary, utcnow
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 from stepcore.ui import queries
 from stepcore.ui.conversation import INLINE_MEDIA_TYPES, MessageView, message_views, part_binaries
 from stepcore.ui.diff import diff_snapshots

@@ -17,7 +17,7 @@ from stepcore.ownership.claims import has_leases
 from stepcore.recovery.answers import Waiting, read_waiting
 from stepcore.recovery.resolution import SUMMARY_MARK
 from stepcore.recovery.standing import LEASE_STATUSES, Standing, runs_by_lease, standing_of
-from stepcore.store.lifecycle import RunStatus, run_status
+from stepcore.store.lifecycle import RunStatus, run_status, sort_time
 from stepcore.store.models import (
     EventKind,
     RunRecord,
@@ -27,7 +27,7 @@ from stepcore.store.models import (
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.store.protocols import StepStore, sort_time
+from stepcore.store.step_store import StepStore
 
 __all__ = (
     'EVENTS_PER_PAGE',

@@ -12,9 +12,9 @@ from typing import Any
 
 import uvicorn
 
-from stepcore.media import MediaStore
+from stepcore.media.protocol import MediaStore
 from stepcore.plugins.registry import get_registry, open_store
-from stepcore.store.protocols import StepStore
+from stepcore.store.step_store import StepStore
 from stepcore.ui.app import create_app
 from stepcore.ui.snippets import display_url
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from stepcore.recovery import RecoveryReport
+from stepcore.recovery.inspection import RecoveryReport
 from stepcore.recovery.paused import Waiting
 from stepcore.ui.queries import RecoveryView
 

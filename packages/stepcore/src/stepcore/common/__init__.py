@@ -1,0 +1,1 @@
+"""What every layer shares: feature names, the damaged-record error, encryption keys."""

@@ -1,0 +1,193 @@
+"""The driver: runs the engine's plans on a port, in transactions, and names the store in its errors.
+
+A plan (`plans.py`) yields operations; the driver sends each to the port and its answer back, on
+the port's thread for a `SyncPort` (in one hand-off with the commit, or inline on the event loop
+for a short write when the port allows it, or grouped with other writes when the port groups
+them), or awaited for an `AsyncPort`. It marks the engine's write boundaries for fault injection
+and adds a note naming the store to an error of the backend's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar, cast
+
+from stepcore.engine._group import NOT_PREPARED, WriteGroups
+from stepcore.engine._ops import Op
+from stepcore.engine._plans import Fenced, KeyConflict, Plan, StaleHistory
+from stepcore.engine._port import AsyncPort, Port, SyncPort
+
+__all__ = (
+    'INLINE_ATTEMPTS',
+    'INLINE_NEW_MESSAGES',
+    'INLINE_RECORDS',
+    'NEEDS_WALK',
+    'Driver',
+    'NeedsWalk',
+    'drive_async',
+    'drive_sync',
+    'single',
+)
+
+T = TypeVar('T')
+
+INLINE_RECORDS: Final = 64
+"""A write of at most this many events and ledger entries may be written inline (see below)."""
+INLINE_ATTEMPTS: Final = 4
+"""How often a short write finds the port's thread busy, waits for it and tries inline again before
+it queues for the thread."""
+INLINE_NEW_MESSAGES: Final = 8
+"""A snapshot save with at most this many messages new to the run's last save may be written
+inline on the event loop (`SyncPort.inline_writes`); a longer one goes to the port's thread."""
+_OURS = (ValueError, LookupError, TypeError, RuntimeError, NotImplementedError, KeyConflict, StaleHistory, Fenced)
+"""Errors the engine and the contract raise themselves: they already say what is wrong."""
+
+
+class NeedsWalk:
+    """A save whose new messages hold media: they go to the media store from the event loop first."""
+
+
+NEEDS_WALK: Final = NeedsWalk()
+
+
+def drive_sync(port: SyncPort, tx: Any, plan: Plan[T]) -> T:
+    """Carry out a plan on a blocking port: each operation sent to the port, its answer back."""
+    answer: Any = None
+    while True:
+        try:
+            step = plan.send(answer)
+        except StopIteration as done:
+            return cast(T, done.value)
+        if isinstance(step, tuple):
+            answer = [port.run(tx, op) for op in step]
+            continue
+        if step.writes:
+            port.boundary(step.method)
+        answer = port.run(tx, step)
+
+
+async def drive_async(port: AsyncPort, tx: Any, plan: Plan[T]) -> T:
+    """Carry out a plan on an async port; a group of independent reads goes to `run_group`."""
+    answer: Any = None
+    while True:
+        try:
+            step = plan.send(answer)
+        except StopIteration as done:
+            return cast(T, done.value)
+        if isinstance(step, tuple):
+            answer = await port.run_group(tx, step)
+            continue
+        if step.writes:
+            port.boundary(step.method)
+        answer = await port.run(tx, step)
+
+
+def single(op: Op) -> Plan[Any]:
+    """A plan of one operation."""
+    return (yield op)
+
+
+class Driver:
+    """Runs plans on one port for the store named `owner` (see the module docstring)."""
+
+    def __init__(self, port: Port, owner: str) -> None:
+        if not isinstance(port, SyncPort | AsyncPort):
+            raise TypeError(f'{owner} needs a SyncPort or an AsyncPort, got {type(port).__name__}')
+        self.port = port
+        self.owner = owner
+        self._groups = WriteGroups(port) if isinstance(port, SyncPort) and port.group_commit else None
+
+    async def transact(
+        self,
+        runs: Sequence[str],
+        make_plan: Callable[[], Plan[T]],
+        prepare: Callable[[], bool] | None = None,
+        *,
+        short: bool = False,
+    ) -> T | NeedsWalk:
+        """Run a write plan in one transaction; `NEEDS_WALK` when `prepare()` says media must go first.
+
+        On a `SyncPort`, `prepare` (finding and encoding a save's new messages), the plan and the
+        commit run together: inline on the event loop when the write is `short`, the port allows
+        it and its thread is idle (a step's records and a few new messages: no hand-off, no
+        contention for the GIL between two threads), else on the port's thread in one hand-off.
+        """
+        port = self.port
+        try:
+            if isinstance(port, SyncPort):
+
+                def job() -> T | NeedsWalk:
+                    if prepare is not None and not prepare():
+                        return NEEDS_WALK
+                    with port.transaction(runs) as tx:
+                        result = drive_sync(port, tx, make_plan())
+                        port.boundary('commit')
+                    port.boundary('committed')
+                    return result
+
+                if short and port.inline_writes:
+                    for _ in range(INLINE_ATTEMPTS):
+                        done, result = port.try_inline(job)
+                        if done:
+                            return cast(T | NeedsWalk, result)
+                        # A port that cannot group writes gains nothing by queueing behind its busy
+                        # thread, and under many runs every write would then queue behind the one
+                        # before: it waits for the thread to be idle and writes inline. One that can
+                        # group them queues, and its thread commits the queued writes together.
+                        if port.group_commit or not await port.wait_idle():
+                            break
+                if self._groups is not None and port.fault_hook is None:
+                    # under fault injection each write keeps a transaction of its own, so a fault
+                    # stops exactly the write it is aimed at
+                    outcome = await self._groups.write(runs, prepare, lambda tx: drive_sync(port, tx, make_plan()))
+                    return NEEDS_WALK if outcome is NOT_PREPARED else cast(T, outcome)
+                return await port.call(job)
+            assert isinstance(port, AsyncPort)
+            if prepare is not None and not prepare():
+                return NEEDS_WALK
+            async with port.transaction(runs) as tx:
+                result = await drive_async(port, tx, make_plan())
+                port.boundary('commit')
+            port.boundary('committed')
+            return result
+        except Exception as error:
+            self.note(error, f'writing run {", ".join(map(repr, runs))}')
+            raise
+
+    async def read(self, run_id: str | None, plan: Plan[T]) -> T:
+        port = self.port
+        try:
+            if isinstance(port, SyncPort):
+
+                def job() -> T:
+                    with port.reading(run_id) as tx:
+                        return drive_sync(port, tx, plan)
+
+                return await port.call(job)
+            assert isinstance(port, AsyncPort)
+            async with port.reading(run_id) as tx:
+                return await drive_async(port, tx, plan)
+        except Exception as error:
+            self.note(error, 'listing runs' if run_id is None else f'reading run {run_id!r}')
+            raise
+
+    def note(self, error: Exception, action: str) -> None:
+        """Add a note naming the store and what it was doing to an error of the backend's own (a
+        driver's or the operating system's), so it never reaches a caller without that context."""
+        if not isinstance(error, _OURS):
+            error.add_note(f'{self.owner} on {self.port.describe()}, {action}')
+
+    async def write_op(self, runs: Sequence[str], op: Op) -> Any:
+        """Run one write operation in a transaction of its own."""
+        return await self.transact(runs, lambda: single(op))
+
+    # -- checks and encoding ------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Release what the port opened (on its thread, for a `SyncPort`)."""
+        port = self.port
+        if isinstance(port, SyncPort):
+            await port.call(port.close)
+        else:
+            assert isinstance(port, AsyncPort)
+            await port.close()
