@@ -12,6 +12,8 @@
 #    answers `--version` (or `--help` where it has no such option), and every backend the wheel
 #    registers is listed by `stepcore plugins` as available (its class and driver import). The
 #    `stepcore` script itself also runs once, in the venv of the stepcore wheel.
+# 4. The README's install commands: stepcore and step-sqlite by path from the checkout, and
+#    `stepcore[all]` by name from the built wheels (`--find-links`).
 #
 # Runs in well under two minutes once uv's cache is warm; needs python3 and uv (installed from
 # PyPI when missing).
@@ -138,3 +140,22 @@ while read -r name module wheel; do
     count=$((count + 1))
 done <"$work/targets.txt"
 say "$count wheels installed alone, imported, and their backends available"
+
+# The README's two ways to install today: by path from the checkout, and by name from the built
+# wheels with --find-links (the extras of stepcore name sibling distributions).
+venv="$work/venv-by-path"
+"$UV" venv --quiet --python 3.11 "$venv"
+"$UV" pip install --quiet --python "$venv/bin/python" -c "$work/constraints.txt" ./packages/stepcore ./packages/step-sqlite
+"$venv/bin/stepcore" plugins --json | python3 -c '
+import json, sys
+keys = {b["key"] for p in json.load(sys.stdin) for b in p["backends"] if "unavailable" not in b}
+sys.exit(None if "sqlite" in keys else f"wheel-smoke: installed by path, sqlite is not available: {sorted(keys)}")'
+venv="$work/venv-find-links"
+"$UV" venv --quiet --python 3.11 "$venv"
+"$UV" pip install --quiet --python "$venv/bin/python" -c "$work/constraints.txt" --find-links "$dist" 'stepcore[all]'
+"$venv/bin/stepcore" plugins --json | python3 -c '
+import json, sys
+keys = {b["key"] for p in json.load(sys.stdin) for b in p["backends"] if "unavailable" not in b}
+wanted = {"sqlite", "file", "mongo", "postgres", "redis", "disk", "s3"}
+sys.exit(None if wanted <= keys else f"wheel-smoke: stepcore[all] from the wheels lacks {sorted(wanted - keys)}")'
+say "installed by path (stepcore, step-sqlite) and by name from the wheels (stepcore[all]), as the README says"
