@@ -18,6 +18,6 @@ PY
 "$UV" venv --quiet --python 3.11 "$work/venv"
 export VIRTUAL_ENV="$work/venv"
 "$UV" pip install --quiet -c "$work/constraints.txt" \
-    -e ./packages/stepcore -e ./packages/media-disk -e ./tests-shared -e './examples/stepcore-template-backend[test]'
-cd examples/stepcore-template-backend
+    -e ./packages/stepcore -e ./packages/media-disk -e ./tests-shared -e './examples/stepcore-template[test]'
+cd examples/stepcore-template
 "$VIRTUAL_ENV/bin/pytest" -rs -p no:cacheprovider "$@"

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stepcore_template_backend import TemplateStepStore
+from stepcore_template import TemplateStepStore
 
 import stepcore
 from stepcore import RunRecord
@@ -27,7 +27,7 @@ async def test_from_spec_builds_the_store(tmp_path: Path) -> None:
 
 def test_plugin_declares_what_the_class_declares() -> None:
     backend = get_registry().get('step', 'template')
-    assert backend.distribution == 'stepcore-template-backend'
+    assert backend.distribution == 'stepcore-template'
     assert backend.features() == TemplateStepStore.features
 
 

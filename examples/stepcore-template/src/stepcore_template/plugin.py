@@ -22,9 +22,9 @@ def template_url_options(url: str) -> dict[str, Any]:
 register_step_stores, register_media_stores = backend_hooks(
     step=BackendInfo(
         key='template',
-        factory='stepcore_template_backend.store:TemplateStepStore',
+        factory='stepcore_template.store:TemplateStepStore',
         schemes=('template',),
         url_options=template_url_options,
-        summary='One JSON file per record in a folder (a template for backend authors).',
+        summary='One JSON file per record in a folder.',
     ),
 )

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stepcore_template_backend import TemplateStepStore
-from stepcore_template_backend.store import key_name
+from stepcore_template import TemplateStepStore
+from stepcore_template.store import key_name
 
 from stepcore import StepStore
 from stepcore_conformance import Damage, StepStoreConformance

@@ -76,7 +76,7 @@ from stepcore.backend import (
 
 __all__ = ('TemplatePort', 'TemplateStepStore', 'key_name')
 
-logger = logging.getLogger('stepcore_template_backend')
+logger = logging.getLogger('stepcore_template')
 
 _NUMBERED = re.compile(r'(\d+)(?:\.([0-9a-f]{64}))?\.json')
 """`<seq>.json` or `<seq>.<key name>.json` (other names, such as temporary files, are not records)."""

@@ -1,4 +1,4 @@
-"""A stepcore step store on the storage engine, one JSON file per record (a template for backend authors)."""
+"""A stepcore step store on the storage engine, one JSON file per record."""
 
 from __future__ import annotations
 
