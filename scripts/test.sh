@@ -42,5 +42,3 @@ done
 # The tests that depend on pydantic-ai, on the oldest release stepcore supports (the newest is in .venv).
 bash scripts/test-oldest.sh "$@"
 
-# The worked third-party backend, in an environment of its own.
-bash scripts/test-example.sh
