@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -20,6 +20,7 @@ from stepcore.store.step_store import StepStore
 __all__ = (
     'DEBUG_VAR',
     'JsonOption',
+    'ProgressBar',
     'RunArgument',
     'StoreOption',
     'echo_json',
@@ -28,7 +29,6 @@ __all__ = (
     'fail',
     'out',
     'progress',
-    'progress_of',
     'resolve_run_id',
     'run',
     'with_run',
@@ -148,43 +148,40 @@ def with_run(url: str | None, run_id: str, body: Callable[[StepStore, str], Awai
     return with_store(url, resolved)
 
 
+class ProgressBar:
+    """The bar `progress` shows: moved on by `advance`, set by `update`; `next` goes on with a new one."""
+
+    def __init__(self, display: Progress, description: str, total: int | None) -> None:
+        self._display = display
+        self._task = display.add_task(description, total=total)
+
+    def advance(self, n: int = 1, *, description: str | None = None) -> None:
+        """Move the bar on by `n`, and show `description` from now on when one is given."""
+        self._display.update(self._task, advance=n, description=description)
+
+    def update(self, done: int, total: int | None = None) -> None:
+        """Set how much is done of `total` (None: the total is unknown, or stays what it was)."""
+        self._display.update(self._task, completed=done, total=total)
+
+    def next(self, description: str, total: int | None = None) -> None:
+        """Leave this bar where it stands and go on with a new one below it."""
+        self._task = self._display.add_task(description, total=total)
+
+
 @contextmanager
-def progress(description: str, total: int | None):
-    """A progress bar on stderr, shown only when stderr is a terminal."""
-    stderr = Console(stderr=True)
+def progress(description: str, total: int | None = None) -> Iterator[ProgressBar]:
+    """A progress bar on stderr, shown only when stderr is a terminal; `total` is None while unknown.
+
+    Descriptions are shown as they are, never read as markup: they may hold a run id.
+    """
+    stderr = err()
     with Progress(
-        TextColumn('{task.description}'),
+        TextColumn('{task.description}', markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=stderr,
         disable=not stderr.is_terminal,
         transient=True,
-    ) as progress:
-        task = progress.add_task(description, total=total)
-
-        def advance(n: int) -> None:
-            progress.advance(task, n)
-
-        yield advance
-
-
-@contextmanager
-def progress_of(description: str):
-    """A progress bar on stderr (only when it is a terminal), fed `(done, total)` as work proceeds."""
-    stderr = Console(stderr=True)
-    with Progress(
-        TextColumn('{task.description}'),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        disable=not stderr.is_terminal,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(description, total=None)
-
-        def update(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
-
-        yield update
+    ) as display:
+        yield ProgressBar(display, description, total)

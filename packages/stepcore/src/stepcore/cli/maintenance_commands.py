@@ -23,7 +23,6 @@ from stepcore.cli.console import (
     fail,
     out,
     progress,
-    progress_of,
     run,
     with_run,
     with_store,
@@ -68,8 +67,8 @@ def prune(
         fail(str(exc))
 
     async def body(s: StepStore) -> PruneReport:
-        with progress_of('checking runs' if dry_run else 'pruning runs') as progress:
-            return await s.prune(age, conversation_id=conversation, dry_run=dry_run, progress=progress)
+        with progress('checking runs' if dry_run else 'pruning runs') as bar:
+            return await s.prune(age, conversation_id=conversation, dry_run=dry_run, progress=bar.update)
 
     report = with_store(store, body)
     if as_json:
@@ -125,8 +124,8 @@ def export_command(
 
     async def body(s: StepStore, rid: str) -> list[RunExport]:
         ids = await descendant_ids(s, rid) if with_delegates else [rid]
-        with progress('exporting', None) as advance:
-            return await export_runs(s, ids, progress=advance)
+        with progress('exporting') as bar:
+            return await export_runs(s, ids, progress=bar.advance)
 
     _, exported = with_run(store, run_id, body)
     text = json.dumps(dump_export(exported), indent=1, ensure_ascii=False)
@@ -173,8 +172,8 @@ def import_command(
         fail(f'{file}: {error_text(exc)}')
 
     async def body(s: StepStore) -> None:
-        with progress('importing', sum(r.size for r in runs_in)) as advance:
-            await import_runs(s, runs_in, progress=advance)
+        with progress('importing', sum(r.size for r in runs_in)) as bar:
+            await import_runs(s, runs_in, progress=bar.advance)
 
     with_store(store, body, must_exist=False)
     names = ', '.join(r.run.run_id for r in runs_in)
@@ -215,7 +214,7 @@ def gc(
 
     async def main() -> GcReport:
         # Resolved inside `run`, so a missing --store is one `error:` line like every other command's.
-        return await run_gc(resolve_store_url(store), media, grace=window, dry_run=dry_run, console=err())
+        return await run_gc(resolve_store_url(store), media, grace=window, dry_run=dry_run)
 
     report = run(main())
     if as_json:
@@ -265,8 +264,8 @@ def rekey(
                 raise ValueError(
                     f'{type(s).__name__} does not declare feature {ENCRYPTION!r}: its runs cannot be re-encrypted'
                 )
-            with progress('re-encrypting', None) as advance:
-                return await rekey_store(s, journal, progress=lambda _run: advance(1))
+            with progress('re-encrypting') as bar:
+                return await rekey_store(s, journal, progress=lambda _run: bar.advance())
         finally:
             await s.aclose()
 
