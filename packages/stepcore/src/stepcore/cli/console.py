@@ -10,8 +10,8 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from stepcore.cli._loop import run_coroutine
 from stepcore.cli.stores import ENV_VAR, StoreError, open_store, resolve_store_url
@@ -70,7 +70,7 @@ RunArgument = Annotated[
 
 
 def fail(message: str) -> NoReturn:
-    err().print(f'[bold red]error:[/] {escape(message)}', highlight=False, soft_wrap=True)
+    err().print(Text.assemble(('error:', 'bold red'), f' {message}'), soft_wrap=True)
     raise typer.Exit(1)
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from stepcore.cli.console import progress
 from stepcore.cli.stores import StoreError, open_store, parse_store_url, resolve_store_url
@@ -75,9 +75,9 @@ async def import_from_harness(path: Path, store_url: str | None) -> None:
         finally:
             await store.aclose()
     out = Console()
-    out.print(f'from {escape(summary.source)} into {escape(target.describe())}:', highlight=False, soft_wrap=True)
+    out.print(Text(f'from {summary.source} into {target.describe()}:'), soft_wrap=True)
     out.print(summary_table(summary))
     for line in [*summary.conflicts, *summary.skipped]:
-        out.print(f'[red]left out:[/] {escape(line)}', highlight=False, soft_wrap=True)
+        out.print(Text.assemble(('left out:', 'red'), f' {line}'), soft_wrap=True)
     if not summary.complete:
         raise typer.Exit(1)

@@ -160,7 +160,7 @@ def snapshots(run_id: RunArgument, store: StoreOption = None, as_json: JsonOptio
         echo_json([{**dump_record(x, exclude={'messages'}), 'message_count': len(x.messages)} for x in found])
         return
     if not found:
-        out().print(f'run {run_id} has no snapshots')
+        out().print(Text(f'run {run_id} has no snapshots'))
         return
     out().print(render.snapshots_table(found, title=f'snapshots of {run_id}'))
 
@@ -216,6 +216,6 @@ def effects(
         echo_json([dump_record(e) for e in found])
         return
     if not found:
-        out().print(f'run {run_id} has no {"unresolved " if unresolved else ""}tool effects')
+        out().print(Text(f'run {run_id} has no {"unresolved " if unresolved else ""}tool effects'))
         return
     out().print(render.effects_table(found, title=f'tool effects of {run_id}'))

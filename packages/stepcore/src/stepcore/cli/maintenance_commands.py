@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from stepcore.cli import render
 from stepcore.cli.console import (
@@ -136,7 +136,7 @@ def export_command(
         output.write_text(text + '\n', encoding='utf-8')
     except OSError as exc:
         fail(f'cannot write {str(output)!r}: {exc.strerror or exc}')
-    err().print(f'exported {len(exported)} run(s) to {escape(str(output))}', highlight=False)
+    err().print(Text(f'exported {len(exported)} run(s) to {output}'))
 
 
 def import_command(
@@ -177,7 +177,7 @@ def import_command(
 
     with_store(store, body, must_exist=False)
     names = ', '.join(r.run.run_id for r in runs_in)
-    err().print(f'imported {len(runs_in)} run(s): {escape(names)}', highlight=False)
+    err().print(Text(f'imported {len(runs_in)} run(s): {names}'))
 
 
 def gc(

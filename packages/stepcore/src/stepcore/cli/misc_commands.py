@@ -68,8 +68,8 @@ def plugins(as_json: JsonOption = False) -> None:
             features = Text(', '.join(row['features']))
             if 'unavailable' in row:
                 features = Text(f'unavailable: {row["unavailable"]}', style='red')
-            urls = ', '.join(row['urls'])
-            table.add_row(p.distribution, p.version, row['kind'], row['key'], urls, features, row['summary'])
+            shown = (p.distribution, p.version, row['kind'], row['key'], ', '.join(row['urls']))
+            table.add_row(*map(Text, shown), features, Text(row['summary']))
     out().print(table)
 
 
