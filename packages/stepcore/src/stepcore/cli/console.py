@@ -31,6 +31,7 @@ __all__ = (
     'progress',
     'resolve_run_id',
     'run',
+    'store_option',
     'with_run',
     'with_store',
 )
@@ -49,17 +50,17 @@ def err() -> Console:
 
 DEBUG_VAR = 'STEPCORE_DEBUG'
 
+
+def store_option(help: str) -> Any:
+    """The `--store URL` option (`-s`), with its help."""
+    return typer.Option('--store', '-s', metavar='URL', help=help, show_default=False)
+
+
 StoreOption = Annotated[
     str | None,
-    typer.Option(
-        '--store',
-        '-s',
-        metavar='URL',
-        help=(
-            f'Store URL, e.g. sqlite:///runs.db, file:///path/runs, mongodb://host/db, postgresql://host/db '
-            f'(default: ${ENV_VAR}); `stepcore plugins` lists the URLs installed backends answer to.'
-        ),
-        show_default=False,
+    store_option(
+        f'Store URL, e.g. sqlite:///runs.db, file:///path/runs, mongodb://host/db, postgresql://host/db '
+        f'(default: ${ENV_VAR}); `stepcore plugins` lists the URLs installed backends answer to.'
     ),
 ]
 JsonOption = Annotated[bool, typer.Option('--json', help='Print JSON for scripts instead of a table.')]

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from stepcore.cli.console import store_option
 from stepcore.cli.inspect_commands import effects, events, runs, show, snapshots, tree
 from stepcore.cli.maintenance_commands import export_command, gc, import_command, prune, rekey
 from stepcore.cli.misc_commands import demo, plugins, ui
@@ -71,15 +72,9 @@ def cli_root(
     ctx: typer.Context,
     store: Annotated[
         str | None,
-        typer.Option(
-            '--store',
-            '-s',
-            metavar='URL',
-            help=(
-                f'Store URL for every command that reads or writes one (default: ${ENV_VAR}); '
-                "a command's own --store overrides it."
-            ),
-            show_default=False,
+        store_option(
+            f'Store URL for every command that reads or writes one (default: ${ENV_VAR}); '
+            "a command's own --store overrides it."
         ),
     ] = None,
     version: Annotated[
