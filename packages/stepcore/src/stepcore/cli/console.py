@@ -71,6 +71,7 @@ RunArgument = Annotated[
 
 
 def fail(message: str) -> NoReturn:
+    """Print `message` as one `error:` line on stderr and exit with status 1."""
     err().print(Text.assemble(('error:', 'bold red'), f' {message}'), soft_wrap=True)
     raise typer.Exit(1)
 
