@@ -195,6 +195,12 @@ def test_effects_and_unresolved(db: str) -> None:
     assert [(e['tool_name'], e['status']) for e in failed] == [('deploy', 'failed')]
 
 
+def test_effects_table_shows_how_a_call_was_settled_on_recovery(db: str) -> None:
+    # the suffix is part of the stored summary, in square brackets: shown as written, not read as markup
+    text = ok('effects', 'report-run-1', '--store', db)
+    assert "email 'Weekly report' to team@example.com [settled on recovery: reconciled]" in text
+
+
 def test_recover_explains_in_words(db: str) -> None:
     text = ' '.join(ok('recover', 'report-run-1', '-s', db).split())
     assert 'Resumed by report-run-2 (completed): a resumed run is never resumed again' in text

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import types
 from typing import Any
@@ -11,7 +10,7 @@ import pluggy
 import pytest
 from typer.testing import CliRunner
 
-from stepcore.cli import app
+from stepcore.cli import app, misc_commands
 from stepcore.common.features import (
     CHECKSUMS,
     ENCRYPTION,
@@ -24,8 +23,6 @@ from stepcore.common.features import (
 from stepcore.plugins import hookspecs
 from stepcore.plugins.hookspecs import PROJECT_NAME, BackendInfo, hookimpl
 from stepcore.plugins.registry import Registry
-
-cli_app = importlib.import_module('stepcore.cli.app')  # the module; `stepcore.cli.app` is the Typer app
 
 OURS = {
     'stepcore': {('step', 'memory')},
@@ -96,7 +93,7 @@ def _registry_with_a_missing_driver() -> Registry:
 
 
 def test_a_backend_whose_driver_is_missing_is_listed_as_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli_app, 'get_registry', _registry_with_a_missing_driver)
+    monkeypatch.setattr(misc_commands, 'get_registry', _registry_with_a_missing_driver)
     result = CliRunner().invoke(app, ['plugins', '--json'])
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from stepcore.cli.app import app, main
+from stepcore.cli.root import app, main
 
 __all__ = ('app', 'main')

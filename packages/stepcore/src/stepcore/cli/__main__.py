@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepcore.cli.app import main
+from stepcore.cli.root import main
 
 if __name__ == '__main__':
     main()

@@ -6,9 +6,9 @@ from datetime import timedelta
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from stepcore.cli.console import progress
 from stepcore.cli.stores import StoreError, open_store
 from stepcore.maintenance.gc import GcReport, collect_garbage
 from stepcore.media.protocol import MediaStore
@@ -33,30 +33,21 @@ def open_media_store(url: str) -> MediaStore:
     return media
 
 
-async def run_gc(
-    store_url: str, media_url: str | None, *, grace: timedelta, dry_run: bool, console: Console
-) -> GcReport:
-    """Open the stores, collect with a progress display on `console`, close them, return the report."""
+async def run_gc(store_url: str, media_url: str | None, *, grace: timedelta, dry_run: bool) -> GcReport:
+    """Open the stores, collect with a progress bar on stderr, close them, return the report."""
     store = open_store(store_url)
     media = None
     try:
         media = open_media_store(media_url) if media_url else None
-        with Progress(
-            TextColumn('{task.description}'),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            disable=not console.is_terminal,
-            transient=True,
-        ) as progress:
-            tasks: dict[str, TaskID] = {}
+        with progress('reading snapshots') as bar:
+            sweeping = False
 
             def report(phase: str, done: int, total: int | None) -> None:
-                if phase not in tasks:
-                    label = 'reading snapshots' if phase == 'mark' else 'sweeping blobs'
-                    tasks[phase] = progress.add_task(label, total=total)
-                progress.update(tasks[phase], completed=done, total=total)
+                nonlocal sweeping
+                if phase == 'sweep' and not sweeping:
+                    sweeping = True
+                    bar.next('sweeping blobs')
+                bar.update(done, total)
 
             return await collect_garbage(store, media, grace=grace, dry_run=dry_run, progress=report)
     finally:

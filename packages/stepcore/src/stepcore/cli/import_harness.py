@@ -8,41 +8,18 @@ source was left out: a damaged record, or a run id the target holds for another 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
+from stepcore.cli.console import progress
 from stepcore.cli.stores import StoreError, open_store, parse_store_url, resolve_store_url
-from stepcore.harness import HarnessImportSummary, HarnessRun, import_harness, open_harness_source
+from stepcore.harness import HarnessImportSummary, import_harness, open_harness_source
 
 __all__ = ('import_from_harness', 'summary_table')
-
-
-@contextmanager
-def _progress(total: int) -> Iterator[Callable[[HarnessRun], None]]:
-    """A bar over the source's runs on stderr, shown only when stderr is a terminal."""
-    stderr = Console(stderr=True)
-    with Progress(
-        TextColumn('{task.description}'),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        disable=not stderr.is_terminal,
-        transient=True,
-    ) as progress:
-        task = progress.add_task('importing runs', total=total)
-
-        def advance(run: HarnessRun) -> None:
-            progress.update(task, advance=1, description=f'imported {run.run_id}')
-
-        yield advance
 
 
 def _same_place(a: Path, b: Path) -> bool:
@@ -88,14 +65,19 @@ async def import_from_harness(path: Path, store_url: str | None) -> None:
         run_ids = source.run_ids()
         store = open_store(url, must_exist=False)
         try:
-            with _progress(len(run_ids)) as advance:
-                summary = await import_harness(source, store, run_ids=run_ids, progress=advance)
+            with progress('importing runs', len(run_ids)) as bar:
+                summary = await import_harness(
+                    source,
+                    store,
+                    run_ids=run_ids,
+                    progress=lambda run: bar.advance(description=f'imported {run.run_id}'),
+                )
         finally:
             await store.aclose()
     out = Console()
-    out.print(f'from {escape(summary.source)} into {escape(target.describe())}:', highlight=False, soft_wrap=True)
+    out.print(Text(f'from {summary.source} into {target.describe()}:'), soft_wrap=True)
     out.print(summary_table(summary))
     for line in [*summary.conflicts, *summary.skipped]:
-        out.print(f'[red]left out:[/] {escape(line)}', highlight=False, soft_wrap=True)
+        out.print(Text.assemble(('left out:', 'red'), f' {line}'), soft_wrap=True)
     if not summary.complete:
         raise typer.Exit(1)

@@ -57,8 +57,14 @@ def styled_status(status: str) -> Text:
     return Text(status, style=_STATUS_STYLE.get(status, ''))
 
 
-def _dash(value: object) -> str:
-    return '-' if value is None or value == '' else str(value)
+def _dash(value: object) -> Text:
+    """A stored value as plain text (never read as markup), `-` when there is none."""
+    return Text('-' if value is None or value == '' else str(value))
+
+
+def _table(title: str | None) -> Table:
+    """A table whose title, which may name a run, is shown as plain text."""
+    return Table(title=None if title is None else Text(title, style='table.title'))
 
 
 def when(moment: datetime) -> str:
@@ -80,7 +86,7 @@ def _clip(text: str, limit: int = 200) -> str:
 def runs_table(
     runs: Sequence[RunRecord], statuses: Sequence[str], *, title: str | None = None, timestamps: bool = True
 ) -> Table:
-    table = Table(title=title)
+    table = _table(title)
     table.add_column('run_id', overflow='fold')
     table.add_column('agent', overflow='fold')
     table.add_column('status', no_wrap=True)
@@ -90,7 +96,7 @@ def runs_table(
         table.add_column('started_at (UTC)')
     for run, status in zip(runs, statuses, strict=True):
         row: list[RenderableType] = [
-            run.run_id,
+            Text(run.run_id),
             _dash(run.agent_name),
             styled_status(status),
             _dash(run.conversation_id),
@@ -103,7 +109,7 @@ def runs_table(
 
 
 def events_table(events: Sequence[StepEvent], *, title: str | None = None, timestamps: bool = True) -> Table:
-    table = Table(title=title)
+    table = _table(title)
     with_errors = any(e.error for e in events)
     table.add_column('seq', justify='right')
     table.add_column('step', justify='right')
@@ -124,7 +130,7 @@ def events_table(events: Sequence[StepEvent], *, title: str | None = None, times
             _dash(event.tool_call_id),
         ]
         if with_errors:
-            row.append(_clip(event.error or '-', 80))
+            row.append(Text(_clip(event.error or '-', 80)))
         if timestamps:
             row.append(_when(event.timestamp))
         table.add_row(*row)
@@ -134,7 +140,7 @@ def events_table(events: Sequence[StepEvent], *, title: str | None = None, times
 def snapshots_table(
     snapshots: Sequence[ContinuableSnapshot], *, title: str | None = None, timestamps: bool = True
 ) -> Table:
-    table = Table(title=title)
+    table = _table(title)
     table.add_column('seq', justify='right')
     table.add_column('step', justify='right')
     table.add_column('state', no_wrap=True)
@@ -149,7 +155,7 @@ def snapshots_table(
             str(snap.step_index),
             Text(snap.state.value, style=state_style),
             str(len(snap.messages)),
-            _last_message_summary(snap.messages),
+            Text(_last_message_summary(snap.messages)),
         ]
         if timestamps:
             row.append(_when(snap.timestamp))
@@ -168,7 +174,7 @@ def _last_message_summary(messages: Sequence[ModelMessage]) -> str:
 def effects_table(
     effects: Sequence[ToolEffectRecord], *, title: str | None = None, timestamps: bool = True, compact: bool = False
 ) -> Table:
-    table = Table(title=title)
+    table = _table(title)
     with_errors = any(e.error for e in effects)
     table.add_column('tool_call_id', overflow='fold')
     table.add_column('tool', overflow='fold')
@@ -184,8 +190,8 @@ def effects_table(
         table.add_column('updated_at (UTC)', no_wrap=True)
     for effect in effects:
         row: list[RenderableType] = [
-            effect.tool_call_id,
-            effect.tool_name,
+            Text(effect.tool_call_id),
+            Text(effect.tool_name),
             Text(effect.status.value, style=_EFFECT_STYLE.get(effect.status, '')),
         ]
         if not compact:
@@ -194,7 +200,7 @@ def effects_table(
         if not compact:
             row.append(_dash(effect.effect_summary))
         if with_errors:
-            row.append(_clip(effect.error or '-', 80))
+            row.append(Text(_clip(effect.error or '-', 80)))
         if timestamps:
             row.append(_when(effect.updated_at or effect.started_at))
         table.add_row(*row)

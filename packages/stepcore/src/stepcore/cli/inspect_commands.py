@@ -1,0 +1,221 @@
+"""The commands that read a store's runs: `runs`, `tree`, `events`, `snapshots`, `show` and `effects`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, cast
+
+import typer
+from rich.text import Text
+
+from stepcore.cli import render
+from stepcore.cli.console import JsonOption, RunArgument, StoreOption, echo_json, fail, out, with_run, with_store
+from stepcore.ownership.claims import has_leases
+from stepcore.recovery.standing import LEASE_STATUSES, Standing, runs_by_lease, standings_of
+from stepcore.store.codec import dump_record
+from stepcore.store.lifecycle import RunStatus, parse_duration
+from stepcore.store.models import utcnow
+from stepcore.store.step_store import StepStore
+
+__all__ = ('effects', 'events', 'runs', 'show', 'snapshots', 'tree')
+
+
+def _moment_option(value: str | None, option: str) -> datetime | None:
+    """An ISO date or date-time (naive: UTC), or an age such as `7d` meaning that long ago."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        try:
+            return utcnow() - parse_duration(value)
+        except ValueError:
+            fail(
+                f'{option} {value!r} is neither a date nor an age: give an ISO date or date-time '
+                '(2026-11-30, 2026-11-30T08:00:00+01:00) or an age such as 7d, 12h or 90m'
+            )
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def runs(
+    store: StoreOption = None,
+    conversation: Annotated[str | None, typer.Option(help='Only runs of this conversation_id.')] = None,
+    parent: Annotated[str | None, typer.Option(help='Only runs delegated from this run id.')] = None,
+    agent: Annotated[str | None, typer.Option(help='Only runs of this agent name.')] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            metavar='STATUS',
+            help='Only runs with this status: completed, failed, unfinished or waiting (paused on deferred tool '
+            'calls, not resumed yet); or, from their leases: running, orphaned, pending or resumed.',
+        ),
+    ] = None,
+    after: Annotated[
+        str | None,
+        typer.Option(
+            metavar='WHEN', help='Only runs started after this: an ISO date/time, or an age (7d: 7 days ago).'
+        ),
+    ] = None,
+    before: Annotated[
+        str | None,
+        typer.Option(metavar='WHEN', help='Only runs started before this: an ISO date/time, or an age (30d).'),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help='Show at most this many of the newest matching runs.')] = 50,
+    offset: Annotated[int, typer.Option(min=0, help='Skip this many of the newest matching runs.')] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """List runs, oldest first and newest last (filters combine with AND).
+
+    Only the runs shown are read: the store filters and pages (newest first) in its own query. On a
+    store that keeps leases the status says more than the events do: a run running in a process, an
+    orphan (its owner gone), one waiting for answers, pending a person, or resumed by another run.
+    """
+    started_after = _moment_option(after, '--after')
+    started_before = _moment_option(before, '--before')
+
+    async def body(s: StepStore) -> tuple[list[Any], list[Standing], bool]:
+        # `waiting` is told by events too: a store without leases answers it from them
+        by_lease = status in LEASE_STATUSES and (status != 'waiting' or has_leases(s))
+        options: dict[str, Any] = {
+            'conversation_id': conversation,
+            'parent_run_id': parent,
+            'agent_name': agent,
+            'started_after': started_after,
+            'started_before': started_before,
+        }
+        if by_lease:
+            found = await runs_by_lease(s, cast(str, status), **options)
+        else:
+            found = await s.list_runs(
+                **options, status=cast(RunStatus | None, status), limit=offset + limit + 1, newest_first=True
+            )
+        page = found[offset : offset + limit][::-1]
+        return page, await standings_of(s, [r.run_id for r in page]), len(found) > offset + limit
+
+    page, standings, more = with_store(store, body)
+    statuses = [st.label for st in standings]
+    if as_json:
+        echo_json(
+            [
+                {**dump_record(r), 'status': st.status, 'ownership': st.ownership, 'standing': st.label}
+                for r, st in zip(page, standings, strict=True)
+            ]
+        )
+        return
+    if not page:
+        filtered = any(v is not None for v in (conversation, parent, agent, status, after, before)) or offset
+        out().print('no runs match' if filtered else 'no runs in this store')
+        return
+    out().print(render.runs_table(page, statuses))
+    if more or offset:
+        hint = f'; use --offset {offset + len(page)} for older ones' if more else ''
+        out().print(f'newest runs {offset + 1}-{offset + len(page)} shown (oldest first){hint}', style='dim')
+
+
+def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
+    """Show a run and the runs delegated from it, with their status."""
+
+    async def build(s: StepStore, rid: str, seen: set[str]) -> render.RunNode:
+        record = await s.get_run(run_id=rid)
+        if record is None:
+            raise LookupError(f'run {rid!r} not found in this store: list the stored runs with `stepcore runs`')
+        seen.add(rid)
+        status = render.run_status(await s.list_events_page(rid, newest=True, limit=1))
+        unresolved = len(await s.list_unresolved_tool_effects(run_id=rid))
+        children = [
+            await build(s, child.run_id, seen)
+            for child in await s.list_runs(parent_run_id=rid)
+            if child.run_id not in seen
+        ]
+        return render.RunNode(record, status, unresolved, children)
+
+    _, root = with_run(store, run_id, lambda s, rid: build(s, rid, set()))
+    if as_json:
+        echo_json(root.as_json())
+        return
+    out().print(render.run_tree(root))
+
+
+def events(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
+    """List a run's step events in the order they were appended."""
+
+    async def body(s: StepStore, rid: str) -> list[Any]:
+        return await s.list_events(run_id=rid)
+
+    run_id, found = with_run(store, run_id, body)
+    if as_json:
+        echo_json([dump_record(e) for e in found])
+        return
+    out().print(render.events_table(found, title=f'events of {run_id}'))
+
+
+def snapshots(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
+    """List a run's retained snapshots (see `show` for their messages)."""
+
+    async def body(s: StepStore, rid: str) -> list[Any]:
+        return await s.list_snapshots(run_id=rid, include_interrupted=True)
+
+    run_id, found = with_run(store, run_id, body)
+    if as_json:
+        echo_json([{**dump_record(x, exclude={'messages'}), 'message_count': len(x.messages)} for x in found])
+        return
+    if not found:
+        out().print(Text(f'run {run_id} has no snapshots'))
+        return
+    out().print(render.snapshots_table(found, title=f'snapshots of {run_id}'))
+
+
+def show(
+    run_id: RunArgument,
+    seq: Annotated[int | None, typer.Option(help='Show this snapshot instead of the newest one.')] = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the messages of a run's newest snapshot (of any state), or of snapshot --seq N."""
+    from stepcore.cli.transfer import _dump_snapshot  # pyright: ignore[reportPrivateUsage]
+
+    async def body(s: StepStore, rid: str) -> Any:
+        if seq is None:
+            snap = await s.latest_snapshot(run_id=rid, include_interrupted=True)
+            if snap is None:
+                raise LookupError(f'run {rid!r} has no snapshot yet: see its events with `stepcore events {rid}`')
+            return snap
+        retained = await s.list_snapshots(run_id=rid, include_interrupted=True)
+        for snap in retained:
+            if snap.seq == seq:
+                return snap
+        have = ', '.join(str(x.seq) for x in retained) or 'none'
+        raise LookupError(f'run {rid!r} has no snapshot with seq {seq}; retained seqs: {have}')
+
+    run_id, snap = with_run(store, run_id, body)
+    if as_json:
+        echo_json(_dump_snapshot(snap))
+        return
+    header = Text()
+    header.append(f'{run_id}', style='bold')
+    header.append(f'  snapshot seq {snap.seq}, step {snap.step_index}, ')
+    header.append(snap.state.value, style='green' if snap.state.value == 'complete' else 'yellow')
+    header.append(f', {len(snap.messages)} messages')
+    out().print(header)
+    out().print(render.render_messages(snap.messages))
+
+
+def effects(
+    run_id: RunArgument,
+    unresolved: Annotated[bool, typer.Option('--unresolved', help='Only calls started with no outcome.')] = False,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List a run's tool-effect ledger: which tool calls completed, failed, or may or may not have run."""
+
+    async def body(s: StepStore, rid: str) -> list[Any]:
+        return await (s.list_unresolved_tool_effects(run_id=rid) if unresolved else s.list_tool_effects(run_id=rid))
+
+    run_id, found = with_run(store, run_id, body)
+    if as_json:
+        echo_json([dump_record(e) for e in found])
+        return
+    if not found:
+        out().print(Text(f'run {run_id} has no {"unresolved " if unresolved else ""}tool effects'))
+        return
+    out().print(render.effects_table(found, title=f'tool effects of {run_id}'))
