@@ -16,10 +16,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from stepcore.cli.scaffold import BackendNames, new_backend, new_backend_command, render_backend
+from stepcore.cli import app
+from stepcore.cli.scaffold import BackendNames, new_backend, render_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / 'examples' / 'stepcore-template'
@@ -101,16 +101,9 @@ def test_a_folder_that_is_not_empty_is_written_only_with_force(tmp_path: Path) -
         new_backend('acme', tmp_path / 'notes.txt', force=True)
 
 
-def _cli() -> typer.Typer:
-    cli = typer.Typer()
-    cli.callback()(lambda: None)  # a group, so the command is called by its name
-    cli.command('new-backend')(new_backend_command)
-    return cli
-
-
 def test_the_command_says_where_it_wrote_and_what_to_run_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(_cli(), ['new-backend', 'acme'])
+    result = CliRunner().invoke(app, ['new-backend', 'acme'])
     assert result.exit_code == 0, result.output
     where = tmp_path / 'stepcore-acme'
     assert (where / 'pyproject.toml').is_file()
@@ -121,19 +114,19 @@ def test_the_command_says_where_it_wrote_and_what_to_run_next(tmp_path: Path, mo
     assert f'STEPCORE={ROOT} ' in result.stdout  # the checkout stepcore runs from
     assert 'pytest -rs' in result.stdout
 
-    again = CliRunner().invoke(_cli(), ['new-backend', 'acme'])
+    again = CliRunner().invoke(app, ['new-backend', 'acme'])
     assert again.exit_code == 1
     assert 'is not empty: give a new folder, or --force' in again.stderr
-    forced = CliRunner().invoke(_cli(), ['new-backend', 'acme', '--force'])
+    forced = CliRunner().invoke(app, ['new-backend', 'acme', '--force'])
     assert forced.exit_code == 0, forced.output
 
-    elsewhere = CliRunner().invoke(_cli(), ['new-backend', 'acme', '--into', 'backends/acme'])
+    elsewhere = CliRunner().invoke(app, ['new-backend', 'acme', '--into', 'backends/acme'])
     assert elsewhere.exit_code == 0, elsewhere.output
     assert (tmp_path / 'backends' / 'acme' / 'src' / 'stepcore_acme' / 'plugin.py').is_file()
 
 
 def test_the_command_refuses_an_unusable_name_and_writes_nothing(tmp_path: Path) -> None:
-    result = CliRunner().invoke(_cli(), ['new-backend', 'Acme', '--into', str(tmp_path / 'acme')])
+    result = CliRunner().invoke(app, ['new-backend', 'Acme', '--into', str(tmp_path / 'acme')])
     assert result.exit_code == 1
     assert "error: backend name 'Acme' cannot be used" in result.stderr
     assert "(e.g. 'acme')" in result.stderr

@@ -13,6 +13,7 @@ from stepcore.cli.inspect_commands import effects, events, runs, show, snapshots
 from stepcore.cli.maintenance_commands import export_command, gc, import_command, prune, rekey
 from stepcore.cli.misc_commands import demo, plugins, ui
 from stepcore.cli.recovery_commands import answer, recover, resume
+from stepcore.cli.scaffold import new_backend_command
 from stepcore.cli.stores import ENV_VAR
 from stepcore.common.version import VERSION as __version__
 
@@ -114,6 +115,7 @@ _COMMANDS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ('gc', gc),
     ('rekey', rekey),
     ('ui', ui),
+    ('new-backend', new_backend_command),
 )
 for name, command in _COMMANDS:
     app.command(name)(command)

@@ -20,8 +20,8 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
+
+from stepcore.cli.console import fail
 
 __all__ = ('BackendNames', 'new_backend', 'new_backend_command', 'render_backend')
 
@@ -174,8 +174,7 @@ def new_backend_command(
         destination = (into or Path(names.distribution)).absolute()
         written = new_backend(name, destination, force=force)
     except (ValueError, OSError) as error:
-        Console(stderr=True).print(f'[bold red]error:[/] {escape(str(error))}', highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+        fail(str(error))
     typer.echo(f'wrote {names.distribution} into {destination}:')
     for path in written:
         typer.echo(f'  {path.relative_to(destination).as_posix()}')
