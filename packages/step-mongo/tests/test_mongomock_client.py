@@ -47,8 +47,7 @@ from stepcore import (
     is_provider_valid,
 )
 from stepcore.common.features import PERSISTENT
-from stepcore.media import MediaContext, media_uri
-from stepcore.media.blobs import DamagedMediaError
+from stepcore.media import DamagedMediaError, MediaContext, media_uri
 from stepcore_conformance import MediaDamage, MediaStoreConformance, StepStoreConformance
 
 MockClient: TypeAlias = 'AsyncMongoMockClient[Document]'

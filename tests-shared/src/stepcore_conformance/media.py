@@ -4,8 +4,8 @@ Besides the round trip, it pins the two behaviours a reader relies on when somet
 
 - a blob that is not stored: `exists` is `False`, and `get` and `get_metadata` raise an error that
   is both a `FileNotFoundError` (pydantic-ai-harness's) and a `LookupError` (stepcore's):
-  `stepcore.media.blobs.MediaNotFoundError`;
-- a blob whose stored bytes were changed: `get` raises `stepcore.media.blobs.DamagedMediaError`
+  `stepcore.media.MediaNotFoundError`;
+- a blob whose stored bytes were changed: `get` raises `stepcore.media.DamagedMediaError`
   (a `ValueError`) naming it, and every other blob still reads. The damage is done in the backend's
   own storage by its `media_damage` fixture; without one the test fails for a store declaring
   `persistent` and is skipped for others.
@@ -21,8 +21,7 @@ from typing import TypeAlias
 import anyio
 import pytest
 
-from stepcore.media import MediaContext, MediaStore, digest_of_uri, media_uri
-from stepcore.media.blobs import DamagedMediaError
+from stepcore.media import DamagedMediaError, MediaContext, MediaStore, digest_of_uri, media_uri
 
 from ._declared import Hook, require_hook
 from .media_collection import MediaCollectionConformance
@@ -202,7 +201,7 @@ class MediaStoreConformance(MediaCollectionConformance, MediaSubclassConformance
 def _check_not_found(error: BaseException, uri: str, method: str) -> None:
     assert isinstance(error, LookupError), (
         f'{method} of a missing blob raised {type(error).__name__}, a FileNotFoundError but not a LookupError: '
-        'raise stepcore.media.blobs.MediaNotFoundError (both)'
+        'raise stepcore.media.MediaNotFoundError (both)'
     )
     assert digest_of_uri(uri) in str(error), f'{method} of a missing blob does not name it ({uri}): {error}'
 

@@ -3,7 +3,7 @@
 The media side of `subclass.py`: the kit builds the `media_store` fixture's store as a subclass
 that sets `COMMON_PRIVATE_NAMES` for itself (after, then before, `super().__init__`), and it must
 still store and read blobs, leaving those names alone. A media store not built on
-`stepcore.media.engine.MediaEngine` keeps its own state and is skipped with that reason.
+`stepcore.media.MediaEngine` keeps its own state and is skipped with that reason.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from stepcore import MediaContext
-from stepcore.media.engine import MediaEngine
+from stepcore.media import MediaEngine
 
 from ._support import new_id
 from .subclass import ConstructionRecorder, assert_names_kept, subclass_recorder, subclassed

@@ -16,7 +16,7 @@ The subclass is built with the arguments the `store` fixture built its store wit
 construction, so the fixture is the backend's usual one): a second store over the same data. A
 store that is not a `StepStore` subclass (a class written to the reference's protocol) owns its
 state and is skipped with that reason. `media_subclass.py` does the
-same for media stores built on `stepcore.media.engine.MediaEngine`.
+same for media stores built on `stepcore.media.MediaEngine`.
 """
 
 from __future__ import annotations

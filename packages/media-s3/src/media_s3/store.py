@@ -14,6 +14,7 @@ import math
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, ClassVar, Literal, NoReturn, Self, cast
@@ -43,6 +44,7 @@ from stepcore.backend import (
     PERSISTENT,
     BlobHead,
     BlobMeta,
+    BlobPort,
     BlobRef,
     KeyStrategy,
     ListedBlob,
@@ -111,106 +113,42 @@ def _error_code(exc: ClientError) -> tuple[str, int | None, str]:
     return str(error.get('Code', '')), status if isinstance(status, int) else None, str(error.get('Message', ''))
 
 
-class S3MediaStore(MediaEngine):
-    """Blobs in an S3-compatible bucket, one object per content address.
+@dataclass(frozen=True, slots=True)
+class _Credentials:
+    """What the client signs with: explicit keys, a profile, or neither (botocore's credential chain)."""
 
-    The object key is `key_prefix + key_strategy(uri, context)`, by default `<prefix><sha256>.bin`.
-    A blob already present is not uploaded again (a HEAD request comes first). `context.media_type`
-    becomes the object's Content-Type and `context.metadata` its `x-amz-meta-*` headers, returned by
-    `get_metadata`. Blobs of `multipart_threshold_bytes` or more go up as a multipart upload, which
-    is aborted if any part fails.
+    access_key_id: str | None
+    secret_access_key: str | None = field(repr=False)
+    session_token: str | None = field(repr=False)
+    profile: str | None
 
-    Addressing is path-style by default (`https://endpoint/bucket/key`), which AWS S3, Cloudflare R2
-    (`region='auto'`) and MinIO all accept. Without `access_key_id`/`secret_access_key` the
-    credentials come from botocore's chain (`AWS_*` environment variables, `profile`, config
-    files, roles). `client_config` (a `botocore.config.Config`) is merged over the store's defaults
-    to tune retries, timeouts or signing.
 
-    Garbage collection (`media_collection`): an object's `LastModified` is when its blob was last
-    put. A put of bytes already stored copies the object onto itself (`CopyObject`, keeping its
-    content type and metadata), which moves `LastModified` to now; the service copies the bytes
-    server-side, and an object over 5 GiB cannot be copied in one request. `list_media` pages
-    with `ListObjectsV2` under `key_prefix`, listing each key that holds one sha256 digest.
-    `delete_media(older_than=...)` checks `LastModified` with a HEAD request, then deletes: S3
-    has no delete-if-unchanged, so a put landing between the two (milliseconds) loses its blob.
-    The times are the service's clock, which collection compares with the local one.
-    """
-
-    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT, MEDIA_COLLECTION})
+class _S3Blobs(BlobPort):
+    """The blob port of `S3MediaStore`: one object per blob, through a client opened on first use."""
 
     def __init__(
         self,
-        bucket: str,
         *,
-        endpoint: str | None = None,
-        region: str | None = None,
-        access_key_id: str | None = None,
-        secret_access_key: str | None = None,
-        session_token: str | None = None,
-        profile: str | None = None,
-        key_prefix: str = '',
-        key_strategy: KeyStrategy | None = None,
-        public_url: PublicUrlResolver | None = None,
-        multipart_threshold_bytes: int = DEFAULT_MULTIPART_THRESHOLD_BYTES,
-        multipart_part_bytes: int = DEFAULT_PART_BYTES,
-        multipart_concurrency: int = 4,
-        addressing_style: AddressingStyle = 'path',
-        client_config: Config | None = None,
+        bucket: str,
+        endpoint: str | None,
+        region: str | None,
+        key_prefix: str,
+        key_strategy: KeyStrategy,
+        multipart_threshold_bytes: int,
+        multipart_part_bytes: int,
+        multipart_concurrency: int,
+        credentials: _Credentials,
+        config: Config,
     ) -> None:
-        if not isinstance(bucket, str) or not bucket or '/' in bucket:  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(f'bucket {bucket!r} is not a bucket name: pass the bare name, e.g. "my-media"')
-        if endpoint is not None:
-            parts = urlsplit(endpoint)
-            if parts.scheme not in ('http', 'https') or not parts.netloc:
-                raise ValueError(
-                    f'endpoint {endpoint!r} is not an http(s) URL: pass e.g. "https://<account>.r2.cloudflarestorage.com"'
-                )
-        if (access_key_id is None) != (secret_access_key is None):
-            given = 'access_key_id' if access_key_id is not None else 'secret_access_key'
-            raise ValueError(
-                f'only {given} was passed: pass both access_key_id and secret_access_key, or neither to use the '
-                'AWS credential chain (environment variables, profiles, roles)'
-            )
-        if session_token is not None and access_key_id is None:
-            raise ValueError('session_token was passed without access_key_id and secret_access_key: pass all three')
-        if not isinstance(multipart_threshold_bytes, int) or multipart_threshold_bytes < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(f'multipart_threshold_bytes must be a positive int, got {multipart_threshold_bytes!r}')
-        if not isinstance(multipart_part_bytes, int) or not MIN_PART_BYTES <= multipart_part_bytes <= MAX_PART_BYTES:  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(
-                f'multipart_part_bytes must be between {MIN_PART_BYTES} (5 MiB) and {MAX_PART_BYTES} (5 GiB), '
-                f'the part sizes S3 accepts; got {multipart_part_bytes!r}'
-            )
-        if not isinstance(multipart_concurrency, int) or multipart_concurrency < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(f'multipart_concurrency must be a positive int, got {multipart_concurrency!r}')
-        if addressing_style not in ('path', 'virtual', 'auto'):
-            raise ValueError(f"addressing_style must be 'path', 'virtual' or 'auto', got {addressing_style!r}")
-
-        super().__init__(public_url=public_url)
         self.bucket = bucket
         self.endpoint = endpoint
-        self.region = region if region is not None else ('us-east-1' if endpoint is not None else None)
+        self.region = region
         self.key_prefix = key_prefix
         self.multipart_threshold_bytes = multipart_threshold_bytes
         self.multipart_part_bytes = multipart_part_bytes
         self.multipart_concurrency = multipart_concurrency
-        self.__key_strategy: KeyStrategy = key_strategy or default_key
-        self.__access_key_id = access_key_id
-        self.__secret_access_key = secret_access_key
-        self.__session_token = session_token
-        self.__profile = profile
-        config = Config(
-            s3={'addressing_style': addressing_style},
-            signature_version='s3v4',
-            retries={'mode': 'standard', 'max_attempts': 3},
-            connect_timeout=10,
-            read_timeout=60,
-            # Checksums only where S3 requires them: many S3-compatible services reject the newer
-            # default trailing checksums. Content addressing already guards every read (see `get`).
-            request_checksum_calculation='when_required',
-            response_checksum_validation='when_required',
-        )
-        if client_config is not None:
-            config = config.merge(client_config)  # pyright: ignore[reportUnknownMemberType]
+        self.__key_strategy = key_strategy
+        self.__credentials = credentials
         self.__config = config
         self.__client: S3Client | None = None
         self.__exit_stack: AsyncExitStack | None = None
@@ -218,7 +156,8 @@ class S3MediaStore(MediaEngine):
         self.__open_lock = asyncio.Lock()
         self.__bucket_confirmed = False
 
-    def __repr__(self) -> str:
+    def describe(self) -> str:
+        """The store as its repr names it (never a secret)."""
         return f'S3MediaStore(bucket={self.bucket!r}, endpoint={self.__where!r}, key_prefix={self.key_prefix!r})'
 
     @property
@@ -239,7 +178,7 @@ class S3MediaStore(MediaEngine):
         if self.__loop is not loop:
             state = 'a closed' if self.__loop is not None and self.__loop.is_closed() else 'another'
             raise RuntimeError(
-                f'{self!r} holds a client opened on {state} event loop: call `await store.aclose()` before '
+                f'{self.describe()} holds a client opened on {state} event loop: call `await store.aclose()` before '
                 'that loop ends (then the store reopens on the next loop), or use one store per event loop'
             )
         return client
@@ -247,9 +186,9 @@ class S3MediaStore(MediaEngine):
     async def __open(self, loop: asyncio.AbstractEventLoop) -> S3Client:
         stack = AsyncExitStack()
         with self.__translate('open a client for'):
-            if self.__profile is not None:
-                session = AioSession(profile=self.__profile)
-            elif self.__access_key_id is not None:
+            if self.__credentials.profile is not None:
+                session = AioSession(profile=self.__credentials.profile)
+            elif self.__credentials.access_key_id is not None:
                 session = _shared_session()
             else:
                 session = AioSession()
@@ -258,9 +197,9 @@ class S3MediaStore(MediaEngine):
                     's3',
                     endpoint_url=self.endpoint,
                     region_name=self.region,
-                    aws_access_key_id=self.__access_key_id,
-                    aws_secret_access_key=self.__secret_access_key,
-                    aws_session_token=self.__session_token,
+                    aws_access_key_id=self.__credentials.access_key_id,
+                    aws_secret_access_key=self.__credentials.secret_access_key,
+                    aws_session_token=self.__credentials.session_token,
                     config=self.__config,
                 )
             )
@@ -276,14 +215,6 @@ class S3MediaStore(MediaEngine):
         if stack is not None:
             await stack.aclose()
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
     # -- keys -------------------------------------------------------------------------------------
 
     def key_for(self, uri: str, context: MediaContext = EMPTY_CONTEXT) -> str:
@@ -293,12 +224,10 @@ class S3MediaStore(MediaEngine):
             raise ValueError(f'object key for {uri!r} is over {MAX_KEY_BYTES} bytes, the S3 limit: shorten key_prefix')
         return key
 
-    # -- the blob port ----------------------------------------------------------------------------
-
-    def _blob_where(self) -> str:
+    def where(self) -> str:
         return f'bucket {self.bucket!r} at {self.__where}'
 
-    async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
+    async def put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
         # The service's clock stamps the object (LastModified): `stored_us` is not sent.
         key = self.key_for(ref.uri, ref.context)
         metadata = encode_metadata(meta.metadata)
@@ -347,7 +276,7 @@ class S3MediaStore(MediaEngine):
                 raise
         return True
 
-    async def _blob_get(self, ref: BlobRef) -> bytes | None:
+    async def get(self, ref: BlobRef) -> bytes | None:
         key = self.key_for(ref.uri, ref.context)
         client = await self.client()
         with self.__translate('download', key):
@@ -366,13 +295,13 @@ class S3MediaStore(MediaEngine):
                     chunks.append(chunk)
         return b''.join(chunks)
 
-    async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
+    async def head(self, ref: BlobRef) -> BlobHead | None:
         head = await self.__head(self.key_for(ref.uri, ref.context))
         if head is None:
             return None
         return BlobHead(metadata=decode_metadata(cast(Mapping[str, str], head.get('Metadata') or {})))
 
-    async def _blob_list(self) -> AsyncIterator[ListedBlob]:
+    async def list(self) -> AsyncIterator[ListedBlob]:
         client = await self.client()
         token: str | None = None
         while True:
@@ -392,7 +321,7 @@ class S3MediaStore(MediaEngine):
             if not page.get('IsTruncated') or not token:
                 return
 
-    async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
+    async def delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
         # S3 has no delete-if-unchanged: a put landing between the HEAD and the delete loses its blob.
         key = location if isinstance(location, str) else self.key_for(ref.uri)
         head = await self.__head(key)
@@ -542,3 +471,131 @@ class S3MediaStore(MediaEngine):
                 bucket=self.bucket,
                 endpoint=self.__where,
             ) from exc
+
+
+class S3MediaStore(MediaEngine):
+    """Blobs in an S3-compatible bucket, one object per content address.
+
+    The object key is `key_prefix + key_strategy(uri, context)`, by default `<prefix><sha256>.bin`.
+    A blob already present is not uploaded again (a HEAD request comes first). `context.media_type`
+    becomes the object's Content-Type and `context.metadata` its `x-amz-meta-*` headers, returned by
+    `get_metadata`. Blobs of `multipart_threshold_bytes` or more go up as a multipart upload, which
+    is aborted if any part fails.
+
+    Addressing is path-style by default (`https://endpoint/bucket/key`), which AWS S3, Cloudflare R2
+    (`region='auto'`) and MinIO all accept. Without `access_key_id`/`secret_access_key` the
+    credentials come from botocore's chain (`AWS_*` environment variables, `profile`, config
+    files, roles). `client_config` (a `botocore.config.Config`) is merged over the store's defaults
+    to tune retries, timeouts or signing.
+
+    Garbage collection (`media_collection`): an object's `LastModified` is when its blob was last
+    put. A put of bytes already stored copies the object onto itself (`CopyObject`, keeping its
+    content type and metadata), which moves `LastModified` to now; the service copies the bytes
+    server-side, and an object over 5 GiB cannot be copied in one request. `list_media` pages
+    with `ListObjectsV2` under `key_prefix`, listing each key that holds one sha256 digest.
+    `delete_media(older_than=...)` checks `LastModified` with a HEAD request, then deletes: S3
+    has no delete-if-unchanged, so a put landing between the two (milliseconds) loses its blob.
+    The times are the service's clock, which collection compares with the local one.
+    """
+
+    features: ClassVar[frozenset[str]] = frozenset({PERSISTENT, MEDIA_COLLECTION})
+
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        profile: str | None = None,
+        key_prefix: str = '',
+        key_strategy: KeyStrategy | None = None,
+        public_url: PublicUrlResolver | None = None,
+        multipart_threshold_bytes: int = DEFAULT_MULTIPART_THRESHOLD_BYTES,
+        multipart_part_bytes: int = DEFAULT_PART_BYTES,
+        multipart_concurrency: int = 4,
+        addressing_style: AddressingStyle = 'path',
+        client_config: Config | None = None,
+    ) -> None:
+        if not isinstance(bucket, str) or not bucket or '/' in bucket:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'bucket {bucket!r} is not a bucket name: pass the bare name, e.g. "my-media"')
+        if endpoint is not None:
+            parts = urlsplit(endpoint)
+            if parts.scheme not in ('http', 'https') or not parts.netloc:
+                raise ValueError(
+                    f'endpoint {endpoint!r} is not an http(s) URL: pass e.g. "https://<account>.r2.cloudflarestorage.com"'
+                )
+        if (access_key_id is None) != (secret_access_key is None):
+            given = 'access_key_id' if access_key_id is not None else 'secret_access_key'
+            raise ValueError(
+                f'only {given} was passed: pass both access_key_id and secret_access_key, or neither to use the '
+                'AWS credential chain (environment variables, profiles, roles)'
+            )
+        if session_token is not None and access_key_id is None:
+            raise ValueError('session_token was passed without access_key_id and secret_access_key: pass all three')
+        if not isinstance(multipart_threshold_bytes, int) or multipart_threshold_bytes < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'multipart_threshold_bytes must be a positive int, got {multipart_threshold_bytes!r}')
+        if not isinstance(multipart_part_bytes, int) or not MIN_PART_BYTES <= multipart_part_bytes <= MAX_PART_BYTES:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(
+                f'multipart_part_bytes must be between {MIN_PART_BYTES} (5 MiB) and {MAX_PART_BYTES} (5 GiB), '
+                f'the part sizes S3 accepts; got {multipart_part_bytes!r}'
+            )
+        if not isinstance(multipart_concurrency, int) or multipart_concurrency < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'multipart_concurrency must be a positive int, got {multipart_concurrency!r}')
+        if addressing_style not in ('path', 'virtual', 'auto'):
+            raise ValueError(f"addressing_style must be 'path', 'virtual' or 'auto', got {addressing_style!r}")
+
+        self.bucket = bucket
+        self.endpoint = endpoint
+        self.region = region if region is not None else ('us-east-1' if endpoint is not None else None)
+        self.key_prefix = key_prefix
+        self.multipart_threshold_bytes = multipart_threshold_bytes
+        self.multipart_part_bytes = multipart_part_bytes
+        self.multipart_concurrency = multipart_concurrency
+        config = Config(
+            s3={'addressing_style': addressing_style},
+            signature_version='s3v4',
+            retries={'mode': 'standard', 'max_attempts': 3},
+            connect_timeout=10,
+            read_timeout=60,
+            # Checksums only where S3 requires them: many S3-compatible services reject the newer
+            # default trailing checksums. Content addressing already guards every read (see `get`).
+            request_checksum_calculation='when_required',
+            response_checksum_validation='when_required',
+        )
+        if client_config is not None:
+            config = config.merge(client_config)  # pyright: ignore[reportUnknownMemberType]
+        self.__blobs = _S3Blobs(
+            bucket=bucket,
+            endpoint=endpoint,
+            region=self.region,
+            key_prefix=key_prefix,
+            key_strategy=key_strategy or default_key,
+            multipart_threshold_bytes=multipart_threshold_bytes,
+            multipart_part_bytes=multipart_part_bytes,
+            multipart_concurrency=multipart_concurrency,
+            credentials=_Credentials(access_key_id, secret_access_key, session_token, profile),
+            config=config,
+        )
+        super().__init__(self.__blobs, public_url=public_url)
+
+    def __repr__(self) -> str:
+        return self.__blobs.describe()
+
+    async def client(self) -> S3Client:
+        """The store's aiobotocore S3 client, opened on first use (e.g. for `generate_presigned_url`)."""
+        return await self.__blobs.client()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def key_for(self, uri: str, context: MediaContext = EMPTY_CONTEXT) -> str:
+        """The object key of `uri`: `key_prefix` plus the key strategy's result."""
+        return self.__blobs.key_for(uri, context)

@@ -13,6 +13,7 @@ from stepcore.backend import (
     PERSISTENT,
     BlobHead,
     BlobMeta,
+    BlobPort,
     BlobRef,
     ListedBlob,
     MediaEngine,
@@ -41,6 +42,62 @@ return 1
 _SCAN_COUNT = 1000
 
 
+class _RedisBlobs(BlobPort):
+    """The blob port of `RedisMediaStore`: one string per blob, and the sorted set of put times."""
+
+    def __init__(self, client: Redis, keys: Keys) -> None:
+        self.__client = client
+        self.__keys = keys
+        self.__delete_media = client.register_script(DELETE_MEDIA)
+
+    def where(self) -> str:
+        return f'Redis key {self.__keys.media("<sha256>").decode()!r}'
+
+    async def put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
+        pipe = self.__client.pipeline(transaction=True)
+        pipe.set(self.__keys.media(ref.digest), data, nx=True)
+        if meta.text is not None:
+            pipe.set(self.__keys.media_meta(ref.digest), meta.text, nx=True)
+        pipe.zadd(self.__keys.media_times, {ref.digest: stored_us})
+        await pipe.execute()
+
+    async def get(self, ref: BlobRef) -> bytes | None:
+        return cast(bytes | None, await self.__client.get(self.__keys.media(ref.digest)))
+
+    async def head(self, ref: BlobRef) -> BlobHead | None:
+        pipe = self.__client.pipeline(transaction=False)
+        pipe.exists(self.__keys.media(ref.digest))
+        pipe.get(self.__keys.media_meta(ref.digest))
+        found, metadata = await pipe.execute()
+        return BlobHead(metadata=cast(bytes | None, metadata)) if found else None
+
+    async def list(self) -> AsyncIterator[ListedBlob]:
+        start = len(self.__keys.media(''))
+        cursor: int = 0
+        while True:
+            cursor, found = await self.__client.scan(cursor=cursor, match=self.__keys.media('*'), count=_SCAN_COUNT)
+            keys = [cast(bytes, k) for k in found]
+            if keys:
+                pipe = self.__client.pipeline(transaction=False)
+                for key in keys:
+                    pipe.zscore(self.__keys.media_times, key[start:])
+                    pipe.strlen(key)
+                replies = list(await pipe.execute())
+                for n, key in enumerate(keys):
+                    stored, size = replies[2 * n], replies[2 * n + 1]
+                    if not size and stored is None:
+                        continue  # removed since the scan saw it
+                    digest = key[start:].decode()
+                    yield ListedBlob(digest=digest, stored_at=from_micros(stored), size=int(size))
+            if cursor == 0:
+                return
+
+    async def delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
+        cutoff = '' if older_than is None else str(micros(older_than))
+        keys = [self.__keys.media(ref.digest), self.__keys.media_meta(ref.digest), self.__keys.media_times]
+        return bool(await self.__delete_media(keys=keys, args=[ref.digest, cutoff]))
+
+
 class RedisMediaStore(ClientUser, MediaEngine):
     """Blobs in Redis, one string per sha256 digest (`<key_prefix>:media:<digest>`).
 
@@ -67,57 +124,7 @@ class RedisMediaStore(ClientUser, MediaEngine):
         key_prefix: str = DEFAULT_KEY_PREFIX,
         public_url: PublicUrlResolver | None = None,
     ) -> None:
-        MediaEngine.__init__(self, public_url=public_url)
         self.keys = Keys(key_prefix)
         self.key_prefix = key_prefix
         ClientUser.__init__(self, 'RedisMediaStore', client, url)
-        self.__delete_media = self.client.register_script(DELETE_MEDIA)
-
-    # -- the blob port -----------------------------------------------------------------------
-
-    def _blob_where(self) -> str:
-        return f'Redis key {self.keys.media("<sha256>").decode()!r}'
-
-    async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
-        pipe = self.client.pipeline(transaction=True)
-        pipe.set(self.keys.media(ref.digest), data, nx=True)
-        if meta.text is not None:
-            pipe.set(self.keys.media_meta(ref.digest), meta.text, nx=True)
-        pipe.zadd(self.keys.media_times, {ref.digest: stored_us})
-        await pipe.execute()
-
-    async def _blob_get(self, ref: BlobRef) -> bytes | None:
-        return cast(bytes | None, await self.client.get(self.keys.media(ref.digest)))
-
-    async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.exists(self.keys.media(ref.digest))
-        pipe.get(self.keys.media_meta(ref.digest))
-        found, metadata = await pipe.execute()
-        return BlobHead(metadata=cast(bytes | None, metadata)) if found else None
-
-    async def _blob_list(self) -> AsyncIterator[ListedBlob]:
-        start = len(self.keys.media(''))
-        cursor: int = 0
-        while True:
-            cursor, found = await self.client.scan(cursor=cursor, match=self.keys.media('*'), count=_SCAN_COUNT)
-            keys = [cast(bytes, k) for k in found]
-            if keys:
-                pipe = self.client.pipeline(transaction=False)
-                for key in keys:
-                    pipe.zscore(self.keys.media_times, key[start:])
-                    pipe.strlen(key)
-                replies = list(await pipe.execute())
-                for n, key in enumerate(keys):
-                    stored, size = replies[2 * n], replies[2 * n + 1]
-                    if not size and stored is None:
-                        continue  # removed since the scan saw it
-                    digest = key[start:].decode()
-                    yield ListedBlob(digest=digest, stored_at=from_micros(stored), size=int(size))
-            if cursor == 0:
-                return
-
-    async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
-        cutoff = '' if older_than is None else str(micros(older_than))
-        keys = [self.keys.media(ref.digest), self.keys.media_meta(ref.digest), self.keys.media_times]
-        return bool(await self.__delete_media(keys=keys, args=[ref.digest, cutoff]))
+        MediaEngine.__init__(self, _RedisBlobs(self.client, self.keys), public_url=public_url)

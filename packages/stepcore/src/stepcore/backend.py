@@ -1,10 +1,11 @@
 """Everything a backend author imports, from one place: read this module to know what you may use.
 
-A step store is a port of the storage engine (`EngineStore` and `SyncPort` or `AsyncPort`, with the
-operations in `ops`); a media store is a blob port of the media engine (`MediaEngine`). The plugin
-registers both (`BackendInfo`, `hookimpl`, or `backend_hooks` for the two hooks at once). Every
-backend of this repository, and the template, imports from here only. See `docs/plugins.md` for a
-walk through the template backend, and `docs/engine.md` for the port's contract.
+A step store is the storage engine over a port (`EngineStore` given a `SyncPort` or `AsyncPort`,
+with the operations in `ops`); a media store is the media engine over a blob port (`MediaEngine`
+given a `BlobPort`). The plugin registers both (`BackendInfo`, `hookimpl`, or `backend_hooks` for
+the two hooks at once). Every backend of this repository, and the template, imports from here
+only. See `docs/plugins.md` for a walk through the template backend, and `docs/engine.md` for the
+port's contract.
 """
 
 from __future__ import annotations
@@ -51,27 +52,26 @@ from stepcore.harness import HarnessImportSummary, HarnessSqliteSource, import_h
 from stepcore.media import (
     AUTO,
     EMPTY_CONTEXT,
+    BlobHead,
+    BlobMeta,
+    BlobPort,
+    BlobRef,
+    DamagedMediaError,
     KeyStrategy,
+    ListedBlob,
     MediaContext,
+    MediaEngine,
+    MediaNotFoundError,
     MediaStore,
     MediaStoreOption,
     PublicUrlResolver,
     check_media_store,
     default_key,
-    resolve_media_store,
-)
-from stepcore.media.blobs import (
-    BlobHead,
-    BlobMeta,
-    BlobRef,
-    DamagedMediaError,
-    ListedBlob,
-    MediaEngine,
-    MediaNotFoundError,
     digest_in_name,
     from_micros,
     micros,
     now_micros,
+    resolve_media_store,
     strategy_key,
 )
 from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
@@ -123,6 +123,7 @@ __all__ = (
     'BackendInfo',
     'BlobHead',
     'BlobMeta',
+    'BlobPort',
     'BlobRef',
     'ContinuableSnapshot',
     'DamagedMediaError',

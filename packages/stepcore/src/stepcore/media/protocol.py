@@ -95,15 +95,15 @@ async def resolve_public_url(resolver: PublicUrlResolver | None, uri: str, conte
 class MediaStore(Protocol):
     """Where externalized blobs live. Every method takes a `MediaContext`.
 
-    The contract (every media store of stepcore keeps it through `stepcore.media.blobs.MediaEngine`,
+    The contract (every media store of stepcore keeps it through `stepcore.media.MediaEngine`,
     and `stepcore_conformance.MediaStoreConformance` checks it):
 
     - A URI that is not `media+sha256://<64 lowercase hex>` is a `ValueError`, before any I/O.
     - A blob that is not stored: `exists` is `False`; `get` and `get_metadata` raise
-      `stepcore.media.blobs.MediaNotFoundError`, which is both a `FileNotFoundError` (what
+      `stepcore.media.MediaNotFoundError`, which is both a `FileNotFoundError` (what
       pydantic-ai-harness's media stores raise) and a `LookupError`.
     - A stored blob whose bytes do not hash to its address: `get` raises
-      `stepcore.media.blobs.DamagedMediaError` (a `ValueError`, like every damaged record) naming
+      `stepcore.media.DamagedMediaError` (a `ValueError`, like every damaged record) naming
       it; other blobs still read.
     - Metadata maps strings to strings; `get_metadata` is `None` for a blob put without any.
     """

@@ -1,4 +1,4 @@
-"""`MediaEngine`: the `MediaStore` contract written once, over a backend's blob port."""
+"""`MediaEngine`: the `MediaStore` contract written once, over a backend's blob port (`BlobPort`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import ClassVar
 
 from stepcore.common.features import MEDIA_COLLECTION
+from stepcore.media.blob_port import BlobPort, BlobRef, now_micros
 from stepcore.media.errors import DamagedMediaError, MediaNotFoundError
 from stepcore.media.metadata import BlobMeta, decode_metadata
-from stepcore.media.port import BlobHead, BlobRef, ListedBlob, now_micros
 from stepcore.media.protocol import (
     EMPTY_CONTEXT,
     MediaContext,
@@ -27,8 +27,8 @@ __all__ = ('MediaEngine',)
 class MediaEngine:
     """A `MediaStore` (and a `CollectableMediaStore`) on a backend's blob port.
 
-    A backend subclasses it, implements the port's coroutines (`stepcore.media.port`) and
-    calls `super().__init__(public_url=...)`. Written here, the same for every backend:
+    A backend subclasses it, builds its port (a `BlobPort`, which only does I/O) and calls
+    `super().__init__(port, public_url=...)`. Written here, the same for every backend:
 
     - addresses: `put` returns `media+sha256://<sha256 of the bytes>`; a malformed address is a
       `ValueError` before any I/O;
@@ -42,43 +42,23 @@ class MediaEngine:
     - collection: every `put` marks the blob put now; `list_media` and `delete_media` follow
       `stepcore.media.CollectableMediaStore`.
 
-    The engine and its backends keep their own state in name-mangled attributes (`self.__db`), so a
-    user's subclass may set any single-underscore name of its own; the `_blob_*` port methods are
-    the only private names shared with subclasses.
+    The engine and its backends keep their own state in name-mangled attributes (`self.__port`), so
+    a user's subclass may set any single-underscore name of its own.
     """
 
     features: ClassVar[frozenset[str]] = frozenset({MEDIA_COLLECTION})
 
-    def __init__(self, *, public_url: PublicUrlResolver | None = None) -> None:
+    def __init__(self, port: BlobPort, *, public_url: PublicUrlResolver | None = None) -> None:
+        self.__port = port
         self.public_url_resolver = public_url
         """The `public_url=` resolver: `(uri, context) -> url | None`, sync or async."""
         self.__listed: dict[str, object] = {}
         """Where `list_media` found each blob (a key strategy may use a context `delete_media` lacks)."""
 
-    # -- the port (implemented by the backend) ------------------------------------------------------
-
-    def _blob_where(self) -> str:
-        """Where the blobs live, for messages (`"table 'media' of database runs.db"`)."""
-        return type(self).__name__
-
-    async def _blob_put(self, ref: BlobRef, data: bytes, meta: BlobMeta, stored_us: int) -> None:
-        raise NotImplementedError(f'{type(self).__name__} does not implement _blob_put')
-
-    async def _blob_get(self, ref: BlobRef) -> bytes | None:
-        raise NotImplementedError(f'{type(self).__name__} does not implement _blob_get')
-
-    async def _blob_head(self, ref: BlobRef) -> BlobHead | None:
-        raise NotImplementedError(f'{type(self).__name__} does not implement _blob_head')
-
-    async def _blob_exists(self, ref: BlobRef) -> bool:
-        """Whether a blob is stored; a port overrides it when it can tell without reading the metadata."""
-        return await self._blob_head(ref) is not None
-
-    def _blob_list(self) -> AsyncIterator[ListedBlob]:
-        raise NotImplementedError(f'{type(self).__name__} does not implement _blob_list')
-
-    async def _blob_delete(self, ref: BlobRef, location: object, older_than: datetime | None) -> bool:
-        raise NotImplementedError(f'{type(self).__name__} does not implement _blob_delete')
+    @property
+    def port(self) -> BlobPort:
+        """The blob port the store's I/O goes to."""
+        return self.__port
 
     # -- MediaStore -----------------------------------------------------------------------------------
 
@@ -87,20 +67,20 @@ class MediaEngine:
         data = bytes(data)
         meta = BlobMeta.of(context)
         ref = BlobRef.of(media_uri(data), context)
-        await self._blob_put(ref, data, meta, now_micros())
+        await self.__port.put(ref, data, meta, now_micros())
         return ref.uri
 
     async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
         """The blob's bytes; `MediaNotFoundError` when absent, `DamagedMediaError` when they are not its bytes."""
         ref = BlobRef.of(uri, context)
-        data = await self._blob_get(ref)
+        data = await self.__port.get(ref)
         if data is None:
-            raise MediaNotFoundError(uri, self._blob_where())
+            raise MediaNotFoundError(uri, self.__port.where())
         actual = hashlib.sha256(data).hexdigest()
         if actual != ref.digest:
             raise DamagedMediaError(
                 uri=uri,
-                where=self._blob_where(),
+                where=self.__port.where(),
                 reason=(
                     f'its {len(data)} stored bytes have sha256 {actual}, not the digest its address names '
                     '(they were changed outside the store, or a key_strategy maps two blobs to one key): '
@@ -111,7 +91,7 @@ class MediaEngine:
 
     async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
         """Whether a blob is stored at `uri` (its bytes are not read, so not checked)."""
-        return await self._blob_exists(BlobRef.of(uri, context))
+        return await self.__port.exists(BlobRef.of(uri, context))
 
     async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
         """The configured resolver's URL for `uri`, or `None` without a resolver."""
@@ -121,19 +101,19 @@ class MediaEngine:
         """The metadata stored with the blob, `None` when it was stored without any; `MediaNotFoundError`
         when there is no blob."""
         ref = BlobRef.of(uri, context)
-        head = await self._blob_head(ref)
+        head = await self.__port.head(ref)
         if head is None:
-            raise MediaNotFoundError(uri, self._blob_where())
+            raise MediaNotFoundError(uri, self.__port.where())
         try:
             return decode_metadata(head.metadata)
         except ValueError as error:
-            raise DamagedMediaError(uri=uri, where=self._blob_where(), reason=str(error)) from None
+            raise DamagedMediaError(uri=uri, where=self.__port.where(), reason=str(error)) from None
 
     # -- garbage collection ---------------------------------------------------------------------------
 
     async def list_media(self) -> AsyncIterator[StoredMedia]:
         """Every stored blob, with when it was last put, read in pages."""
-        async for blob in self._blob_list():
+        async for blob in self.__port.list():
             uri = uri_of_digest(blob.digest)  # checked: a port lists names it may not have written
             if blob.location is not None:
                 self.__listed[uri] = blob.location
@@ -142,7 +122,13 @@ class MediaEngine:
     async def delete_media(self, uri: str, *, older_than: datetime | None = None) -> bool:
         """Remove the blob at `uri`; with `older_than`, only while it was last put before then."""
         ref = BlobRef.of(uri)
-        removed = await self._blob_delete(ref, self.__listed.get(uri), older_than)
+        removed = await self.__port.delete(ref, self.__listed.get(uri), older_than)
         if removed:
             self.__listed.pop(uri, None)
         return removed
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Release what the store opened (its port's connection or client); a given one stays open."""
+        await self.__port.aclose()
