@@ -109,4 +109,4 @@ selection=(
     tests/test_readme.py
     tests/test_docs.py::test_python_examples_run
 )
-"$venv/bin/python" -m pytest -p no:cacheprovider "${selection[@]}" "$@"
+"$venv/bin/python" -m pytest -p no:cacheprovider -n "${STEPCORE_TEST_WORKERS:-2}" --dist loadfile "${selection[@]}" "$@"

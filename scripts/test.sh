@@ -3,7 +3,7 @@
 # against (PostgreSQL, Redis, a MongoDB-protocol server, an S3-compatible server) on loopback, run
 # pytest on the newest supported pydantic-ai (the whole suite) and on the oldest (the tests that
 # depend on pydantic-ai, see scripts/test-oldest.sh), and stop the servers again. Extra arguments go
-# to pytest.
+# to pytest; the suite runs in two processes (STEPCORE_TEST_WORKERS sets how many, 0 for one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 UV=$(bash scripts/ensure-uv.sh)
@@ -37,7 +37,11 @@ for svc in postgres:STEP_POSTGRES_URL redis:STEP_REDIS_URL mongo:STEP_MONGO_URL 
     fi
 done
 
-"$UV" run pytest "$@"
+# Two processes (pytest-xdist), a test file's tests in one of them: a backend's conformance class
+# shares its fixtures (the crash-window zygote, for one) across its tests. STEPCORE_TEST_WORKERS=0
+# runs everything in this process.
+workers=${STEPCORE_TEST_WORKERS:-2}
+"$UV" run pytest -n "$workers" --dist loadfile "$@"
 
 # The tests that depend on pydantic-ai, on the oldest release stepcore supports (the newest is in .venv).
 bash scripts/test-oldest.sh "$@"

@@ -38,6 +38,7 @@ __all__ = (
     'FEATURES',
     'MEDIA_FEATURES',
     'SUMMARY_PROPERTY',
+    'pytest_configure',
     'pytest_fixture_setup',
     'pytest_runtest_makereport',
     'pytest_terminal_summary',
@@ -75,6 +76,12 @@ class _Target:
 _TARGETS = pytest.StashKey[dict[str, _Target]]()
 _OTHER_NOTES = pytest.StashKey[list[tuple[str, str]]]()
 """`(test id, line)` of the summary lines of tests outside the kit."""
+_STORE_CLASS = pytest.StashKey[tuple[str, list[str]]]()
+"""On a kit test's item: the name and declared features of the store class its fixture built."""
+_KIT_PROPERTY = 'stepcore_conformance_kit'
+"""What a kit test's report carries for the closing report: its target, section, features and store
+class. It travels with the report, so the report is made where the reports are read (with
+pytest-xdist, in the process that prints, not the one that ran the test)."""
 
 
 def _summaries(report: pytest.TestReport) -> list[str]:
@@ -89,18 +96,14 @@ def _section(item: pytest.Item) -> str | None:
     return module[len(_PACKAGE) :]
 
 
-def _target(item: pytest.Item) -> _Target:
-    owner = item.nodeid.split('::')
-    name = '::'.join(owner[:2]) if len(owner) > 2 else owner[0]
-    targets = item.config.stash.setdefault(_TARGETS, {})
-    return targets.setdefault(name, _Target())
+def _target_name(nodeid: str) -> str:
+    owner = nodeid.split('::')
+    return '::'.join(owner[:2]) if len(owner) > 2 else owner[0]
 
 
 def _remember_store_class(item: pytest.Item, cls: type) -> None:
-    target = _target(item)
-    if target.declared is None:
-        target.declared = declared_by(cls)
-        target.store_class = cls.__name__
+    if _STORE_CLASS not in item.stash:
+        item.stash[_STORE_CLASS] = (cls.__name__, sorted(declared_by(cls)))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -135,21 +138,52 @@ def pytest_fixture_setup(
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Attach to a kit test's report what the closing report needs of the test."""
     report = yield
     section = _section(item)
-    if section is None:
-        if report.when == 'call':
-            notes = item.config.stash.setdefault(_OTHER_NOTES, [])
-            notes += [(item.nodeid, line) for line in _summaries(report)]
-        return report
-    if report.when == 'call' or (report.when == 'setup' and report.outcome != 'passed'):
-        target = _target(item)
-        target.sections[section][report.outcome] += 1
+    if section is not None:
+        store_class = item.stash.get(_STORE_CLASS, None)
         features = features_of_test(getattr(item, 'function', None))
-        if features:
-            target.feature_tests.append((features, report.outcome, item.name))
-        target.notes += _summaries(report)
+        kit: dict[str, Any] = {
+            'section': section,
+            'features': sorted(features),
+            'name': item.name,
+            'store_class': None if store_class is None else store_class[0],
+            'declared': None if store_class is None else store_class[1],
+        }
+        report.user_properties.append((_KIT_PROPERTY, kit))
     return report
+
+
+class _Collector:
+    """Reads the reports of one pytest run into its config's stash."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        found = next((value for name, value in report.user_properties if name == _KIT_PROPERTY), None)
+        kit = cast(dict[str, Any] | None, found)
+        if kit is None:
+            if report.when == 'call':
+                notes = self.config.stash.setdefault(_OTHER_NOTES, [])
+                notes += [(report.nodeid, line) for line in _summaries(report)]
+            return
+        if not (report.when == 'call' or (report.when == 'setup' and report.outcome != 'passed')):
+            return
+        targets = self.config.stash.setdefault(_TARGETS, {})
+        target = targets.setdefault(_target_name(report.nodeid), _Target())
+        if target.declared is None and kit['declared'] is not None:
+            target.declared = frozenset(cast(list[str], kit['declared']))
+            target.store_class = kit['store_class']
+        target.sections[kit['section']][report.outcome] += 1
+        if kit['features']:
+            target.feature_tests.append((tuple(cast(list[str], kit['features'])), report.outcome, str(kit['name'])))
+        target.notes += _summaries(report)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_Collector(config), f'stepcore_conformance_collector_{id(config)}')
 
 
 def _names(names: list[str]) -> str:
