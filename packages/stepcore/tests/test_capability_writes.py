@@ -28,8 +28,9 @@ from stepcore import (
     ToolEffectStatus,
 )
 from stepcore.capability import DEFERRED_WRITE_DELAY, run_writer
+from stepcore.store.arguments import check_writes
+from stepcore.store.contract import write_records
 from stepcore.store.protocols import StepWrite
-from stepcore.store.writes import apply_writes, check_writes
 from stepcore_conformance.capability import function_model
 
 
@@ -261,12 +262,12 @@ async def test_a_failure_right_after_a_response_still_writes_the_deferred_comple
     ]
 
 
-async def test_apply_writes_refuses_other_records_before_writing() -> None:
+async def test_write_records_refuses_other_records_before_writing() -> None:
     store = InMemoryStepStore()
     event = StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0)
     bad: list[Any] = [event, 'snapshot?']
     with pytest.raises(TypeError, match='position 1'):
-        await apply_writes(store, bad)
+        await write_records(store, bad)
     assert await store.list_events('r') == []
     with pytest.raises(TypeError, match='write_batch got str'):
         check_writes(bad)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from stepcore import EventKind, SnapshotState, StepEvent, StepStore, ToolEffectRecord, ToolEffectStatus
+from stepcore.store.contract import write_records
 from stepcore.store.protocols import StepWrite
-from stepcore.store.writes import apply_writes
 
 from ._support import StoreFixtures, at, canonical, conversation, event, register, snapshot
 
@@ -106,11 +106,11 @@ class BatchWritesConformance(StoreFixtures):
             await store.write_batch([event(run_id, 0), 'not a record'])  # pyright: ignore[reportArgumentType]
         assert await store.list_events(run_id=run_id) == []
 
-    async def test_apply_writes_helper_uses_the_same_semantics(self, store: StepStore) -> None:
+    async def test_write_records_helper_uses_the_same_semantics(self, store: StepStore) -> None:
         run_id = await register(store)
-        await apply_writes(store, [_effect(run_id, 'x'), event(run_id, 0, idempotency_key='k')])
-        await apply_writes(store, [event(run_id, 1, idempotency_key='k')])
-        await apply_writes(store, [])
+        await write_records(store, [_effect(run_id, 'x'), event(run_id, 0, idempotency_key='k')])
+        await write_records(store, [event(run_id, 1, idempotency_key='k')])
+        await write_records(store, [])
         assert [e.step_index for e in await store.list_events(run_id=run_id)] == [0]
         assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id=run_id)] == ['x']
 
@@ -141,9 +141,9 @@ class BatchWritesConformance(StoreFixtures):
         assert latest is not None
         assert latest.step_index == 3
 
-    async def test_apply_writes_with_a_snapshot(self, store: StepStore) -> None:
+    async def test_write_records_with_a_snapshot(self, store: StepStore) -> None:
         run_id = await register(store)
-        await apply_writes(store, [event(run_id, 0)], snapshot=snapshot(run_id, conversation(1), 1))
-        await apply_writes(store, [], snapshot=snapshot(run_id, conversation(2), 2))
+        await write_records(store, [event(run_id, 0)], snapshot=snapshot(run_id, conversation(1), 1))
+        await write_records(store, [], snapshot=snapshot(run_id, conversation(2), 2))
         assert [s.step_index for s in await store.list_snapshots(run_id=run_id)] == [1, 2]
         assert [e.step_index for e in await store.list_events(run_id=run_id)] == [0]
