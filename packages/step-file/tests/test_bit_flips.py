@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic_ai import Agent
@@ -20,6 +21,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from step_file import FileStepStore
 from stepcore.capability import StepPersistence
 from stepcore_conformance.bitflips import Outcome, flip_bit, judge, positions, read_everything, warnings_logged
+from stepcore_conformance.report import SUMMARY_PROPERTY
 
 SAMPLE = int(os.environ.get('STEPCORE_BITFLIP_SAMPLE', '400'))
 """How many byte positions to flip (set higher to flip more, e.g. every byte of every file)."""
@@ -46,7 +48,9 @@ async def _build(folder: Path) -> list[str]:
     return runs
 
 
-async def test_a_flipped_bit_is_read_back_equal_or_reported(tmp_path: Path) -> None:
+async def test_a_flipped_bit_is_read_back_equal_or_reported(
+    tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
     folder = tmp_path / 'runs'
     run_ids = await _build(folder)
     store = FileStepStore(folder)
@@ -58,6 +62,7 @@ async def test_a_flipped_bit_is_read_back_equal_or_reported(tmp_path: Path) -> N
     outcomes: Counter[Outcome] = Counter()
     silent: list[str] = []
     lost: list[str] = []
+    unnamed: list[str] = []
     for index, position in enumerate(positions(len(spans), SAMPLE)):
         name, offset = spans[position]
         copy = tmp_path / f'copy{index}'
@@ -72,9 +77,15 @@ async def test_a_flipped_bit_is_read_back_equal_or_reported(tmp_path: Path) -> N
                 await damaged.aclose()
         outcome, what = judge(original, reading, bool(warned))
         outcomes[outcome] += 1
+        unnamed += [f'flip {index}: {read}: {error}' for read, error in reading.unnamed.items()]
         if outcome in ('silent', 'lost', 'stale'):
             (silent if outcome == 'silent' else lost).append(f'{name} byte {offset} bit {index % 8}: {what}')
         shutil.rmtree(copy)
-    print(f'file store bit flips over {len(spans)} bytes in {len(files)} files: {dict(outcomes)}', *lost, sep='\n')
+    line = (
+        f'file store bit flips over {len(spans)} bytes in {len(files)} files: {dict(outcomes)}, '
+        f'errors not naming the run: {len(unnamed)}'
+    )
+    print(line, *lost, *unnamed[:20], sep='\n')
+    record_property(SUMMARY_PROPERTY, line)
     assert outcomes['same'] + outcomes['detected'] > 0
     assert not silent, '\n'.join(silent[:20])

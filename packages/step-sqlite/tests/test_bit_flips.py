@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic_ai import Agent
@@ -20,6 +21,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from step_sqlite import SqliteStepStore
 from stepcore.capability import StepPersistence
 from stepcore_conformance.bitflips import Outcome, flip_bit, judge, positions, read_everything, warnings_logged
+from stepcore_conformance.report import SUMMARY_PROPERTY
 
 SAMPLE = int(os.environ.get('STEPCORE_BITFLIP_SAMPLE', '400'))
 """How many byte positions to flip (set higher to flip more, e.g. every byte of the file)."""
@@ -47,7 +49,9 @@ async def _build(db: Path) -> list[str]:
     return runs
 
 
-async def test_a_flipped_bit_is_read_back_equal_or_reported(tmp_path: Path) -> None:
+async def test_a_flipped_bit_is_read_back_equal_or_reported(
+    tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
     db = tmp_path / 'runs.db'
     run_ids = await _build(db)
     store = SqliteStepStore(database=db)
@@ -60,6 +64,7 @@ async def test_a_flipped_bit_is_read_back_equal_or_reported(tmp_path: Path) -> N
     outcomes: Counter[Outcome] = Counter()
     silent: list[str] = []
     lost: list[str] = []
+    unnamed: list[str] = []
     copy = tmp_path / 'copy.db'
     for index, position in enumerate(positions(len(data), SAMPLE)):
         copy.write_bytes(flip_bit(data, position, index))
@@ -76,10 +81,13 @@ async def test_a_flipped_bit_is_read_back_equal_or_reported(tmp_path: Path) -> N
                     await damaged.aclose()
         outcome, what = judge(original, reading, bool(warned))
         outcomes[outcome] += 1
+        unnamed += [f'flip {index}: {read}: {error}' for read, error in reading.unnamed.items()]
         if outcome in ('silent', 'lost', 'stale'):
             (silent if outcome == 'silent' else lost).append(f'byte {position} bit {index % 8}: {what}')
         for extra in tmp_path.glob('copy.db*'):
             extra.unlink() if extra.is_file() else shutil.rmtree(extra)
-    print(f'sqlite bit flips over {len(data)} bytes: {dict(outcomes)}', *lost, sep='\n')
+    line = f'sqlite bit flips over {len(data)} bytes: {dict(outcomes)}, errors not naming the run: {len(unnamed)}'
+    print(line, *lost, *unnamed[:20], sep='\n')
+    record_property(SUMMARY_PROPERTY, line)
     assert outcomes['same'] + outcomes['detected'] > 0
     assert not silent, '\n'.join(silent[:20])

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from stepcore import StepStore
+from stepcore import DamagedRecordError, StepStore
 
 __all__ = ('Outcome', 'Reading', 'flip_bit', 'judge', 'positions', 'read_everything', 'warnings_logged')
 
@@ -29,6 +29,8 @@ class Reading:
 
     answers: dict[str, Any] = field(default_factory=dict[str, Any])
     errors: dict[str, str] = field(default_factory=dict[str, str])
+    unnamed: dict[str, str] = field(default_factory=dict[str, str])
+    """The errors of reads of one run that are not a `DamagedRecordError` naming that run."""
 
 
 _READS: tuple[str, ...] = (
@@ -45,20 +47,22 @@ async def read_everything(store: StepStore, run_ids: list[str]) -> Reading:
     """`list_runs()` and, for each of `run_ids`, every read of the run (interrupted snapshots included)."""
     reading = Reading()
 
-    async def one(name: str, call: Callable[[], Awaitable[Any]]) -> None:
+    async def one(name: str, call: Callable[[], Awaitable[Any]], run_id: str | None = None) -> None:
         try:
             reading.answers[name] = await call()
         except Exception as error:  # any error is a detection: the read did not return wrong data
             reading.errors[name] = f'{type(error).__name__}: {error}'
+            if run_id is not None and not (isinstance(error, DamagedRecordError) and error.run_id == run_id):
+                reading.unnamed[name] = reading.errors[name]
 
     await one('list_runs', store.list_runs)
     for run_id in run_ids:
         for read in _READS:
             method = getattr(store, read)
             if read in ('list_snapshots', 'latest_snapshot'):
-                await one(f'{read}:{run_id}', lambda m=method, r=run_id: m(r, include_interrupted=True))
+                await one(f'{read}:{run_id}', lambda m=method, r=run_id: m(r, include_interrupted=True), run_id)
             else:
-                await one(f'{read}:{run_id}', lambda m=method, r=run_id: m(r))
+                await one(f'{read}:{run_id}', lambda m=method, r=run_id: m(r), run_id)
     return reading
 
 

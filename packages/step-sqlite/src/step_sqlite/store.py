@@ -68,10 +68,14 @@ def _started(micros: int) -> datetime:
     return _EPOCH + timedelta(microseconds=micros)
 
 
-_RUN_COLUMNS = 'run_id, started_us, conversation_id, parent_run_id, record'
+_RUN_COLUMNS = 'run_id, started_us, conversation_id, parent_run_id, CAST(record AS BLOB)'
 _LEASE_COLUMNS = 'run_id, epoch, state, host, expires, body'
-_SNAPSHOT_COLUMNS = 'run_id, state, head, length, record, seq'
-_EFFECT_COLUMNS = 'run_id, tool_call_id, status, started_us, record'
+_SNAPSHOT_COLUMNS = 'run_id, state, head, length, CAST(record AS BLOB), seq'
+_EFFECT_COLUMNS = 'run_id, tool_call_id, status, started_us, CAST(record AS BLOB)'
+# `record` columns are read as bytes: text a damaged page no longer decodes is then one damaged
+# record, found by the engine, rather than a driver error failing the whole listing.
+_EVENT_SELECT = 'SELECT seq, idempotency_key, CAST(record AS BLOB) FROM events WHERE run_id = ?'
+_DAMAGE_SIGNS = ('malformed', 'not a database', 'Could not decode', 'file is encrypted')
 
 _APPEND_EVENT = (
     'INSERT INTO events (run_id, seq, idempotency_key, record) '
@@ -149,6 +153,15 @@ class SqlitePort(SyncPort):
 
     def describe(self) -> str:
         return self.__db.describe
+
+    def damage_of(self, error: Exception) -> str | None:
+        """SQLite's words for a damaged file: a malformed page or header, text that does not decode
+        (its schema's text included, which the driver reports as a `UnicodeDecodeError`)."""
+        if isinstance(error, UnicodeDecodeError) or (
+            isinstance(error, sqlite3.DatabaseError) and any(sign in str(error) for sign in _DAMAGE_SIGNS)
+        ):
+            return f'{type(error).__name__}: {error} (run PRAGMA integrity_check on the file; restore it from a backup)'
+        return None
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the database's thread, with its connection lock held."""
@@ -253,7 +266,7 @@ class SqlitePort(SyncPort):
             tx.execute(_APPEND_EVENT, (op.run_id, r.idempotency_key, _text(r.body), op.run_id))
 
     def list_events(self, tx: sqlite3.Connection, op: ops.ListEvents) -> list[ops.EventRow]:
-        query, params = event_window(op, 'SELECT seq, idempotency_key, record FROM events WHERE run_id = ?', '?')
+        query, params = event_window(op, _EVENT_SELECT, '?')
         rows = tx.execute(query, (op.run_id, *params))
         return [ops.EventRow(op.run_id, key, record, seq=seq) for seq, key, record in rows]
 

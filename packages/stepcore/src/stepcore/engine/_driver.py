@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar, cast
 
+from stepcore.common.damage import UNREADABLE, DamagedRecordError
 from stepcore.engine._group import NOT_PREPARED, WriteGroups
 from stepcore.engine._ops import Op
 from stepcore.engine._plans import Fenced, KeyConflict, Plan, StaleHistory
@@ -168,6 +169,15 @@ class Driver:
             async with port.reading(run_id) as tx:
                 return await drive_async(port, tx, plan)
         except Exception as error:
+            reason = None if isinstance(error, DamagedRecordError) else port.damage_of(error)
+            if reason is not None:
+                raise DamagedRecordError(
+                    run_id=run_id,
+                    record='the run list' if run_id is None else 'stored data',
+                    where=port.describe(),
+                    reason=reason,
+                    kind=UNREADABLE,
+                ) from error
             self.note(error, 'listing runs' if run_id is None else f'reading run {run_id!r}')
             raise
 

@@ -60,6 +60,15 @@ class Port:
         """Where this port's data lives, for messages (`'database runs.db'`)."""
         return self.name
 
+    def damage_of(self, error: Exception) -> str | None:
+        """What `error`, raised by the backend's driver while reading, says is damaged in the stored
+        data (a malformed page, text that does not decode), or `None` when it is not about damage.
+
+        The engine then raises `DamagedRecordError` naming the run it was reading, in place of the
+        driver's error. The default knows no driver's errors.
+        """
+        return None
+
     def check_run_id(self, run_id: object) -> str:
         """`run_id` when this backend can store it; `ValueError` saying what to use otherwise."""
         return check_text(run_id, 'run_id')
