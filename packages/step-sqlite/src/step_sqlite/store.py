@@ -249,6 +249,10 @@ class SqlitePort(SyncPort):
         rows = tx.execute(f'SELECT {_RUN_COLUMNS} FROM runs {where}ORDER BY {order}{limit}', params)
         return [_run_row(r) for r in rows]
 
+    def check_integrity(self, tx: sqlite3.Connection, op: ops.CheckIntegrity) -> list[str]:
+        found = [str(row[0]) for row in tx.execute('PRAGMA integrity_check')]
+        return [] if found == ['ok'] else found
+
     def list_run_ids(self, tx: sqlite3.Connection, op: ops.ListRunIds) -> list[str]:
         return [r[0] for r in tx.execute('SELECT run_id FROM runs UNION SELECT run_id FROM snapshots')]
 

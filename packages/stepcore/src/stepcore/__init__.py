@@ -11,6 +11,7 @@ from stepcore.common.encryption import Encryption, EncryptionKeyError, generate_
 from stepcore.common.version import VERSION
 from stepcore.engine import DamagedRecordError, EngineStore
 from stepcore.engine.memory import InMemoryStepStore
+from stepcore.maintenance.check import StoreCheck, check_store
 from stepcore.maintenance.gc import GcReport, collect_garbage
 from stepcore.media.protocol import MediaContext, MediaStore
 from stepcore.ownership import Orphan, list_orphans
@@ -102,12 +103,14 @@ __all__ = (
     'StepPersistence',
     'StepStore',
     'StepStoreProtocol',
+    'StoreCheck',
     'ToolEffectRecord',
     'ToolEffectStatus',
     'Waiting',
     'annotate_tool_effect',
     'answer_call',
     'approve_call',
+    'check_store',
     'collect_garbage',
     'continue_run',
     'deny_call',

@@ -275,3 +275,47 @@ def rekey(
         f'rewrote {len(report.rewritten)} run(s) under the active key{resumed}; {report.skipped} already under it',
         highlight=False,
     )
+
+
+def check(store: StoreOption = None, as_json: JsonOption = False) -> None:
+    """Check a whole store: the backend's own integrity check, then every record of every run read back.
+
+    Exit status 0 when nothing is wrong, 1 when something is (listed by run).
+    """
+    from stepcore.maintenance.check import StoreCheck, check_store
+
+    async def body(s: StepStore) -> StoreCheck:
+        with progress('checking runs') as bar:
+            return await check_store(s, progress=bar.update)
+
+    report = with_store(store, body)
+    if as_json:
+        echo_json(
+            {
+                'ok': report.ok,
+                'runs': report.runs,
+                'integrity': report.integrity,
+                'damaged': report.damaged,
+                'errors': report.errors,
+            }
+        )
+    else:
+        console = out()
+        if report.integrity is None:
+            console.print(Text('integrity check: this backend has none of its own'))
+        elif report.integrity:
+            console.print(Text(f'integrity check: {len(report.integrity)} problem(s)'))
+            for line in report.integrity:
+                console.print(Text(f'  {line}'))
+        else:
+            console.print(Text('integrity check: ok'))
+        for line in report.errors:
+            console.print(Text(line))
+        for run_id, problems in report.damaged.items():
+            console.print(Text(f'run {run_id}: {len(problems)} damaged'))
+            for line in problems:
+                console.print(Text(f'  {line}'))
+        verdict = 'no damage found' if report.ok else f'damage found in {len(report.damaged)} run(s)'
+        console.print(Text(f'{report.runs} run(s) read: {verdict}'))
+    if not report.ok:
+        raise typer.Exit(1)

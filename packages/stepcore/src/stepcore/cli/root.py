@@ -10,7 +10,7 @@ import typer
 
 from stepcore.cli.console import store_option
 from stepcore.cli.inspect_commands import effects, events, runs, show, snapshots, tree
-from stepcore.cli.maintenance_commands import export_command, gc, import_command, prune, rekey
+from stepcore.cli.maintenance_commands import check, export_command, gc, import_command, prune, rekey
 from stepcore.cli.misc_commands import demo, plugins, ui
 from stepcore.cli.recovery_commands import answer, recover, resume
 from stepcore.cli.scaffold import new_backend_command
@@ -113,6 +113,7 @@ _COMMANDS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ('export', export_command),
     ('import', import_command),
     ('gc', gc),
+    ('check', check),
     ('rekey', rekey),
     ('ui', ui),
     ('new-backend', new_backend_command),

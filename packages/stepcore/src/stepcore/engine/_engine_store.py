@@ -30,6 +30,7 @@ from stepcore.engine._driver import INLINE_ATTEMPTS, INLINE_NEW_MESSAGES, INLINE
 from stepcore.engine._history import HistoryDelta, HistoryIndex, walk_chain
 from stepcore.engine._ops import (
     Body,
+    CheckIntegrity,
     DeleteRun,
     EffectRow,
     EventRow,
@@ -679,6 +680,12 @@ class EngineStore(StepStore):
         )
 
     # -- whole-store maintenance --------------------------------------------------------------
+
+    async def check_integrity(self) -> list[str] | None:
+        """What the backend's own integrity check finds wrong in the whole store (empty: nothing),
+        `None` when the backend has none (see `stepcore.check_store`)."""
+        found = await self.__driver.read(None, single(CheckIntegrity()))
+        return None if found is None else list(cast(Sequence[str], found))
 
     async def stored_run_ids(self) -> list[str]:
         """The id of every run this store holds a run record or a snapshot of, sorted.

@@ -24,6 +24,7 @@ from stepcore.store.lifecycle import sort_time
 
 __all__ = (
     'Body',
+    'CheckIntegrity',
     'CheckLease',
     'DeleteRun',
     'DeleteSnapshots',
@@ -270,6 +271,15 @@ class ListRunIds(Op):
     such as garbage collection of media, reads it."""
 
     method: ClassVar[str] = 'list_run_ids'
+
+
+@dataclass(frozen=True, slots=True)
+class CheckIntegrity(Op):
+    """Answer: what the backend's own integrity check of the whole store finds wrong (one line per
+    problem, empty when it finds nothing), or `None` when the backend has no such check. The
+    default answers `None`; SQLite runs `PRAGMA integrity_check`."""
+
+    method: ClassVar[str] = 'check_integrity'
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,6 +197,10 @@ class SyncPort(Port):
         """Carry out one operation."""
         return getattr(self, op.method)(tx, op)
 
+    def check_integrity(self, tx: Any, op: ops.CheckIntegrity) -> Sequence[str] | None:
+        """The backend's own integrity check (see `ops.CheckIntegrity`); `None`: it has none."""
+        return None
+
     def close(self) -> None:
         """Release what the port opened (called on its thread)."""
         if self.worker is not None:
@@ -217,6 +221,10 @@ class AsyncPort(Port):
     async def run(self, tx: Any, op: ops.Op) -> Any:
         """Carry out one operation."""
         return await getattr(self, op.method)(tx, op)
+
+    async def check_integrity(self, tx: Any, op: ops.CheckIntegrity) -> Sequence[str] | None:
+        """The backend's own integrity check (see `ops.CheckIntegrity`); `None`: it has none."""
+        return None
 
     async def run_group(self, tx: Any, ops: Sequence[ops.Op]) -> list[Any]:
         """Carry out operations that do not depend on each other's answers, in order.

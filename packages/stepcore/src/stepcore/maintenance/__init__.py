@@ -1,1 +1,1 @@
-"""Whole-store maintenance: media garbage collection."""
+"""Whole-store maintenance: checking every record, and media garbage collection."""

@@ -477,6 +477,11 @@ class StepStore(ABC):
 
     # -- whole-store maintenance ------------------------------------------------------------
 
+    async def check_integrity(self) -> list[str] | None:
+        """What the backend's own integrity check finds wrong in the whole store, one line per
+        problem (empty: nothing); `None`, the default, when the backend has no such check."""
+        return None
+
     async def stored_run_ids(self) -> list[str]:
         """The id of every run the store holds, sorted: what garbage collection and rekey visit.
 
