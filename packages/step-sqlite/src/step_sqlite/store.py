@@ -110,9 +110,10 @@ _RUN_TABLES = (
 )
 
 
-def _run_row(row: tuple[Any, ...]) -> ops.RunRow:
+def _run_row(row: tuple[Any, ...], run_id: str | None = None) -> ops.RunRow:
+    """`run_id`: the run asked for, named in place of the row's own column (see `_snapshot_row`)."""
     return ops.RunRow(
-        run_id=row[0], started_at=_started(row[1]), conversation_id=row[2], parent_run_id=row[3], body=row[4]
+        run_id=run_id or row[0], started_at=_started(row[1]), conversation_id=row[2], parent_run_id=row[3], body=row[4]
     )
 
 
@@ -120,12 +121,15 @@ def _lease_row(row: tuple[Any, ...]) -> ops.LeaseRow:
     return ops.LeaseRow(run_id=row[0], epoch=int(row[1]), state=row[2], host=row[3], expires=float(row[4]), body=row[5])
 
 
-def _snapshot_row(row: tuple[Any, ...]) -> ops.SnapshotRow:
-    return ops.SnapshotRow(run_id=row[0], state=row[1], head=row[2], length=row[3], body=row[4], seq=row[5])
+def _snapshot_row(row: tuple[Any, ...], run_id: str) -> ops.SnapshotRow:
+    """A row of the run asked for: the index found it under `run_id`, so that is the run a damaged
+    `run_id` column would otherwise misname (the record's checksum binds the run id it is read as)."""
+    return ops.SnapshotRow(run_id=run_id, state=row[1], head=row[2], length=row[3], body=row[4], seq=row[5])
 
 
-def _effect_row(row: tuple[Any, ...]) -> ops.EffectRow:
-    return ops.EffectRow(run_id=row[0], tool_call_id=row[1], status=row[2], started_at=_started(row[3]), body=row[4])
+def _effect_row(row: tuple[Any, ...], run_id: str) -> ops.EffectRow:
+    """A ledger row of the run asked for (see `_snapshot_row`)."""
+    return ops.EffectRow(run_id=run_id, tool_call_id=row[1], status=row[2], started_at=_started(row[3]), body=row[4])
 
 
 def _unpacked(stored: bytes) -> bytes:
@@ -221,7 +225,7 @@ class SqlitePort(SyncPort):
 
     def get_run(self, tx: sqlite3.Connection, op: ops.GetRun) -> ops.RunRow | None:
         found = tx.execute(f'SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?', (op.run_id,)).fetchone()
-        return _run_row(found) if found is not None else None
+        return _run_row(found, op.run_id) if found is not None else None
 
     def list_runs(self, tx: sqlite3.Connection, op: ops.ListRuns) -> list[ops.RunRow]:
         """Lineage, time bounds, the keyset and the limit in SQL, on the `started_us` indexes (ties
@@ -284,7 +288,7 @@ class SqlitePort(SyncPort):
         if op.tool_call_id is not None:
             sql += ' AND tool_call_id = ?'
             params.append(op.tool_call_id)
-        return [_effect_row(r) for r in tx.execute(sql + ' ORDER BY started_us, rowid', params)]
+        return [_effect_row(r, op.run_id) for r in tx.execute(sql + ' ORDER BY started_us, rowid', params)]
 
     # -- snapshots ----------------------------------------------------------------------------
 
@@ -342,7 +346,7 @@ class SqlitePort(SyncPort):
             sql += ' AND state = ?'
             params.append(SnapshotState.COMPLETE.value)
         sql += ' ORDER BY seq DESC LIMIT 1' if op.newest else ' ORDER BY seq'
-        return [_snapshot_row(r) for r in tx.execute(sql, params)]
+        return [_snapshot_row(r, op.run_id) for r in tx.execute(sql, params)]
 
     # -- leases: each swap is one write transaction, so it is atomic against every write ---------
 
