@@ -79,3 +79,15 @@ def test_a_file_store_has_no_check_of_its_own_and_its_records_are_read(tmp_path:
     result = CliRunner().invoke(app, ['--store', f'file://{folder}', 'check'])
     assert result.exit_code == 0, result.output
     assert 'integrity check: this backend has none of its own' in result.stdout
+
+
+def test_a_record_the_backend_passes_over_with_its_own_warning_is_listed(tmp_path: Path) -> None:
+    folder = tmp_path / 'runs'
+    runs = asyncio.run(_two_runs(FileStepStore(folder)))
+    messages = folder / runs[0] / 'messages.jsonl'
+    lines = messages.read_bytes().splitlines(keepends=True)
+    messages.write_bytes(b''.join(lines[:-1]))  # the newest snapshot's head node is gone
+    report = asyncio.run(check_store(FileStepStore(folder)))
+    assert not report.ok
+    assert list(report.damaged) == [runs[0]]
+    assert any(line.startswith('snapshots: step_file: passing over snapshot') for line in report.damaged[runs[0]])

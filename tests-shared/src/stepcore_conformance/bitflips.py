@@ -10,13 +10,12 @@ differs, or an item left out without a warning, is *silent* damage, which the ch
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from stepcore import DamagedRecordError, StepStore
+from stepcore.common.damage import warnings_logged
 
 __all__ = ('Outcome', 'Reading', 'flip_bit', 'judge', 'positions', 'read_everything', 'warnings_logged')
 
@@ -105,24 +104,6 @@ def judge(original: Reading, damaged: Reading, warned: bool) -> tuple[Outcome, s
         if len(after) < len(before) and not warned:
             outcome, what = 'lost', f'{name} left {len(before) - len(after)} record(s) out without a warning'
     return outcome, what
-
-
-@contextmanager
-def warnings_logged() -> Iterator[list[logging.LogRecord]]:
-    """Collect the WARNING (and higher) records logged while the block runs."""
-    found: list[logging.LogRecord] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            found.append(record)
-
-    handler = _Collect(level=logging.WARNING)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
-        yield found
-    finally:
-        root.removeHandler(handler)
 
 
 def flip_bit(data: bytes, position: int, bit: int) -> bytes:

@@ -19,7 +19,8 @@ A record whose fields do not validate is `WrongTypes`, told in pydantic-ai-harne
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Final, Literal, TypeVar
 
 __all__ = (
@@ -32,6 +33,7 @@ __all__ = (
     'decoded',
     'logger',
     'skip_damaged',
+    'warnings_logged',
 )
 
 T = TypeVar('T')
@@ -103,3 +105,22 @@ def decoded(read: Callable[[], T], *, run_id: str | None, record: str, where: st
 def skip_damaged(error: DamagedRecordError) -> None:
     """Log a damaged record that a listing leaves out, saying whether it is unreadable or unparsable."""
     logger.warning('skipping an %s record: %s', error.kind, error)
+
+
+@contextmanager
+def warnings_logged() -> Iterator[list[logging.LogRecord]]:
+    """Collect the WARNING (and higher) records logged anywhere while the block runs: a listing that
+    leaves a damaged record out says so here, and so does a backend on its own logger."""
+    found: list[logging.LogRecord] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            found.append(record)
+
+    handler = _Collect(level=logging.WARNING)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield found
+    finally:
+        root.removeHandler(handler)

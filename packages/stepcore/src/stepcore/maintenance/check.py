@@ -5,26 +5,21 @@
 runs whose record cannot be read) through the public API: its record, events, ledger and every
 snapshot with its messages, interrupted ones included. Every checksum is verified on the way, as
 every read does. A record that does not read is reported under its run — whether the read raised
-`DamagedRecordError` or a listing left it out with a warning — and the check goes on with the next
-read. Nothing is written.
+`DamagedRecordError` or a listing left it out with a warning, stepcore's or the backend's own
+logger's — and the check goes on with the next read. Nothing is written.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepcore.common.damage import DamagedRecordError
+from stepcore.common.damage import DamagedRecordError, warnings_logged
 from stepcore.store.contract import as_step_store
 from stepcore.store.protocols import StepStoreProtocol
 
 __all__ = ('StoreCheck', 'check_store')
-
-_LOGGER = 'stepcore'
-"""Where stepcore's warnings go (those of `stepcore.engine` reach it too)."""
 
 
 @dataclass
@@ -44,25 +39,6 @@ class StoreCheck:
     def ok(self) -> bool:
         """Whether nothing was found wrong."""
         return not (self.integrity or self.damaged or self.errors)
-
-
-@contextmanager
-def _warnings() -> Iterator[list[str]]:
-    """The warnings stepcore logs meanwhile (a listing that leaves a damaged record out says so)."""
-    found: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.levelno >= logging.WARNING:
-                found.append(record.getMessage())
-
-    handler = _Collect()
-    logger = logging.getLogger(_LOGGER)
-    logger.addHandler(handler)
-    try:
-        yield found
-    finally:
-        logger.removeHandler(handler)
 
 
 async def check_store(store: StepStoreProtocol, *, progress: Callable[[int, int], None] | None = None) -> StoreCheck:
@@ -87,14 +63,14 @@ async def check_store(store: StepStoreProtocol, *, progress: Callable[[int, int]
     for done, run_id in enumerate(run_ids, 1):
         problems: list[str] = []
         for what, read in reads:
-            with _warnings() as warned:
+            with warnings_logged() as warned:
                 try:
                     await read(run_id)
                 except DamagedRecordError as error:
                     problems.append(f'{what}: {error}')
                 except Exception as error:
                     problems.append(f'{what}: {type(error).__name__}: {error}')
-            problems += [f'{what}: {line}' for line in warned]
+            problems += [f'{what}: {record.getMessage()}' for record in warned]
         if problems:
             report.damaged[run_id] = problems
         report.runs = done
