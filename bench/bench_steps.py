@@ -104,12 +104,12 @@ def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob('*') if p.is_file())
 
 
-def fresh_cell(script: str, what: str, *args: object) -> Any:
-    """Run `script --cell *args` in a fresh interpreter, so memory and caches start from the same
-    state every time, and return the JSON of its last output line; `RuntimeError` naming `what`
-    with the child's stderr when it fails."""
+def fresh_cell(script: str, what: str, *args: object, env: dict[str, str] | None = None) -> Any:
+    """Run `script --cell *args` in a fresh interpreter (with `env`, else this one's environment), so
+    memory and caches start from the same state every time, and return the JSON of its last output
+    line; `RuntimeError` naming `what` with the child's stderr when it fails."""
     out = subprocess.run(
-        [sys.executable, script, '--cell', *map(str, args)], capture_output=True, text=True, check=False
+        [sys.executable, script, '--cell', *map(str, args)], capture_output=True, text=True, check=False, env=env
     )
     if out.returncode != 0:
         raise RuntimeError(f'{what} failed:\n{out.stderr}')

@@ -21,10 +21,8 @@ in one measurement. Backends whose package or server is missing are left out wit
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_steps import available
+from bench_steps import available, fresh_cell
 
 HERE = Path(__file__).parent
 STEPS_SCRIPT = HERE / 'bench_steps.py'
@@ -73,11 +71,7 @@ def tree_env(path: Path | None) -> dict[str, str]:
 
 
 def measure(workload: Workload, backend: str, env: dict[str, str]) -> dict[str, Any]:
-    command = [sys.executable, str(workload.script), '--cell', backend, *map(str, workload.args)]
-    out = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    if out.returncode != 0:
-        raise RuntimeError(f'{workload.label} on {backend} failed:\n{out.stderr}')
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return fresh_cell(str(workload.script), f'{workload.label} on {backend}', backend, *workload.args, env=env)
 
 
 def rotated(items: Sequence[str], by: int) -> list[str]:
