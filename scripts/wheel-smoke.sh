@@ -143,19 +143,19 @@ say "$count wheels installed alone, imported, and their backends available"
 
 # The README's two ways to install today: by path from the checkout, and by name from the built
 # wheels with --find-links (the extras of stepcore name sibling distributions).
+require_backends() {  # venv how key...
+    "$1/bin/stepcore" plugins --json | python3 -c '
+import json, sys
+how, wanted = sys.argv[1], set(sys.argv[2:])
+keys = {b["key"] for p in json.load(sys.stdin) for b in p["backends"] if "unavailable" not in b}
+sys.exit(None if wanted <= keys else f"wheel-smoke: installed {how}, {sorted(wanted - keys)} not available")' "${@:2}"
+}
 venv="$work/venv-by-path"
 "$UV" venv --quiet --python 3.11 "$venv"
 "$UV" pip install --quiet --python "$venv/bin/python" -c "$work/constraints.txt" ./packages/stepcore ./packages/step-sqlite
-"$venv/bin/stepcore" plugins --json | python3 -c '
-import json, sys
-keys = {b["key"] for p in json.load(sys.stdin) for b in p["backends"] if "unavailable" not in b}
-sys.exit(None if "sqlite" in keys else f"wheel-smoke: installed by path, sqlite is not available: {sorted(keys)}")'
+require_backends "$venv" 'by path' sqlite
 venv="$work/venv-find-links"
 "$UV" venv --quiet --python 3.11 "$venv"
 "$UV" pip install --quiet --python "$venv/bin/python" -c "$work/constraints.txt" --find-links "$dist" 'stepcore[all]'
-"$venv/bin/stepcore" plugins --json | python3 -c '
-import json, sys
-keys = {b["key"] for p in json.load(sys.stdin) for b in p["backends"] if "unavailable" not in b}
-wanted = {"sqlite", "file", "mongo", "postgres", "redis", "disk", "s3"}
-sys.exit(None if wanted <= keys else f"wheel-smoke: stepcore[all] from the wheels lacks {sorted(wanted - keys)}")'
+require_backends "$venv" 'as stepcore[all] from the wheels' sqlite file mongo postgres redis disk s3
 say "installed by path (stepcore, step-sqlite) and by name from the wheels (stepcore[all]), as the README says"
