@@ -89,3 +89,5 @@ async def test_a_flipped_bit_is_read_back_equal_or_reported(
     record_property(SUMMARY_PROPERTY, line)
     assert outcomes['same'] + outcomes['detected'] > 0
     assert not silent, '\n'.join(silent[:20])
+    assert not lost, '\n'.join(lost[:20])
+    assert not unnamed, '\n'.join(unnamed[:20])

@@ -99,7 +99,13 @@ def parse_nodes(lines: Sequence[bytes], path: Path) -> tuple[Nodes, int]:
         base_body = _object(base[1]) if base is not None else None
         update = _object(changes)
         nodes[node_id] = (parent, line if base_body is None or update is None else _dumps(base_body | update))
-    return nodes, max(len(lines), max(nodes, default=-1) + 1)
+    # A damaged newline merges the last two lines: the ids in the last line still count, so the
+    # newest node is not taken for one that never reached the file.
+    end = max(len(lines), max(nodes, default=-1) + 1)
+    last = node_id_of(lines[-1]) if lines else None
+    if last is not None and re.search(rb'\}.\{"id":%d,"parent":' % (last + 1), lines[-1], re.DOTALL):
+        end = max(end, last + 2)
+    return nodes, end
 
 
 @dataclass(slots=True)

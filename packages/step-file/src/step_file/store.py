@@ -27,6 +27,7 @@ from stepcore.backend import (
     CHECKSUMS,
     DEFAULT_MEDIA_THRESHOLD_BYTES,
     ENCRYPTION,
+    HEAD_KEY,
     LEASES,
     MEDIA_EXTERNALIZATION,
     PERSISTENT,
@@ -297,10 +298,12 @@ class FilePort(SyncPort):
                     rows.append(row)
         # Every run record is read anyway (the folders hold no index), so every candidate is answered,
         # filtered and in order, without a limit; a record that did not parse is always answered, so the
-        # engine reports it as damaged instead of its columns deciding the filters.
+        # engine reports it as damaged instead of its columns deciding the filters. The conversation
+        # and parent filters are left to the engine, which checks each record first: a damaged field
+        # name or value in run.json must not drop the run from a listing without a word.
         readable = [r for r in rows if isinstance(r.body, Mapping) and r.started_at != EPOCH]
         damaged = [r for r in rows if not (isinstance(r.body, Mapping) and r.started_at != EPOCH)]
-        return [*damaged, *replace(op, limit=None).pick(readable)]
+        return [*damaged, *replace(op, limit=None, conversation_id=None, parent_run_id=None).pick(readable)]
 
     def list_run_ids(self, tx: _Tx, op: ops.ListRunIds) -> list[str]:
         try:
@@ -583,6 +586,14 @@ class FilePort(SyncPort):
         if head is not None and length:
             end = self._nodes(tx, run)[1]
             if head >= end:
+                if self._holds_message(tx, run, header.get(HEAD_KEY)):
+                    # the message it names did reach the file, under another id: not a crash
+                    reason = (
+                        f'snapshot file {str(path)!r} names node {head} as its newest message, past the end of '
+                        f'{MESSAGES_FILE} ({end}), which holds that message under another id: the snapshot '
+                        'file is damaged'
+                    )
+                    return ops.SnapshotRow(run_id, '', None, 0, ops.Unparsable(reason), seq=seq)
                 logger.warning(
                     'step_file: passing over snapshot %s: its messages are missing from %s (node %d, past its end '
                     'at %d): they never reached the disk (an operating-system crash)',
@@ -593,6 +604,15 @@ class FilePort(SyncPort):
                 )
                 return None
         return ops.SnapshotRow(run_id, state, head, length, header, seq=seq)
+
+    @staticmethod
+    def _holds_message(tx: _Tx, run: _Run, head_sum: object) -> bool:
+        """Whether the run's message file holds a message sealed with `head_sum` (a snapshot header's
+        sum of its newest message; `False` when the header holds none, as an encrypted one)."""
+        if not isinstance(head_sum, str) or not head_sum.isalnum():
+            return False
+        mark = b'"_s":"' + head_sum.encode() + b':'
+        return any(mark in line for line in run.nodes.lines())
 
     def _nodes(self, tx: _Tx, run: _Run) -> tuple[Nodes, int]:
         """The run's message nodes and their end, read once per read."""

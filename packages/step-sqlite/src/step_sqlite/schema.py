@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from .connection import write_transaction
 from .harness_tables import describe_foreign_tables
 
-__all__ = ('LEASES', 'STEPS', 'Component', 'ensure_schema', 'media_component', 'read_version')
+__all__ = ('LEASES', 'STEPS', 'Component', 'SchemaDamaged', 'ensure_schema', 'media_component', 'read_version')
 
 SCHEMA_TABLE = 'stepcore_schema'
 
@@ -218,14 +218,45 @@ def _refuse_newer(found: int, component: Component, where: str) -> ValueError:
     )
 
 
+class SchemaDamaged(ValueError):
+    """The database's own description of step-sqlite's tables is damaged: its records cannot be read."""
+
+    def __init__(self, where: str, what: str) -> None:
+        super().__init__(
+            f'the schema of {where} is damaged ({what}): its records cannot be read; run `stepcore check` '
+            'on it, and restore the file from a backup'
+        )
+
+
 def ensure_schema(connection: sqlite3.Connection, component: Component, *, where: str) -> None:
-    """Create the component's tables or migrate them to the current version."""
+    """Create the component's tables or migrate them to the current version; `SchemaDamaged` when
+    the description of tables step-sqlite made no longer reads (a damaged `sqlite_master` or
+    version table)."""
+    try:
+        _ensure_schema(connection, component, where=where)
+    except sqlite3.OperationalError as error:
+        text = str(error)
+        if text.startswith(('no such column', 'no such table')) and _has_table(connection, SCHEMA_TABLE, where):
+            raise SchemaDamaged(where, f'{SCHEMA_TABLE}: {text}') from error
+        raise
+
+
+def _has_table(connection: sqlite3.Connection, name: str, where: str) -> bool:
+    try:
+        found = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+        return found.fetchone() is not None
+    except sqlite3.DatabaseError as error:
+        raise SchemaDamaged(where, str(error)) from error
+
+
+def _ensure_schema(connection: sqlite3.Connection, component: Component, *, where: str) -> None:
     found = read_version(connection, component.name)
     if found == component.version:
         return
     if found is not None and found > component.version:
         raise _refuse_newer(found, component, where)
     with write_transaction(connection):
+        versioned = _has_table(connection, SCHEMA_TABLE, where)
         connection.execute(
             f'CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} (component TEXT PRIMARY KEY, version INTEGER NOT NULL)'
         )
@@ -238,6 +269,12 @@ def ensure_schema(connection: sqlite3.Connection, component: Component, *, where
             ).fetchall()
             if clash:
                 tables = sorted(str(r[0]) for r in clash)
+                if set(tables) == set(component.tables) and (versioned or len(tables) > 1):
+                    # every table step-sqlite makes for it is here and its version entry is not: a
+                    # damaged version table (or a damaged name of it), not someone else's tables
+                    raise SchemaDamaged(
+                        where, f'no {SCHEMA_TABLE} entry for {component.name!r}, whose tables are all there'
+                    )
                 raise ValueError(
                     f'{where} already has table(s) {", ".join(tables)} that step-sqlite did not create (no '
                     f'{SCHEMA_TABLE} entry for {component.name!r}): use a different database file'

@@ -40,7 +40,7 @@ from .harness import migrate_harness_database
 from .media import SqliteMediaStore
 from .records import pack_body, unpack_body
 from .schema import LEASES as LEASE_TABLES
-from .schema import STEPS, ensure_schema
+from .schema import STEPS, SchemaDamaged, ensure_schema
 
 __all__ = ('DEFAULT_MEDIA_STORE', 'SqlitePort', 'SqliteStepStore')
 
@@ -76,6 +76,7 @@ _EFFECT_COLUMNS = 'run_id, tool_call_id, status, started_us, CAST(record AS BLOB
 # record, found by the engine, rather than a driver error failing the whole listing.
 _EVENT_SELECT = 'SELECT seq, idempotency_key, CAST(record AS BLOB) FROM events WHERE run_id = ?'
 _DAMAGE_SIGNS = ('malformed', 'not a database', 'Could not decode', 'file is encrypted')
+_SCHEMA_SIGNS = ('no such column', 'no such table')
 
 _APPEND_EVENT = (
     'INSERT INTO events (run_id, seq, idempotency_key, record) '
@@ -161,6 +162,13 @@ class SqlitePort(SyncPort):
     def damage_of(self, error: Exception) -> str | None:
         """SQLite's words for a damaged file: a malformed page or header, text that does not decode
         (its schema's text included, which the driver reports as a `UnicodeDecodeError`)."""
+        if isinstance(error, SchemaDamaged):
+            return str(error)
+        if isinstance(error, OverflowError):  # a stored time or number beyond any the store writes
+            return f'{type(error).__name__}: {error} (run PRAGMA integrity_check on the file; restore it from a backup)'
+        if isinstance(error, sqlite3.OperationalError) and str(error).startswith(_SCHEMA_SIGNS):
+            # step-sqlite's statements name only columns and tables it made: the schema's text is damaged
+            return str(SchemaDamaged(self.describe(), str(error)))
         if isinstance(error, UnicodeDecodeError) or (
             isinstance(error, sqlite3.DatabaseError) and any(sign in str(error) for sign in _DAMAGE_SIGNS)
         ):

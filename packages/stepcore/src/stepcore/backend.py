@@ -24,6 +24,7 @@ from stepcore.common.features import (
     require_feature,
 )
 from stepcore.engine import (
+    HEAD_KEY,
     TEMP_NAME,
     Ask,
     AsyncPort,
@@ -111,6 +112,7 @@ __all__ = (
     'ENCRYPTION',
     'ENGINE_PORT',
     'FORMAT_KEY',
+    'HEAD_KEY',
     'LEASES',
     'MEDIA_COLLECTION',
     'MEDIA_EXTERNALIZATION',

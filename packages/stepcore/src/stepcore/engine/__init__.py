@@ -27,11 +27,13 @@ from stepcore.engine._history import TAIL_RECHECK, shares_prefix, starts_with, t
 from stepcore.engine._pipeline import Ask, NodeIdBlocks, PipelinedPort
 from stepcore.engine._plans import Fenced, KeyConflict, StaleHistory
 from stepcore.engine._port import AsyncPort, Port, SyncPort, check_text
+from stepcore.engine._seal import HEAD_KEY
 from stepcore.engine._setup_once import SetupOnce
 from stepcore.engine._sql import event_window
 from stepcore.engine._worker import WorkerThread, WouldBlock, running_inline
 
 __all__ = (
+    'HEAD_KEY',
     'TAIL_RECHECK',
     'TEMP_NAME',
     'Ask',

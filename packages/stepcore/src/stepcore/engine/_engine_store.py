@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final, TypeVar, cast
 
 from pydantic_ai.messages import ModelMessage
 
@@ -76,6 +76,7 @@ from stepcore.engine._rows import (
     record_rows,
 )
 from stepcore.engine._seal import HEAD_KEY, NO_PREV, MessageDamage, Sealer, key_id_of
+from stepcore.engine._tally import Tally, count_plan, leased_plan, tally_of, tally_unknown, with_tally
 from stepcore.media.encrypting import EncryptingMediaStore
 from stepcore.media.protocol import MediaStore, MediaStoreOption, check_media_store, resolve_media_store
 from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker, stored_references
@@ -131,6 +132,8 @@ __all__ = (
 
 
 _KEY_CONFLICT_ATTEMPTS = 5
+T = TypeVar('T')
+
 _MAX_TTL: Final = 10.0 * 365 * 24 * 3600
 """The longest lease a swap takes: ten years (longer ones overflow some clocks)."""
 _STARTED: Final = ToolEffectStatus.STARTED.value
@@ -249,7 +252,15 @@ class EngineStore(StepStore):
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         run_id = self.__run_id(run_id)
-        row = cast(RunRow | None, await self.__driver.read(run_id, single(GetRun(run_id))))
+        answer, tally = await self.__read_counted(run_id, lambda: single(GetRun(run_id)))
+        row = cast(RunRow | None, answer)
+        if row is None and tally is not None and tally.has_records:
+            raise DamagedRecordError(
+                run_id=run_id,
+                record='run',
+                where=self.__where(),
+                reason='records are missing: the run has records and a lease, and its run record is not found',
+            )
         return self.__rows.decode_run(row) if row is not None else None
 
     async def list_runs(
@@ -512,7 +523,10 @@ class EngineStore(StepStore):
         run_id = self.__run_id(run_id)
         check_event_window(after_seq, limit)
         op = ListEvents(run_id, after_seq=after_seq, limit=limit, newest=newest)
-        rows = cast(Sequence[EventRow], await self.__driver.read(run_id, single(op)))
+        answer, tally = await self.__read_counted(run_id, lambda: single(op))
+        rows = cast(Sequence[EventRow], answer)
+        if tally is not None:
+            self.__check_events(run_id, rows, tally, after_seq, limit, newest)
         found: list[StepEvent] = []
         for row in rows:
             try:
@@ -521,11 +535,35 @@ class EngineStore(StepStore):
                 skip_damaged(error)
         return event_window(found, after_seq, limit, newest)
 
+    def __check_events(
+        self,
+        run_id: str,
+        rows: Sequence[EventRow],
+        tally: Tally,
+        after_seq: int | None,
+        limit: int | None,
+        newest: bool,
+    ) -> None:
+        """Raise when the rows a port answered for a listing of events skip a seq or stop short of the tally."""
+        after = after_seq or 0
+        seqs = sorted(row.seq for row in rows if row.seq is not None and row.seq > after)
+        if limit is not None and len(seqs) > limit:  # a port may answer more than the window
+            seqs = seqs[-limit:] if newest else seqs[:limit]
+        if newest and limit is not None and seqs:
+            after = max(after, seqs[0] - 1)  # the window starts where it was cut
+        elif newest and limit is not None:
+            after = max(after, tally.events - limit)
+        to_end = limit is None or newest or len(seqs) < limit
+        tally.short_events(run_id, seqs, after, to_end=to_end, where=self.__where())
+
     async def __effects(self, op: ListEffects, *, unresolved: bool = False) -> list[ToolEffectRecord]:
         # A ledger entry that cannot be read is an error: leaving it out could hide an effect in
         # flight. The unresolved ones are found here, not by the port, so that an entry whose
         # status or call id was altered is read (and its checksum fails) rather than filtered out.
-        rows = cast(Sequence[EffectRow], await self.__driver.read(op.run_id, single(op)))
+        answer, tally = await self.__read_counted(op.run_id, lambda: single(op))
+        rows = cast(Sequence[EffectRow], answer)
+        if tally is not None and op.tool_call_id is None:
+            tally.short_effects(op.run_id, len({row.tool_call_id for row in rows}), self.__where())
         found: list[ToolEffectRecord] = []
         for row in rows:
             # A status column other than `started` is bound into the entry's checksum: an entry whose
@@ -552,18 +590,14 @@ class EngineStore(StepStore):
 
     async def latest_snapshot(self, run_id: str, *, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         run_id = self.__run_id(run_id)
-        rows, nodes = await self.__driver.read(
-            run_id, read_snapshots(run_id, newest=True, complete_only=not include_interrupted)
-        )
+        rows, nodes = await self.__snapshots(run_id, newest=True, complete_only=not include_interrupted)
         if not rows:
             return None
         return await self.__materialize(rows[-1], nodes)
 
     async def list_snapshots(self, run_id: str, *, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         run_id = self.__run_id(run_id)
-        rows, nodes = await self.__driver.read(
-            run_id, read_snapshots(run_id, newest=False, complete_only=not include_interrupted)
-        )
+        rows, nodes = await self.__snapshots(run_id, newest=False, complete_only=not include_interrupted)
         found: list[ContinuableSnapshot] = []
         for row in rows:
             try:
@@ -571,6 +605,18 @@ class EngineStore(StepStore):
             except DamagedRecordError as error:
                 skip_damaged(error)
         return found
+
+    async def __snapshots(
+        self, run_id: str, *, newest: bool, complete_only: bool
+    ) -> tuple[Sequence[SnapshotRow], Mapping[int, Node]]:
+        """The run's snapshot rows and their nodes (`read_snapshots`), checked against its tally."""
+        (rows, nodes), tally = await self.__read_counted(
+            run_id, lambda: read_snapshots(run_id, newest=newest, complete_only=complete_only)
+        )
+        if tally is not None:
+            seqs = [row.seq for row in rows if row.seq is not None]
+            tally.short_snapshots(run_id, seqs, newest_only=newest, complete_only=complete_only, where=self.__where())
+        return rows, nodes
 
     async def list_snapshot_summaries(self, run_id: str, *, include_interrupted: bool = False) -> list[SnapshotSummary]:
         run_id = self.__run_id(run_id)
@@ -647,6 +693,9 @@ class EngineStore(StepStore):
         def read_messages() -> list[bytes]:
             ids, stored = self.__rows.chain(row, nodes)
             chain.extend(ids)
+            for position, body in enumerate(stored):
+                if type(body) is not bytes:  # a damaged column type (an integer where a blob was)
+                    raise ValueError(f'message {position} (node {ids[position]}) is not stored as bytes')
             try:
                 return self.__sealer.open_nodes(row.run_id, stored, head_sum, sealed=sealed)
             except MessageDamage as error:
@@ -686,6 +735,17 @@ class EngineStore(StepStore):
         `None` when the backend has none (see `stepcore.check_store`)."""
         found = await self.__driver.read(None, single(CheckIntegrity()))
         return None if found is None else list(cast(Sequence[str], found))
+
+    async def counts_records(self, run_id: str) -> bool | None:
+        """Whether the run's lease holds a count of its records that checks (`stepcore.engine._tally`):
+        runs written without a lease, or by a release before counts, have none."""
+        run_id = self.__run_id(run_id)
+        if LEASES not in type(self).features:
+            return False
+        with contextlib.suppress(Exception):
+            read = cast(LeaseRead, await self.__driver.read(run_id, single(GetLease(run_id))))
+            return tally_of(run_id, read, self.__where()) is not None
+        return False
 
     async def stored_run_ids(self) -> list[str]:
         """The id of every run this store holds a run record or a snapshot of, sorted.
@@ -760,6 +820,19 @@ class EngineStore(StepStore):
 
         return decoded(opened, run_id=run_id, record='start point', where=self.__where())
 
+    async def __read_counted(self, run_id: str, plan: Callable[[], Plan[T]]) -> tuple[T, Tally | None]:
+        """The answer of the plan `plan()` makes and the run's tally (`None`: the store keeps no
+        leases, or the run has no tally), read with it: see `stepcore.engine._tally`."""
+        if LEASES not in type(self).features:
+            return await self.__driver.read(run_id, plan()), None
+        try:
+            result, lease = await self.__driver.read(run_id, leased_plan(run_id, plan()))
+        except Exception as error:  # the lease or the records: read the records alone to tell which
+            result = await self.__driver.read(run_id, plan())
+            tally_unknown(run_id, self.__where(), f'its lease cannot be read: {error}')
+            return result, None
+        return result, tally_of(run_id, lease, self.__where())
+
     # -- leases (feature `leases`: see `stepcore.store.leases`) ---------------------------------
 
     def __lease(self, run_id: str, read: LeaseRead) -> Lease | None:
@@ -800,13 +873,15 @@ class EngineStore(StepStore):
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 <= ttl < _MAX_TTL:
             raise ValueError(f'ttl={ttl!r} cannot hold a lease: pass a finite number of seconds from 0 up')
         blob = None if start is None else await self.__seal_start(run_id, start)
+        # what the run holds now, read before the swap: a lower bound of what any later read finds
+        tally = await self.__driver.read(run_id, count_plan(run_id))
         row = LeaseRow(
             run_id=run_id,
             epoch=lease.epoch,
             state=LeaseState(lease.state).value,
             host=lease.owner.host if lease.owner is not None else '',
             expires=0.0,
-            body=encode_lease_body(lease),
+            body=with_tally(encode_lease_body(lease), run_id, tally),
         )
         op = SwapLease(run_id, expect=expect, expired=expired, row=row, ttl=float(ttl), start=blob)
         swap = cast(LeaseSwap, await self.__driver.write_op([run_id], op))

@@ -59,6 +59,8 @@ EXTENSIONS: Mapping[str, tuple[str, ...]] = {
     'delete_conversation': ('delete_run', 'list_runs'),
     'prune': ('delete_run', 'list_runs'),
     'stored_run_ids': ('list_runs',),
+    'check_integrity': (),
+    'counts_records': (),
     'media_references': _SNAPSHOT_READS,
     'stored_key_ids': (),
     'get_lease': (),
@@ -315,6 +317,14 @@ class ProtocolStore(StepStore):
     async def stored_run_ids(self) -> list[str]:
         own = self._own('stored_run_ids')
         return list(await own()) if own is not None else await super().stored_run_ids()
+
+    async def check_integrity(self) -> list[str] | None:
+        own = self._own('check_integrity')
+        return await own() if own is not None else await super().check_integrity()
+
+    async def counts_records(self, run_id: str) -> bool | None:
+        own = self._own('counts_records')
+        return await own(run_id) if own is not None else await super().counts_records(run_id)
 
     async def media_references(self, run_id: str) -> set[str]:
         own = self._own('media_references')

@@ -482,6 +482,12 @@ class StepStore(ABC):
         problem (empty: nothing); `None`, the default, when the backend has no such check."""
         return None
 
+    async def counts_records(self, run_id: str) -> bool | None:
+        """Whether the store keeps a count of the run's records, so that a read tells records missing
+        at the end of a listing (a damaged index) from the end of the run; `None`, the default, when
+        the store cannot say."""
+        return None
+
     async def stored_run_ids(self) -> list[str]:
         """The id of every run the store holds, sorted: what garbage collection and rekey visit.
 
