@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, TypeVar, cast
 
 from bson.binary import Binary
+from bson.errors import InvalidBSON
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
@@ -258,6 +259,12 @@ class MongoPort(AsyncPort):
         self.transactions: bool | None = False if self._local_clock else None
         """Whether fenced writes are transactions: `None` until the first one finds out whether the
         deployment has them (a replica set or a sharded cluster does, a standalone server does not)."""
+
+    def damage_of(self, error: Exception) -> str | None:
+        """A stored document that no longer decodes as BSON (or holds text that does not decode)."""
+        if isinstance(error, InvalidBSON | UnicodeDecodeError):
+            return f'{type(error).__name__}: {error} (validate the collection; restore it from a backup)'
+        return None
 
     def describe(self) -> str:
         return f'MongoDB database {self._db.name!r}'

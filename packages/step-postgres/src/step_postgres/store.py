@@ -158,6 +158,13 @@ class PostgresPort(PipelinedPort):
         self._fences: dict[int, list[tuple[str, int]]] = {}
         """The `(run_id, epoch)` each open transaction checked (`check_lease`), by connection."""
 
+    def damage_of(self, error: Exception) -> str | None:
+        """PostgreSQL's words for damaged data (SQLSTATE class XX: `data_corrupted`, `index_corrupted`)
+        and text that no longer decodes."""
+        if isinstance(error, errors.DataCorrupted | errors.IndexCorrupted | UnicodeDecodeError):
+            return f'{type(error).__name__}: {error} (check the database with amcheck; restore it from a backup)'
+        return None
+
     def describe(self) -> str:
         return f"PostgreSQL tables '{self._tables.prefix}_*'"
 
