@@ -179,7 +179,7 @@ class Log(Generic[F]):
         except FileNotFoundError:
             return []
         end = self._complete(data, 0)
-        lines = data[:end].split(b'\n')
+        lines = (data[:end] if end == len(data) or data.endswith(b'\n') else data + b'\n').split(b'\n')
         lines.pop()  # the empty string after the final newline
         return lines
 
@@ -197,6 +197,15 @@ class Log(Generic[F]):
             return
         data = os.pread(fd, st.st_size - self._offset, self._offset)
         end = self._complete(data, self._offset)
+        if end == len(data) and not data.endswith(b'\n'):  # a whole last line with a damaged newline
+            if repair:  # end it, so the next append starts a line of its own; its bytes are kept
+                os.pwrite(fd, b'\n', st.st_size)
+                os.fsync(fd)
+                data += b'\n'
+                end += 1
+            self._offset += end
+            self._fold(data if data.endswith(b'\n') else data + b'\n')
+            return
         if end < len(data) and repair:
             os.ftruncate(fd, self._offset + end)
             os.fsync(fd)
@@ -205,8 +214,23 @@ class Log(Generic[F]):
         self._fold(data[:end])
 
     def _complete(self, data: bytes, start: int) -> int:
-        """How many leading bytes of `data` (read at `start`) are complete lines; warns about the rest."""
+        """How many leading bytes of `data` (read at `start`) are complete lines; warns about the rest.
+
+        A write cut short leaves a prefix of what it wrote (or zeros after it). A last line that is
+        a whole JSON object followed by one byte other than its newline is not that: its newline
+        was damaged, and the line is complete (all of `data`), so reading it reports the damage
+        instead of taking the record for one a crash lost.
+        """
         end = data.rfind(b'\n') + 1
+        tail = data[end:]
+        if len(tail) >= 2 and tail[-2:-1] == b'}' and tail[-1:] not in (b'\n', b'\x00') and tail[:1] == b'{':
+            logger.warning(
+                'step_file: the last line of %s (offset %d) ends with %r where its newline belongs: it is damaged',
+                self.path,
+                start + end,
+                tail[-1:],
+            )
+            return len(data)
         if end < len(data):
             logger.warning(
                 'step_file: %s ends with an incomplete line (%d bytes at offset %d, left by an interrupted write); '
