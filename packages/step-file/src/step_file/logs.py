@@ -83,6 +83,18 @@ class LedgerSeen:
     run_id: str
     path: Path
     entries: dict[str, ops.EffectRow] = field(default_factory=dict[str, ops.EffectRow])
+    earlier: dict[str, list[ops.EffectRow]] = field(default_factory=dict[str, list[ops.EffectRow]])
+    """The lines each call's latest one superseded, oldest first: answered with it, so that a
+    damaged line (one whose call id was altered, say) is checked rather than hidden behind a later one."""
+
+    def rows(self, tool_call_id: str | None = None) -> list[ops.EffectRow]:
+        """Every line's row, each call's superseded lines before its latest, calls in first-recorded order."""
+        return [
+            row
+            for call, latest in self.entries.items()
+            if tool_call_id is None or call == tool_call_id or not latest.status
+            for row in (*self.earlier.get(call, ()), latest)
+        ]
 
     def add(self, number: int, line: bytes) -> None:
         data = json_object(line)
@@ -94,6 +106,9 @@ class LedgerSeen:
             if not isinstance(tool_call_id, str):
                 tool_call_id = _damaged_call_id(line) or f'(unreadable line {number} of {self.path.name})'
             row = ops.EffectRow(self.run_id, tool_call_id, '', EPOCH, line)
+        previous = self.entries.get(row.tool_call_id)
+        if previous is not None:
+            self.earlier.setdefault(row.tool_call_id, []).append(previous)
         self.entries[row.tool_call_id] = row
 
 

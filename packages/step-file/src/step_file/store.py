@@ -454,11 +454,9 @@ class FilePort(SyncPort):
                 log.append(fd, b''.join(lines), sync=self._full)
 
     def list_effects(self, tx: _Tx, op: ops.ListEffects) -> list[ops.EffectRow]:
-        rows = list(self._run(op.run_id).ledger.refresh(repair=tx.repair).entries.values())
         # An unreadable entry (status '') goes with every answer: the engine refuses to read the ledger.
-        if op.tool_call_id is not None:
-            rows = [r for r in rows if r.tool_call_id == op.tool_call_id or not r.status]
-        return rows
+        # A call's superseded lines go before its latest one, to be checked (see `LedgerSeen.earlier`).
+        return self._run(op.run_id).ledger.refresh(repair=tx.repair).rows(op.tool_call_id)
 
     # -- snapshots ----------------------------------------------------------------------------
 

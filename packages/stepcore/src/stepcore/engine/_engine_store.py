@@ -564,12 +564,15 @@ class EngineStore(StepStore):
         rows = cast(Sequence[EffectRow], answer)
         if tally is not None and op.tool_call_id is None:
             tally.short_effects(op.run_id, len({row.tool_call_id for row in rows}), self.__where())
-        found: list[ToolEffectRecord] = []
+        latest: dict[str, ToolEffectRecord | None] = {}  # a port may answer a call's replaced rows first
         for row in rows:
             # A status column other than `started` is bound into the entry's checksum: an entry whose
             # bytes check as written is not unresolved and need not be decoded.
-            if not (unresolved and row.status != _STARTED and self.__rows.checks_as_written(row.body, row)):
-                found.append(self.__rows.decode_effect(row))
+            if unresolved and row.status != _STARTED and self.__rows.checks_as_written(row.body, row):
+                latest[row.tool_call_id] = None
+            else:
+                latest[row.tool_call_id] = self.__rows.decode_effect(row)
+        found = [record for record in latest.values() if record is not None]
         if op.tool_call_id is not None:
             found = [r for r in found if r.tool_call_id == op.tool_call_id]
         if unresolved:

@@ -333,7 +333,8 @@ class PutEffects(Op):
 class ListEffects(Op):
     """Answer: the run's ledger rows, in the order their calls were first recorded; only the one
     call's row when `tool_call_id` is given (a port may answer more: the engine picks the call's row
-    again). Which entries are unresolved the engine decides from the decoded records, so that an
+    again). A port may also answer rows a call's latest one replaced, before it: the engine checks
+    each and keeps the latest. Which entries are unresolved the engine decides from the decoded records, so that an
     entry whose status was altered on disk is read, and fails its checksum, rather than filtered out."""
 
     method: ClassVar[str] = 'list_effects'

@@ -1,4 +1,4 @@
-"""A whole last line whose newline byte is damaged is damage, never a write a crash cut short."""
+"""Damaged lines of the file store's logs are reported, never taken for a torn write or hidden behind a later line."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
 from step_file import FileStepStore
@@ -57,4 +59,37 @@ async def test_an_event_line_with_a_damaged_newline_is_reported_and_kept_and_app
     assert any('where its newline belongs' in r.getMessage() for r in caplog.records)
     await store.append_event(StepEvent(run_id=run_id, kind=EventKind.RUN_STARTED, step_index=9))
     assert path.read_bytes().startswith(damaged + b'\n')  # kept, ended, and the new line after it
+    await store.aclose()
+
+
+def _two_calls(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    calls = sum(1 for m in messages if isinstance(m, ModelResponse))
+    if calls < 2:
+        return ModelResponse(parts=[ToolCallPart('lookup', {'word': f'w{calls}'}, tool_call_id=f'call-{calls}')])
+    return ModelResponse(parts=[TextPart('done')])
+
+
+async def test_a_ledger_line_whose_call_id_was_altered_is_not_hidden_behind_a_later_line(tmp_path: Path) -> None:
+    store = FileStepStore(tmp_path)
+    agent = Agent(FunctionModel(_two_calls), capabilities=[StepPersistence(store=store)])
+
+    @agent.tool_plain
+    def lookup(word: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        return f'{word}: found'
+
+    await agent.run('look both up')
+    (run,) = await store.list_runs()
+    await store.aclose()
+    ledger = tmp_path / run.run_id / EFFECTS_FILE
+    lines = ledger.read_bytes().splitlines(keepends=True)
+    completed = next(i for i, line in enumerate(lines) if b'"call-0"' in line and b'"completed"' in line)
+    assert any(b'"call-1"' in line for line in lines[completed + 1 :])  # call-1's lines come after it
+    lines[completed] = lines[completed].replace(b'"call-0"', b'"call-1"')  # one bit: '0' -> '1'
+    ledger.write_bytes(b''.join(lines))
+    store = FileStepStore(tmp_path)
+    with pytest.raises(DamagedRecordError) as caught:  # never call-0 read back as only `started`
+        await store.list_tool_effects(run.run_id)
+    assert caught.value.run_id == run.run_id
+    with pytest.raises(DamagedRecordError):
+        await store.list_unresolved_tool_effects(run.run_id)
     await store.aclose()
