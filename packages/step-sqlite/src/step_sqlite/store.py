@@ -125,7 +125,12 @@ def _lease_row(row: tuple[Any, ...]) -> ops.LeaseRow:
 def _snapshot_row(row: tuple[Any, ...], run_id: str) -> ops.SnapshotRow:
     """A row of the run asked for: the index found it under `run_id`, so that is the run a damaged
     `run_id` column would otherwise misname (the record's checksum binds the run id it is read as)."""
-    return ops.SnapshotRow(run_id=run_id, state=row[1], head=row[2], length=row[3], body=row[4], seq=row[5])
+    head, length, seq = row[2], row[3], row[5]
+    if not (isinstance(length, int) and (head is None or isinstance(head, int)) and isinstance(seq, int)):
+        # a damaged column type (NULL or text where the schema holds an integer): one damaged record
+        reason = f'snapshot row columns are damaged (head {head!r}, length {length!r}, seq {seq!r})'
+        return ops.SnapshotRow(run_id, '', None, 0, ops.Unparsable(reason), seq=seq if isinstance(seq, int) else None)
+    return ops.SnapshotRow(run_id=run_id, state=row[1], head=head, length=length, body=row[4], seq=seq)
 
 
 def _effect_row(row: tuple[Any, ...], run_id: str) -> ops.EffectRow:
