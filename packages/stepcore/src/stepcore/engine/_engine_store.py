@@ -88,7 +88,7 @@ from stepcore.store.arguments import (
     event_window,
     shared_prefix,
 )
-from stepcore.store.codec import decode_messages, encode_message, record_fields
+from stepcore.store.codec import decode_messages, encode_message
 from stepcore.store.leases import (
     Lease,
     LeaseState,
@@ -464,16 +464,14 @@ class EngineStore(StepStore):
             bodies, save.sums = self.__sealer.nodes(run_id, delta.new_messages, prev)
             head_sum = save.sums[-1] if save.sums else (None if delta.parent is None else prev)
             state = SnapshotState(snapshot.state).value
-            header = record_fields(
-                snapshot, exclude=SNAPSHOT_FIELDS_IN_ROW, **({HEAD_KEY: head_sum} if head_sum is not None else {})
+            body = self.__sealer.seal(
+                snapshot,
+                SNAPSHOT_FIELDS_IN_ROW,
+                (run_id, state, delta.total),
+                SNAPSHOT_CLEAR,
+                {HEAD_KEY: head_sum} if head_sum is not None else None,
             )
-            row = SnapshotRow(
-                run_id=run_id,
-                state=state,
-                head=None,
-                length=delta.total,
-                body=self.__sealer.record(header, (run_id, state, delta.total), SNAPSHOT_CLEAR),
-            )
+            row = SnapshotRow(run_id=run_id, state=state, head=None, length=delta.total, body=body)
             parent = cast(int | None, delta.parent)
             write = SnapshotWrite(key=snapshot.idempotency_key, parent=parent, bodies=bodies, row=row)
             rows = record_rows(self.__sealer, run_id, records)

@@ -15,7 +15,7 @@ from stepcore.common.damage import UnreadableBody, decoded
 from stepcore.engine._history import walk_chain
 from stepcore.engine._ops import Body, EffectRow, EventRow, Node, RunRow, SnapshotRow, Unparsable, Unreadable
 from stepcore.engine._seal import HEAD_KEY, SEALED_FORMAT, Sealer
-from stepcore.store.codec import FORMAT_KEY, record_fields, validated
+from stepcore.store.codec import FORMAT_KEY, validated
 from stepcore.store.lifecycle import sort_time
 from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 from stepcore.store.protocols import StepWrite
@@ -53,15 +53,11 @@ def record_rows(sealer: Sealer, run_id: str, records: Sequence[StepWrite]) -> tu
     effects: list[EffectRow] = []
     for record in records:
         if isinstance(record, StepEvent):
-            body = sealer.record(record_fields(record, exclude=EVENT_FIELDS_IN_ROW), (run_id,), EVENT_CLEAR)
+            body = sealer.seal(record, EVENT_FIELDS_IN_ROW, (run_id,), EVENT_CLEAR)
             events.append(EventRow(run_id, record.idempotency_key, body))
         else:
             status = record.status.value
-            body = sealer.record(
-                record_fields(record, exclude=EFFECT_FIELDS_IN_ROW),
-                (run_id, record.tool_call_id, status),
-                EFFECT_CLEAR,
-            )
+            body = sealer.seal(record, EFFECT_FIELDS_IN_ROW, (run_id, record.tool_call_id, status), EFFECT_CLEAR)
             effects.append(
                 EffectRow(
                     run_id=run_id,
@@ -99,7 +95,7 @@ class RowCodec:
             started_at=sort_time(record.started_at),
             conversation_id=record.conversation_id,
             parent_run_id=record.parent_run_id,
-            body=self.sealer.record(record_fields(record, exclude=RUN_FIELDS_IN_ROW), (run_id,), RUN_CLEAR),
+            body=self.sealer.seal(record, RUN_FIELDS_IN_ROW, (run_id,), RUN_CLEAR),
         )
 
     def decode_run(self, row: RunRow) -> RunRecord:

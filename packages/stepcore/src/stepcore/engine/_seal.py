@@ -38,7 +38,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 from stepcore.common.encryption import Encryption, EncryptionKeyError
-from stepcore.store.codec import FORMAT_KEY, check_format_version
+from stepcore.store.codec import FORMAT_KEY, Record, check_format_version, record_fields, record_json
+from stepcore.store.models import RECORD_FORMAT_VERSION
 
 __all__ = (
     'CHECKSUM_KEY',
@@ -76,11 +77,30 @@ def _sum(data: bytes) -> str:
 
 
 def _columns(columns: Sequence[object]) -> bytes:
+    if len(columns) == 1 and type(columns[0]) is str:  # a run id: most records
+        return columns[0].encode()
     return '\x1f'.join('' if c is None else str(c) for c in columns).encode()
 
 
 _CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(',', ':'), ensure_ascii=False)
 """`json.dumps(..., sort_keys=True, separators=(',', ':'), ensure_ascii=False)`, built once."""
+
+_MAKE_ENCODER: Any = getattr(json.encoder, 'c_make_encoder', None)
+_SORTED_JSON: Any = (
+    None
+    if _MAKE_ENCODER is None
+    else _MAKE_ENCODER(None, _CANONICAL.default, json.encoder.encode_basestring, None, ':', ',', True, False, True)
+)
+"""`_CANONICAL`'s C encoder, built once rather than at every `encode` (which builds one per call), and
+without its check for circular references: it encodes only the fields pydantic's JSON mode gave,
+which hold none. The same settings, so the same text."""
+
+
+def _sorted_json(data: Mapping[str, Any]) -> bytes:
+    """`_CANONICAL.encode(data)`, as UTF-8."""
+    if _SORTED_JSON is None:
+        return _CANONICAL.encode(data).encode()
+    return ''.join(_SORTED_JSON(data, 0)).encode()
 
 
 _STAMP_FIELD: Final = frozenset({FORMAT_KEY})
@@ -197,6 +217,26 @@ class Sealer:
         key_id, fp, blob = self.encryption.encrypt(plain, _columns(columns) + b'\x00' + _canonical(shown, _NOT_SHOWN))
         head = _STAMP + b''.join(b',' + _field(name, value) for name, value in shown.items())
         return b'%s,"k":"%s","f":"%s","e":"%s"}' % (head, key_id.encode(), fp.encode(), _b64(blob).encode())
+
+    def seal(
+        self,
+        record: Record,
+        exclude: frozenset[str],
+        columns: Sequence[object],
+        clear: Sequence[str] = (),
+        extra: Mapping[str, str] | None = None,
+    ) -> bytes:
+        """`record(record_fields(record, exclude=exclude, **extra), columns, clear)`: the same bytes.
+
+        In clear, the fields are encoded once, without the format stamp (which every record of the
+        current format starts with), and the checksum is taken over the stamp and that text.
+        """
+        if self.encryption is not None or RECORD_FORMAT_VERSION != SEALED_FORMAT:
+            return self.record(record_fields(record, exclude=exclude, **(extra or {})), columns, clear)
+        rest = _sorted_json(record_json(record, exclude, extra))
+        tail = b'}' if rest == b'{}' else b',' + rest[1:]
+        check = _sum(_STAMP + tail + b'\x00' + _columns(columns))
+        return _SEALED_HEAD + check.encode() + b'"' + tail
 
     def check_record(self, body: bytes | str, columns: Sequence[object]) -> bool:
         """Whether a stored record body in clear is laid out as `record` wrote it and its checksum

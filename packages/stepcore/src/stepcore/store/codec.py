@@ -31,6 +31,7 @@ __all__ = (
     'encode_messages',
     'load_record',
     'record_fields',
+    'record_json',
     'validated',
 )
 
@@ -107,6 +108,32 @@ def record_fields(record: Record, *, exclude: AbstractSet[str] | None = None, **
     )
     fields.update(extra)
     return fields
+
+
+def record_json(
+    record: Record, exclude: frozenset[str], extra: Mapping[str, int | str] | None = None
+) -> dict[str, Any]:
+    """`record_fields` without its format stamp: the record's JSON-compatible fields, then `extra`.
+
+    For the engine's write path, which seals each record it writes: the fields the record is
+    serialized without (`exclude`, the `extra` names, and `metadata` when empty) are a set built
+    once per kind of record and kept, not one built per record.
+    """
+    empty_metadata = getattr(record, 'metadata', None) == {}
+    key = (exclude, tuple(extra) if extra else (), empty_metadata)
+    skip = _SKIPS.get(key)
+    if skip is None:
+        skip = _SKIPS[key] = {*exclude, *(extra or ()), *(('metadata',) if empty_metadata else ())}
+    fields: dict[str, Any] = record.__pydantic_serializer__.to_python(
+        record, mode='json', exclude=skip, exclude_none=True, by_alias=True
+    )
+    if extra:
+        fields.update(extra)
+    return fields
+
+
+_SKIPS: dict[tuple[frozenset[str], tuple[str, ...], bool], set[str]] = {}
+"""The fields `record_json` leaves out, by what it was asked to leave out (a handful of keys)."""
 
 
 def _skipped(record: Record, exclude: AbstractSet[str] | None, extra: Mapping[str, object]) -> set[str]:
