@@ -61,7 +61,16 @@ class RunWriter:
         """Written snapshots whose `SnapshotSaved` is still to be emitted: right after the write, or,
         for one a background flush wrote, by the next write made from a hook."""
         self._lock = asyncio.Lock()
+        self._due: float | None = None
+        """When (event loop time) the deferred writes are written on their own, unless a write takes
+        them first; `None` while nothing deferred waits for the timer."""
         self._timer: asyncio.TimerHandle | None = None
+        """The pending timer, due at `_timer_when` on `_timer_loop`. A write does not cancel it: it
+        clears `_due`, and the timer, when it fires, finds nothing to do or a later `_due` to wait
+        for. So a run deferring and writing several times per step arms at most one timer per
+        `DEFERRED_WRITE_DELAY`, instead of arming and cancelling one per deferral."""
+        self._timer_when = 0.0
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         """Background flushes of deferred writes, kept referenced while they run."""
 
@@ -80,9 +89,7 @@ class RunWriter:
             done = await self._journal(ctx, writes, snapshot, new_call=new_call)
         else:
             async with self._lock:
-                if self._timer is not None:
-                    self._timer.cancel()
-                    self._timer = None
+                self._due = None  # the deferred writes go now: the timer has nothing left to do
                 await self._apply(writes, snapshot)
             done = list(writes)
         await self._announce(ctx)
@@ -196,17 +203,34 @@ class RunWriter:
             await announce_snapshot(ctx, self._unannounced.pop(0))
 
     def _arm_timer(self) -> bool:
-        """Make sure deferred writes are flushed soon; False when that cannot be scheduled (no asyncio loop)."""
-        if self._timer is None:
+        """Make sure deferred writes are flushed within `DEFERRED_WRITE_DELAY`; False when that cannot
+        be scheduled (no asyncio loop)."""
+        if self._due is None:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 return False
-            self._timer = loop.call_later(DEFERRED_WRITE_DELAY, self._flush_soon)
+            self._due = due = loop.time() + DEFERRED_WRITE_DELAY
+            if self._timer is None or self._timer_loop is not loop:
+                self._schedule(loop, due)
+            # else the pending timer is due before `due` (it was set for an earlier deferral) and
+            # waits on until `due` when it fires
         return True
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        self._timer = loop.call_at(when, self._flush_soon)
+        self._timer_when = when
+        self._timer_loop = loop
 
     def _flush_soon(self) -> None:
         self._timer = None
+        due = self._due
+        if due is None:  # written meanwhile
+            return
+        if due > self._timer_when:  # deferred after the write that took what this timer was set for
+            self._schedule(asyncio.get_running_loop(), due)
+            return
+        self._due = None
         if self._deferred or self._deferred_snapshot is not None:
             task = asyncio.get_running_loop().create_task(self._flush_in_background())
             self._flushes.add(task)
