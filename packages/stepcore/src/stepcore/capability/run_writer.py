@@ -12,7 +12,7 @@ from pydantic_ai.tools import RunContext
 
 from stepcore.capability.events import announce_snapshot
 from stepcore.capability.operations import StepOperations
-from stepcore.store.contract import write_records
+from stepcore.store.contract import own_extension, write_records
 from stepcore.store.models import ContinuableSnapshot, SnapshotState, StepEvent, ToolEffectRecord
 from stepcore.store.protocols import StepWrite
 from stepcore.store.step_store import StepStore
@@ -52,6 +52,8 @@ class RunWriter:
         self.journaled = journaled
         self.run_id = run_id
         self._operations = operations
+        self._own_batch = own_extension(store, 'write_batch')
+        """Whether the store's `write_batch` is its own (see `write_records`): its class decides, once."""
         self._deferred: list[StepWrite] = []
         self._deferred_snapshot: ContinuableSnapshot | None = None
         """A snapshot that travels with the run's next write, after `_deferred` (which then ends
@@ -166,7 +168,9 @@ class RunWriter:
         pending, self._deferred_snapshot = self._deferred_snapshot, None
         batch = [*deferred, *(write for completion in released for write in completion), *writes]
         try:
-            await write_records(self.store, batch, snapshot=pending if pending is not None else snapshot)
+            await write_records(
+                self.store, batch, snapshot=pending if pending is not None else snapshot, own=self._own_batch
+            )
         except BaseException:
             self._deferred[:0] = deferred
             self._deferred_snapshot = pending

@@ -396,13 +396,18 @@ class EngineStore(StepStore):
         Records are encoded inside the plan: on a `SyncPort`'s thread, beside the rest of the write.
         """
         by_run: dict[str, list[StepWrite]] = {}
+        given: object = object()  # no run id is this object
+        run_id = ''
         for write in check_writes(writes):
             if isinstance(write, StepEvent):
                 if write.idempotency_key is not None:
                     check_text(write.idempotency_key, 'idempotency_key')
             else:
                 check_text(write.tool_call_id, 'tool_call_id')
-            by_run.setdefault(self.__run_id(write.run_id), []).append(write)
+            if write.run_id is not given:  # a batch's records share their run id: checked once
+                given = write.run_id
+                run_id = self.__run_id(given)
+            by_run.setdefault(run_id, []).append(write)
         if snapshot is not None:
             run_id = self.__run_id(snapshot.run_id)
             if snapshot.idempotency_key is not None:

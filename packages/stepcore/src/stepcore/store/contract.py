@@ -121,15 +121,20 @@ def as_step_store(store: object) -> StepStore:
 
 
 async def write_records(
-    store: StepStore, writes: Sequence[StepWrite], *, snapshot: ContinuableSnapshot | None = None
+    store: StepStore,
+    writes: Sequence[StepWrite],
+    *,
+    snapshot: ContinuableSnapshot | None = None,
+    own: bool | None = None,
 ) -> None:
     """Save `snapshot`, then apply `writes`: through the store's `write_batch` where it is its own
     (see `own_extension`), else one contract call per record, in that order.
 
     Either way a `completed` ledger entry never reaches the store before the snapshot holding the
-    call's result.
+    call's result. `own` is `own_extension(store, 'write_batch')` when the caller knows it already
+    (a run's writer asks once per run, not once per write).
     """
-    if own_extension(store, 'write_batch'):
+    if own if own is not None else own_extension(store, 'write_batch'):
         await store.write_batch(writes, snapshot=snapshot)
     else:
         await StepStore.write_batch(store, writes, snapshot=snapshot)

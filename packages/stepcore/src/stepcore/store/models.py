@@ -147,21 +147,31 @@ class _RecordMethods:
     def model_construct(cls, **values: Any) -> Self:
         """A record from values of the right types, without validating them; missing fields take their defaults."""
         record = object.__new__(cls)
-        for spec in dataclasses.fields(cls):  # pyright: ignore[reportArgumentType]
-            if spec.name in values:
-                continue
-            if spec.default is not dataclasses.MISSING:
-                values[spec.name] = spec.default
-            elif spec.default_factory is not dataclasses.MISSING:
-                values[spec.name] = spec.default_factory()
-            else:
-                raise TypeError(f'{cls.__name__}.model_construct() needs {spec.name}=')
+        names, specs = _construction(cls)
+        if not names <= values.keys():  # else every field is given: nothing to fill in
+            for spec in specs:
+                if spec.name in values:
+                    continue
+                if spec.default is not dataclasses.MISSING:
+                    values[spec.name] = spec.default
+                elif spec.default_factory is not dataclasses.MISSING:
+                    values[spec.name] = spec.default_factory()
+                else:
+                    raise TypeError(f'{cls.__name__}.model_construct() needs {spec.name}=')
         record.__dict__.update(values)
         return record
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with the fields in `update` replaced, not validated (`dataclasses.replace` validates)."""
-        duplicate = copy.deepcopy(self) if deep else copy.copy(self)
+        if deep:
+            duplicate = copy.deepcopy(self)
+        elif type(self) in _PLAIN_RECORDS:
+            # what `copy.copy` does for these classes (no `__copy__`, `__setstate__` or slots), without
+            # its `__reduce_ex__` round trip
+            duplicate = object.__new__(type(self))
+            duplicate.__dict__.update(self.__dict__)
+        else:
+            duplicate = copy.copy(self)
         if update:
             duplicate.__dict__.update(update)
         return duplicate
@@ -287,6 +297,21 @@ class ToolEffectRecord(_RecordMethods):
     def unresolved(self) -> bool:
         """True while the call has a `started` record and no terminal update."""
         return self.status is ToolEffectStatus.STARTED
+
+
+_PLAIN_RECORDS: frozenset[type] = frozenset({RunRecord, StepEvent, ContinuableSnapshot, ToolEffectRecord})
+"""The record classes themselves (not a subclass, which may copy itself its own way)."""
+
+_CONSTRUCTION: dict[type, tuple[frozenset[str], tuple[dataclasses.Field[Any], ...]]] = {}
+
+
+def _construction(cls: type) -> tuple[frozenset[str], tuple[dataclasses.Field[Any], ...]]:
+    """A record class's field names and fields, for `model_construct` (found once per class)."""
+    found = _CONSTRUCTION.get(cls)
+    if found is None:
+        specs = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]
+        found = _CONSTRUCTION[cls] = (frozenset(spec.name for spec in specs), specs)
+    return found
 
 
 def record_fields_of(record: object) -> tuple[str, ...]:
