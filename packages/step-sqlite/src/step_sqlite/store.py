@@ -414,7 +414,9 @@ class SqlitePort(SyncPort):
             rows = tx.execute(_CHAIN, (head, op.run_id, length))
         else:
             rows = tx.execute('SELECT node_id, parent_id, body FROM message_nodes WHERE run_id = ?', (op.run_id,))
-        return {int(n): (p, _unpacked(b)) for n, p, b in rows}
+        # A node whose id or parent is not an integer (a damaged column) is left out: the engine then
+        # reports the broken chain as damage of the snapshot that needs it.
+        return {n: (p, _unpacked(b)) for n, p, b in rows if isinstance(n, int) and (p is None or isinstance(p, int))}
 
 
 class SqliteStepStore(EngineStore):
