@@ -434,7 +434,14 @@ class FilePort(SyncPort):
 
     def list_events(self, tx: _Tx, op: ops.ListEvents) -> list[ops.EventRow]:
         rows: list[ops.EventRow] = []
-        for number, line in enumerate(self._run(op.run_id).events.lines(), 1):
+        lines = self._run(op.run_id).events.lines()
+        first = 1
+        if op.newest and op.limit is not None and len(lines) > op.limit:
+            # seqs follow line numbers: the newest `limit` events are the last lines (the run's count
+            # asks for the newest one at every lease renewal: never a parse of the whole log)
+            first = len(lines) - op.limit + 1
+            lines = lines[-op.limit :]
+        for number, line in enumerate(lines, first):
             data = json_object(line)
             seq = data.get('seq') if data is not None else None
             if data is None or not isinstance(seq, int):
