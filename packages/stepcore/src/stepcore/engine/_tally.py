@@ -101,9 +101,12 @@ class Tally:
             raise _missing(
                 run_id, 'snapshots', where, f'the run had a snapshot of seq {wanted} and the newest found is {found}'
             )
-        held = self.completes if complete_only else self.snapshots
-        if not newest_only and newest == wanted and len(seqs) < held:
-            raise _missing(run_id, 'snapshots', where, f'the run had {held} snapshots and the store lists {len(seqs)}')
+        # Only a listing of every snapshot can tell: its newest unchanged means no save since, and
+        # so no pruning since (an interrupted save may prune a complete snapshot).
+        if not (newest_only or complete_only) and newest == wanted and len(seqs) < self.snapshots:
+            raise _missing(
+                run_id, 'snapshots', where, f'the run had {self.snapshots} snapshots and the store lists {len(seqs)}'
+            )
 
     @property
     def has_records(self) -> bool:
