@@ -170,6 +170,8 @@ class FilePort(SyncPort):
     atomic against a takeover.
     """
 
+    gapless_events = True  # seqs follow line numbers
+
     name = 'file store'
 
     def __init__(self, directory: Path, *, full: bool) -> None:

@@ -147,6 +147,8 @@ class PostgresPort(PipelinedPort):
     on fails on the server (and rolls back) without waiting for an answer of its own.
     """
 
+    gapless_events = True  # the counter moves in the transaction that inserts
+
     name = 'PostgreSQL store'
 
     def __init__(self, handle: PoolHandle, tables: Tables) -> None:

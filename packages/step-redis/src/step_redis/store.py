@@ -167,6 +167,8 @@ class _Batch:
 class RedisPort(PipelinedPort):
     """The engine's operations as Redis commands and scripts under one key prefix (see the module docstring)."""
 
+    gapless_events = True  # an event's seq is its position in the run's list
+
     name = 'Redis store'
 
     def __init__(self, client: Redis, keys: Keys) -> None:

@@ -150,6 +150,8 @@ def _unpacked(stored: bytes) -> bytes:
 class SqlitePort(SyncPort):
     """The engine's operations as SQL on one database (schema in `schema.py`)."""
 
+    gapless_events = True  # seqs are taken as MAX + 1 inside the write transaction
+
     name = 'SQLite store'
     group_commit = True
 

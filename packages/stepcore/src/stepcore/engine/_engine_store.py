@@ -557,7 +557,8 @@ class EngineStore(StepStore):
         elif newest and limit is not None:
             after = max(after, tally.events - limit)
         to_end = limit is None or newest or len(seqs) < limit
-        tally.short_events(run_id, seqs, after, to_end=to_end, where=self.__where())
+        gapless = self.__driver.port.gapless_events
+        tally.short_events(run_id, seqs, after, to_end=to_end, gapless=gapless, where=self.__where())
 
     async def __effects(self, op: ListEffects, *, unresolved: bool = False) -> list[ToolEffectRecord]:
         # A ledger entry that cannot be read is an error: leaving it out could hide an effect in

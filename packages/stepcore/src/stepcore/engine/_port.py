@@ -56,6 +56,11 @@ class Port:
         if self.fault_hook is not None:
             self.fault_hook(name)
 
+    gapless_events: ClassVar[bool] = False
+    """Whether the event seqs of a run never skip a number, even after a crash or a concurrent
+    writer (`ops.PutEvents`): then a listing with a seq missing in the middle is damage. A port that
+    takes a seq from a counter before its insert, outside a transaction, may leave gaps: False."""
+
     def describe(self) -> str:
         """Where this port's data lives, for messages (`'database runs.db'`)."""
         return self.name

@@ -70,14 +70,17 @@ class Tally:
         }
         return {**counts, 'c': _sum(run_id, counts)}
 
-    def short_events(self, run_id: str, seqs: Sequence[int], after: int, *, to_end: bool, where: str) -> None:
+    def short_events(
+        self, run_id: str, seqs: Sequence[int], after: int, *, to_end: bool, gapless: bool, where: str
+    ) -> None:
         """Raise when the event seqs a listing found (after `after`, in order; `to_end`: the listing
-        was meant to reach the newest) skip one, or stop short of the tally."""
+        was meant to reach the newest) skip one (`gapless`: the port never leaves a gap), or stop
+        short of the tally."""
         expected = after + 1
         for seq in seqs:
-            if seq != expected:
+            if gapless and seq != expected:
                 raise _missing(run_id, 'events', where, f'event seq {expected} is missing (the next found is {seq})')
-            expected += 1
+            expected = seq + 1
         if to_end and expected - 1 < self.events:
             found = f'up to seq {expected - 1}' if seqs else 'none'
             raise _missing(run_id, 'events', where, f'the run had {self.events} events and the store lists {found}')

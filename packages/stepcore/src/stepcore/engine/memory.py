@@ -32,6 +32,8 @@ class _Run:
 class MemoryPort(SyncPort):
     """Rows in dictionaries, written and read inline on the event loop (every operation is atomic there)."""
 
+    gapless_events = True  # seqs follow list positions
+
     name = 'memory store'
 
     def __init__(self) -> None:
