@@ -282,8 +282,13 @@ class LeasesConformance(StoreFixtures):
         refused: list[int] = []
 
         async def zombie() -> None:
+            # it writes until it is fenced (or 45 s passed): how fast a store writes never
+            # decides whether the takeover comes before the writer stops
+            deadline = time.monotonic() + 45
             with fencing(Fence(run_id, first.epoch)):
-                for n in range(1, 10_000):
+                n = 0
+                while time.monotonic() < deadline:
+                    n += 1
                     try:
                         await store.append_event(_event(run_id, n))
                     except RunFencedError:
