@@ -593,7 +593,7 @@ class FilePort(SyncPort):
         if head is not None and length:
             end = self._nodes(tx, run)[1]
             if head >= end:
-                if self._holds_message(tx, run, header.get(HEAD_KEY)):
+                if self._holds_message(run, header.get(HEAD_KEY)):
                     # the message it names did reach the file, under another id: not a crash
                     reason = (
                         f'snapshot file {str(path)!r} names node {head} as its newest message, past the end of '
@@ -613,7 +613,7 @@ class FilePort(SyncPort):
         return ops.SnapshotRow(run_id, state, head, length, header, seq=seq)
 
     @staticmethod
-    def _holds_message(tx: _Tx, run: _Run, head_sum: object) -> bool:
+    def _holds_message(run: _Run, head_sum: object) -> bool:
         """Whether the run's message file holds a message sealed with `head_sum` (a snapshot header's
         sum of its newest message; `False` when the header holds none, as an encrypted one)."""
         if not isinstance(head_sum, str) or not head_sum.isalnum():

@@ -171,12 +171,11 @@ class SqlitePort(SyncPort):
         (its schema's text included, which the driver reports as a `UnicodeDecodeError`)."""
         if isinstance(error, SchemaDamaged):
             return str(error)
-        if isinstance(error, OverflowError):  # a stored time or number beyond any the store writes
-            return f'{type(error).__name__}: {error} (run PRAGMA integrity_check on the file; restore it from a backup)'
         if isinstance(error, sqlite3.OperationalError) and str(error).startswith(_SCHEMA_SIGNS):
             # step-sqlite's statements name only columns and tables it made: the schema's text is damaged
             return str(SchemaDamaged(self.describe(), str(error)))
-        if isinstance(error, UnicodeDecodeError) or (
+        # OverflowError: a stored time or number beyond any the store writes
+        if isinstance(error, UnicodeDecodeError | OverflowError) or (
             isinstance(error, sqlite3.DatabaseError) and any(sign in str(error) for sign in _DAMAGE_SIGNS)
         ):
             return f'{type(error).__name__}: {error} (run PRAGMA integrity_check on the file; restore it from a backup)'
