@@ -73,8 +73,13 @@ class LeaseKeeper:
 
     async def _keep(self) -> None:
         period = max(self.ttl / 3, 0.01)
-        while True:
+        me = asyncio.current_task()
+        # `stop` unsets `_task` before it cancels: a cancellation that a driver swallows while a
+        # renewal waits on it (a pool's wait_for racing its own completion) still ends the loop
+        while self._task is me:
             await asyncio.sleep(period)
+            if self._task is not me:
+                return
             try:
                 if not await self.renew():
                     return
