@@ -11,6 +11,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
 from step_file import FileStepStore
+from step_file.files import Log
 from step_file.layout import EFFECTS_FILE, EVENTS_FILE
 from stepcore import DamagedRecordError, StepEvent, StepPersistence
 from stepcore.store.models import EventKind
@@ -93,3 +94,27 @@ async def test_a_ledger_line_whose_call_id_was_altered_is_not_hidden_behind_a_la
     with pytest.raises(DamagedRecordError):
         await store.list_unresolved_tool_effects(run.run_id)
     await store.aclose()
+
+
+class _Lines:
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, bytes]] = []
+
+    def add(self, number: int, line: bytes) -> None:
+        self.lines.append((number, line))
+
+
+def test_a_reader_without_the_lock_does_not_count_the_newline_a_writer_adds_to_a_damaged_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / 'log.jsonl'
+    path.write_bytes(b'{"a":1}\n{"b":2}*')  # the last line's newline damaged
+    reader = Log(path, _Lines)
+    assert reader.refresh(repair=False).lines == [(1, b'{"a":1}'), (2, b'{"b":2}*')]
+    writer = Log(path, _Lines)
+    with writer.writing() as fd:  # ends the damaged line, then appends
+        writer.append(fd, b'{"c":3}\n', sync=False)
+    assert path.read_bytes() == b'{"a":1}\n{"b":2}*\n{"c":3}\n'
+    expected = [(1, b'{"a":1}'), (2, b'{"b":2}*'), (3, b'{"c":3}')]
+    assert writer.seen.lines == expected
+    assert reader.refresh(repair=False).lines == expected  # no empty line 3, no line numbered 4

@@ -120,7 +120,7 @@ class Log(Generic[F]):
     truncates it so the next append starts on a clean line.
     """
 
-    __slots__ = ('_fresh', '_inode', '_lines', '_offset', 'path', 'seen')
+    __slots__ = ('_fresh', '_inode', '_lines', '_offset', '_unended', 'path', 'seen')
 
     def __init__(self, path: Path, fresh: Callable[[], F]) -> None:
         self.path = path
@@ -129,6 +129,9 @@ class Log(Generic[F]):
         self._offset = 0
         self._inode: int | None = None
         self._lines = 0
+        self._unended = False
+        """The last line folded is a damaged one read without `repair`: the file holds no newline
+        after it yet. A writer ends it later, and that newline must not read as an empty line."""
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[int]:
@@ -188,6 +191,7 @@ class Log(Generic[F]):
         self._inode = inode
         self._offset = 0
         self._lines = 0
+        self._unended = False
 
     def _catch_up(self, fd: int, *, repair: bool) -> None:
         st = os.fstat(fd)
@@ -196,6 +200,13 @@ class Log(Generic[F]):
         if st.st_size == self._offset:
             return
         data = os.pread(fd, st.st_size - self._offset, self._offset)
+        if self._unended and data.startswith(b'\n'):
+            # the newline a writer added to end the damaged line folded before: already counted
+            self._offset += 1
+            data = data[1:]
+        self._unended = False
+        if not data:
+            return
         end = self._complete(data, self._offset)
         if end == len(data) and not data.endswith(b'\n'):  # a whole last line with a damaged newline
             if repair:  # end it, so the next append starts a line of its own; its bytes are kept
@@ -203,6 +214,8 @@ class Log(Generic[F]):
                 os.fsync(fd)
                 data += b'\n'
                 end += 1
+            else:
+                self._unended = True
             self._offset += end
             self._fold(data if data.endswith(b'\n') else data + b'\n')
             return
