@@ -83,9 +83,10 @@ def _json(result: Result) -> Any:
 # --- --version -------------------------------------------------------------------------------------
 
 
-def test_version_names_stepcore_and_the_pydantic_ai_it_runs_with() -> None:
+@pytest.mark.parametrize('module', ['stepcore', 'stepcore.cli'])
+def test_version_names_stepcore_and_the_pydantic_ai_it_runs_with(module: str) -> None:
     done = subprocess.run(
-        [sys.executable, '-m', 'stepcore.cli', '--version'], capture_output=True, text=True, check=False, timeout=120
+        [sys.executable, '-m', module, '--version'], capture_output=True, text=True, check=False, timeout=120
     )
     assert done.returncode == 0, done.stderr
     pydantic_ai = importlib.metadata.version('pydantic-ai-slim')

@@ -18,7 +18,8 @@ From the ground up (each uses only what stands below it):
 11. `ui` — the web inspector.
 12. `cli` — the command line, which starts the inspector and the importer.
 
-The faces at the top, `stepcore` itself and `stepcore.backend`, only hand names on; no module of
+The faces at the top, `stepcore` itself, `stepcore.backend` and `python -m stepcore` (which runs
+the command line), only hand names on; no module of
 a folder imports them. A folder's private modules (`_name.py`) are imported only inside it:
 everything else takes the folder's names from its `__init__.py`, which only hands names on.
 """
@@ -50,8 +51,9 @@ ORDER = (
     'ui',
     'cli',
 )
-FACES = ('__init__', 'backend')
-"""The modules at the top of the package: what users and backend authors import."""
+FACES = ('__init__', 'backend', '__main__')
+"""The modules at the top of the package: what users and backend authors import, and
+`python -m stepcore`."""
 
 SOURCES = sorted(ROOT.rglob('*.py'))
 
@@ -132,11 +134,24 @@ def test_the_faces_only_hand_names_on() -> None:
         tree = ast.parse((ROOT / f'{face}.py').read_text(encoding='utf-8'))
         for node in tree.body:
             targets = [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
-            allowed = isinstance(node, ast.Import | ast.ImportFrom | ast.Expr) or set(targets) <= {
-                '__all__',
-                '__version__',
-            }
+            allowed = (
+                isinstance(node, ast.Import | ast.ImportFrom | ast.Expr)
+                or set(targets) <= {'__all__', '__version__'}
+                or _runs_as_main(node)
+            )
             assert allowed, f'stepcore/{face}.py:{node.lineno} defines something: move it to a folder'
+
+
+def _runs_as_main(node: ast.stmt) -> bool:
+    """`if __name__ == '__main__':` calling one function."""
+    return (
+        isinstance(node, ast.If)
+        and ast.unparse(node.test) == "__name__ == '__main__'"
+        and len(node.body) == 1
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Call)
+        and not node.orelse
+    )
 
 
 def test_no_two_modules_share_a_name() -> None:
