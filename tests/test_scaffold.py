@@ -82,6 +82,11 @@ def test_every_name_follows_from_the_backend_name(
         ('', 'acme'),
         ('stepcore-acme', 'acme'),
         ('stepcore_acme_db', 'acme-db'),
+        ('sqlite', 'my-sqlite'),  # our own backends' keys and URL schemes are taken
+        ('memory', 'my-memory'),
+        ('s3', 'my-s3'),
+        ('postgresql', 'my-postgresql'),
+        ('rediss', 'my-rediss'),
     ],
 )
 def test_an_unusable_name_is_refused_with_one_to_use_instead(name: str, instead: str) -> None:

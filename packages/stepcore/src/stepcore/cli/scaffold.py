@@ -22,6 +22,7 @@ from typing import Annotated
 import typer
 
 from stepcore.cli.console import fail
+from stepcore.plugins import registry
 
 __all__ = ('BackendNames', 'new_backend', 'new_backend_command', 'render_backend')
 
@@ -66,6 +67,12 @@ class BackendNames:
                 f'backend name {name!r} starts with "stepcore": give the backend\'s own name ({rest!r}); '
                 f'its distribution is then named stepcore-{rest}'
             )
+        user = _user_of('-'.join(words))
+        if user is not None:
+            raise ValueError(
+                f'backend name {name!r} is taken: {user} uses it, and two backends of one name cannot be '
+                f'installed together; give yours a name of its own (e.g. {"my-" + "-".join(words)!r})'
+            )
         return cls(
             name='-'.join(words),
             distribution='stepcore-' + '-'.join(words),
@@ -77,6 +84,21 @@ class BackendNames:
     @property
     def store_class(self) -> str:
         return f'{self.Name}StepStore'
+
+
+def _user_of(key: str) -> str | None:
+    """What already uses `key` as a backend key or URL scheme: one of stepcore's own packages, or
+    a plugin installed here."""
+    for (kind, own), distribution in registry.KNOWN_PACKAGES.items():
+        if own == key:
+            return f'{distribution} (its {kind} backend)'
+    if key in registry.KNOWN_SCHEMES:
+        return f'{registry.KNOWN_PACKAGES[("step", registry.KNOWN_SCHEMES[key])]} (its URL scheme {key}://)'
+    for plugin in registry.get_registry().plugins:
+        for backend in plugin.backends:
+            if key == backend.info.key or key in backend.info.schemes:
+                return f'the installed {plugin.distribution} (its {backend.kind} backend {backend.info.key!r})'
+    return None
 
 
 def _fill(text: str, names: BackendNames) -> str:
