@@ -32,6 +32,8 @@ from typing import Any
 
 from pydantic_ai.usage import UsageLimits
 
+from stepcore import StepPersistence
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_steps import BACKENDS, available, build_agent, fresh_cell
@@ -49,16 +51,20 @@ class Sample:
     p99: float = 0.0
 
 
-async def run_once(backend_name: str, runs: int, steps: int) -> Sample:
+async def run_once(backend_name: str, runs: int, steps: int, *, timed: bool = True) -> Sample:
+    """One cell; `timed=False` attaches plain `StepPersistence` (no hook timer, no percentiles), so
+    the wall and CPU time are those of persistence as users attach it."""
     tmp = Path(tempfile.mkdtemp(prefix=f'bench-conc-{backend_name}-'))
     try:
         backend = BACKENDS[backend_name](tmp)
         capabilities: list[Any] = []
         steps_seen: list[list[float]] = []
-        if backend.store is not None:
-            timed = TimedPersistence(store=backend.store)
-            timed.sink = steps_seen
-            capabilities.append(timed)
+        if backend.store is not None and timed:
+            timer = TimedPersistence(store=backend.store)
+            timer.sink = steps_seen
+            capabilities.append(timer)
+        elif backend.store is not None:
+            capabilities.append(StepPersistence(store=backend.store))
         agents = [build_agent(steps, capabilities) for _ in range(runs)]
         if backend.store is not None:
             await backend.store.list_runs()  # open the connection and create the schema before timing
@@ -99,11 +105,12 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--backends', nargs='+', default=['none', 'memory', 'sqlite', 'file', 'postgres', 'mongo'])
     parser.add_argument('--no-write', action='store_true')
-    parser.add_argument('--cell', nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument('--cell', nargs='+', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:
-        name, runs, steps = args.cell
-        print(json.dumps(asdict(asyncio.run(run_once(name, int(runs), int(steps))))))
+        name, runs, steps, *mode = args.cell
+        timed = mode != ['untimed']
+        print(json.dumps(asdict(asyncio.run(run_once(name, int(runs), int(steps), timed=timed)))))
         return
     backends = available(args.backends)
     if 'none' not in backends:

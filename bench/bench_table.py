@@ -10,7 +10,9 @@ every backend, in an order that rotates from round to round, so a busy moment of
 falls on all of them alike. For each workload and backend the table gives medians over rounds of
 the wall time and the process CPU time (all threads), the wall time over the unpersisted run of
 the same round, the CPU that persistence adds per step (the backend's CPU minus the unpersisted
-run's, over the steps), and for the single runs the bytes the store holds once closed.
+run's, over the steps), and for the single runs the bytes the store holds once closed. Every
+cell attaches plain `StepPersistence` (the concurrent cells without `bench_concurrency.py`'s hook
+timer).
 
 `--tree NAME=PATH` (repeatable) runs the same cells on other checkouts of stepcore side by side
 (their `packages/*/src` and `tests-shared/src` go first on `PYTHONPATH`), to compare two versions
@@ -71,7 +73,10 @@ def tree_env(path: Path | None) -> dict[str, str]:
 
 
 def measure(workload: Workload, backend: str, env: dict[str, str]) -> dict[str, Any]:
-    return fresh_cell(str(workload.script), f'{workload.label} on {backend}', backend, *workload.args, env=env)
+    # the concurrent cells attach plain StepPersistence: the hook timer of bench_concurrency.py
+    # would add its own cost to the persisted cells only
+    mode = ('untimed',) if workload.script == CONCURRENCY_SCRIPT else ()
+    return fresh_cell(str(workload.script), f'{workload.label} on {backend}', backend, *workload.args, *mode, env=env)
 
 
 def rotated(items: Sequence[str], by: int) -> list[str]:
