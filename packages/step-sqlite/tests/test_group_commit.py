@@ -174,3 +174,23 @@ async def test_synchronous_full_keeps_writes_on_the_database_thread(tmp_path: Pa
     assert isinstance(port, SqlitePort)
     assert not port.inline_writes  # each commit waits for the disk
     await store.aclose()
+
+
+async def test_after_writes_on_the_event_loop_a_write_on_the_database_thread_waits_for_the_lock(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / 'runs.db'
+    store = SqliteStepStore(database=path, timeout=10)
+    for i in range(3):  # inline writes: the busy timeout is left off between them
+        await store.register_run(RunRecord(run_id=f'r{i}'))
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute('BEGIN IMMEDIATE')
+    threading.Timer(0.3, lambda: other.execute('COMMIT')).start()
+    # the write cannot begin on the event loop; on the database's thread it waits out the other
+    # writer (the busy timeout is back on there), it does not fail with "database is locked"
+    await store.write_batch(
+        [StepEvent(run_id='r0', kind=EventKind.RUN_STARTED, step_index=0)], snapshot=_snapshot('r0', 1)
+    )
+    assert [e.kind for e in await store.list_events('r0')] == [EventKind.RUN_STARTED]
+    other.close()
+    await store.aclose()
