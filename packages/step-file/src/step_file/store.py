@@ -187,7 +187,13 @@ class FilePort(SyncPort):
         return f'directory {str(self.directory)!r}'
 
     def check_run_id(self, run_id: object) -> str:
-        return validate_path_safe_run_id(run_id)
+        checked = validate_path_safe_run_id(run_id)
+        if checked == MEDIA_DIR and not _run_files_in(self.directory / MEDIA_DIR):
+            raise ValueError(
+                f'run_id {checked!r} cannot be used with the file store: {str(self.directory / MEDIA_DIR)!r} is '
+                'its media folder, which a run of that id would share; give the run another id'
+            )
+        return checked
 
     def _run(self, run_id: str) -> _Run:
         with self._runs_lock:
@@ -334,7 +340,10 @@ class FilePort(SyncPort):
         existed = holds_records(folder)
         with self._runs_lock:
             self._runs.pop(op.run_id, None)
-        if folder.exists():
+        if op.run_id == MEDIA_DIR:
+            # a run stored under the media folder's name before that was refused: its files only
+            _remove_run_files(folder)
+        elif folder.exists():
             os.rename(folder, self.directory / f'.{op.run_id}.deleted.{uuid.uuid4().hex}')
             fsync_dir(self.directory)
         self._leases.unmark(op.run_id)
@@ -694,3 +703,22 @@ class FileStepStore(EngineStore):
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )
+
+
+_RUN_FILES = (RUN_FILE, EVENTS_FILE, EFFECTS_FILE, SNAPSHOT_KEYS_FILE, MESSAGES_FILE, LEASE_FILE, LEASE_START_FILE)
+"""The files of a run's folder besides its lock and snapshots (`layout`)."""
+
+
+def _run_files_in(folder: Path) -> bool:
+    """Whether `folder` holds a run's files (not only media blobs)."""
+    return any((folder / name).exists() for name in _RUN_FILES) or (folder / SNAPSHOTS_DIR).is_dir()
+
+
+def _remove_run_files(folder: Path) -> None:
+    """Remove a run's files from a folder it shares with other files, leaving those."""
+    for name in _RUN_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            (folder / name).unlink()
+    shutil.rmtree(folder / SNAPSHOTS_DIR, ignore_errors=True)
+    if folder.exists():
+        fsync_dir(folder)
