@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import platform
@@ -25,18 +24,15 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-from pydantic_ai.usage import UsageLimits
 
 from stepcore import StepPersistence
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_steps import BACKENDS, available, build_agent, fresh_cell
+from bench_steps import BACKENDS, available, build_agent, fresh_cell, run_all
 from hook_timer import TimedPersistence, percentile
 
 RESULTS = Path(__file__).with_name('results-concurrency.md')
@@ -68,16 +64,7 @@ async def run_once(backend_name: str, runs: int, steps: int, *, timed: bool = Tr
         agents = [build_agent(steps, capabilities) for _ in range(runs)]
         if backend.store is not None:
             await backend.store.list_runs()  # open the connection and create the schema before timing
-        gc.collect()
-        start = time.perf_counter()
-        cpu_start = time.process_time()
-        results = await asyncio.gather(
-            *(agent.run('go', usage_limits=UsageLimits(request_limit=None)) for agent in agents)
-        )
-        seconds = time.perf_counter() - start
-        cpu = time.process_time() - cpu_start
-        if any(r.output != 'done' for r in results):
-            raise RuntimeError('unexpected output')
+        seconds, cpu = await run_all(agents)
         if backend.store is not None:
             stored = await backend.store.list_runs()
             if len(stored) != runs:

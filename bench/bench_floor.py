@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import shutil
 import sqlite3
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +38,10 @@ from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolCallPart
 from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.usage import UsageLimits
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_steps import BACKENDS, build_agent, fresh_cell
+from bench_steps import BACKENDS, build_agent, fresh_cell, run_all
 
 CELLS = ('none', 'hooks', 'floor', 'memory', 'sqlite')
 
@@ -141,16 +138,7 @@ async def run_once(cell: str, runs: int, steps: int) -> Sample:
             capabilities.append(StepPersistence(store=backend.store))
             close = backend.close
         agents = [build_agent(steps, capabilities) for _ in range(runs)]
-        gc.collect()
-        start = time.perf_counter()
-        cpu_start = time.process_time()
-        results = await asyncio.gather(
-            *(agent.run('go', usage_limits=UsageLimits(request_limit=None)) for agent in agents)
-        )
-        seconds = time.perf_counter() - start
-        cpu = time.process_time() - cpu_start
-        if any(r.output != 'done' for r in results):
-            raise RuntimeError('unexpected output')
+        seconds, cpu = await run_all(agents)
         if connection is not None:
             stored = connection.execute("SELECT COUNT(*) FROM ledger WHERE status = 'completed'").fetchone()[0]
             if stored != runs * steps:

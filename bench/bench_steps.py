@@ -81,6 +81,20 @@ def build_agent(steps: int, capabilities: list[Any]) -> Agent[None, str]:
     return agent
 
 
+async def run_all(agents: list[Agent[None, str]]) -> tuple[float, float]:
+    """Run `agents` at once on this event loop, after a garbage collection; their wall and process
+    CPU seconds. `RuntimeError` when a run does not end with the workload's output."""
+    gc.collect()
+    start = time.perf_counter()
+    cpu_start = time.process_time()
+    results = await asyncio.gather(*(agent.run('go', usage_limits=UsageLimits(request_limit=None)) for agent in agents))
+    seconds = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
+    if any(r.output != 'done' for r in results):
+        raise RuntimeError('unexpected output')
+    return seconds, cpu
+
+
 # -- backends --------------------------------------------------------------------------------
 
 
