@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 
 from stepcore.cli import app
 from stepcore.cli.scaffold import BackendNames, new_backend, render_backend
+from stepcore.plugins import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / 'examples' / 'stepcore-template'
@@ -188,3 +190,20 @@ def test_a_new_backend_installs_registers_and_passes_its_own_tests(tmp_path: Pat
     assert passed, tested.stdout[-2000:]
     assert int(passed[1]) > 0
     assert 'TestAcmeStepStore (AcmeStepStore)' in tested.stdout  # the kit's closing report
+
+
+def test_a_name_an_installed_plugin_answers_to_is_refused_unless_it_is_this_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def plugin(distribution: str, kind: str, key: str, *schemes: str) -> SimpleNamespace:
+        backend = SimpleNamespace(kind=kind, info=SimpleNamespace(key=key, schemes=schemes))
+        return SimpleNamespace(distribution=distribution, backends=(backend,))
+
+    installed = SimpleNamespace(
+        plugins=[plugin('acme-stores', 'step', 'widget', 'widgets'), plugin('stepcore-acme', 'step', 'acme', 'acme')]
+    )
+    monkeypatch.setattr(registry, 'get_registry', lambda: installed)
+    for name in ('widget', 'widgets'):
+        with pytest.raises(ValueError, match=re.escape(f'backend name {name!r} is taken: the installed acme-stores')):
+            BackendNames.of(name)
+    assert BackendNames.of('acme').distribution == 'stepcore-acme'  # written again over itself: fine

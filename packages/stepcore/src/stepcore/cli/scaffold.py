@@ -88,13 +88,15 @@ class BackendNames:
 
 def _user_of(key: str) -> str | None:
     """What already uses `key` as a backend key or URL scheme: one of stepcore's own packages, or
-    a plugin installed here."""
+    a plugin installed here other than the package of that name this command writes."""
     for (kind, own), distribution in registry.KNOWN_PACKAGES.items():
         if own == key:
             return f'{distribution} (its {kind} backend)'
     if key in registry.KNOWN_SCHEMES:
         return f'{registry.KNOWN_PACKAGES[("step", registry.KNOWN_SCHEMES[key])]} (its URL scheme {key}://)'
     for plugin in registry.get_registry().plugins:
+        if plugin.distribution == f'stepcore-{key}':
+            continue  # the package this command writes, installed: writing it again is fine
         for backend in plugin.backends:
             if key == backend.info.key or key in backend.info.schemes:
                 return f'the installed {plugin.distribution} (its {backend.kind} backend {backend.info.key!r})'
