@@ -101,12 +101,8 @@ def dump_record_compact(record: Record, *, exclude: AbstractSet[str] | None = No
 def record_fields(record: Record, *, exclude: AbstractSet[str] | None = None, **extra: int | str) -> dict[str, Any]:
     """`dump_record_compact` as the JSON-compatible dict it encodes (format stamp first, then the
     record's fields, then `extra`), without encoding it: for a caller that re-encodes it anyway."""
-    skip = _skipped(record, exclude, extra)
     fields: dict[str, Any] = {FORMAT_KEY: RECORD_FORMAT_VERSION}
-    fields.update(
-        record.__pydantic_serializer__.to_python(record, mode='json', exclude=skip, exclude_none=True, by_alias=True)
-    )
-    fields.update(extra)
+    fields.update(record_json(record, frozenset(exclude or ()), extra))
     return fields
 
 
@@ -123,7 +119,7 @@ def record_json(
     key = (exclude, tuple(extra) if extra else (), empty_metadata)
     skip = _SKIPS.get(key)
     if skip is None:
-        skip = _SKIPS[key] = {*exclude, *(extra or ()), *(('metadata',) if empty_metadata else ())}
+        skip = _SKIPS[key] = _skipped(record, exclude, extra or {})
     fields: dict[str, Any] = record.__pydantic_serializer__.to_python(
         record, mode='json', exclude=skip, exclude_none=True, by_alias=True
     )
