@@ -51,6 +51,13 @@ PARTS = ('nothing', 'checksums', 'compression', 'recheck', 'snapshot-saved', 'ev
 _PRICED = ('checksums', 'compression', 'recheck', 'snapshot-saved', 'gc')
 
 
+def applies(part: str, backend: str) -> bool:
+    """Whether `backend` has `part` to take out (the floor has none; only SQLite compresses)."""
+    if backend == 'floor':
+        return part == 'nothing'
+    return part != 'compression' or backend == 'sqlite'
+
+
 def take_out(part: str, backend: str) -> set[str]:
     """Patch this process so `part` is left out of every step; the parts taken out."""
     parts = set(_PRICED) if part == 'all-priced' else {part}
@@ -181,8 +188,9 @@ def main() -> None:
     cells: list[tuple[str, str, bool]] = []
     for backend in args.backends:
         cells.append((backend, 'nothing', False))
-        cells.append((backend, 'gc', False))
-        cells += [(backend, part, True) for part in args.parts if backend != 'floor' or part == 'nothing']
+        if backend != 'floor':
+            cells.append((backend, 'gc', False))
+        cells += [(backend, part, True) for part in {'nothing', *args.parts} if applies(part, backend)]
     with ThreadPoolExecutor(args.jobs) as pool:
         counts = dict(zip(cells, pool.map(lambda c: count(c[0], c[1], c[2], args.steps), cells), strict=True))
     print(f'\ninstructions added per step, one run of {args.steps} steps (M)\n')
