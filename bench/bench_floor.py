@@ -107,6 +107,17 @@ class Floor(AbstractCapability[Any]):
         return result
 
 
+def open_floor(path: Path) -> sqlite3.Connection:
+    """The floor's database at `path`, its schema made and its WAL created (before any timing)."""
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    connection.execute('PRAGMA journal_mode=WAL')
+    connection.execute('PRAGMA synchronous=NORMAL')
+    connection.executescript(_SCHEMA)
+    connection.execute("INSERT INTO events VALUES ('', 0, 'opened')")
+    connection.isolation_level = 'IMMEDIATE'
+    return connection
+
+
 @dataclass
 class Sample:
     seconds: float
@@ -122,12 +133,7 @@ async def run_once(cell: str, runs: int, steps: int) -> Sample:
         if cell == 'hooks':
             capabilities.append(DoNothing())
         elif cell == 'floor':
-            connection = sqlite3.connect(tmp / 'floor.db', isolation_level=None, check_same_thread=False)
-            connection.execute('PRAGMA journal_mode=WAL')
-            connection.execute('PRAGMA synchronous=NORMAL')
-            connection.executescript(_SCHEMA)
-            connection.execute("INSERT INTO events VALUES ('', 0, 'opened')")  # the WAL exists before timing
-            connection.isolation_level = 'IMMEDIATE'
+            connection = open_floor(tmp / 'floor.db')
             capabilities.append(Floor(connection))
             close = connection.close
         elif cell != 'none':

@@ -33,7 +33,6 @@ import gc
 import os
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -115,15 +114,9 @@ async def cell(backend: str, part: str, persisted: bool, steps: int) -> None:
     try:
         capabilities: list[Any]
         if backend == 'floor':
-            from bench_floor import _SCHEMA, Floor  # pyright: ignore[reportPrivateUsage]
+            from bench_floor import Floor, open_floor
 
-            connection = sqlite3.connect(tmp / 'floor.db', isolation_level=None, check_same_thread=False)
-            connection.execute('PRAGMA journal_mode=WAL')
-            connection.execute('PRAGMA synchronous=NORMAL')
-            connection.executescript(_SCHEMA)
-            connection.execute("INSERT INTO events VALUES ('', 0, 'opened')")
-            connection.isolation_level = 'IMMEDIATE'
-            capabilities = [Floor(connection)]
+            capabilities = [Floor(open_floor(tmp / 'floor.db'))]
         else:
             from bench_steps import BACKENDS
 
