@@ -37,6 +37,7 @@ __all__ = (
     'MEDIA_DIR',
     'MESSAGES_FILE',
     'RUN_FILE',
+    'RUN_FILES',
     'SNAPSHOTS_DIR',
     'SNAPSHOT_KEYS_FILE',
     'SNAPSHOT_NAME',
@@ -64,6 +65,9 @@ LEASE_INDEX_DIR = '.leases+'
 """The store's index of live lease states, `<directory>/.leases+/<state>/<run id>` (see `leases.py`):
 a `+` is no run id's character, so no run folder can take the name, and the leading `.` keeps it out
 of the run listings."""
+
+RUN_FILES = (RUN_FILE, EVENTS_FILE, EFFECTS_FILE, SNAPSHOT_KEYS_FILE, MESSAGES_FILE, LEASE_FILE, LEASE_START_FILE)
+"""The files of a run's folder besides its lock and its snapshots folder."""
 
 SNAPSHOT_NAME = re.compile(r'(\d+)\.json')
 STATES = frozenset(s.value for s in SnapshotState)

@@ -65,6 +65,7 @@ from .layout import (
     MEDIA_DIR,
     MESSAGES_FILE,
     RUN_FILE,
+    RUN_FILES,
     SNAPSHOT_KEYS_FILE,
     SNAPSHOT_NAME,
     SNAPSHOTS_DIR,
@@ -705,18 +706,14 @@ class FileStepStore(EngineStore):
         )
 
 
-_RUN_FILES = (RUN_FILE, EVENTS_FILE, EFFECTS_FILE, SNAPSHOT_KEYS_FILE, MESSAGES_FILE, LEASE_FILE, LEASE_START_FILE)
-"""The files of a run's folder besides its lock and snapshots (`layout`)."""
-
-
 def _run_files_in(folder: Path) -> bool:
     """Whether `folder` holds a run's files (not only media blobs)."""
-    return any((folder / name).exists() for name in _RUN_FILES) or (folder / SNAPSHOTS_DIR).is_dir()
+    return any((folder / name).exists() for name in RUN_FILES) or (folder / SNAPSHOTS_DIR).is_dir()
 
 
 def _remove_run_files(folder: Path) -> None:
     """Remove a run's files from a folder it shares with other files, leaving those."""
-    for name in _RUN_FILES:
+    for name in RUN_FILES:
         with contextlib.suppress(FileNotFoundError):
             (folder / name).unlink()
     shutil.rmtree(folder / SNAPSHOTS_DIR, ignore_errors=True)
