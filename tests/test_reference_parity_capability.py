@@ -361,14 +361,14 @@ async def test_a_failed_call_summarises_its_error_unless_annotated(store: StepSt
     assert (annotated_entry.status, annotated_entry.effect_summary, annotated_entry.error) == (
         ToolEffectStatus.FAILED,
         'wrote report.md',
-        "KeyError: 'missing'",
+        "KeyError('missing')",
     )
     plain_entry = await store.get_tool_effect('plain-run', 'c1')
     assert plain_entry is not None
     assert (plain_entry.status, plain_entry.effect_summary, plain_entry.error) == (
         ToolEffectStatus.FAILED,
         "ValueError('disk full')",
-        'ValueError: disk full',
+        "ValueError('disk full')",
     )
 
 

@@ -1,8 +1,10 @@
 """The agent section: real pydantic-ai `Agent` runs recorded through a backend's store.
 
 A short smoke check that `StepPersistence` works on top of the store: a tool run is recorded and
-continues, a failing tool is recorded as such, `SnapshotSaved` is delivered, and (for a
-`persistent` store) a process killed in the middle of a tool call leaves what recovery needs.
+continues, a failing tool is recorded as such (also when a policy capability around it converts the
+tool's exception or recovers with a substitute result: the store names the tool's own exception),
+`SnapshotSaved` is delivered, and (for a `persistent` store) a process killed in the middle of a
+tool call leaves what recovery needs.
 The capability's own scenarios are tested once, in stepcore's test suite. Models are pydantic-ai
 `FunctionModel`s: no network.
 """
@@ -13,12 +15,14 @@ import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic_ai import Agent, RunContext
-from pydantic_ai.capabilities import Hooks
+from pydantic_ai.capabilities import AbstractCapability, Hooks
+from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -28,6 +32,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+from pydantic_ai.tools import ToolDefinition
 
 from stepcore import (
     EventKind,
@@ -49,6 +54,8 @@ from .support import ONE_TOOL_CALL_RUN_EVENTS, kill_when_ready
 
 __all__ = (
     'CapabilityConformance',
+    'RedactingPolicy',
+    'SubstitutingPolicy',
     'count_requests',
     'encoded',
     'event_kinds',
@@ -114,6 +121,58 @@ def event_kinds(events: Sequence[Any]) -> list[EventKind]:
 
 def _returns(message: ModelMessage) -> list[str]:
     return [p.tool_call_id for p in message.parts if isinstance(p, ToolReturnPart)]
+
+
+@dataclass
+class RedactingPolicy(AbstractCapability[Any]):
+    """A tool-failure policy as applications write them: the model is told `message` in a `ToolFailed`,
+    never the tool's own exception."""
+
+    message: str = 'the tool failed; details withheld'
+
+    async def on_tool_execute_error(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: dict[str, Any],
+        error: Exception,
+    ) -> Any:
+        raise ToolFailed(self.message) from error
+
+
+@dataclass
+class SubstitutingPolicy(AbstractCapability[Any]):
+    """A fallback capability: a tool that raises answers `result` instead."""
+
+    result: str = 'a cached answer'
+
+    async def on_tool_execute_error(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: dict[str, Any],
+        error: Exception,
+    ) -> Any:
+        return self.result
+
+
+def _failing_tool_agent(store: StepStore, run_id: str, policy: AbstractCapability[Any]) -> Agent[None, str]:
+    """An agent whose tool `ship` raises `RuntimeError('disk full')`, with `policy` listed before (outside)
+    `StepPersistence`."""
+    agent = Agent(
+        function_model(script(ModelResponse(parts=[tool_call('ship', 'c1')]), ModelResponse(parts=[TextPart('done')]))),
+        capabilities=[policy, StepPersistence(store=store, run_id=run_id)],
+    )
+
+    @agent.tool_plain
+    def ship() -> str:  # pyright: ignore[reportUnusedFunction]
+        raise RuntimeError('disk full')
+
+    return agent
 
 
 class CapabilityConformance(StoreFixtures):
@@ -204,6 +263,42 @@ class CapabilityConformance(StoreFixtures):
         report = await inspect_recovery(store=store, run_id=run_id)
         assert report.failed_tools == ('boom',)
         assert report.interrupted
+
+    async def test_a_policy_converting_the_error_leaves_the_tools_own_exception(self, store: StepStore) -> None:
+        run_id = new_id('run')
+        policy = RedactingPolicy()
+        result = await _failing_tool_agent(store, run_id, policy).run('ship it')
+        assert result.output == 'done'
+        (entry,) = await store.list_tool_effects(run_id=run_id)
+        assert (entry.status, entry.error) == (ToolEffectStatus.FAILED, "RuntimeError('disk full')")
+        events = await store.list_events(run_id=run_id)
+        failed = [e for e in events if e.kind is EventKind.TOOL_CALL_FAILED]
+        assert [(e.tool_call_id, e.error) for e in failed] == [('c1', "RuntimeError('disk full')")]
+        # What the policy made of it is the model's business, not the ledger's.
+        assert all(policy.message not in (e.error or '') for e in events)
+        assert policy.message not in (entry.effect_summary or '')
+
+    async def test_a_policy_recovering_with_a_substitute_completes_and_keeps_the_failure(
+        self, store: StepStore
+    ) -> None:
+        run_id = new_id('run')
+        result = await _failing_tool_agent(store, run_id, SubstitutingPolicy()).run('ship it')
+        assert result.output == 'done'
+        (entry,) = await store.list_tool_effects(run_id=run_id)
+        assert entry.status is ToolEffectStatus.COMPLETED
+        assert entry.error == "RuntimeError('disk full')"
+        assert await store.list_unresolved_tool_effects(run_id=run_id) == []
+        tool_events = [(e.kind, e.error) for e in await store.list_events(run_id=run_id) if e.tool_call_id == 'c1']
+        assert tool_events == [
+            (EventKind.TOOL_CALL_STARTED, None),
+            (EventKind.TOOL_CALL_FAILED, "RuntimeError('disk full')"),
+            (EventKind.TOOL_CALL_COMPLETED, None),
+        ]
+        # The completion rests on a complete snapshot holding the substitute, as any completion does.
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None
+        returns = [p for m in latest.messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        assert [(p.tool_call_id, p.content) for p in returns] == [('c1', 'a cached answer')]
 
     async def test_snapshot_saved_is_delivered_for_every_snapshot(self, store: StepStore) -> None:
         run_id = new_id('run')

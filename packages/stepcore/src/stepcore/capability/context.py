@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pydantic_ai.tools import RunContext
@@ -24,6 +24,7 @@ __all__ = (
     'fencing_token',
     'inside_run',
     'inside_tool_call',
+    'note_tool_attempt',
     'resuming',
     'take_resumption',
 )
@@ -54,6 +55,11 @@ class ActiveToolCall:
     """The `StepPersistence` (its per-run copy) that wraps the call."""
     run_id: str
     tool_call_id: str
+    attempts: list[str | None] = field(default_factory=list[str | None])
+    """How each run of the tool itself ended while this call was executed (more than one when a
+    capability inside `StepPersistence` runs it again): the `repr` of the exception it raised, or
+    `None` when it returned; whatever the capabilities around it made of that afterwards (see
+    `note_tool_attempt`)."""
 
 
 _ACTIVE_RUN_ID: ContextVar[str | None] = ContextVar('stepcore_active_run_id', default=None)
@@ -94,6 +100,14 @@ def inside_run(run_id: str) -> Iterator[None]:
         yield
     finally:
         _ACTIVE_RUN_ID.reset(token)
+
+
+def note_tool_attempt(tool_call_id: str | None, error: BaseException | None) -> None:
+    """Remember that the tool of call `tool_call_id` raised `error` (or returned: `None`), for the
+    `StepPersistence` executing that call in this context; nothing happens outside such a call."""
+    call = _ACTIVE_TOOL_CALL.get()
+    if call is not None and call.tool_call_id == tool_call_id:
+        call.attempts.append(None if error is None else repr(error))
 
 
 @contextmanager

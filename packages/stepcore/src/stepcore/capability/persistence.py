@@ -18,6 +18,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, RunContext, ToolDefinition
+from pydantic_ai.toolsets import AbstractToolset
 
 import stepcore.capability.snapshot_points as points
 from stepcore.capability.context import (
@@ -33,7 +34,7 @@ from stepcore.capability.pause import AnswerWithin, check_answer_within, deferre
 from stepcore.capability.run_lease import end_lease, start_point, take_lease
 from stepcore.capability.run_state import RunState, describe_error, resolve_run_id
 from stepcore.capability.run_writer import DEFERRED_WRITE_DELAY, RunWriter
-from stepcore.capability.tool_calls import annotate_in_flight, record_tool_call
+from stepcore.capability.tool_calls import ToolRaiseWitness, annotate_in_flight, record_tool_call
 from stepcore.engine.memory import InMemoryStepStore
 from stepcore.ownership.claims import has_leases
 from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState, RunClaimedError, fencing
@@ -88,10 +89,14 @@ class StepPersistence(StepOperations[AgentDepsT]):
     After each snapshot write it emits `SnapshotSaved`.
 
     Tool calls are seen through `wrap_tool_execute`, so a call that ends with `ModelRetry`, a
-    deferral (`CallDeferred`, `ApprovalRequired`) or any other exception is recorded `failed` with
-    the exception named in `error`; a call cut short by cancellation or a crash stays `started`. A
-    call that returns is recorded `completed` only with, or after, a `complete` snapshot holding its
-    result (see `RunWriter`): a call whose result never reaches one stays `started`.
+    deferral (`CallDeferred`, `ApprovalRequired`) or any other exception is recorded `failed`; a call
+    cut short by cancellation or a crash stays `started`. What the tool itself raised is seen below
+    every capability (`get_wrapper_toolset`), so the `error` of its entry and a `tool_call_failed`
+    event name the tool's own exception (`repr`) whatever other capabilities make of it: converted
+    to another, or replaced by a substitute result (the call is then `completed`, its failure kept in
+    the events). A call that returns is recorded `completed` only with, or after, a `complete`
+    snapshot holding its result (see `RunWriter`): a call whose result never reaches one stays
+    `started`.
 
     Durable execution: every store write, and every clock or uuid read that ends up stored, happens
     inside one of six durable operations (`OPERATION_NAMES`, scoped by the stable capability id
@@ -413,6 +418,11 @@ class StepPersistence(StepOperations[AgentDepsT]):
         raise error
 
     # --- tool calls ----------------------------------------------------------------------------
+
+    def get_wrapper_toolset(self, toolset: AbstractToolset[AgentDepsT]) -> AbstractToolset[AgentDepsT] | None:
+        """The run's toolset, wrapped so the ledger learns what each tool itself raised (see
+        `ToolRaiseWitness`)."""
+        return ToolRaiseWitness(toolset)
 
     async def wrap_tool_execute(
         self,

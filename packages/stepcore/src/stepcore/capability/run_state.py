@@ -28,8 +28,8 @@ __all__ = ('RunState', 'describe_error', 'resolve_run_id')
 
 
 def describe_error(error: BaseException) -> str:
-    """How an exception is recorded in an event or ledger entry: its type and message."""
-    return f'{type(error).__name__}: {error}'
+    """How an exception is recorded in an event or ledger entry: its `repr`, as the reference records it."""
+    return repr(error)
 
 
 def resolve_run_id(ctx: RunContext[Any], *, run_id: str | None, agent_name: str | None) -> str:
