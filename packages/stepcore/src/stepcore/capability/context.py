@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from pydantic_ai.tools import RunContext
 
 from stepcore.ownership.claims import Claim
-from stepcore.store.leases import FencingToken, current_fences
+from stepcore.store.leases import Fence, FencingToken, current_fences, fencing
 from stepcore.store.protocols import StepStoreProtocol
 
 __all__ = (
@@ -26,6 +26,7 @@ __all__ = (
     'inside_tool_call',
     'note_tool_attempt',
     'resuming',
+    'settling_under',
     'take_resumption',
 )
 
@@ -67,6 +68,10 @@ _ACTIVE_RUN_ID: ContextVar[str | None] = ContextVar('stepcore_active_run_id', de
 
 _ACTIVE_TOOL_CALL: ContextVar[ActiveToolCall | None] = ContextVar('stepcore_active_tool_call', default=None)
 
+_TOKEN_RUN: ContextVar[str | None] = ContextVar('stepcore_token_run', default=None)
+"""The run whose fence `fencing_token` gives: the innermost enclosing run, or the run whose calls recovery
+settles under its claim (`settling_under`)."""
+
 
 def active_tool_call() -> ActiveToolCall | None:
     """The tool call being executed under a `StepPersistence` in this context, if any."""
@@ -83,11 +88,15 @@ def fencing_token() -> FencingToken | None:
     lease and the first run of its chain of resumptions; `None` outside a run or when the run holds
     no lease (its store keeps none, `lease_ttl=None`, or a durable engine owns the run).
 
+    Inside a settlement (a reconcile function called by `resolve_run`, a settlement by hand) it is the
+    claimer's token: the epoch recovery's claim raised the run to. A reconcile function hands it
+    downstream before it looks, so a zombie of the old owner is refused there from then on.
+
     Hand it to a system outside the store that remembers the highest epoch it saw per `origin` and
     refuses a lower one: a zombie of the run (a process paused past its lease and taken over) is then
     refused there too. See docs/fleet.md.
     """
-    run_id = _ACTIVE_RUN_ID.get()
+    run_id = _TOKEN_RUN.get()
     fence = current_fences().get(run_id) if run_id is not None else None
     return fence.token if fence is not None else None
 
@@ -96,10 +105,24 @@ def fencing_token() -> FencingToken | None:
 def inside_run(run_id: str) -> Iterator[None]:
     """Make `run_id` the active run (the parent of runs started inside, such as delegates)."""
     token = _ACTIVE_RUN_ID.set(run_id)
+    named = _TOKEN_RUN.set(run_id)
     try:
         yield
     finally:
+        _TOKEN_RUN.reset(named)
         _ACTIVE_RUN_ID.reset(token)
+
+
+@contextmanager
+def settling_under(fence: Fence) -> Iterator[Fence]:
+    """Settle calls of `fence.run_id` under recovery's claim: its writes are fenced by `fence`, and
+    `fencing_token()` gives the claimer's token (to reconcile functions, say)."""
+    with fencing(fence):
+        named = _TOKEN_RUN.set(fence.run_id)
+        try:
+            yield fence
+        finally:
+            _TOKEN_RUN.reset(named)
 
 
 def note_tool_attempt(tool_call_id: str | None, error: BaseException | None) -> None:

@@ -45,7 +45,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import DeferredToolResults, ToolApproved, ToolDenied
 
-from stepcore.capability.context import RESUMES_KEY, resuming
+from stepcore.capability.context import RESUMES_KEY, resuming, settling_under
 from stepcore.capability.settled import unanswered_tool_calls
 from stepcore.ownership.claims import Claim, claim_run, has_leases
 from stepcore.recovery.chains import back_to_snapshot, continuations
@@ -65,7 +65,7 @@ from stepcore.recovery.ledger import (
 from stepcore.recovery.paused import Waiting, record_answer
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
 from stepcore.store.contract import as_step_store, write_records
-from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, fencing
+from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState
 from stepcore.store.models import ContinuableSnapshot, EventKind, SnapshotState, StepEvent, ToolEffectRecord, utcnow
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.step_store import StepStore
@@ -336,7 +336,9 @@ async def _claim(
 
 
 def _fenced(claim: Claim | None) -> Any:
-    return fencing(Fence(claim.run_id, claim.epoch, claim.origin)) if claim is not None else nullcontext()
+    """Where a settlement runs: under the claim's fence, which reconcile functions get as their
+    `fencing_token()` (nothing to fence without a claim)."""
+    return settling_under(Fence(claim.run_id, claim.epoch, claim.origin)) if claim is not None else nullcontext()
 
 
 async def resolve_run(
