@@ -1,20 +1,19 @@
 """Resuming orphaned runs: the recovery loop any worker of a fleet runs.
 
-Every worker sharing a store may run `recover_orphans` (once) or `run_recovery_loop` (until
-stopped). For each orphan (`stepcore.ownership.list_orphans`: a running lease whose owner is gone)
+Every worker sharing a store may run `recover_orphans` (one pass) or `run_recovery_loop` (continuous,
+until stopped). For each orphan (`stepcore.ownership.list_orphans`: a running lease whose owner is gone)
 a worker picks the agent that runs it, by the run's `agent_name`; then `resolve_run` claims the
 run (one compare-and-set on its lease: of all the workers trying, exactly one proceeds), settles
 its cut-short calls by their tools' policies and resumes it with `Resumption.run`. A run whose
 calls wait for a person (`'ask'`) is left `pending` and reported, without holding the others back;
 a run whose agent this worker does not know is reported and left for a worker that knows it; a
 run with nothing to resume from (it died before its first model request and its store kept no
-start point) is ended as `abandoned`.
+start point) is ended as `abandoned`, by the one worker whose claim found it so.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from pydantic_ai import Agent
 from stepcore.ownership.claims import claim_run
 from stepcore.ownership.orphans import Orphan, list_orphans
 from stepcore.recovery.policies import RecoveryPolicy
-from stepcore.recovery.resolution import resolve_run
+from stepcore.recovery.resolution import RunAbandonedError, resolve_run
 from stepcore.store.contract import as_step_store
 from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState, RunClaimedError, RunFencedError, RunOwnedError
 from stepcore.store.models import RunRecord
@@ -96,12 +95,18 @@ async def _recover_one(
         resumption = await resolve_run(store, run_id=run_id, agent=agent, policies=policies, lease_ttl=lease_ttl)
     except (RunClaimedError, RunOwnedError, RunFencedError) as error:  # another worker got there first
         return OrphanOutcome(run_id, 'taken', str(error))
+    except RunAbandonedError as error:  # this worker's claim found it abandoned, and ended it
+        return OrphanOutcome(run_id, 'abandoned', str(error))
     except LookupError as error:
         try:
             claim = await claim_run(store, run_id, ttl=lease_ttl, action='ending it')
-            await claim.release(state=LeaseState.ENDED, outcome='abandoned', note=str(error))
         except (RunClaimedError, RunOwnedError) as taken:
             return OrphanOutcome(run_id, 'taken', str(taken))
+        previous = claim.previous
+        if previous is not None and previous.state is not LeaseState.RUNNING:
+            await claim.restore()  # another worker ended (or resumed) it meanwhile: that one reports it
+            return OrphanOutcome(run_id, 'taken', f'run {run_id!r} is {previous.describe()} meanwhile')
+        await claim.release(state=LeaseState.ENDED, outcome='abandoned', note=str(error))
         return OrphanOutcome(run_id, 'abandoned', str(error))
     if resumption.finished:
         return OrphanOutcome(run_id, 'finished', 'its newest continuation had already finished')
@@ -155,6 +160,29 @@ async def recover_orphans(
     return list(await asyncio.gather(*(one(o) for o in orphans)))
 
 
+async def _report(on_outcome: Callable[[OrphanOutcome], Awaitable[None] | None] | None, outcome: OrphanOutcome) -> None:
+    """Hand `outcome` to `on_outcome`; what that callback raises is logged, not let through."""
+    logger.info('orphan %s: %s %s', outcome.run_id, outcome.outcome, outcome.detail)
+    if on_outcome is None:
+        return
+    try:
+        done = on_outcome(outcome)
+        if done is not None:
+            await done
+    except Exception as error:
+        logger.warning('on_outcome failed for run %r: %s: %s', outcome.run_id, type(error).__name__, error)
+
+
+async def _first_of(events: Sequence[asyncio.Event], seconds: float) -> None:
+    """Wait until one of `events` is set, or `seconds` have passed."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
 async def run_recovery_loop(
     store: StepStoreProtocol,
     agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, Any]] | AgentChooser,
@@ -167,28 +195,61 @@ async def run_recovery_loop(
     concurrency: int = 4,
     **run_options: Any,
 ) -> None:
-    """Run `recover_orphans` every `interval` seconds until `stop` is set (or the task is cancelled).
+    """Resume orphans as they appear until `stop` is set (or the task is cancelled).
 
-    A failed pass (the store unreachable) is logged and the loop goes on. `on_outcome` is called
-    with each orphan's outcome.
+    The loop is continuous, not a series of passes: it lists the orphans every `interval` seconds,
+    and at once again when one of its resumptions ends while the last listing held more orphans than
+    it had room for; it runs at most `concurrency` resumptions at a time, and hands each orphan's
+    outcome to `on_outcome` as soon as that orphan is done. An orphan one of its own resumptions is
+    busy with is not tried again. A listing that fails (the store unreachable) is logged and retried
+    at the next tick, as is a resumption that raises. Once `stop` is set it claims nothing more, lets
+    the resumptions under way finish, and returns; cancelling it cancels them (their runs are orphans
+    again when their leases expire).
     """
     if interval <= 0:
         raise ValueError(f'interval={interval!r} would never wait: pass a number of seconds > 0')
+    if concurrency < 1:
+        raise ValueError(f'concurrency={concurrency!r} resumes nothing: pass 1 or more')
+    bound = as_step_store(store)
+    choose = agent_chooser(agents)
     stopped = stop or asyncio.Event()
-    while not stopped.is_set():
+    freed = asyncio.Event()
+    busy: dict[str, asyncio.Task[None]] = {}
+
+    async def one(orphan: Orphan) -> None:
         try:
-            outcomes = await recover_orphans(
-                store, agents, policies=policies, lease_ttl=lease_ttl, concurrency=concurrency, **run_options
+            outcome = await _recover_one(
+                bound, orphan, choose, policies=policies, lease_ttl=lease_ttl, run_options=run_options
             )
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            logger.warning('recovery pass failed (%s: %s); retrying in %.1f s', type(error).__name__, error, interval)
-            outcomes = []
-        for outcome in outcomes:
-            if on_outcome is not None:
-                done = on_outcome(outcome)
-                if done is not None:
-                    await done
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopped.wait(), interval)
+        except Exception as error:  # the store failed under the resumption: the orphan is tried again later
+            outcome = OrphanOutcome(orphan.run_id, 'failed', f'{type(error).__name__}: {error}')
+        await _report(on_outcome, outcome)
+
+    def finished(run_id: str, _: object) -> None:
+        busy.pop(run_id, None)
+        freed.set()
+
+    try:
+        while not stopped.is_set():
+            try:
+                orphans = await list_orphans(bound)
+            except Exception as error:
+                logger.warning(
+                    'listing orphans failed (%s: %s); trying again in %.1f s', type(error).__name__, error, interval
+                )
+                orphans = []
+            waiting = [orphan for orphan in orphans if orphan.run_id not in busy]
+            room = concurrency - len(busy)
+            for orphan in waiting[: max(room, 0)]:
+                task = asyncio.create_task(one(orphan), name=f'stepcore recovery of {orphan.run_id}')
+                busy[orphan.run_id] = task
+                task.add_done_callback(lambda done, run_id=orphan.run_id: finished(run_id, done))
+            freed.clear()
+            # More orphans than room: list again as soon as a resumption ends; else at the next tick.
+            await _first_of([stopped, freed] if len(waiting) > room else [stopped], interval)
+    except BaseException:
+        for task in busy.values():
+            task.cancel()
+        await asyncio.gather(*busy.values(), return_exceptions=True)
+        raise
+    await asyncio.gather(*busy.values(), return_exceptions=True)

@@ -82,6 +82,7 @@ __all__ = (
     'CutView',
     'Ownership',
     'Resumption',
+    'RunAbandonedError',
     'SettledBy',
     'Settlement',
     'called_in',
@@ -100,6 +101,19 @@ _FENCE_ATTEMPTS = 5
 
 CHECKED_NOTE = 'Checked after a crash: the effect of this call is in place.'
 """What the model receives for a call marked checked without a note of its own."""
+
+class RunAbandonedError(LookupError):
+    """The run was ended as `abandoned` by the recovery that raised this: a resumption that was stopped
+    before it took the run it resumes over, so there is nothing of its own to recover."""
+
+    def __init__(self, run_id: str, resumes: str) -> None:
+        super().__init__(
+            f'run {run_id!r} is an abandoned resumption of run {resumes!r}: it was stopped before it took '
+            f'{resumes!r} over, and ran nothing of it. Recover {resumes!r} instead (its own lease says how it stands)'
+        )
+        self.run_id = run_id
+        self.resumes = resumes
+
 
 Ownership = Literal['claimed', 'unchecked']
 """Whether recovery claimed the run on its store's lease (`claimed`), or the store keeps no leases, so
@@ -420,10 +434,7 @@ async def _refuse_abandoned(claim: Claim) -> None:
             break
         meant = now
     await claim.release(state=LeaseState.ENDED, outcome='abandoned', note=f'it never took over run {resumes!r}')
-    raise LookupError(
-        f'run {claim.run_id!r} is an abandoned resumption of run {resumes!r}: it was stopped before it took '
-        f'{resumes!r} over, and ran nothing of it. Recover {resumes!r} instead (its own lease says how it stands)'
-    )
+    raise RunAbandonedError(claim.run_id, resumes)
 
 
 async def _release_quietly(claim: Claim | None) -> None:

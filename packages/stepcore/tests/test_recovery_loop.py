@@ -1,0 +1,227 @@
+"""The recovery loop is continuous: it claims orphans as they appear and as room frees, and reports
+each outcome when that orphan is done; an orphan's end as `abandoned` is reported once in a fleet."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo
+
+from stepcore import (
+    InMemoryStepStore,
+    OrphanOutcome,
+    StepPersistence,
+    fencing_token,
+    recover_orphans,
+    recovery_policy,
+    run_recovery_loop,
+)
+from stepcore.ownership.claims import open_lease
+from stepcore.store.leases import LeaseState, Owner
+from stepcore_conformance.capability import function_model
+
+TTL = 0.2
+
+
+def _model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    returned = any(isinstance(p, ToolReturnPart) for m in messages if isinstance(m, ModelRequest) for p in m.parts)
+    if returned:
+        return ModelResponse(parts=[TextPart('done')])
+    return ModelResponse(parts=[ToolCallPart('work', {}, tool_call_id='w1')])
+
+
+class World:
+    """The agent's tool: it blocks while its run's gate is closed, and says when it is in."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, asyncio.Event] = {}
+        self.inside: dict[str, asyncio.Event] = {}
+
+    def gate(self, run_id: str) -> asyncio.Event:
+        return self.gates.setdefault(run_id, asyncio.Event())
+
+    def entered(self, run_id: str) -> asyncio.Event:
+        return self.inside.setdefault(run_id, asyncio.Event())
+
+    def agent(self, store: InMemoryStepStore, run_id: str | None = None) -> Agent[None, str]:
+        agent = Agent(
+            function_model(_model),
+            name='worker',
+            capabilities=[StepPersistence(store=store, run_id=run_id, lease_ttl=TTL)],
+        )
+
+        @agent.tool_plain
+        @recovery_policy('rerun')
+        async def work() -> str:  # pyright: ignore[reportUnusedFunction]
+            token = fencing_token()  # its origin: the run the chain of resumptions began with
+            origin = token.origin if token is not None else ''
+            self.entered(origin).set()
+            await self.gate(origin).wait()
+            return 'worked'
+
+        return agent
+
+
+async def _orphan(store: InMemoryStepStore, world: World, run_id: str) -> None:
+    """A run of `run_id` whose process stopped inside its tool: its lease expires `TTL` later."""
+    world.gate(run_id)
+    task = asyncio.create_task(world.agent(store, run_id).run('go'))
+    await asyncio.wait_for(world.entered(run_id).wait(), 5)
+    world.entered(run_id).clear()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    lease = await store.get_lease(run_id)
+    assert lease is not None
+    assert lease.state is LeaseState.RUNNING
+
+
+class Outcomes(list[OrphanOutcome]):
+    """What the loop reported, in order; `until` waits for a run's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = asyncio.Event()
+
+    def add(self, outcome: OrphanOutcome) -> None:
+        self.append(outcome)
+        self.arrived.set()
+
+    async def until(self, run_id: str, seconds: float = 10.0) -> OrphanOutcome:
+        async with asyncio.timeout(seconds):
+            while not (found := [o for o in self if o.run_id == run_id]):
+                self.arrived.clear()
+                await self.arrived.wait()
+        return found[0]
+
+
+async def test_each_outcome_is_reported_when_its_orphan_is_done() -> None:
+    store = InMemoryStepStore()
+    world = World()
+    await _orphan(store, world, 'quick')
+    await _orphan(store, world, 'slow')
+    world.gate('quick').set()  # the quick one's re-run returns at once; the slow one's blocks
+    outcomes = Outcomes()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(
+        run_recovery_loop(store, [world.agent(store)], interval=0.05, stop=stop, on_outcome=outcomes.add)
+    )
+    try:
+        quick = await outcomes.until('quick')
+        assert quick.outcome == 'resumed'
+        assert not world.gate('slow').is_set()
+        assert [o.run_id for o in outcomes] == ['quick']  # reported while the slow one still runs
+        world.gate('slow').set()
+        assert (await outcomes.until('slow')).outcome == 'resumed'
+    finally:
+        world.gate('slow').set()
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+
+
+async def test_an_orphan_appearing_while_a_resumption_runs_is_claimed_at_the_next_tick() -> None:
+    store = InMemoryStepStore()
+    world = World()
+    await _orphan(store, world, 'long')
+    outcomes = Outcomes()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(
+        run_recovery_loop(store, [world.agent(store)], interval=0.05, stop=stop, on_outcome=outcomes.add)
+    )
+    try:
+        await asyncio.wait_for(world.entered('long').wait(), 10)  # the long one is being resumed
+        await _orphan(store, world, 'later')
+        world.gate('later').set()
+        later = await outcomes.until('later')  # no pass waits for the long one first
+        assert later.outcome == 'resumed'
+        assert not world.gate('long').is_set()
+    finally:
+        world.gate('long').set()
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+    assert {o.run_id: o.outcome for o in outcomes} == {'later': 'resumed', 'long': 'resumed'}
+
+
+async def test_room_freed_is_filled_at_once_not_at_the_next_tick() -> None:
+    store = InMemoryStepStore()
+    world = World()
+    for run_id in ('one', 'two', 'three'):
+        await _orphan(store, world, run_id)
+        world.gate(run_id).set()
+    outcomes = Outcomes()
+    stop = asyncio.Event()
+    # One at a time, and a tick far longer than the test: only a freed slot can start the next.
+    loop = asyncio.create_task(
+        run_recovery_loop(store, [world.agent(store)], interval=60.0, stop=stop, on_outcome=outcomes.add, concurrency=1)
+    )
+    try:
+        for run_id in ('one', 'two', 'three'):
+            assert (await outcomes.until(run_id)).outcome == 'resumed'
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+
+
+async def test_stopping_lets_the_resumptions_under_way_finish() -> None:
+    store = InMemoryStepStore()
+    world = World()
+    await _orphan(store, world, 'busy')
+    outcomes = Outcomes()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(
+        run_recovery_loop(store, [world.agent(store)], interval=0.05, stop=stop, on_outcome=outcomes.add)
+    )
+    await asyncio.wait_for(world.entered('busy').wait(), 10)
+    stop.set()
+    await asyncio.sleep(0.2)
+    assert not loop.done()  # it waits for the resumption it started
+    world.gate('busy').set()
+    await asyncio.wait_for(loop, 10)
+    assert [(o.run_id, o.outcome) for o in outcomes] == [('busy', 'resumed')]
+
+
+async def test_an_orphan_with_nothing_to_resume_is_reported_abandoned_by_one_worker() -> None:
+    store = InMemoryStepStore()
+    elsewhere = Owner(host='another-host', pid=4242, token='gone')
+    run_ids = [f'empty-{n}' for n in range(6)]
+    for run_id in run_ids:  # a lease and nothing else: killed between taking its lease and registering
+        await open_lease(store, run_id, ttl=0.0, owner=elsewhere)
+    await asyncio.sleep(0.01)
+    world = World()
+    passes = await asyncio.gather(*(recover_orphans(store, [world.agent(store)]) for _ in range(4)))
+    abandoned = [o.run_id for outcomes in passes for o in outcomes if o.outcome == 'abandoned']
+    assert sorted(abandoned) == run_ids  # each once
+    for run_id in run_ids:
+        lease = await store.get_lease(run_id)
+        assert lease is not None
+        assert (lease.state, lease.outcome) == (LeaseState.ENDED, 'abandoned')
+
+
+async def test_an_on_outcome_that_raises_does_not_stop_the_loop(caplog: pytest.LogCaptureFixture) -> None:
+    store = InMemoryStepStore()
+    world = World()
+    for run_id in ('first', 'second'):
+        await _orphan(store, world, run_id)
+        world.gate(run_id).set()
+    seen = Outcomes()
+
+    def broken(outcome: OrphanOutcome) -> Any:
+        seen.add(outcome)
+        raise RuntimeError('dashboard down')
+
+    stop = asyncio.Event()
+    loop = asyncio.create_task(
+        run_recovery_loop(store, [world.agent(store)], interval=0.05, stop=stop, on_outcome=broken, concurrency=1)
+    )
+    try:
+        await seen.until('first')
+        await seen.until('second')
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+    assert sorted(o.run_id for o in seen) == ['first', 'second']
+    assert 'dashboard down' in caplog.text
