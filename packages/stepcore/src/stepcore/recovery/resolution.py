@@ -102,6 +102,7 @@ _FENCE_ATTEMPTS = 5
 CHECKED_NOTE = 'Checked after a crash: the effect of this call is in place.'
 """What the model receives for a call marked checked without a note of its own."""
 
+
 class RunAbandonedError(LookupError):
     """The run was ended as `abandoned` by the recovery that raised this: a resumption that was stopped
     before it took the run it resumes over, so there is nothing of its own to recover."""
