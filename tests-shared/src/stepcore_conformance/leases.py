@@ -12,7 +12,10 @@ For a store that declares `leases`:
   and a write racing a takeover is either visible to the new owner at once or refused;
 - a real agent run keeps its lease through a tool call three times its lease's time to live (async
   and sync tools) and releases it when it ends;
-- deleting a run deletes its lease, and orphans are found through the index of states.
+- deleting a run deletes its lease, and orphans are found through the index of states;
+- a cancelled run (`cancel_run`) ends at once when nobody runs it, stops its live owner at its next
+  write (and at its tool's `check_fencing_token`), records who cancelled it and why, and is never
+  claimed, resumed or answered again.
 """
 
 from __future__ import annotations
@@ -32,12 +35,16 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 import stepcore
 from stepcore import (
     EventKind,
+    RunCancelledError,
     RunRecord,
     StepEvent,
     StepPersistence,
     StepStore,
     ToolEffectRecord,
     ToolEffectStatus,
+    cancel_run,
+    check_fencing_token,
+    resolve_run,
 )
 from stepcore.common.features import LEASES, PERSISTENT
 from stepcore.ownership import claim_run, list_orphans, open_lease, owner_gone
@@ -417,6 +424,90 @@ class LeasesConformance(StoreFixtures):
         assert waiting in {x.run_id for x in await store.list_leases([LeaseState.WAITING])}
         with pytest.raises(ValueError, match='ended'):
             await store.list_leases([LeaseState.ENDED])
+
+    # --- cancel ------------------------------------------------------------------------------------
+
+    @needs_feature(LEASES)
+    async def test_cancelling_an_orphan_ends_it_and_nothing_claims_it_again(self, store: StepStore) -> None:
+        run_id = await _registered(store)
+        await _expired_lease(store, run_id)
+        assert run_id in {o.run_id for o in await list_orphans(store)}
+        lease = await cancel_run(store, run_id=run_id, reason='customer withdrew the order', by='ops@example')
+        assert (lease.state, lease.outcome, lease.owner) == (LeaseState.ENDED, 'cancelled', None)
+        assert lease.note == 'cancelled by ops@example: customer withdrew the order'
+        assert run_id not in {o.run_id for o in await list_orphans(store)}
+        (event,) = [e for e in await store.list_events(run_id) if e.kind is EventKind.RUN_FAILED]
+        assert event.error == 'cancelled by ops@example: customer withdrew the order'
+        assert event.metadata['stepcore.cancelled_by'] == 'ops@example'
+        for force in (False, True):
+            with pytest.raises(RunCancelledError, match='customer withdrew the order'):
+                await claim_run(store, run_id, ttl=60.0, force=force)
+        # once is enough: a second cancel changes nothing
+        again = await cancel_run(store, run_id=run_id, reason='twice', by='someone else')
+        assert (again.epoch, again.note) == (lease.epoch, lease.note)
+        assert len([e for e in await store.list_events(run_id) if e.kind is EventKind.RUN_FAILED]) == 1
+
+    @needs_feature(LEASES)
+    async def test_cancelling_a_running_run_stops_its_owner_at_its_next_write(self, store: StepStore) -> None:
+        run_id = new_id('cancelled')
+        in_tool, go_on = asyncio.Event(), asyncio.Event()
+        checked: list[str] = []
+        agent = Agent(
+            function_model(
+                script(ModelResponse(parts=[tool_call('slow', 'c1')]), ModelResponse(parts=[TextPart('done')]))
+            ),
+            capabilities=[StepPersistence(store=store, run_id=run_id, lease_ttl=30.0)],
+        )
+
+        @agent.tool_plain
+        async def slow() -> str:  # pyright: ignore[reportUnusedFunction]
+            in_tool.set()
+            await go_on.wait()
+            try:
+                await check_fencing_token()  # before an irreversible act: is the run still ours?
+            except RunFencedError as error:
+                checked.append(str(error))
+                raise
+            return 'acted'
+
+        running = asyncio.create_task(agent.run('work slowly'))
+        await asyncio.wait_for(in_tool.wait(), 30)
+        live = await store.get_lease(run_id)
+        assert live is not None
+        assert live.state is LeaseState.RUNNING
+        lease = await cancel_run(store, run_id=run_id, reason='wrong customer', by='ops')
+        assert lease.epoch > live.epoch
+        go_on.set()
+        with pytest.raises(RunFencedError, match='cancelled by ops: wrong customer'):
+            await asyncio.wait_for(running, 30)
+        assert len(checked) == 1
+        assert 'cancelled by ops: wrong customer' in checked[0]
+        after = await store.get_lease(run_id)
+        assert after is not None
+        assert (after.state, after.outcome, after.epoch) == (LeaseState.ENDED, 'cancelled', lease.epoch)
+        kinds = [e.kind for e in await store.list_events(run_id)]
+        assert kinds[-1] is EventKind.RUN_FAILED  # the cancel's; the owner wrote nothing after it
+        assert EventKind.TOOL_CALL_FAILED not in kinds
+        with pytest.raises(RunCancelledError):
+            await resolve_run(store, run_id=run_id)
+
+    @needs_feature(LEASES)
+    async def test_cancel_refuses_a_run_that_already_ended_and_names_an_unknown_one(self, store: StepStore) -> None:
+        run_id = new_id('done')
+        agent = Agent(
+            function_model(script(ModelResponse(parts=[TextPart('done')]))),
+            capabilities=[StepPersistence(store=store, run_id=run_id)],
+        )
+        await agent.run('finish')
+        with pytest.raises(ValueError, match='already ended \\(completed\\)'):
+            await cancel_run(store, run_id=run_id, reason='too late')
+        lease = await store.get_lease(run_id)
+        assert lease is not None
+        assert (lease.state, lease.outcome) == (LeaseState.ENDED, 'completed')
+        with pytest.raises(LookupError, match='no such run'):
+            await cancel_run(store, run_id=new_id('missing'), reason='nothing there')
+        with pytest.raises(ValueError, match='needs a reason'):
+            await cancel_run(store, run_id=run_id, reason='  ')
 
 
 def claim_child_main() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepcore.capability.context import fencing_token
+from stepcore.capability.context import check_fencing_token, fencing_token
 from stepcore.capability.events import SnapshotSaved
 from stepcore.capability.persistence import StepPersistence
 from stepcore.capability.settled import is_provider_valid
@@ -30,12 +30,14 @@ from stepcore.recovery.answers import (
     read_waiting,
     resume_run,
 )
+from stepcore.recovery.cancel import cancel_run
 from stepcore.recovery.continuing import continue_run, fork_run
 from stepcore.recovery.fleet import OrphanOutcome, recover_orphans, run_recovery_loop
 from stepcore.recovery.inspection import RecoveryReport, inspect_recovery
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, recovery_policy
 from stepcore.recovery.resolution import (
     Resumption,
+    RunAbandonedError,
     Settlement,
     mark_checked,
     rerun_call,
@@ -46,6 +48,7 @@ from stepcore.store.leases import (
     FencingToken,
     Lease,
     LeaseState,
+    RunCancelledError,
     RunClaimedError,
     RunFencedError,
     RunOwnedError,
@@ -90,6 +93,8 @@ __all__ = (
     'RecoveryReport',
     'RequestExpiredError',
     'Resumption',
+    'RunAbandonedError',
+    'RunCancelledError',
     'RunClaimedError',
     'RunFencedError',
     'RunOwnedError',
@@ -110,6 +115,8 @@ __all__ = (
     'annotate_tool_effect',
     'answer_call',
     'approve_call',
+    'cancel_run',
+    'check_fencing_token',
     'check_store',
     'collect_garbage',
     'continue_run',

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from pydantic_ai.tools import RunContext
 
 from stepcore.ownership.claims import Claim
-from stepcore.store.leases import Fence, FencingToken, current_fences, fencing
+from stepcore.store.leases import Fence, FencingToken, RunFencedError, current_fences, fencing
 from stepcore.store.protocols import StepStoreProtocol
 
 __all__ = (
@@ -21,6 +21,7 @@ __all__ = (
     'ToolEffectAnnotator',
     'active_run_id',
     'active_tool_call',
+    'check_fencing_token',
     'fencing_token',
     'inside_run',
     'inside_tool_call',
@@ -99,6 +100,29 @@ def fencing_token() -> FencingToken | None:
     run_id = _TOKEN_RUN.get()
     fence = current_fences().get(run_id) if run_id is not None else None
     return fence.token if fence is not None else None
+
+
+async def check_fencing_token() -> FencingToken | None:
+    """Ask the store whether the run this code runs in still holds its lease at its fencing token's
+    epoch: the token when it does, `RunFencedError` when it does not (cancelled, or taken over by
+    another process: the error says which), `None` where `fencing_token()` is `None`.
+
+    A downstream system that checks tokens refuses an old epoch only once it has seen a newer one; a
+    tool about to do something slow or irreversible can ask first, and stop at once if its run was
+    cancelled or taken over meanwhile. It is one read of the lease, not a guarantee for the moment
+    after it: keep handing the token downstream.
+    """
+    run_id = _TOKEN_RUN.get()
+    fence = current_fences().get(run_id) if run_id is not None else None
+    if fence is None or fence.epoch is None:
+        return None
+    if fence.lost is not None:
+        raise RunFencedError(fence.run_id, fence.epoch, fence.lost)
+    if fence.store is not None:
+        lease = await fence.store.get_lease(fence.run_id)
+        if lease is None or lease.epoch != fence.epoch:
+            raise RunFencedError(fence.run_id, fence.epoch, lease)
+    return fence.token
 
 
 @contextmanager

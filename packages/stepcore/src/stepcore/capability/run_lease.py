@@ -59,6 +59,7 @@ async def take_lease(
         lease = await open_lease(store, run.run_id, ttl=ttl, resumes=resumes, start=start)
     run.fence.epoch = lease.epoch
     run.fence.origin = lease.origin
+    run.fence.store = store
     run.keeper = LeaseKeeper(store, lease, run.fence, ttl=ttl)
     run.keeper.start()
 

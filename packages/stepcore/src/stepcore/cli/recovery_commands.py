@@ -1,4 +1,5 @@
-"""The commands that act on what a crash or a pause left: `recover`, `answer` and `resume`."""
+"""The commands that act on what a crash or a pause left, or stop a run: `recover`, `answer`, `resume`
+and `cancel`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rich.text import Text
 from stepcore.cli.console import JsonOption, RunArgument, StoreOption, echo_json, fail, out, with_run, with_store
 from stepcore.store.step_store import StepStore
 
-__all__ = ('answer', 'recover', 'resume')
+__all__ = ('answer', 'cancel', 'recover', 'resume')
 
 
 def recover(
@@ -308,3 +309,38 @@ def _outcome_json(outcome: Any) -> dict[str, Any]:
         'detail': outcome.detail,
         'resumed_as': outcome.resumed_as,
     }
+
+
+def cancel(
+    run_id: RunArgument,
+    reason: Annotated[
+        str,
+        typer.Option(
+            '--reason', metavar='TEXT', help='Why the run is stopped (recorded, and shown to whoever reads it).'
+        ),
+    ],
+    by: Annotated[
+        str | None,
+        typer.Option('--by', metavar='WHO', help='Who cancels it (recorded; default: this host and process).'),
+    ] = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Stop a run for good: it never resumes.
+
+    A run that is running is stopped at its next write to the store (its process is refused); an
+    orphan, a run waiting for answers or one left for a person ends at once. The run's lease says
+    who cancelled it and why, and so does a `run_failed` event. Cancelling it twice changes nothing.
+    A run that already finished is left as it is.
+    """
+    from stepcore.recovery.cancel import cancel_run
+
+    async def body(s: StepStore, rid: str) -> Any:
+        return await cancel_run(s, run_id=rid, reason=reason, by=by)
+
+    run_id, lease = with_run(store, run_id, body)
+    if as_json:
+        echo_json({'run_id': lease.run_id, 'state': lease.state.value, 'outcome': lease.outcome, 'note': lease.note})
+        return
+    which = f'run {lease.run_id}' + (f' (the newest continuation of {run_id})' if lease.run_id != run_id else '')
+    out().print(Text(f'{which} is {lease.note}'))

@@ -12,7 +12,7 @@ from stepcore.cli.console import store_option
 from stepcore.cli.inspect_commands import effects, events, runs, show, snapshots, tree
 from stepcore.cli.maintenance_commands import check, export_command, gc, import_command, prune, rekey
 from stepcore.cli.misc_commands import demo, plugins, ui
-from stepcore.cli.recovery_commands import answer, recover, resume
+from stepcore.cli.recovery_commands import answer, cancel, recover, resume
 from stepcore.cli.scaffold import new_backend_command
 from stepcore.cli.stores import ENV_VAR
 from stepcore.common.version import VERSION as __version__
@@ -109,6 +109,7 @@ _COMMANDS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ('recover', recover),
     ('answer', answer),
     ('resume', resume),
+    ('cancel', cancel),
     ('prune', prune),
     ('export', export_command),
     ('import', import_command),

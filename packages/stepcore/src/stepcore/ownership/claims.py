@@ -26,6 +26,7 @@ from stepcore.store.leases import (
     Lease,
     LeaseState,
     Owner,
+    RunCancelledError,
     RunClaimedError,
     RunOwnedError,
     from_seconds,
@@ -200,7 +201,8 @@ async def claim_run(
 
     Refuses (`RunOwnedError`) a run a live owner holds (another claim for recovery too, even one of
     this process: of concurrent claimers exactly one proceeds), unless `force`; refuses (`RunClaimedError`)
-    a run another claimer took first, or one already resumed by another run (follow it instead). A
+    a run another claimer took first, or one already resumed by another run (follow it instead), and
+    (`RunCancelledError`, even with `force`) a run that was cancelled. A
     run with no lease (started without one, or before leases) gets its first. The store must keep
     leases (`has_leases`).
     """
@@ -215,6 +217,8 @@ async def claim_run(
         return Claim(bound, now, ttl, forced=force, previous=None)
     if lease.state is LeaseState.RESUMED:
         raise RunClaimedError(run_id, lease, action=f'claimed for {action}')
+    if lease.cancelled:
+        raise RunCancelledError(lease, action=f'claimed for {action}')
     expired_only = False
     if lease.state is LeaseState.RUNNING and not owner_gone(lease):
         if not lease.expired:
@@ -235,5 +239,7 @@ async def claim_run(
     if not swapped or now is None:
         if now is not None and live(now) and not force:
             raise RunOwnedError(now, action=action)
+        if now is not None and now.cancelled:
+            raise RunCancelledError(now, action=f'claimed for {action}')
         raise RunClaimedError(run_id, now, action=f'claimed for {action}')
     return Claim(bound, now, ttl, forced=force, previous=lease)

@@ -32,7 +32,7 @@ from stepcore.recovery.paused import Waiting, read_pause, record_answer
 from stepcore.recovery.policies import RecoveryPolicy
 from stepcore.recovery.resolution import answer_or_expiry, resolve_run
 from stepcore.store.contract import as_step_store
-from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState
+from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState, RunCancelledError
 from stepcore.store.lifecycle import run_status
 from stepcore.store.models import utcnow
 from stepcore.store.protocols import StepStoreProtocol
@@ -122,6 +122,9 @@ async def _waiting_call(store: StepStore, run_id: str, tool_call_id: str, verb: 
             f'cannot {verb} tool call {tool_call_id!r}: run {run_id!r} was resumed by run {waiting.resumed_by!r} '
             'already, with the answers it had; nothing would take this one'
         )
+    lease = await store.get_lease(run_id) if has_leases(store) else None
+    if lease is not None and lease.cancelled:
+        raise RunCancelledError(lease, action=f'given an answer to tool call {tool_call_id!r}')
     call = waiting.call(tool_call_id)
     if call is None:
         calls = ', '.join(f'{c.tool_call_id} ({c.tool_name}, {c.kind})' for c in waiting.calls)

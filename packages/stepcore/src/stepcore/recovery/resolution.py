@@ -353,7 +353,9 @@ async def _claim(
 def _fenced(claim: Claim | None) -> Any:
     """Where a settlement runs: under the claim's fence, which reconcile functions get as their
     `fencing_token()` (nothing to fence without a claim)."""
-    return settling_under(Fence(claim.run_id, claim.epoch, claim.origin)) if claim is not None else nullcontext()
+    if claim is None:
+        return nullcontext()
+    return settling_under(Fence(claim.run_id, claim.epoch, claim.origin, store=claim.store))
 
 
 async def resolve_run(

@@ -27,12 +27,14 @@ from types import MappingProxyType
 from typing import Any, cast
 
 __all__ = (
+    'CANCELLED',
     'DEFAULT_LEASE_TTL',
     'Fence',
     'FencingToken',
     'Lease',
     'LeaseState',
     'Owner',
+    'RunCancelledError',
     'RunClaimedError',
     'RunFencedError',
     'RunOwnedError',
@@ -45,6 +47,11 @@ __all__ = (
 
 DEFAULT_LEASE_TTL = 30.0
 """Seconds a lease lasts without renewal (renewed every third of it while the run lives)."""
+
+CANCELLED = 'cancelled'
+"""The `outcome` of an `ended` lease whose run was cancelled (`stepcore.cancel_run`): never resumed.
+(A `running` lease with this outcome is a run whose task was cancelled in its process, a worker
+shutting down: it is an orphan, and resumed.)"""
 
 
 class LeaseState(StrEnum):
@@ -125,6 +132,11 @@ class Lease:
     def expired(self) -> bool:
         """Whether the owner's hold has ended on the store's clock (as `SwapLease` compares: strictly)."""
         return self.expires_at < self.checked_at
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether an operator cancelled the run (`stepcore.cancel_run`): it is never resumed."""
+        return self.state is LeaseState.ENDED and self.outcome == CANCELLED
 
     @property
     def seconds_left(self) -> float:
@@ -241,12 +253,27 @@ class RunClaimedError(RuntimeError):
         self.lease = lease
 
 
+class RunCancelledError(RunClaimedError):
+    """The run was cancelled (`stepcore.cancel_run`): nothing resumes, settles or answers it."""
+
+    def __init__(self, lease: Lease, *, action: str) -> None:
+        RuntimeError.__init__(
+            self,
+            f'run {lease.run_id!r} cannot be {action}: it was {lease.note or CANCELLED}, '
+            'and a cancelled run is never resumed',
+        )
+        self.run_id = lease.run_id
+        self.lease = lease
+
+
 class RunFencedError(RuntimeError):
     """A write of a run whose lease was taken over: refused, and nothing of it stored."""
 
     def __init__(self, run_id: str, epoch: int, lease: Lease | None) -> None:
         if lease is None:
             now = 'the run no longer has a lease (it was deleted)'
+        elif lease.cancelled:
+            now = f'it was {lease.note or CANCELLED} (lease epoch {lease.epoch})'
         elif lease.owner is not None and lease.epoch != epoch:
             since = f' at {lease.since.isoformat(timespec="seconds")}' if lease.since is not None else ''
             now = f'it was taken over by {lease.owner} (epoch {lease.epoch}){since}'
@@ -273,6 +300,8 @@ class Fence:
     origin: str | None = None
     lost: Lease | None = field(default=None)
     """Set once the owner learns its lease was taken over."""
+    store: Any = field(default=None, repr=False)
+    """The store holding the lease, where `stepcore.check_fencing_token` reads it (`None`: unknown)."""
 
     @property
     def token(self) -> FencingToken | None:
