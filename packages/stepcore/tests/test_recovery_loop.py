@@ -47,11 +47,13 @@ class World:
     def entered(self, run_id: str) -> asyncio.Event:
         return self.inside.setdefault(run_id, asyncio.Event())
 
-    def agent(self, store: InMemoryStepStore, run_id: str | None = None) -> Agent[None, str]:
+    def agent(
+        self, store: InMemoryStepStore, run_id: str | None = None, version: str | None = None
+    ) -> Agent[None, str]:
         agent = Agent(
             function_model(_model),
             name='worker',
-            capabilities=[StepPersistence(store=store, run_id=run_id, lease_ttl=TTL)],
+            capabilities=[StepPersistence(store=store, run_id=run_id, lease_ttl=TTL, version=version)],
         )
 
         @agent.tool_plain
@@ -66,10 +68,10 @@ class World:
         return agent
 
 
-async def _orphan(store: InMemoryStepStore, world: World, run_id: str) -> None:
+async def _orphan(store: InMemoryStepStore, world: World, run_id: str, version: str | None = None) -> None:
     """A run of `run_id` whose process stopped inside its tool: its lease expires `TTL` later."""
     world.gate(run_id)
-    task = asyncio.create_task(world.agent(store, run_id).run('go'))
+    task = asyncio.create_task(world.agent(store, run_id, version).run('go'))
     await asyncio.wait_for(world.entered(run_id).wait(), 5)
     world.entered(run_id).clear()
     task.cancel()
@@ -225,3 +227,35 @@ async def test_an_on_outcome_that_raises_does_not_stop_the_loop(caplog: pytest.L
         await asyncio.wait_for(loop, 10)
     assert sorted(o.run_id for o in seen) == ['first', 'second']
     assert 'dashboard down' in caplog.text
+
+
+async def test_an_orphan_is_resumed_only_by_a_worker_of_its_version() -> None:
+    store = InMemoryStepStore()
+    world = World()
+    await _orphan(store, world, 'old-code', version='v1')
+    world.gate('old-code').set()
+    await asyncio.sleep(TTL + 0.05)
+    for served, said in (('v2', "version 'v2'"), (None, 'no version')):
+        (left,) = await recover_orphans(store, [world.agent(store, version=served)])
+        assert (left.run_id, left.outcome) == ('old-code', 'other version')
+        assert left.detail == f"run is version 'v1', this worker runs {said}: left for a worker of 'v1'"
+    lease = await store.get_lease('old-code')
+    assert lease is not None
+    assert (lease.state, lease.version) == (LeaseState.RUNNING, 'v1')  # untouched: not even claimed
+    (done,) = await recover_orphans(store, [world.agent(store, version='v1')])
+    assert done.outcome == 'resumed'
+    assert done.resumed_as is not None
+    resumed = await store.get_lease(done.resumed_as)
+    record = await store.get_run(run_id=done.resumed_as)
+    assert resumed is not None
+    assert record is not None
+    assert (resumed.version, record.metadata['stepcore.version']) == ('v1', 'v1')
+    original = await store.get_run(run_id='old-code')
+    assert original is not None
+    assert original.metadata['stepcore.version'] == 'v1'
+
+
+def test_a_version_must_be_a_non_empty_string() -> None:
+    for bad in ('', '  ', 3):
+        with pytest.raises(ValueError, match='is no version: pass a non-empty string'):
+            StepPersistence(version=bad)  # pyright: ignore[reportArgumentType]

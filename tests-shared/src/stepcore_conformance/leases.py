@@ -13,6 +13,7 @@ For a store that declares `leases`:
 - a real agent run keeps its lease through a tool call three times its lease's time to live (async
   and sync tools) and releases it when it ends;
 - deleting a run deletes its lease, and orphans are found through the index of states;
+- a lease keeps the version the run's chain was started by, and a resumption's lease carries it;
 - a cancelled run (`cancel_run`) ends at once when nobody runs it, stops its live owner at its next
   write (and at its tool's `check_fencing_token`), records who cancelled it and why, and is never
   claimed, resumed or answered again.
@@ -424,6 +425,25 @@ class LeasesConformance(StoreFixtures):
         assert waiting in {x.run_id for x in await store.list_leases([LeaseState.WAITING])}
         with pytest.raises(ValueError, match='ended'):
             await store.list_leases([LeaseState.ENDED])
+
+    @needs_feature(LEASES)
+    async def test_a_version_is_kept_in_the_lease_and_carried_to_a_resumption(self, store: StepStore) -> None:
+        run_id = await _registered(store)
+        lease = await open_lease(store, run_id, ttl=0.0, owner=_stranger(), version='2026.12.1')
+        assert lease.version == '2026.12.1'
+        await asyncio.sleep(0.01)
+        (found,) = [o for o in await list_orphans(store) if o.run_id == run_id]
+        assert found.lease.version == '2026.12.1'
+        claim = await claim_run(store, run_id, ttl=60.0)
+        assert claim.lease.version == '2026.12.1'
+        resumption = new_id('resumption')
+        mine = await claim.hand_over(resumption, ttl=60.0, version='2027.1.0')
+        assert mine.version == '2026.12.1'  # the chain's, not the resuming code's
+        stored = await store.get_lease(resumption)
+        assert stored is not None
+        assert stored.version == '2026.12.1'
+        unversioned = await _registered(store)
+        assert (await open_lease(store, unversioned, ttl=60.0)).version is None
 
     # --- cancel ------------------------------------------------------------------------------------
 

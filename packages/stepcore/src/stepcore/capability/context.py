@@ -16,6 +16,7 @@ from stepcore.store.protocols import StepStoreProtocol
 
 __all__ = (
     'RESUMES_KEY',
+    'VERSION_KEY',
     'ActiveToolCall',
     'ResumptionLink',
     'ToolEffectAnnotator',
@@ -33,6 +34,10 @@ __all__ = (
 
 RESUMES_KEY = 'stepcore.resumes'
 """Run-record metadata key of a run started by `Resumption.run`: the run it resumes."""
+
+VERSION_KEY = 'stepcore.version'
+"""Run-record metadata key: the application version the run's chain was started by
+(`StepPersistence(version=...)`)."""
 
 
 class ToolEffectAnnotator(Protocol):

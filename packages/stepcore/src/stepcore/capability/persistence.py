@@ -23,6 +23,7 @@ from pydantic_ai.toolsets import AbstractToolset
 import stepcore.capability.snapshot_points as points
 from stepcore.capability.context import (
     RESUMES_KEY,
+    VERSION_KEY,
     ActiveToolCall,
     active_run_id,
     active_tool_call,
@@ -143,6 +144,12 @@ class StepPersistence(StepOperations[AgentDepsT]):
     pauses waits for its answer: seconds or a `timedelta` for every call, or a mapping of tool names to
     one. A call unanswered by then is denied when the run is resumed, and answers to it are refused
     (see docs/approvals.md). `None`: the calls wait as long as it takes."""
+    version: str | None = None
+    """The version of the application code running the agent (any string you choose: a release, a
+    commit). It is stored with the run (its record's `stepcore.version` metadata and its lease) and
+    carried by its resumptions, and the recovery loop resumes an orphan only with an agent of the
+    version its chain was started by: a worker running new code (tools renamed, arguments changed)
+    leaves the runs of old code to a worker of their version. `None`: any worker resumes the run."""
 
     def __post_init__(self) -> None:
         self._state: RunState | None = None
@@ -152,6 +159,12 @@ class StepPersistence(StepOperations[AgentDepsT]):
             raise ValueError(
                 f'StepPersistence lease_ttl={ttl!r} cannot hold a lease: pass a number of seconds > 0, '
                 'or None to take no lease'
+            )
+        version = cast(object, self.version)
+        if version is not None and (not isinstance(version, str) or not version.strip()):
+            raise ValueError(
+                f'StepPersistence version={version!r} is no version: pass a non-empty string (a release, a commit) '
+                'or None'
             )
         _ = self.bound_store  # a store without the contract's methods is refused here, naming them
         for key, value in cast(dict[object, object], self.metadata).items():
@@ -175,6 +188,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
         capture_frontier: bool = False,
         lease_ttl: float | None = DEFAULT_LEASE_TTL,
         answer_within: float | dict[str, float] | None = None,
+        version: str | None = None,
         **store_options: Any,
     ) -> StepPersistence[Any]:
         """Build the capability and its store from plain values (as in an agent spec).
@@ -206,6 +220,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
             capture_frontier=capture_frontier,
             lease_ttl=lease_ttl,
             answer_within=answer_within,
+            version=version,
         )
 
     def get_ordering(self) -> CapabilityOrdering | None:
@@ -313,21 +328,25 @@ class StepPersistence(StepOperations[AgentDepsT]):
         resumed = take_resumption()  # started by `Resumption.run`: the run it resumes, and recovery's claim
         if resumed is not None:
             record.metadata[RESUMES_KEY] = resumed[0]
+        version = self.version
         if self._leased(ctx):
             assert self.lease_ttl is not None
             try:
-                await take_lease(
+                version = await take_lease(
                     self.bound_store,
                     run,
                     ttl=self.lease_ttl,
                     resumes=resumed[0] if resumed is not None else None,
                     claim=resumed[1] if resumed is not None else None,
                     start=start_point(ctx, run.given) if resumed is None else None,
+                    version=version,
                 )
             except RunClaimedError:
                 if resumed is None:  # the run id is taken: registration says so as the reference does
                     await self.journal_registration(ctx, record)
                 raise
+        if version is not None:
+            record.metadata[VERSION_KEY] = version
         try:
             await self.journal_registration(ctx, record)
         except BaseException as error:

@@ -51,17 +51,20 @@ async def take_lease(
     resumes: str | None,
     claim: Claim | None,
     start: list[ModelMessage] | None,
-) -> None:
-    """Take the run's lease (see the module docstring) and start renewing it."""
+    version: str | None = None,
+) -> str | None:
+    """Take the run's lease (see the module docstring) and start renewing it; answers the version
+    the lease carries (the chain's, for a resumption)."""
     if claim is not None:
-        lease = await claim.hand_over(run.run_id, ttl=ttl)
+        lease = await claim.hand_over(run.run_id, ttl=ttl, version=version)
     else:
-        lease = await open_lease(store, run.run_id, ttl=ttl, resumes=resumes, start=start)
+        lease = await open_lease(store, run.run_id, ttl=ttl, resumes=resumes, start=start, version=version)
     run.fence.epoch = lease.epoch
     run.fence.origin = lease.origin
     run.fence.store = store
     run.keeper = LeaseKeeper(store, lease, run.fence, ttl=ttl)
     run.keeper.start()
+    return lease.version
 
 
 async def end_lease(run: RunState, *, state: LeaseState, outcome: str, error: BaseException | None = None) -> None:

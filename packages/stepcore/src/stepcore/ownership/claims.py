@@ -70,6 +70,7 @@ def lease_template(
     outcome: str | None = None,
     note: str | None = None,
     since: datetime | None = None,
+    version: str | None = None,
 ) -> Lease:
     """A lease to store (its expiry is set by the store, from the ttl of the swap)."""
     return Lease(
@@ -85,6 +86,7 @@ def lease_template(
         resumed_by=resumed_by,
         outcome=outcome,
         note=note,
+        version=version,
     )
 
 
@@ -98,6 +100,7 @@ async def open_lease(
     resumes: str | None = None,
     owner: Owner | None = None,
     start: Sequence[ModelMessage] | None = None,
+    version: str | None = None,
 ) -> Lease:
     """Take the lease of a run that has none (a new run); `RunClaimedError` when it has one."""
     lease = lease_template(
@@ -107,6 +110,7 @@ async def open_lease(
         owner=owner or new_owner(),
         origin=origin or run_id,
         resumes=resumes,
+        version=version,
     )
     swapped, now = await store.swap_lease(lease, expect=None, ttl=ttl, start=start)
     if not swapped or now is None:
@@ -167,14 +171,24 @@ class Claim:
             return await self.release()
         return await self.release(state=previous.state, outcome=previous.outcome, note=previous.note)
 
-    async def hand_over(self, to_run: str, *, ttl: float, owner: Owner | None = None) -> Lease:
+    async def hand_over(
+        self, to_run: str, *, ttl: float, owner: Owner | None = None, version: str | None = None
+    ) -> Lease:
         """Give the run to its resumption `to_run`: the resumption's own lease is taken one epoch past
-        this claim's, then this run is marked resumed by it at that epoch (fencing anything still
-        written under the claim). Answers the resumption's lease; `RunClaimedError` when the run was
-        taken over meanwhile, and then the resumption's lease is let go."""
+        this claim's (with the chain's version, or `version` when the chain has none), then this run is
+        marked resumed by it at that epoch (fencing anything still written under the claim). Answers
+        the resumption's lease; `RunClaimedError` when the run was taken over meanwhile, and then the
+        resumption's lease is let go."""
         epoch = self.epoch + 1
         mine = await open_lease(
-            self.store, to_run, ttl=ttl, epoch=epoch, origin=self.origin, resumes=self.run_id, owner=owner
+            self.store,
+            to_run,
+            ttl=ttl,
+            epoch=epoch,
+            origin=self.origin,
+            resumes=self.run_id,
+            owner=owner,
+            version=self.lease.version if self.lease.version is not None else version,
         )
         resumed = replace(
             self.lease, epoch=epoch, state=LeaseState.RESUMED, owner=None, resumed_by=to_run, since=utcnow()

@@ -6,7 +6,8 @@ a worker picks the agent that runs it, by the run's `agent_name`; then `resolve_
 run (one compare-and-set on its lease: of all the workers trying, exactly one proceeds), settles
 its cut-short calls by their tools' policies and resumes it with `Resumption.run`. A run whose
 calls wait for a person (`'ask'`) is left `pending` and reported, without holding the others back;
-a run whose agent this worker does not know is reported and left for a worker that knows it; a
+a run whose agent this worker does not know, or whose chain was started by another version of the
+application (`StepPersistence(version=...)`), is reported and left for a worker that runs it; a
 run with nothing to resume from (it died before its first model request and its store kept no
 start point) is ended as `abandoned`, by the one worker whose claim found it so.
 """
@@ -17,10 +18,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, cast
 
 from pydantic_ai import Agent
 
+from stepcore.capability.persistence import StepPersistence
 from stepcore.ownership.claims import claim_run
 from stepcore.ownership.orphans import Orphan, list_orphans
 from stepcore.recovery.policies import RecoveryPolicy
@@ -31,11 +33,11 @@ from stepcore.store.models import RunRecord
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.step_store import StepStore
 
-__all__ = ('AgentChooser', 'OrphanOutcome', 'agent_chooser', 'recover_orphans', 'run_recovery_loop')
+__all__ = ('AgentChooser', 'OrphanOutcome', 'agent_chooser', 'recover_orphans', 'run_recovery_loop', 'served_version')
 
 logger = logging.getLogger('stepcore.recovery')
 
-Outcome = Literal['resumed', 'failed', 'pending', 'finished', 'unknown agent', 'taken', 'abandoned']
+Outcome = Literal['resumed', 'failed', 'pending', 'finished', 'unknown agent', 'other version', 'taken', 'abandoned']
 
 AgentChooser: TypeAlias = Callable[[RunRecord | None], 'Agent[Any, Any] | None']
 """Which agent resumes a run, from its record (`None` when the run has no record): `None` for none."""
@@ -49,7 +51,9 @@ class OrphanOutcome:
     outcome: Outcome
     """`resumed` (its resumption completed), `failed` (its resumption raised), `pending` (calls wait
     for a person), `finished` (nothing left to do), `unknown agent` (left for another worker),
-    `taken` (another worker claimed it first, or its owner came back), `abandoned` (nothing to resume from)."""
+    `other version` (its chain was started by another version of the application: left for a worker of
+    that version), `taken` (another worker claimed it first, or its owner came back), `abandoned`
+    (nothing to resume from)."""
     detail: str = ''
     resumed_as: str | None = None
     """The run that resumed it, when one started."""
@@ -76,6 +80,18 @@ def agent_chooser(agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, An
     return choose
 
 
+def served_version(agent: Agent[Any, Any]) -> str | None:
+    """The version the agent's `StepPersistence` declares (`None` when it has none)."""
+    found: list[str | None] = []
+
+    def visit(capability: object) -> None:
+        if isinstance(capability, StepPersistence):
+            found.append(cast(StepPersistence[Any], capability).version)
+
+    agent.root_capability.apply(visit)
+    return found[0] if found else None
+
+
 async def _recover_one(
     store: StepStore,
     orphan: Orphan,
@@ -91,6 +107,14 @@ async def _recover_one(
     if agent is None:
         name = record.agent_name if record is not None else None
         return OrphanOutcome(run_id, 'unknown agent', f'no agent here runs {name!r}' if name else 'no agent given')
+    wanted = orphan.lease.version
+    if wanted is not None and (served := served_version(agent)) != wanted:
+        here = f'version {served!r}' if served is not None else 'no version'
+        return OrphanOutcome(
+            run_id,
+            'other version',
+            f'run is version {wanted!r}, this worker runs {here}: left for a worker of {wanted!r}',
+        )
     try:
         resumption = await resolve_run(store, run_id=run_id, agent=agent, policies=policies, lease_ttl=lease_ttl)
     except (RunClaimedError, RunOwnedError, RunFencedError) as error:  # another worker got there first

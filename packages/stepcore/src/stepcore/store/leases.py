@@ -127,6 +127,9 @@ class Lease:
     """How the run ended, or why it was left: `completed`, `failed`, `cancelled`, `fenced`, ..."""
     note: str | None = None
     """What recovery left for a person to do (state `pending`)."""
+    version: str | None = None
+    """The application version the run's chain was started by (`StepPersistence(version=...)`): the
+    recovery loop resumes it only with an agent of that version."""
 
     @property
     def expired(self) -> bool:
@@ -187,6 +190,7 @@ def encode_lease_body(lease: Lease) -> str:
         'resumed_by': lease.resumed_by,
         'outcome': lease.outcome,
         'note': lease.note,
+        'version': lease.version,
     }
     return json.dumps({k: v for k, v in data.items() if v is not None}, separators=(',', ':'))
 
@@ -214,6 +218,7 @@ def decode_lease_body(
         resumed_by=fields.get('resumed_by'),
         outcome=fields.get('outcome'),
         note=fields.get('note'),
+        version=fields.get('version'),
     )
 
 
