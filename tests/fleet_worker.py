@@ -249,6 +249,8 @@ async def worker(config: dict[str, Any]) -> None:
             on_outcome=outcome,
             lease_ttl=float(config['claim_ttl']),
             concurrency=2,
+            # the chaos kills resumptions at random, often: no run is given up on for dying
+            max_recovery_attempts=None,
         )
     )
 

@@ -14,6 +14,9 @@ For a store that declares `leases`:
   and sync tools) and releases it when it ends;
 - deleting a run deletes its lease, and orphans are found through the index of states;
 - a lease keeps the version the run's chain was started by, and a resumption's lease carries it;
+- each resumption of a chain that died is kept in the lease and carried on; a run whose resumptions
+  died too often is set `dead` by `resolve_run(max_recovery_attempts=...)`, listed as such and never
+  an orphan, until `retry_run` gives it another chance;
 - a cancelled run (`cancel_run`) ends at once when nobody runs it, stops its live owner at its next
   write (and at its tool's `check_fencing_token`), records who cancelled it and why, and is never
   claimed, resumed or answered again.
@@ -37,6 +40,7 @@ import stepcore
 from stepcore import (
     EventKind,
     RunCancelledError,
+    RunDeadError,
     RunRecord,
     StepEvent,
     StepPersistence,
@@ -45,7 +49,9 @@ from stepcore import (
     ToolEffectStatus,
     cancel_run,
     check_fencing_token,
+    list_dead,
     resolve_run,
+    retry_run,
 )
 from stepcore.common.features import LEASES, PERSISTENT
 from stepcore.ownership import claim_run, list_orphans, open_lease, owner_gone
@@ -444,6 +450,40 @@ class LeasesConformance(StoreFixtures):
         assert stored.version == '2026.12.1'
         unversioned = await _registered(store)
         assert (await open_lease(store, unversioned, ttl=60.0)).version is None
+
+    # --- runs that kill their worker ------------------------------------------------------------------
+
+    @needs_feature(LEASES)
+    async def test_resumptions_that_died_are_counted_and_too_many_make_the_run_dead(self, store: StepStore) -> None:
+        first = await _registered(store)
+        await _expired_lease(store, first)
+        chain = [first]
+        for n in range(2):  # two resumptions, each of which dies (its lease expires on another host)
+            claim = await claim_run(store, chain[-1], ttl=60.0)
+            assert len(claim.lease.died) == n  # the first run's own death is no resumption's
+            resumption = new_id('resumption')
+            await claim.hand_over(resumption, ttl=0.0, owner=_stranger())
+            chain.append(resumption)
+            await asyncio.sleep(0.01)
+        with pytest.raises(RunDeadError, match='2 resumptions of it died') as raised:
+            await resolve_run(store, run_id=first, max_recovery_attempts=2)
+        dead = raised.value.lease
+        assert dead.run_id == chain[-1]
+        assert [(a.run_id, a.why) for a in dead.died] == [(chain[1], 'lease expired'), (chain[2], 'lease expired')]
+        assert all(a.owner.startswith(_FAR_HOST) for a in dead.died)
+        stored = await store.get_lease(chain[-1])
+        assert stored is not None
+        assert (stored.state, len(stored.died)) == (LeaseState.DEAD, 2)
+        assert [lease.run_id for lease in await list_dead(store)] == [chain[-1]]
+        assert chain[-1] not in {o.run_id for o in await list_orphans(store)}
+        # another chance: the deaths are forgotten and the run is an orphan again, at once
+        retried = await retry_run(store, run_id=first)
+        assert (retried.run_id, retried.state, retried.died) == (chain[-1], LeaseState.RUNNING, ())
+        await asyncio.sleep(0.01)
+        assert chain[-1] in {o.run_id for o in await list_orphans(store)}
+        assert await list_dead(store) == []
+        with pytest.raises(ValueError, match='is not dead'):
+            await retry_run(store, run_id=first)
 
     # --- cancel ------------------------------------------------------------------------------------
 

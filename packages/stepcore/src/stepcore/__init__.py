@@ -32,6 +32,7 @@ from stepcore.recovery.answers import (
 )
 from stepcore.recovery.cancel import cancel_run
 from stepcore.recovery.continuing import continue_run, fork_run
+from stepcore.recovery.dead import list_dead, retry_run
 from stepcore.recovery.fleet import OrphanOutcome, recover_orphans, run_recovery_loop
 from stepcore.recovery.inspection import RecoveryReport, inspect_recovery
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, recovery_policy
@@ -50,6 +51,7 @@ from stepcore.store.leases import (
     LeaseState,
     RunCancelledError,
     RunClaimedError,
+    RunDeadError,
     RunFencedError,
     RunOwnedError,
 )
@@ -96,6 +98,7 @@ __all__ = (
     'RunAbandonedError',
     'RunCancelledError',
     'RunClaimedError',
+    'RunDeadError',
     'RunFencedError',
     'RunOwnedError',
     'RunRecord',
@@ -129,6 +132,7 @@ __all__ = (
     'hookimpl',
     'inspect_recovery',
     'is_provider_valid',
+    'list_dead',
     'list_orphans',
     'list_waiting',
     'mark_checked',
@@ -140,6 +144,7 @@ __all__ = (
     'rerun_call',
     'resolve_run',
     'resume_run',
+    'retry_run',
     'run_recovery_loop',
     'supply_result',
 )

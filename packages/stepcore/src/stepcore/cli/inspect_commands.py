@@ -47,7 +47,7 @@ def runs(
         typer.Option(
             metavar='STATUS',
             help='Only runs with this status: completed, failed, unfinished or waiting (paused on deferred tool '
-            'calls, not resumed yet); or, from their leases: running, orphaned, pending or resumed.',
+            'calls, not resumed yet); or, from their leases: running, orphaned, pending, resumed or dead.',
         ),
     ] = None,
     after: Annotated[

@@ -60,6 +60,14 @@ def recover(
             'is live: for a person who knows its owner is gone.',
         ),
     ] = False,
+    retry: Annotated[
+        bool,
+        typer.Option(
+            '--retry',
+            help='Give a dead run (recovery gave up on it: its resumptions kept dying) another chance: it is an '
+            'orphan again, for a recovery loop to resume.',
+        ),
+    ] = False,
     orphans: Annotated[
         bool,
         typer.Option('--orphans', help='Resume every orphaned run of the store this worker has an --agent for.'),
@@ -87,8 +95,8 @@ def recover(
     from stepcore.cli.recovery_view import describe_recovery, parse_supplied, recovery_json
 
     if orphans:
-        if run_id is not None or supply or mark_checked or rerun:
-            fail('--orphans resumes every orphan: give no RUN, --supply, --mark-checked or --rerun with it')
+        if run_id is not None or supply or mark_checked or rerun or retry:
+            fail('--orphans resumes every orphan: give no RUN, --supply, --mark-checked, --rerun or --retry with it')
         _recover_orphans(store, agent_specs or [], watch=watch, interval=interval, as_json=as_json)
         return
     if run_id is None:
@@ -97,9 +105,12 @@ def recover(
 
     async def body(s: StepStore, rid: str) -> Any:
         from stepcore.recovery import inspect_recovery
+        from stepcore.recovery.dead import retry_run
         from stepcore.recovery.resolution import mark_checked as check
         from stepcore.recovery.resolution import rerun_call, supply_result
 
+        if retry:
+            await retry_run(s, run_id=rid)
         for call_id, result in supplied:
             await supply_result(s, run_id=rid, tool_call_id=call_id, result=result, force=force)
         for call_id in mark_checked or ():

@@ -23,6 +23,8 @@ from stepcore.common.features import LEASES
 from stepcore.ownership.identity import new_owner, owner_gone
 from stepcore.store.contract import as_step_store
 from stepcore.store.leases import (
+    CANCELLED,
+    DiedAttempt,
     Lease,
     LeaseState,
     Owner,
@@ -71,6 +73,7 @@ def lease_template(
     note: str | None = None,
     since: datetime | None = None,
     version: str | None = None,
+    died: tuple[DiedAttempt, ...] = (),
 ) -> Lease:
     """A lease to store (its expiry is set by the store, from the ttl of the swap)."""
     return Lease(
@@ -87,6 +90,7 @@ def lease_template(
         outcome=outcome,
         note=note,
         version=version,
+        died=died,
     )
 
 
@@ -101,6 +105,7 @@ async def open_lease(
     owner: Owner | None = None,
     start: Sequence[ModelMessage] | None = None,
     version: str | None = None,
+    died: tuple[DiedAttempt, ...] = (),
 ) -> Lease:
     """Take the lease of a run that has none (a new run); `RunClaimedError` when it has one."""
     lease = lease_template(
@@ -111,6 +116,7 @@ async def open_lease(
         origin=origin or run_id,
         resumes=resumes,
         version=version,
+        died=died,
     )
     swapped, now = await store.swap_lease(lease, expect=None, ttl=ttl, start=start)
     if not swapped or now is None:
@@ -189,6 +195,7 @@ class Claim:
             resumes=self.run_id,
             owner=owner,
             version=self.lease.version if self.lease.version is not None else version,
+            died=self.lease.died,
         )
         resumed = replace(
             self.lease, epoch=epoch, state=LeaseState.RESUMED, owner=None, resumed_by=to_run, since=utcnow()
@@ -200,6 +207,23 @@ class Claim:
             await self.store.swap_lease(refused, expect=mine.epoch, ttl=0.0)
             raise
         return mine
+
+
+def _died(lease: Lease) -> DiedAttempt | None:
+    """The death a claim of `lease` finds: a resumption whose own process ran it (not a claim for
+    recovery let go) and is gone, or whose lease expired; `None` for anything else (a new run's first
+    owner, a live run taken by force, a run that waits or ended)."""
+    if lease.state is not LeaseState.RUNNING or lease.resumes is None or lease.outcome == CANCELLED:
+        return None  # not running, no resumption, or let go when its task was cancelled (a shutdown)
+    owner = lease.owner
+    if owner is not None and owner.role != 'run':
+        return None
+    why = 'owner gone' if owner_gone(lease) else 'lease expired' if lease.expired else None
+    if why is None:
+        return None
+    return DiedAttempt(
+        lease.run_id, str(owner) if owner is not None else 'an unknown owner', lease.epoch, why, utcnow()
+    )
 
 
 async def claim_run(
@@ -248,6 +272,7 @@ async def claim_run(
         outcome=None,
         note=None,
         since=utcnow(),
+        died=(*lease.died, died) if (died := _died(lease)) is not None else lease.died,
     )
     swapped, now = await bound.swap_lease(new, expect=lease.epoch, expired=expired_only, ttl=ttl)
     if not swapped or now is None:

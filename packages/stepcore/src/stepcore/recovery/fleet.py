@@ -28,16 +28,36 @@ from stepcore.ownership.orphans import Orphan, list_orphans
 from stepcore.recovery.policies import RecoveryPolicy
 from stepcore.recovery.resolution import RunAbandonedError, resolve_run
 from stepcore.store.contract import as_step_store
-from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState, RunClaimedError, RunFencedError, RunOwnedError
+from stepcore.store.leases import (
+    DEFAULT_LEASE_TTL,
+    LeaseState,
+    RunClaimedError,
+    RunDeadError,
+    RunFencedError,
+    RunOwnedError,
+)
 from stepcore.store.models import RunRecord
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.step_store import StepStore
 
-__all__ = ('AgentChooser', 'OrphanOutcome', 'agent_chooser', 'recover_orphans', 'run_recovery_loop', 'served_version')
+__all__ = (
+    'DEFAULT_MAX_RECOVERY_ATTEMPTS',
+    'AgentChooser',
+    'OrphanOutcome',
+    'agent_chooser',
+    'recover_orphans',
+    'run_recovery_loop',
+    'served_version',
+)
 
 logger = logging.getLogger('stepcore.recovery')
 
-Outcome = Literal['resumed', 'failed', 'pending', 'finished', 'unknown agent', 'other version', 'taken', 'abandoned']
+DEFAULT_MAX_RECOVERY_ATTEMPTS = 5
+"""How many resumptions of a run may die before the recovery loop stops resuming it (sets it `dead`)."""
+
+Outcome = Literal[
+    'resumed', 'failed', 'pending', 'finished', 'unknown agent', 'other version', 'taken', 'abandoned', 'dead'
+]
 
 AgentChooser: TypeAlias = Callable[[RunRecord | None], 'Agent[Any, Any] | None']
 """Which agent resumes a run, from its record (`None` when the run has no record): `None` for none."""
@@ -53,7 +73,8 @@ class OrphanOutcome:
     for a person), `finished` (nothing left to do), `unknown agent` (left for another worker),
     `other version` (its chain was started by another version of the application: left for a worker of
     that version), `taken` (another worker claimed it first, or its owner came back), `abandoned`
-    (nothing to resume from)."""
+    (nothing to resume from), `dead` (its resumptions died `max_recovery_attempts` times: this worker
+    set it `dead`, and nothing resumes it automatically any more)."""
     detail: str = ''
     resumed_as: str | None = None
     """The run that resumed it, when one started."""
@@ -99,6 +120,7 @@ async def _recover_one(
     *,
     policies: Mapping[str, RecoveryPolicy] | None,
     lease_ttl: float,
+    max_recovery_attempts: int | None,
     run_options: Mapping[str, Any],
 ) -> OrphanOutcome:
     run_id = orphan.run_id
@@ -116,7 +138,16 @@ async def _recover_one(
             f'run is version {wanted!r}, this worker runs {here}: left for a worker of {wanted!r}',
         )
     try:
-        resumption = await resolve_run(store, run_id=run_id, agent=agent, policies=policies, lease_ttl=lease_ttl)
+        resumption = await resolve_run(
+            store,
+            run_id=run_id,
+            agent=agent,
+            policies=policies,
+            lease_ttl=lease_ttl,
+            max_recovery_attempts=max_recovery_attempts,
+        )
+    except RunDeadError as error:  # this worker's claim found it had died too often, and set it dead
+        return OrphanOutcome(run_id, 'dead', str(error))
     except (RunClaimedError, RunOwnedError, RunFencedError) as error:  # another worker got there first
         return OrphanOutcome(run_id, 'taken', str(error))
     except RunAbandonedError as error:  # this worker's claim found it abandoned, and ended it
@@ -156,13 +187,16 @@ async def recover_orphans(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     concurrency: int = 4,
     limit: int | None = None,
+    max_recovery_attempts: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS,
     **run_options: Any,
 ) -> list[OrphanOutcome]:
     """Resume every orphan of `store` this worker has an agent for, once (see the module docstring).
 
     `agents`: the agents this worker runs, by agent name (a mapping, or agents with their `name`), or a
     function choosing one from the run's record. At most `concurrency` orphans are resumed at a time,
-    at most `limit` in all. `run_options` go to each `agent.run`. Answers what happened to each orphan.
+    at most `limit` in all. A run whose resumptions died `max_recovery_attempts` times (a tool that
+    kills its worker every time) is set `dead` instead (`None`: no limit). `run_options` go to each
+    `agent.run`. Answers what happened to each orphan.
     """
     if concurrency < 1:
         raise ValueError(f'concurrency={concurrency!r} resumes nothing: pass 1 or more')
@@ -176,7 +210,13 @@ async def recover_orphans(
     async def one(orphan: Orphan) -> OrphanOutcome:
         async with gate:
             outcome = await _recover_one(
-                bound, orphan, choose, policies=policies, lease_ttl=lease_ttl, run_options=run_options
+                bound,
+                orphan,
+                choose,
+                policies=policies,
+                lease_ttl=lease_ttl,
+                max_recovery_attempts=max_recovery_attempts,
+                run_options=run_options,
             )
         logger.info('orphan %s: %s %s', orphan.run_id, outcome.outcome, outcome.detail)
         return outcome
@@ -217,6 +257,7 @@ async def run_recovery_loop(
     policies: Mapping[str, RecoveryPolicy] | None = None,
     lease_ttl: float = DEFAULT_LEASE_TTL,
     concurrency: int = 4,
+    max_recovery_attempts: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS,
     **run_options: Any,
 ) -> None:
     """Resume orphans as they appear until `stop` is set (or the task is cancelled).
@@ -243,7 +284,13 @@ async def run_recovery_loop(
     async def one(orphan: Orphan) -> None:
         try:
             outcome = await _recover_one(
-                bound, orphan, choose, policies=policies, lease_ttl=lease_ttl, run_options=run_options
+                bound,
+                orphan,
+                choose,
+                policies=policies,
+                lease_ttl=lease_ttl,
+                max_recovery_attempts=max_recovery_attempts,
+                run_options=run_options,
             )
         except Exception as error:  # the store failed under the resumption: the orphan is tried again later
             outcome = OrphanOutcome(orphan.run_id, 'failed', f'{type(error).__name__}: {error}')

@@ -65,7 +65,7 @@ from stepcore.recovery.ledger import (
 from stepcore.recovery.paused import Waiting, record_answer
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
 from stepcore.store.contract import as_step_store, write_records
-from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState
+from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, RunDeadError
 from stepcore.store.models import ContinuableSnapshot, EventKind, SnapshotState, StepEvent, ToolEffectRecord, utcnow
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.step_store import StepStore
@@ -366,9 +366,14 @@ async def resolve_run(
     policies: Mapping[str, RecoveryPolicy] | None = None,
     force: bool = False,
     lease_ttl: float = DEFAULT_LEASE_TTL,
+    max_recovery_attempts: int | None = None,
 ) -> Resumption:
     """Settle the calls a crash cut short in `run_id` (or its newest continuation) by their tools'
     policies, and say how to resume.
+
+    With `max_recovery_attempts` (the recovery loop passes its own), a run whose chain already had
+    that many resumptions die (`Lease.died`) is not resumed again: its lease is set `dead` and
+    `RunDeadError` says so, listing each attempt (`retry_run` gives it another chance).
 
     A run that was resumed is followed to its newest continuation: a finished one gives
     `finished=True`, a crashed one is resolved. On a store that keeps leases the run is claimed first:
@@ -389,6 +394,13 @@ async def resolve_run(
     claim, ownership = await _claim(bound, target, force=force, ttl=lease_ttl, action='resolve_run')
     if claim is not None:
         await _refuse_abandoned(claim)
+        if max_recovery_attempts is not None and len(claim.lease.died) >= max_recovery_attempts:
+            dead = await claim.release(
+                state=LeaseState.DEAD,
+                outcome='dead',
+                note=f'{len(claim.lease.died)} resumptions died; not resumed automatically any more',
+            )
+            raise RunDeadError(dead)
     try:
         view = await cut_view(bound, target)
         with _fenced(claim):

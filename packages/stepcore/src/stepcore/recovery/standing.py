@@ -24,7 +24,7 @@ from stepcore.store.step_store import StepStore
 __all__ = ('LEASE_STATUSES', 'Standing', 'runs_by_lease', 'standing_of', 'standings_of')
 
 
-LEASE_STATUSES = ('running', 'orphaned', 'waiting', 'pending', 'resumed')
+LEASE_STATUSES = ('running', 'orphaned', 'waiting', 'pending', 'resumed', 'dead')
 """Statuses a run's lease tells (see `Standing.ownership`), read through the store's index of lease states."""
 
 
@@ -43,7 +43,8 @@ class Standing:
 
     @property
     def ownership(self) -> str | None:
-        """`running`, `orphaned`, `waiting`, `pending` or `resumed`; `None` when the lease says nothing more."""
+        """`running`, `orphaned`, `waiting`, `pending`, `resumed` or `dead`; `None` when the lease says
+        nothing more."""
         lease = self.lease
         if lease is None or lease.state is LeaseState.ENDED:
             return 'resumed' if self.resumed_by else None
@@ -68,6 +69,9 @@ class Standing:
             return f'orphaned ({why})'
         if ownership == 'waiting':
             return 'waiting for answers to deferred tool calls'
+        if ownership == 'dead':
+            newest = f'; the newest: {lease.died[-1].describe()}' if lease.died else ''
+            return f'dead: {len(lease.died)} resumptions died{newest}'
         return f'pending: {lease.note}' if lease.note else 'pending: calls to settle by hand'
 
 

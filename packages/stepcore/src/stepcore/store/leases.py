@@ -29,6 +29,7 @@ from typing import Any, cast
 __all__ = (
     'CANCELLED',
     'DEFAULT_LEASE_TTL',
+    'DiedAttempt',
     'Fence',
     'FencingToken',
     'Lease',
@@ -36,6 +37,7 @@ __all__ = (
     'Owner',
     'RunCancelledError',
     'RunClaimedError',
+    'RunDeadError',
     'RunFencedError',
     'RunOwnedError',
     'decode_lease_body',
@@ -65,6 +67,9 @@ class LeaseState(StrEnum):
     """Recovery settled what it could; calls under `'ask'` wait for a person before it can resume."""
     RESUMED = 'resumed'
     """Another run (`resumed_by`) continues it: it is never resumed again."""
+    DEAD = 'dead'
+    """Recovery gave up on it: its resumptions died too often (`died`). Never resumed automatically;
+    `stepcore.retry_run` gives it another chance."""
     ENDED = 'ended'
     """It finished (`outcome` says how): nothing owns it."""
 
@@ -103,6 +108,42 @@ class Owner:
 
 
 @dataclass(frozen=True, slots=True)
+class DiedAttempt:
+    """A resumption of a run that died: found orphaned and claimed by recovery."""
+
+    run_id: str
+    """The resumption that died."""
+    owner: str
+    """Who ran it (host, pid)."""
+    epoch: int
+    """Its lease's epoch."""
+    why: str
+    """`'owner gone'` (its process exited) or `'lease expired'`."""
+    at: datetime | None = None
+    """When recovery found it so."""
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {'run': self.run_id, 'owner': self.owner, 'epoch': self.epoch, 'why': self.why}
+        if self.at is not None:
+            data['at'] = self.at.isoformat()
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DiedAttempt:
+        at = data.get('at')
+        return cls(
+            run_id=str(data['run']),
+            owner=str(data['owner']),
+            epoch=int(data['epoch']),
+            why=str(data['why']),
+            at=datetime.fromisoformat(at) if isinstance(at, str) else None,
+        )
+
+    def describe(self) -> str:
+        return f'{self.run_id} on {self.owner} (epoch {self.epoch}, {self.why})'
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     """A run's lease as read from its store, with the store's clock at the time of reading."""
 
@@ -130,6 +171,9 @@ class Lease:
     version: str | None = None
     """The application version the run's chain was started by (`StepPersistence(version=...)`): the
     recovery loop resumes it only with an agent of that version."""
+    died: tuple[DiedAttempt, ...] = ()
+    """The resumptions of the run's chain that died, oldest first (carried from run to resumption):
+    the recovery loop stops resuming it past its `max_recovery_attempts` (state `dead`)."""
 
     @property
     def expired(self) -> bool:
@@ -191,6 +235,7 @@ def encode_lease_body(lease: Lease) -> str:
         'outcome': lease.outcome,
         'note': lease.note,
         'version': lease.version,
+        'died': [attempt.to_json() for attempt in lease.died] or None,
     }
     return json.dumps({k: v for k, v in data.items() if v is not None}, separators=(',', ':'))
 
@@ -219,6 +264,7 @@ def decode_lease_body(
         outcome=fields.get('outcome'),
         note=fields.get('note'),
         version=fields.get('version'),
+        died=tuple(DiedAttempt.from_json(a) for a in cast(list[Any], fields.get('died') or []) if isinstance(a, dict)),
     )
 
 
@@ -266,6 +312,20 @@ class RunCancelledError(RunClaimedError):
             self,
             f'run {lease.run_id!r} cannot be {action}: it was {lease.note or CANCELLED}, '
             'and a cancelled run is never resumed',
+        )
+        self.run_id = lease.run_id
+        self.lease = lease
+
+
+class RunDeadError(RuntimeError):
+    """Recovery gave up on the run: its resumptions died `max_recovery_attempts` times (see `Lease.died`)."""
+
+    def __init__(self, lease: Lease) -> None:
+        attempts = '; '.join(a.describe() for a in lease.died)
+        super().__init__(
+            f'run {lease.run_id!r} is dead: {len(lease.died)} resumptions of it died ({attempts}). It is not resumed '
+            'automatically any more: find what kills its worker, then give it another chance with retry_run '
+            f'(stepcore recover {lease.run_id} --retry)'
         )
         self.run_id = lease.run_id
         self.lease = lease
