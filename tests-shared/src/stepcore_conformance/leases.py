@@ -14,6 +14,8 @@ For a store that declares `leases`:
   and sync tools) and releases it when it ends;
 - deleting a run deletes its lease, and orphans are found through the index of states;
 - a lease keeps the version the run's chain was started by, and a resumption's lease carries it;
+- a job id submitted twice at once, through two store objects, is run once, and both submissions
+  learn how it ended;
 - each resumption of a chain that died is kept in the lease and carried on; a run whose resumptions
   died too often is set `dead` by `resolve_run(max_recovery_attempts=...)`, listed as such and never
   an orphan, until `retry_run` gives it another chance;
@@ -52,6 +54,7 @@ from stepcore import (
     list_dead,
     resolve_run,
     retry_run,
+    start_job,
 )
 from stepcore.common.features import LEASES, PERSISTENT
 from stepcore.ownership import claim_run, list_orphans, open_lease, owner_gone
@@ -450,6 +453,49 @@ class LeasesConformance(StoreFixtures):
         assert stored.version == '2026.12.1'
         unversioned = await _registered(store)
         assert (await open_lease(store, unversioned, ttl=60.0)).version is None
+
+    # --- jobs ----------------------------------------------------------------------------------------
+
+    @needs_feature(LEASES)
+    async def test_a_job_submitted_twice_at_once_runs_once(
+        self, store: StepStore, store_spec: dict[str, Any] | None
+    ) -> None:
+        job_id = new_id('job')
+        ran: list[str] = []
+        go = asyncio.Event()
+
+        def agent_on(where: StepStore) -> Agent[None, str]:
+            agent = Agent(
+                function_model(
+                    script(ModelResponse(parts=[tool_call('ship', 'c1')]), ModelResponse(parts=[TextPart('done')]))
+                ),
+                capabilities=[StepPersistence(store=where)],
+            )
+
+            @agent.tool_plain
+            async def ship() -> str:  # pyright: ignore[reportUnusedFunction]
+                ran.append(job_id)
+                await go.wait()
+                return 'shipped'
+
+            return agent
+
+        async with other_store(store, store_spec) as other:
+            submissions = [
+                asyncio.create_task(start_job(agent_on(where), 'ship it', job_id=job_id, poll=0.02))
+                for where in (store, other)
+            ]
+            for _ in range(1000):
+                if ran:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            go.set()
+            results = await asyncio.wait_for(asyncio.gather(*submissions), 60)
+        assert ran == [job_id]
+        assert sorted(r.started for r in results) == [False, True]
+        assert [(r.run_id, r.status) for r in results] == [(job_id, 'completed')] * 2
+        assert [r.run_id for r in await store.list_runs() if r.run_id == job_id] == [job_id]
 
     # --- runs that kill their worker ------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from stepcore.recovery.continuing import continue_run, fork_run
 from stepcore.recovery.dead import list_dead, retry_run
 from stepcore.recovery.fleet import OrphanOutcome, recover_orphans, run_recovery_loop
 from stepcore.recovery.inspection import RecoveryReport, inspect_recovery
+from stepcore.recovery.jobs import JobExistsError, JobResult, job_runs, start_job
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, recovery_policy
 from stepcore.recovery.resolution import (
     Resumption,
@@ -84,6 +85,8 @@ __all__ = (
     'FencingToken',
     'GcReport',
     'InMemoryStepStore',
+    'JobExistsError',
+    'JobResult',
     'Lease',
     'LeaseState',
     'MediaContext',
@@ -132,6 +135,7 @@ __all__ = (
     'hookimpl',
     'inspect_recovery',
     'is_provider_valid',
+    'job_runs',
     'list_dead',
     'list_orphans',
     'list_waiting',
@@ -146,6 +150,7 @@ __all__ = (
     'resume_run',
     'retry_run',
     'run_recovery_loop',
+    'start_job',
     'supply_result',
 )
 

@@ -15,6 +15,7 @@ from stepcore.store.leases import Fence, FencingToken, RunFencedError, current_f
 from stepcore.store.protocols import StepStoreProtocol
 
 __all__ = (
+    'JOB_KEY',
     'RESUMES_KEY',
     'VERSION_KEY',
     'ActiveToolCall',
@@ -29,11 +30,16 @@ __all__ = (
     'note_tool_attempt',
     'resuming',
     'settling_under',
+    'starting_job',
+    'take_job',
     'take_resumption',
 )
 
 RESUMES_KEY = 'stepcore.resumes'
 """Run-record metadata key of a run started by `Resumption.run`: the run it resumes."""
+
+JOB_KEY = 'stepcore.job'
+"""Run-record metadata key: the job the run belongs to (`stepcore.start_job`), on every run of its chain."""
 
 VERSION_KEY = 'stepcore.version'
 """Run-record metadata key: the application version the run's chain was started by
@@ -205,3 +211,35 @@ def take_resumption() -> tuple[str, Claim | None] | None:
         return None
     link.claimed = True
     return link.run_id, link.claim
+
+
+@dataclass
+class JobLink:
+    """The job a run started in this context is to be, until a `StepPersistence` run takes it."""
+
+    job_id: str
+    taken: bool = False
+
+
+_JOB: ContextVar[JobLink | None] = ContextVar('stepcore_job', default=None)
+
+
+@contextmanager
+def starting_job(job_id: str) -> Iterator[JobLink]:
+    """While the block runs, the first `StepPersistence` run to start is job `job_id` (its run id)."""
+    link = JobLink(job_id)
+    token = _JOB.set(link)
+    try:
+        yield link
+    finally:
+        _JOB.reset(token)
+
+
+def take_job() -> str | None:
+    """The job id the starting run is to run under, once: the first `StepPersistence` run to ask takes
+    it (a delegate started later inside it does not)."""
+    link = _JOB.get()
+    if link is None or link.taken:
+        return None
+    link.taken = True
+    return link.job_id

@@ -22,12 +22,14 @@ from pydantic_ai.toolsets import AbstractToolset
 
 import stepcore.capability.snapshot_points as points
 from stepcore.capability.context import (
+    JOB_KEY,
     RESUMES_KEY,
     VERSION_KEY,
     ActiveToolCall,
     active_run_id,
     active_tool_call,
     inside_run,
+    take_job,
     take_resumption,
 )
 from stepcore.capability.operations import CAPABILITY_ID, OPERATION_NAMES, StepOperations
@@ -241,13 +243,23 @@ class StepPersistence(StepOperations[AgentDepsT]):
         return self._state.run_id if self._state is not None else None
 
     async def for_run(self, ctx: RunContext[AgentDepsT]) -> StepPersistence[AgentDepsT]:
-        """The copy that records this run: its `run_id`, `parent_run_id` and `agent_name` are the resolved ones."""
-        run_id = resolve_run_id(ctx, run_id=self.run_id, agent_name=self.agent_name)
+        """The copy that records this run: its `run_id`, `parent_run_id` and `agent_name` are the resolved ones.
+
+        Started by `stepcore.start_job`, the run's id is the job id.
+        """
+        job = take_job()
+        if job is not None and self.run_id is not None and self.run_id != job:
+            raise ValueError(
+                f'start_job(job_id={job!r}) runs an agent whose StepPersistence has run_id={self.run_id!r}: a job '
+                'names its own first run; attach StepPersistence without run_id'
+            )
+        run_id = job if job is not None else resolve_run_id(ctx, run_id=self.run_id, agent_name=self.agent_name)
         agent = ctx.agent
         parent_run_id = self.parent_run_id if self.parent_run_id is not None else active_run_id()
         agent_name = self.agent_name if self.agent_name is not None else (agent.name if agent is not None else None)
         copy = replace(self, run_id=run_id, parent_run_id=parent_run_id, agent_name=agent_name)
         copy._state = copy._new_run(ctx)
+        copy._state.job = job
         return copy
 
     def _new_run(self, ctx: RunContext[Any]) -> RunState:
@@ -328,11 +340,11 @@ class StepPersistence(StepOperations[AgentDepsT]):
         resumed = take_resumption()  # started by `Resumption.run`: the run it resumes, and recovery's claim
         if resumed is not None:
             record.metadata[RESUMES_KEY] = resumed[0]
-        version = self.version
+        version, job = self.version, run.job
         if self._leased(ctx):
             assert self.lease_ttl is not None
             try:
-                version = await take_lease(
+                lease = await take_lease(
                     self.bound_store,
                     run,
                     ttl=self.lease_ttl,
@@ -340,13 +352,19 @@ class StepPersistence(StepOperations[AgentDepsT]):
                     claim=resumed[1] if resumed is not None else None,
                     start=start_point(ctx, run.given) if resumed is None else None,
                     version=version,
+                    job=job,
                 )
             except RunClaimedError:
-                if resumed is None:  # the run id is taken: registration says so as the reference does
+                # The run id is taken. When its run is registered, registration says so as the reference
+                # does; before that, registering here could come first and fail the run that holds the id.
+                if resumed is None and await self.bound_store.get_run(run_id=run.run_id) is not None:
                     await self.journal_registration(ctx, record)
                 raise
+            version, job = lease.version, lease.job
         if version is not None:
             record.metadata[VERSION_KEY] = version
+        if job is not None:
+            record.metadata[JOB_KEY] = job
         try:
             await self.journal_registration(ctx, record)
         except BaseException as error:

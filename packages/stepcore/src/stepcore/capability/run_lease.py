@@ -26,7 +26,7 @@ from pydantic_ai.tools import RunContext
 from stepcore.capability.run_state import RunState
 from stepcore.ownership.claims import Claim, open_lease
 from stepcore.ownership.keeper import LeaseKeeper
-from stepcore.store.leases import LeaseState, RunFencedError
+from stepcore.store.leases import Lease, LeaseState, RunFencedError
 from stepcore.store.models import utcnow
 from stepcore.store.step_store import StepStore
 
@@ -52,19 +52,20 @@ async def take_lease(
     claim: Claim | None,
     start: list[ModelMessage] | None,
     version: str | None = None,
-) -> str | None:
-    """Take the run's lease (see the module docstring) and start renewing it; answers the version
-    the lease carries (the chain's, for a resumption)."""
+    job: str | None = None,
+) -> Lease:
+    """Take the run's lease (see the module docstring) and start renewing it; answers it (a
+    resumption's carries its chain's version and job)."""
     if claim is not None:
         lease = await claim.hand_over(run.run_id, ttl=ttl, version=version)
     else:
-        lease = await open_lease(store, run.run_id, ttl=ttl, resumes=resumes, start=start, version=version)
+        lease = await open_lease(store, run.run_id, ttl=ttl, resumes=resumes, start=start, version=version, job=job)
     run.fence.epoch = lease.epoch
     run.fence.origin = lease.origin
     run.fence.store = store
     run.keeper = LeaseKeeper(store, lease, run.fence, ttl=ttl)
     run.keeper.start()
-    return lease.version
+    return lease
 
 
 async def end_lease(run: RunState, *, state: LeaseState, outcome: str, error: BaseException | None = None) -> None:

@@ -74,6 +74,8 @@ class RunState:
     """The lease epoch the run's writes are made under (none until it takes its lease)."""
     keeper: Any = None
     """The run's `LeaseKeeper` while it holds a lease."""
+    job: str | None = None
+    """The job this run starts (`stepcore.start_job`): its run id is the job id."""
 
     def __post_init__(self) -> None:
         self.fence = Fence(self.run_id)

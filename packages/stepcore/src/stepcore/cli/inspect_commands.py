@@ -1,4 +1,4 @@
-"""The commands that read a store's runs: `runs`, `tree`, `events`, `snapshots`, `show` and `effects`."""
+"""The commands that read a store's runs: `runs`, `job`, `tree`, `events`, `snapshots`, `show` and `effects`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from stepcore.store.lifecycle import RunStatus, parse_duration
 from stepcore.store.models import utcnow
 from stepcore.store.step_store import StepStore
 
-__all__ = ('effects', 'events', 'runs', 'show', 'snapshots', 'tree')
+__all__ = ('effects', 'events', 'job', 'runs', 'show', 'snapshots', 'tree')
 
 
 def _moment_option(value: str | None, option: str) -> datetime | None:
@@ -42,6 +42,9 @@ def runs(
     conversation: Annotated[str | None, typer.Option(help='Only runs of this conversation_id.')] = None,
     parent: Annotated[str | None, typer.Option(help='Only runs delegated from this run id.')] = None,
     agent: Annotated[str | None, typer.Option(help='Only runs of this agent name.')] = None,
+    job: Annotated[
+        str | None, typer.Option(metavar='ID', help='Only the runs of this job (its first run and its resumptions).')
+    ] = None,
     status: Annotated[
         str | None,
         typer.Option(
@@ -85,6 +88,11 @@ def runs(
         }
         if by_lease:
             found = await runs_by_lease(s, cast(str, status), **options)
+            if job is not None:
+                chain = {r.run_id for r in await _job_records(s, job)}
+                found = [r for r in found if r.run_id in chain]
+        elif job is not None:
+            found = [r for r in await _job_records(s, job, status) if _matches(r, **options)]
         else:
             found = await s.list_runs(
                 **options, status=cast(RunStatus | None, status), limit=offset + limit + 1, newest_first=True
@@ -103,7 +111,7 @@ def runs(
         )
         return
     if not page:
-        filtered = any(v is not None for v in (conversation, parent, agent, status, after, before)) or offset
+        filtered = any(v is not None for v in (conversation, parent, agent, job, status, after, before)) or offset
         out().print('no runs match' if filtered else 'no runs in this store')
         return
     out().print(render.runs_table(page, statuses))
@@ -219,3 +227,64 @@ def effects(
         out().print(Text(f'run {run_id} has no {"unresolved " if unresolved else ""}tool effects'))
         return
     out().print(render.effects_table(found, title=f'tool effects of {run_id}'))
+
+
+async def _job_records(store: StepStore, job_id: str, status: str | None = None) -> list[Any]:
+    """The records of the job's runs (with that status, from their events, when given), newest first
+    (as `runs` pages them)."""
+    from stepcore.recovery.jobs import job_runs
+
+    runs = [r for r in await job_runs(store, job_id) if status is None or r.status == status]
+    records = [await store.get_run(run_id=r.run_id) for r in runs]
+    return [r for r in reversed(records) if r is not None]
+
+
+def _matches(record: Any, **options: Any) -> bool:
+    """Whether `record` passes the `runs` filters other than the job and the status."""
+    if options['conversation_id'] is not None and record.conversation_id != options['conversation_id']:
+        return False
+    if options['parent_run_id'] is not None and record.parent_run_id != options['parent_run_id']:
+        return False
+    if options['agent_name'] is not None and record.agent_name != options['agent_name']:
+        return False
+    started = record.started_at
+    if options['started_after'] is not None and started <= options['started_after']:
+        return False
+    return options['started_before'] is None or started < options['started_before']
+
+
+def job(
+    job_id: Annotated[str, typer.Argument(metavar='ID', help='The job id (the id start_job was given).')],
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show a job: its first run and every resumption, oldest first, with how each stands and who held it.
+
+    The last line says how the job stands: completed, failed, waiting, pending, dead, cancelled, or
+    running (an orphan among them, until a worker resumes it).
+    """
+    from stepcore.recovery.jobs import job_runs, job_status
+
+    async def body(s: StepStore) -> Any:
+        return await job_runs(s, job_id)
+
+    runs = with_store(store, body)
+    status = job_status(runs)
+    if as_json:
+        echo_json(
+            {
+                'job_id': job_id,
+                'status': status,
+                'runs': [
+                    {'run_id': r.run_id, 'status': r.status, 'lease': render.lease_json(r.lease) if r.lease else None}
+                    for r in runs
+                ],
+            }
+        )
+        return
+    out().print(render.job_table(runs))
+    newest = runs[-1].lease
+    died = newest.died if newest is not None else ()
+    for attempt in died:
+        out().print(Text(f'died: {attempt.describe()}'))
+    out().print(Text(f'job {job_id} is {status}' + (f' (newest run {runs[-1].run_id})' if len(runs) > 1 else '')))

@@ -11,6 +11,7 @@ from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
 
+from stepcore.cli.render import lease_json
 from stepcore.recovery.inspection import RecoveryReport
 from stepcore.recovery.paused import Waiting
 from stepcore.store.codec import dump_record
@@ -111,18 +112,7 @@ def _lease(report: RecoveryReport) -> dict[str, Any] | None:
     lease = report.lease
     if lease is None:
         return None
-    return {
-        'epoch': lease.epoch,
-        'state': lease.state.value,
-        'owner': lease.owner.to_json() if lease.owner is not None else None,
-        'expires_at': lease.expires_at.isoformat(),
-        'checked_at': lease.checked_at.isoformat(),
-        'live': report.live,
-        'resumes': lease.resumes,
-        'resumed_by': lease.resumed_by,
-        'outcome': lease.outcome,
-        'note': lease.note,
-    }
+    return {**lease_json(lease), 'live': report.live}
 
 
 def describe_recovery(run_id: str, report: RecoveryReport, *, owners: bool = True) -> RenderableType:

@@ -25,6 +25,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from stepcore.recovery.jobs import JobRun
+from stepcore.store.leases import Lease
 from stepcore.store.lifecycle import run_status as lifecycle_status
 from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 
@@ -342,3 +344,44 @@ def render_messages(messages: Sequence[ModelMessage]) -> Group:
     if not blocks:
         blocks.append(Text('  (no messages)', style='dim'))
     return Group(*blocks)
+
+
+def lease_json(lease: Lease) -> dict[str, Any]:
+    """A lease for `--json` output (fields with nothing to say are left out where they are new)."""
+    data: dict[str, Any] = {
+        'epoch': lease.epoch,
+        'state': lease.state.value,
+        'owner': lease.owner.to_json() if lease.owner is not None else None,
+        'expires_at': lease.expires_at.isoformat(),
+        'checked_at': lease.checked_at.isoformat(),
+        'resumes': lease.resumes,
+        'resumed_by': lease.resumed_by,
+        'outcome': lease.outcome,
+        'note': lease.note,
+    }
+    if lease.version is not None:
+        data['version'] = lease.version
+    if lease.job is not None:
+        data['job'] = lease.job
+    if lease.died:
+        data['died'] = [attempt.to_json() for attempt in lease.died]
+    return data
+
+
+def job_table(runs: Sequence[JobRun]) -> Table:
+    """The runs of a job, oldest first: how each stands and who held it."""
+    table = _table(None)
+    table.add_column('run_id', overflow='fold')
+    table.add_column('status', no_wrap=True)
+    table.add_column('lease', overflow='fold')
+    table.add_column('epoch', justify='right')
+    table.add_column('owner / note', overflow='fold')
+    for run in runs:
+        lease = run.lease
+        if lease is None:
+            table.add_row(Text(run.run_id), styled_status(run.status), _dash(None), _dash(None), _dash(None))
+            continue
+        state = lease.state.value + (f' ({lease.outcome})' if lease.outcome and lease.state.value == 'ended' else '')
+        who = str(lease.owner) if lease.owner is not None else lease.note
+        table.add_row(Text(run.run_id), styled_status(run.status), Text(state), Text(str(lease.epoch)), _dash(who))
+    return table

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from stepcore.cli.console import store_option
-from stepcore.cli.inspect_commands import effects, events, runs, show, snapshots, tree
+from stepcore.cli.inspect_commands import effects, events, job, runs, show, snapshots, tree
 from stepcore.cli.maintenance_commands import check, export_command, gc, import_command, prune, rekey
 from stepcore.cli.misc_commands import demo, plugins, ui
 from stepcore.cli.recovery_commands import answer, cancel, recover, resume
@@ -101,6 +101,7 @@ _COMMANDS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ('demo', demo),
     ('plugins', plugins),
     ('runs', runs),
+    ('job', job),
     ('tree', tree),
     ('events', events),
     ('snapshots', snapshots),

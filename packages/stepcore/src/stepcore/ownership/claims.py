@@ -74,6 +74,7 @@ def lease_template(
     since: datetime | None = None,
     version: str | None = None,
     died: tuple[DiedAttempt, ...] = (),
+    job: str | None = None,
 ) -> Lease:
     """A lease to store (its expiry is set by the store, from the ttl of the swap)."""
     return Lease(
@@ -91,6 +92,7 @@ def lease_template(
         note=note,
         version=version,
         died=died,
+        job=job,
     )
 
 
@@ -106,6 +108,7 @@ async def open_lease(
     start: Sequence[ModelMessage] | None = None,
     version: str | None = None,
     died: tuple[DiedAttempt, ...] = (),
+    job: str | None = None,
 ) -> Lease:
     """Take the lease of a run that has none (a new run); `RunClaimedError` when it has one."""
     lease = lease_template(
@@ -117,6 +120,7 @@ async def open_lease(
         resumes=resumes,
         version=version,
         died=died,
+        job=job,
     )
     swapped, now = await store.swap_lease(lease, expect=None, ttl=ttl, start=start)
     if not swapped or now is None:
@@ -196,6 +200,7 @@ class Claim:
             owner=owner,
             version=self.lease.version if self.lease.version is not None else version,
             died=self.lease.died,
+            job=self.lease.job,
         )
         resumed = replace(
             self.lease, epoch=epoch, state=LeaseState.RESUMED, owner=None, resumed_by=to_run, since=utcnow()

@@ -171,6 +171,9 @@ class Lease:
     version: str | None = None
     """The application version the run's chain was started by (`StepPersistence(version=...)`): the
     recovery loop resumes it only with an agent of that version."""
+    job: str | None = None
+    """The job the run belongs to (`stepcore.start_job`): its id is the chain's first run id (`origin`).
+    Carried from run to resumption."""
     died: tuple[DiedAttempt, ...] = ()
     """The resumptions of the run's chain that died, oldest first (carried from run to resumption):
     the recovery loop stops resuming it past its `max_recovery_attempts` (state `dead`)."""
@@ -235,6 +238,7 @@ def encode_lease_body(lease: Lease) -> str:
         'outcome': lease.outcome,
         'note': lease.note,
         'version': lease.version,
+        'job': lease.job,
         'died': [attempt.to_json() for attempt in lease.died] or None,
     }
     return json.dumps({k: v for k, v in data.items() if v is not None}, separators=(',', ':'))
@@ -264,6 +268,7 @@ def decode_lease_body(
         outcome=fields.get('outcome'),
         note=fields.get('note'),
         version=fields.get('version'),
+        job=fields.get('job'),
         died=tuple(DiedAttempt.from_json(a) for a in cast(list[Any], fields.get('died') or []) if isinstance(a, dict)),
     )
 
