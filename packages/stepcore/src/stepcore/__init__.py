@@ -46,6 +46,7 @@ from stepcore.recovery.resolution import (
     resolve_run,
     supply_result,
 )
+from stepcore.recovery.timers import apply_deadlines, ready_to_resume
 from stepcore.store.leases import (
     FencingToken,
     Lease,
@@ -120,6 +121,7 @@ __all__ = (
     'Waiting',
     'annotate_tool_effect',
     'answer_call',
+    'apply_deadlines',
     'approve_call',
     'cancel_run',
     'check_fencing_token',
@@ -143,6 +145,7 @@ __all__ = (
     'media_from_spec',
     'open_store',
     'read_waiting',
+    'ready_to_resume',
     'recover_orphans',
     'recovery_policy',
     'rerun_call',

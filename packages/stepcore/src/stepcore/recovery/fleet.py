@@ -27,6 +27,7 @@ from stepcore.ownership.claims import claim_run
 from stepcore.ownership.orphans import Orphan, list_orphans
 from stepcore.recovery.policies import RecoveryPolicy
 from stepcore.recovery.resolution import RunAbandonedError, resolve_run
+from stepcore.recovery.timers import apply_deadlines, ready_to_resume
 from stepcore.store.contract import as_step_store
 from stepcore.store.leases import (
     DEFAULT_LEASE_TTL,
@@ -56,7 +57,16 @@ DEFAULT_MAX_RECOVERY_ATTEMPTS = 5
 """How many resumptions of a run may die before the recovery loop stops resuming it (sets it `dead`)."""
 
 Outcome = Literal[
-    'resumed', 'failed', 'pending', 'finished', 'unknown agent', 'other version', 'taken', 'abandoned', 'dead'
+    'resumed',
+    'failed',
+    'pending',
+    'finished',
+    'unknown agent',
+    'other version',
+    'taken',
+    'abandoned',
+    'dead',
+    'expired',
 ]
 
 AgentChooser: TypeAlias = Callable[[RunRecord | None], 'Agent[Any, Any] | None']
@@ -74,7 +84,8 @@ class OrphanOutcome:
     `other version` (its chain was started by another version of the application: left for a worker of
     that version), `taken` (another worker claimed it first, or its owner came back), `abandoned`
     (nothing to resume from), `dead` (its resumptions died `max_recovery_attempts` times: this worker
-    set it `dead`, and nothing resumes it automatically any more)."""
+    set it `dead`, and nothing resumes it automatically any more), `expired` (a deferred call of a
+    waiting run passed its deadline unanswered: this worker recorded its expiry)."""
     detail: str = ''
     resumed_as: str | None = None
     """The run that resumed it, when one started."""
@@ -237,6 +248,16 @@ async def _report(on_outcome: Callable[[OrphanOutcome], Awaitable[None] | None] 
         logger.warning('on_outcome failed for run %r: %s: %s', outcome.run_id, type(error).__name__, error)
 
 
+async def _answered(store: StepStore) -> list[Orphan]:
+    """The waiting runs whose calls are all answered or expired, as orphans to resume."""
+    found: list[Orphan] = []
+    for paused in await ready_to_resume(store):
+        lease = await store.get_lease(paused.run_id)
+        if lease is not None and lease.state is LeaseState.WAITING:
+            found.append(Orphan(lease, 'answered'))
+    return found
+
+
 async def _first_of(events: Sequence[asyncio.Event], seconds: float) -> None:
     """Wait until one of `events` is set, or `seconds` have passed."""
     waits = [asyncio.ensure_future(event.wait()) for event in events]
@@ -258,9 +279,15 @@ async def run_recovery_loop(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     concurrency: int = 4,
     max_recovery_attempts: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS,
+    resume_answered: bool = False,
     **run_options: Any,
 ) -> None:
     """Resume orphans as they appear until `stop` is set (or the task is cancelled).
+
+    At every tick it also applies the deadlines of deferred calls (`apply_deadlines`: a call past its
+    deadline unanswered is recorded expired, and reported `expired` by the worker that recorded it),
+    and, with `resume_answered=True`, resumes every waiting run whose calls are all answered or
+    expired, like an orphan (claimed first: one worker resumes it).
 
     The loop is continuous, not a series of passes: it lists the orphans every `interval` seconds,
     and at once again when one of its resumptions ends while the last listing held more orphans than
@@ -309,6 +336,17 @@ async def run_recovery_loop(
                     'listing orphans failed (%s: %s); trying again in %.1f s', type(error).__name__, error, interval
                 )
                 orphans = []
+            try:
+                for expiry in await apply_deadlines(bound):
+                    if expiry.recorded:
+                        detail = f'{expiry.call.tool_name} ({expiry.call.tool_call_id}) passed its deadline unanswered'
+                        await _report(on_outcome, OrphanOutcome(expiry.run_id, 'expired', detail))
+                if resume_answered:
+                    orphans += await _answered(bound)
+            except Exception as error:
+                logger.warning(
+                    'applying deadlines failed (%s: %s); trying again in %.1f s', type(error).__name__, error, interval
+                )
             waiting = [orphan for orphan in orphans if orphan.run_id not in busy]
             room = concurrency - len(busy)
             for orphan in waiting[: max(room, 0)]:

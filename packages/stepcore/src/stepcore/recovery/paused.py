@@ -55,9 +55,19 @@ class Waiting:
         return tuple(c for c in self.calls if c.tool_call_id not in self.answers and not c.expired(moment))
 
     def expired(self, now: datetime | None = None) -> tuple[DeferredCall, ...]:
-        """The calls nobody answered before their deadline (they are denied on resume)."""
+        """The calls nobody answered before their deadline (they are denied on resume): those whose expiry
+        is recorded as their answer, and those past their deadline with no answer yet."""
         moment = now or utcnow()
-        return tuple(c for c in self.calls if c.tool_call_id not in self.answers and c.expired(moment))
+        return tuple(c for c in self.calls if c.tool_call_id in self.overdue(moment) or self._expired_answer(c))
+
+    def overdue(self, now: datetime | None = None) -> tuple[str, ...]:
+        """The ids of the calls past their deadline with no answer recorded, not even their expiry."""
+        moment = now or utcnow()
+        return tuple(c.tool_call_id for c in self.calls if c.tool_call_id not in self.answers and c.expired(moment))
+
+    def _expired_answer(self, call: DeferredCall) -> bool:
+        answer = self.answers.get(call.tool_call_id)
+        return answer is not None and answer.decision == 'expired'
 
     def ready(self, now: datetime | None = None) -> bool:
         """Whether every call is answered (or expired) and nothing resumed the run yet."""
