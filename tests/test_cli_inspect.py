@@ -337,3 +337,27 @@ def test_store_url_errors(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert 'pass --store URL or set STEPCORE_STORE' in result.stderr
     assert 'Traceback' not in result.stderr
+
+
+def test_a_run_with_a_lease_and_no_record_is_listed_by_its_lease(tmp_path: Path) -> None:
+    from stepcore.ownership.claims import open_lease
+    from stepcore.store.leases import Owner
+
+    database = tmp_path / 'lease-only.db'
+
+    async def stopped_before_registering() -> None:
+        store = SqliteStepStore(database=str(database))
+        try:
+            gone = Owner(host='another-host.invalid', pid=4242, token='t')
+            await open_lease(store, 'half-started', ttl=0.0, owner=gone, resumes='the-run-it-resumes')
+        finally:
+            await store.aclose()
+
+    run_coroutine(stopped_before_registering())
+    url = f'sqlite:///{database}'
+    (listed,) = as_json('runs', '-s', url, '--status', 'orphaned')
+    assert listed['run_id'] == 'half-started'
+    assert listed['ownership'] == 'orphaned'
+    assert 'no run record' in listed['metadata']['stepcore.lease_only']
+    assert 'it resumes run the-run-it-resumes' in listed['metadata']['stepcore.lease_only']
+    assert as_json('runs', '-s', url, '--status', 'orphaned', '--agent', 'anyone') == []

@@ -18,6 +18,7 @@ from stepcore import (
     fencing_token,
     recover_orphans,
     recovery_policy,
+    resolve_run,
     run_recovery_loop,
 )
 from stepcore.ownership.claims import open_lease
@@ -48,23 +49,32 @@ class World:
         return self.inside.setdefault(run_id, asyncio.Event())
 
     def agent(
-        self, store: InMemoryStepStore, run_id: str | None = None, version: str | None = None
+        self,
+        store: InMemoryStepStore,
+        run_id: str | None = None,
+        version: str | None = None,
+        *,
+        declared: bool = True,
+        default: Any = None,
     ) -> Agent[None, str]:
         agent = Agent(
             function_model(_model),
             name='worker',
-            capabilities=[StepPersistence(store=store, run_id=run_id, lease_ttl=TTL, version=version)],
+            capabilities=[
+                StepPersistence(
+                    store=store, run_id=run_id, lease_ttl=TTL, version=version, default_recovery_policy=default
+                )
+            ],
         )
 
-        @agent.tool_plain
-        @recovery_policy('rerun')
-        async def work() -> str:  # pyright: ignore[reportUnusedFunction]
+        async def work() -> str:
             token = fencing_token()  # its origin: the run the chain of resumptions began with
             origin = token.origin if token is not None else ''
             self.entered(origin).set()
             await self.gate(origin).wait()
             return 'worked'
 
+        agent.tool_plain(recovery_policy('rerun')(work) if declared else work)
         return agent
 
 
@@ -259,3 +269,27 @@ def test_a_version_must_be_a_non_empty_string() -> None:
     for bad in ('', '  ', 3):
         with pytest.raises(ValueError, match='is no version: pass a non-empty string'):
             StepPersistence(version=bad)  # pyright: ignore[reportArgumentType]
+
+
+async def test_a_tool_without_a_policy_is_reported_and_an_agent_default_settles_it() -> None:
+    store = InMemoryStepStore()
+    world = World()
+    await _orphan(store, world, 'bare')
+    world.gate('bare').set()
+    await asyncio.sleep(TTL + 0.05)
+    (left,) = await recover_orphans(store, [world.agent(store, declared=False)])
+    assert left.outcome == 'pending'
+    assert 'tools with no recovery policy, so a person decides: work' in left.detail
+    assert 'default_recovery_policy' in left.detail
+    lease = await store.get_lease('bare')
+    assert lease is not None
+    assert lease.state is LeaseState.PENDING
+    # the same tool, its agent now saying how its tools are settled: it runs again
+    done = await resolve_run(store, run_id='bare', agent=world.agent(store, declared=False, default='rerun'))
+    assert [(s.tool_call_id, s.how) for s in done.settled] == [('w1', 'rerun')]
+
+
+def test_a_default_recovery_policy_is_checked() -> None:
+    for bad in ('sometimes', 3):
+        with pytest.raises(ValueError, match='is no recovery policy'):
+            StepPersistence(default_recovery_policy=bad)

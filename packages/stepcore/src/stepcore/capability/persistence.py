@@ -146,6 +146,10 @@ class StepPersistence(StepOperations[AgentDepsT]):
     pauses waits for its answer: seconds or a `timedelta` for every call, or a mapping of tool names to
     one. A call unanswered by then is denied when the run is resumed, and answers to it are refused
     (see docs/approvals.md). `None`: the calls wait as long as it takes."""
+    default_recovery_policy: Any = None
+    """How recovery settles a cut-short call of this agent's tools that declare no policy of their own
+    (`recovery_policy`): `'rerun'`, `'ask'` or a reconcile function (see docs/recovery-policies.md).
+    `None`: `'ask'`, a person settles it."""
     version: str | None = None
     """The version of the application code running the agent (any string you choose: a release, a
     commit). It is stored with the run (its record's `stepcore.version` metadata and its lease) and
@@ -167,6 +171,12 @@ class StepPersistence(StepOperations[AgentDepsT]):
             raise ValueError(
                 f'StepPersistence version={version!r} is no version: pass a non-empty string (a release, a commit) '
                 'or None'
+            )
+        policy = cast(object, self.default_recovery_policy)
+        if policy is not None and policy not in ('rerun', 'ask') and (isinstance(policy, str) or not callable(policy)):
+            raise ValueError(
+                f"StepPersistence default_recovery_policy={policy!r} is no recovery policy: pass 'rerun', 'ask', "
+                'a reconcile function, or None'
             )
         _ = self.bound_store  # a store without the contract's methods is refused here, naming them
         for key, value in cast(dict[object, object], self.metadata).items():

@@ -25,7 +25,7 @@ from pydantic_ai import Agent
 from stepcore.capability.persistence import StepPersistence
 from stepcore.ownership.claims import claim_run
 from stepcore.ownership.orphans import Orphan, list_orphans
-from stepcore.recovery.policies import RecoveryPolicy
+from stepcore.recovery.policies import RecoveryPolicy, undeclared
 from stepcore.recovery.resolution import RunAbandonedError, resolve_run
 from stepcore.recovery.timers import apply_deadlines, ready_to_resume
 from stepcore.store.contract import as_step_store
@@ -178,7 +178,15 @@ async def _recover_one(
         return OrphanOutcome(run_id, 'finished', 'its newest continuation had already finished')
     if resumption.pending:
         calls = ', '.join(f'{e.tool_name} ({e.tool_call_id})' for e in resumption.pending)
-        return OrphanOutcome(run_id, 'pending', f'settle by hand: {calls}')
+        detail = f'settle by hand: {calls}'
+        bare = undeclared(agent, [e.tool_name for e in resumption.pending], policies)
+        if bare:
+            detail += (
+                f'; tools with no recovery policy, so a person decides: {", ".join(bare)} (declare recovery_policy '
+                "on them, or give the agent StepPersistence(default_recovery_policy='rerun' or a reconcile function))"
+            )
+            logger.warning('run %s waits for a person: tools %s have no recovery policy', run_id, ', '.join(bare))
+        return OrphanOutcome(run_id, 'pending', detail)
     try:
         result = await resumption.run(agent, **run_options)
     except (RunClaimedError, RunFencedError) as error:

@@ -11,6 +11,9 @@ A policy is declared on the tool's function with `recovery_policy`, or given for
   call then runs);
 - `'ask'` (the default): nothing automatic; the call is returned to the caller to settle.
 
+An agent's `StepPersistence(default_recovery_policy=...)` gives the policy of its tools that declare
+none.
+
 The policy lives on the function, not in pydantic-ai's `Tool.metadata`, because a tool's metadata
 travels in its `ToolDefinition` into every model request's parameters, which durable execution
 engines serialize; a reconcile function cannot be serialized.
@@ -19,16 +22,26 @@ engines serialize; a reconcile function cannot be serialized.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, TypeVar, cast
 
 from pydantic_ai import Agent
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 
+from stepcore.capability.persistence import StepPersistence
 from stepcore.store.models import ToolEffectRecord
 
-__all__ = ('POLICY_ATTRIBUTE', 'Reconcile', 'Reconciled', 'RecoveryPolicy', 'policy_for', 'recovery_policy')
+__all__ = (
+    'POLICY_ATTRIBUTE',
+    'Reconcile',
+    'Reconciled',
+    'RecoveryPolicy',
+    'default_policy',
+    'policy_for',
+    'recovery_policy',
+    'undeclared',
+)
 
 POLICY_ATTRIBUTE = '__stepcore_recovery_policy__'
 """The attribute `recovery_policy` sets on a tool's function."""
@@ -97,18 +110,44 @@ def _declared(agent: Agent[Any, Any]) -> dict[str, RecoveryPolicy]:
     return found
 
 
+def default_policy(agent: Agent[Any, Any] | None) -> RecoveryPolicy:
+    """The policy of the agent's tools that declare none: its `StepPersistence(default_recovery_policy=...)`,
+    else `'ask'`."""
+    found: list[object] = []
+
+    def visit(capability: object) -> None:
+        if isinstance(capability, StepPersistence):
+            found.append(cast(StepPersistence[Any], capability).default_recovery_policy)
+
+    if agent is not None:
+        agent.root_capability.apply(visit)
+    chosen = next((policy for policy in found if policy is not None), None)
+    return 'ask' if chosen is None else check_policy(chosen)
+
+
 def policy_for(
     agent: Agent[Any, Any] | None, overrides: Mapping[str, RecoveryPolicy] | None = None
 ) -> Callable[[str], RecoveryPolicy]:
-    """A lookup of the policy of a tool by name: `overrides` first, then the agent's tools, else `'ask'`."""
+    """A lookup of the policy of a tool by name: `overrides` first, then the agent's tools, then the
+    agent's default (`default_policy`), else `'ask'`."""
     declared = _declared(agent) if agent is not None else {}
     given = {name: check_policy(policy, tool=name) for name, policy in (overrides or {}).items()}
     table: dict[str, RecoveryPolicy] = {**declared, **given}
+    fallback = default_policy(agent)
 
     def lookup(name: str) -> RecoveryPolicy:
-        return table.get(name, 'ask')
+        return table.get(name, fallback)
 
     return lookup
+
+
+def undeclared(
+    agent: Agent[Any, Any] | None, tools: Sequence[str], overrides: Mapping[str, RecoveryPolicy] | None = None
+) -> list[str]:
+    """Those of `tools` with no policy of their own, in `overrides` or on the agent's tools (they fall to
+    the agent's default, `'ask'` unless set)."""
+    declared = {**(_declared(agent) if agent is not None else {}), **(overrides or {})}
+    return sorted({name for name in tools if name not in declared})
 
 
 async def reconcile(function: Reconcile, entry: ToolEffectRecord) -> Reconciled | None:

@@ -21,11 +21,16 @@ from stepcore.store.lifecycle import RunStatus, run_status, sort_time
 from stepcore.store.models import RunRecord
 from stepcore.store.step_store import StepStore
 
-__all__ = ('LEASE_STATUSES', 'Standing', 'runs_by_lease', 'standing_of', 'standings_of')
+__all__ = ('LEASE_ONLY_KEY', 'LEASE_STATUSES', 'Standing', 'runs_by_lease', 'standing_of', 'standings_of')
 
 
 LEASE_STATUSES = ('running', 'orphaned', 'waiting', 'pending', 'resumed', 'dead')
 """Statuses a run's lease tells (see `Standing.ownership`), read through the store's index of lease states."""
+
+
+LEASE_ONLY_KEY = 'stepcore.lease_only'
+"""Metadata key of the record `runs_by_lease` stands in for a run that has a lease and no record (its
+process stopped between taking its lease and registering): what is known of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +106,19 @@ async def standings_of(store: StepStore, run_ids: Sequence[str]) -> list[Standin
     return [await standing_of(store, run_id) for run_id in run_ids]
 
 
+async def _lease_only(store: StepStore, run_id: str) -> RunRecord | None:
+    """A stand-in record for a run with a lease and no record (`LEASE_ONLY_KEY`), started when its lease was
+    taken; `None` when the lease is gone meanwhile."""
+    lease = await store.get_lease(run_id)
+    if lease is None:
+        return None
+    started = lease.since or lease.checked_at
+    what = f'no run record: its process stopped after taking its lease and before registering (epoch {lease.epoch})'
+    if lease.resumes is not None:
+        what += f'; it resumes run {lease.resumes}'
+    return RunRecord(run_id=run_id, started_at=started, metadata={LEASE_ONLY_KEY: what})
+
+
 async def runs_by_lease(
     store: StepStore,
     status: str,
@@ -112,7 +130,9 @@ async def runs_by_lease(
     started_before: datetime | None = None,
 ) -> list[RunRecord]:
     """The runs whose lease says `status` (one of `LEASE_STATUSES`), newest first, through the store's
-    index of lease states (never a scan of every run), with the other filters applied."""
+    index of lease states (never a scan of every run), with the other filters applied. A run with a
+    lease and no record (stopped before it registered) is listed with a stand-in record saying so
+    (`LEASE_ONLY_KEY`), unless a filter needs what only a record tells."""
     if status not in LEASE_STATUSES:
         raise ValueError(f'status {status!r} is not told by a lease: use one of {", ".join(LEASE_STATUSES)}')
     if not has_leases(store):
@@ -130,7 +150,11 @@ async def runs_by_lease(
     for run_id in run_ids:
         record = await store.get_run(run_id=run_id)
         if record is None:
-            continue
+            if conversation_id is not None or parent_run_id is not None or agent_name is not None:
+                continue  # nothing tells what the run was
+            record = await _lease_only(store, run_id)
+            if record is None:
+                continue
         started = sort_time(record.started_at)
         if (
             (conversation_id is None or record.conversation_id == conversation_id)
