@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -68,20 +67,6 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.fixture(params=['sqlite', 'postgres'])
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    if request.param == 'sqlite':
-        return {'backend': 'sqlite', 'database': str(tmp_path / 'runs.db')}
-    url = os.environ.get('STEP_POSTGRES_URL')
-    if not url:
-        pytest.fail('STEP_POSTGRES_URL is not set: start the test servers (scripts/test.sh does)')
-    return {'backend': 'postgres', 'dsn': url}
-
-
-def _url(spec: dict[str, Any]) -> str:
-    return f'sqlite:///{spec["database"]}' if spec['backend'] == 'sqlite' else spec['dsn']
-
-
 def _start(spec: dict[str, Any], world: Path, run_id: str) -> subprocess.Popen[bytes]:
     job = {'spec': spec, 'world': str(world), 'run_id': run_id}
     child = subprocess.Popen([sys.executable, '-c', CHILD, json.dumps(job)], stderr=subprocess.PIPE)
@@ -96,16 +81,18 @@ def _start(spec: dict[str, Any], world: Path, run_id: str) -> subprocess.Popen[b
     return child
 
 
-def _cancel(spec: dict[str, Any], run_id: str, *extra: str) -> Any:
-    args = ['cancel', run_id, '-s', _url(spec), '--reason', 'wrong customer', '--by', 'alice', *extra]
+def _cancel(url: str, run_id: str, *extra: str) -> Any:
+    args = ['cancel', run_id, '-s', url, '--reason', 'wrong customer', '--by', 'alice', *extra]
     return CliRunner().invoke(app, args, env={'COLUMNS': '200'})
 
 
-async def test_cancel_stops_a_run_in_another_process_before_its_tool_acts(spec: dict[str, Any], tmp_path: Path) -> None:
+async def test_cancel_stops_a_run_in_another_process_before_its_tool_acts(
+    spec: dict[str, Any], store_url: str, tmp_path: Path
+) -> None:
     run_id = f'cancel-{uuid.uuid4().hex[:8]}'
     child = _start(spec, tmp_path, run_id)
     try:
-        done = await asyncio.to_thread(_cancel, spec, run_id)
+        done = await asyncio.to_thread(_cancel, store_url, run_id)
         assert done.exit_code == 0, done.output
         assert f'run {run_id} is cancelled by alice: wrong customer' in done.output
         (tmp_path / 'go').write_text('go')
@@ -121,7 +108,7 @@ async def test_cancel_stops_a_run_in_another_process_before_its_tool_acts(spec: 
             child.stderr.close()
     assert not (tmp_path / 'acted').exists()
 
-    again = await asyncio.to_thread(_cancel, spec, run_id, '--json')
+    again = await asyncio.to_thread(_cancel, store_url, run_id, '--json')
     assert again.exit_code == 0, again.output
     assert json.loads(again.output) == {
         'run_id': run_id,
@@ -154,6 +141,6 @@ def test_cancelling_a_finished_run_is_refused_with_what_it_ended_as(tmp_path: Pa
             await store.aclose()
 
     asyncio.run(finish())
-    refused = _cancel(spec, 'finished')
+    refused = _cancel(f'sqlite:///{spec["database"]}', 'finished')
     assert refused.exit_code == 1
     assert 'already ended (completed)' in refused.output

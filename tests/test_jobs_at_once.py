@@ -9,7 +9,6 @@ lists it.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
 from typer.testing import CliRunner
 
 from stepcore.cli import app
@@ -67,21 +65,9 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.fixture(params=['sqlite', 'postgres'])
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    if request.param == 'sqlite':
-        return {'backend': 'sqlite', 'database': str(tmp_path / 'runs.db')}
-    url = os.environ.get('STEP_POSTGRES_URL')
-    if not url:
-        pytest.fail('STEP_POSTGRES_URL is not set: start the test servers (scripts/test.sh does)')
-    return {'backend': 'postgres', 'dsn': url}
-
-
-def _url(spec: dict[str, Any]) -> str:
-    return f'sqlite:///{spec["database"]}' if spec['backend'] == 'sqlite' else spec['dsn']
-
-
-def test_two_processes_starting_one_job_at_once_run_it_once(spec: dict[str, Any], tmp_path: Path) -> None:
+def test_two_processes_starting_one_job_at_once_run_it_once(
+    spec: dict[str, Any], store_url: str, tmp_path: Path
+) -> None:
     job_id = f'charge-{uuid.uuid4().hex[:8]}'
     children = [
         subprocess.Popen(
@@ -111,17 +97,17 @@ def test_two_processes_starting_one_job_at_once_run_it_once(spec: dict[str, Any]
     assert [(a['status'], a['run_id']) for a in answers] == [('completed', job_id)] * 2
     assert (tmp_path / 'charges.txt').read_text().splitlines() == ['500']  # charged once
 
-    shown = CliRunner().invoke(app, ['job', job_id, '-s', _url(spec), '--json'], env={'COLUMNS': '200'})
+    shown = CliRunner().invoke(app, ['job', job_id, '-s', store_url, '--json'], env={'COLUMNS': '200'})
     assert shown.exit_code == 0, shown.output
     data = json.loads(shown.output)
     assert (data['job_id'], data['status']) == (job_id, 'completed')
     assert [(r['run_id'], r['status'], r['lease']['job']) for r in data['runs']] == [(job_id, 'completed', job_id)]
-    table = CliRunner().invoke(app, ['job', job_id, '-s', _url(spec)], env={'COLUMNS': '200'})
+    table = CliRunner().invoke(app, ['job', job_id, '-s', store_url], env={'COLUMNS': '200'})
     assert table.exit_code == 0, table.output
     assert f'job {job_id} is completed' in table.output
-    listed = CliRunner().invoke(app, ['runs', '-s', _url(spec), '--job', job_id, '--json'], env={'COLUMNS': '200'})
+    listed = CliRunner().invoke(app, ['runs', '-s', store_url, '--job', job_id, '--json'], env={'COLUMNS': '200'})
     assert listed.exit_code == 0, listed.output
     assert [r['run_id'] for r in json.loads(listed.output)] == [job_id]
-    unknown = CliRunner().invoke(app, ['job', 'no-such-job', '-s', _url(spec)], env={'COLUMNS': '200'})
+    unknown = CliRunner().invoke(app, ['job', 'no-such-job', '-s', store_url], env={'COLUMNS': '200'})
     assert unknown.exit_code == 1
     assert "no job 'no-such-job'" in unknown.output

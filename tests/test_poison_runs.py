@@ -11,7 +11,6 @@ tool ran 4 times, no more. `stepcore runs --status dead` lists the run; once the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
 from typer.testing import CliRunner
 
 from stepcore.cli import app
@@ -72,20 +70,6 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.fixture(params=['sqlite', 'postgres'])
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    if request.param == 'sqlite':
-        return {'backend': 'sqlite', 'database': str(tmp_path / 'runs.db')}
-    url = os.environ.get('STEP_POSTGRES_URL')
-    if not url:
-        pytest.fail('STEP_POSTGRES_URL is not set: start the test servers (scripts/test.sh does)')
-    return {'backend': 'postgres', 'dsn': url}
-
-
-def _url(spec: dict[str, Any]) -> str:
-    return f'sqlite:///{spec["database"]}' if spec['backend'] == 'sqlite' else spec['dsn']
-
-
 def _child(
     spec: dict[str, Any], world: Path, mode: str, agent: str, run_id: str | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -104,7 +88,9 @@ def _cli(*args: str) -> Any:
     return CliRunner().invoke(app, list(args), env={'COLUMNS': '200'})
 
 
-def test_a_run_that_kills_its_worker_is_set_dead_then_retried(spec: dict[str, Any], tmp_path: Path) -> None:
+def test_a_run_that_kills_its_worker_is_set_dead_then_retried(
+    spec: dict[str, Any], store_url: str, tmp_path: Path
+) -> None:
     suffix = uuid.uuid4().hex[:8]
     run_id, agent = f'poison-{suffix}', f'converter-{suffix}'
     started = _child(spec, tmp_path, 'start', agent, run_id)
@@ -124,7 +110,7 @@ def test_a_run_that_kills_its_worker_is_set_dead_then_retried(spec: dict[str, An
     assert '3 resumptions of it died' in detail
     assert _tool_runs(tmp_path) == 4  # the first run and three resumptions: then no more
 
-    listed = _cli('runs', '-s', _url(spec), '--status', 'dead', '--json')
+    listed = _cli('runs', '-s', store_url, '--status', 'dead', '--json')
     assert listed.exit_code == 0, listed.output
     (dead,) = [r for r in json.loads(listed.output) if r['agent_name'] == agent]
     assert dead['ownership'] == 'dead'
@@ -132,13 +118,13 @@ def test_a_run_that_kills_its_worker_is_set_dead_then_retried(spec: dict[str, An
 
     # the cause is found and fixed: another chance
     (tmp_path / 'fixed').write_text('more memory')
-    retried = _cli('recover', run_id, '-s', _url(spec), '--retry', '--json')
+    retried = _cli('recover', run_id, '-s', store_url, '--retry', '--json')
     assert retried.exit_code == 0, retried.output
     worker = _child(spec, tmp_path, 'recover', agent)
     assert worker.returncode == 0, worker.stderr[-2000:]
     outcomes = json.loads(worker.stdout.strip().splitlines()[-1])
     assert [outcome for _, outcome, _ in outcomes] == ['resumed']
     assert _tool_runs(tmp_path) == 5
-    gone = _cli('runs', '-s', _url(spec), '--status', 'dead', '--json')
+    gone = _cli('runs', '-s', store_url, '--status', 'dead', '--json')
     assert gone.exit_code == 0, gone.output
     assert [r for r in json.loads(gone.output) if r['run_id'] == dead['run_id']] == []

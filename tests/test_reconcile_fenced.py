@@ -43,16 +43,6 @@ def _shipper() -> ModuleType:
     return module
 
 
-@pytest.fixture(params=['sqlite', 'postgres'])
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    if request.param == 'sqlite':
-        return {'backend': 'sqlite', 'database': str(tmp_path / 'runs.db')}
-    url = os.environ.get('STEP_POSTGRES_URL')
-    if not url:
-        pytest.fail('STEP_POSTGRES_URL is not set: start the test servers (scripts/test.sh does)')
-    return {'backend': 'postgres', 'dsn': url}
-
-
 def _start(config: dict[str, Any]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, str(SHIPPER), json.dumps(config)], stderr=subprocess.PIPE)
 

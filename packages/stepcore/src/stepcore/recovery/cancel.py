@@ -20,9 +20,10 @@ import socket
 from stepcore.capability.context import settling_under
 from stepcore.ownership.claims import claim_run, has_leases
 from stepcore.recovery.chains import continuations
+from stepcore.recovery.ledger import run_end_event
 from stepcore.store.contract import as_step_store, write_records
 from stepcore.store.leases import CANCELLED, DEFAULT_LEASE_TTL, Fence, Lease, LeaseState, RunClaimedError
-from stepcore.store.models import EventKind, StepEvent, utcnow
+from stepcore.store.models import EventKind, StepEvent
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.step_store import StepStore
 
@@ -77,16 +78,10 @@ async def cancel_run(store: StepStoreProtocol, *, run_id: str, reason: str, by: 
 
 
 async def _cancel_event(store: StepStore, run_id: str, by: str, reason: str) -> StepEvent:
-    record = await store.get_run(run_id=run_id)
-    settled = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
-    return StepEvent(
-        run_id=run_id,
-        kind=EventKind.RUN_FAILED,
-        step_index=settled.step_index if settled is not None else 0,
-        timestamp=utcnow(),
-        agent_name=record.agent_name if record is not None else None,
-        conversation_id=record.conversation_id if record is not None else None,
-        parent_run_id=record.parent_run_id if record is not None else None,
+    return await run_end_event(
+        store,
+        run_id,
+        EventKind.RUN_FAILED,
         error=f'cancelled by {by}: {reason}',
         metadata={CANCELLED_BY_KEY: by, CANCEL_REASON_KEY: reason},
         idempotency_key='run_failed:cancelled',

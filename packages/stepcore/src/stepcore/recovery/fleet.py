@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, TypeAlias, cast
 
 from pydantic_ai import Agent
@@ -225,18 +226,19 @@ async def recover_orphans(
     if limit is not None:
         orphans = orphans[:limit]
     gate = asyncio.Semaphore(concurrency)
+    recover = partial(
+        _recover_one,
+        bound,
+        choose=choose,
+        policies=policies,
+        lease_ttl=lease_ttl,
+        max_recovery_attempts=max_recovery_attempts,
+        run_options=run_options,
+    )
 
     async def one(orphan: Orphan) -> OrphanOutcome:
         async with gate:
-            outcome = await _recover_one(
-                bound,
-                orphan,
-                choose,
-                policies=policies,
-                lease_ttl=lease_ttl,
-                max_recovery_attempts=max_recovery_attempts,
-                run_options=run_options,
-            )
+            outcome = await recover(orphan)
         logger.info('orphan %s: %s %s', orphan.run_id, outcome.outcome, outcome.detail)
         return outcome
 
@@ -316,17 +318,19 @@ async def run_recovery_loop(
     freed = asyncio.Event()
     busy: dict[str, asyncio.Task[None]] = {}
 
+    recover = partial(
+        _recover_one,
+        bound,
+        choose=choose,
+        policies=policies,
+        lease_ttl=lease_ttl,
+        max_recovery_attempts=max_recovery_attempts,
+        run_options=run_options,
+    )
+
     async def one(orphan: Orphan) -> None:
         try:
-            outcome = await _recover_one(
-                bound,
-                orphan,
-                choose,
-                policies=policies,
-                lease_ttl=lease_ttl,
-                max_recovery_attempts=max_recovery_attempts,
-                run_options=run_options,
-            )
+            outcome = await recover(orphan)
         except Exception as error:  # the store failed under the resumption: the orphan is tried again later
             outcome = OrphanOutcome(orphan.run_id, 'failed', f'{type(error).__name__}: {error}')
         await _report(on_outcome, outcome)

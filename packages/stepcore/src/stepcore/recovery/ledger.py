@@ -32,6 +32,7 @@ __all__ = (
     'called_in',
     'ledger_of',
     'record_settlements',
+    'run_end_event',
     'settlements_of',
 )
 
@@ -169,3 +170,30 @@ async def record_settlements(
             )
         )
     await write_records(store, writes)
+
+
+async def run_end_event(
+    store: StepStore,
+    run_id: str,
+    kind: EventKind,
+    *,
+    metadata: dict[str, str],
+    idempotency_key: str,
+    error: str | None = None,
+) -> StepEvent:
+    """An event recovery appends to end a run's trail (`run_completed`, `run_failed`), at the step of the
+    run's newest snapshot and with the lineage of its record, as the run itself would have written it."""
+    record = await store.get_run(run_id=run_id)
+    newest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
+    return StepEvent(
+        run_id=run_id,
+        kind=kind,
+        step_index=newest.step_index if newest is not None else 0,
+        timestamp=utcnow(),
+        agent_name=record.agent_name if record is not None else None,
+        conversation_id=record.conversation_id if record is not None else None,
+        parent_run_id=record.parent_run_id if record is not None else None,
+        error=error,
+        metadata=metadata,
+        idempotency_key=idempotency_key,
+    )

@@ -60,13 +60,14 @@ from stepcore.recovery.ledger import (
     called_in,
     ledger_of,
     record_settlements,
+    run_end_event,
     settlements_of,
 )
 from stepcore.recovery.paused import Waiting, record_answer
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
 from stepcore.store.contract import as_step_store, write_records
 from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, RunDeadError
-from stepcore.store.models import ContinuableSnapshot, EventKind, SnapshotState, StepEvent, ToolEffectRecord, utcnow
+from stepcore.store.models import ContinuableSnapshot, EventKind, SnapshotState, ToolEffectRecord, utcnow
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.step_store import StepStore
 from stepcore.store.waiting import Answer, DeferredCall
@@ -647,16 +648,10 @@ async def _record_completion(store: StepStore, view: CutView) -> None:
     newest = await store.list_events_page(run_id, newest=True, limit=1)
     if newest and newest[-1].kind in (EventKind.RUN_COMPLETED, EventKind.RUN_FAILED):
         return
-    record = await store.get_run(run_id=run_id)
-    settled = await store.latest_snapshot(run_id=run_id)
-    event = StepEvent(
-        run_id=run_id,
-        kind=EventKind.RUN_COMPLETED,
-        step_index=settled.step_index if settled is not None else 0,
-        timestamp=utcnow(),
-        agent_name=record.agent_name if record is not None else None,
-        conversation_id=record.conversation_id if record is not None else None,
-        parent_run_id=record.parent_run_id if record is not None else None,
+    event = await run_end_event(
+        store,
+        run_id,
+        EventKind.RUN_COMPLETED,
         metadata={COMPLETED_ON_RECOVERY_KEY: '1'},
         idempotency_key='run_completed:recovered',
     )
