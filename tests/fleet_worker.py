@@ -83,6 +83,8 @@ class Effects:
                 CREATE TABLE IF NOT EXISTS effects (key TEXT NOT NULL, origin TEXT NOT NULL, epoch INTEGER NOT NULL,
                                                     run_id TEXT NOT NULL, pid INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS counts (kind TEXT NOT NULL, pid INTEGER NOT NULL, detail TEXT);
+                CREATE TABLE IF NOT EXISTS pickups (run_id TEXT NOT NULL, owner_pid INTEGER, owner_host TEXT,
+                                                    expires REAL NOT NULL, claimed REAL NOT NULL);
                 """
             )
         self.add_jobs(0, jobs)
@@ -103,6 +105,27 @@ class Effects:
         db = self.connect()
         try:
             db.execute('INSERT INTO counts (kind, pid, detail) VALUES (?, ?, ?)', (kind, os.getpid(), detail))
+        finally:
+            db.close()
+
+    def picked_up(self, found: OrphanOutcome) -> None:
+        """Note when an orphan was claimed, with its owner and when its lease expired."""
+        lease, claimed = found.lease, found.claimed_at
+        if lease is None or claimed is None:
+            return
+        owner = lease.owner
+        db = self.connect()
+        try:
+            db.execute(
+                'INSERT INTO pickups VALUES (?, ?, ?, ?, ?)',
+                (
+                    found.run_id,
+                    owner.pid if owner is not None else None,
+                    owner.host if owner is not None else None,
+                    lease.expires_at.timestamp(),
+                    claimed.timestamp(),
+                ),
+            )
         finally:
             db.close()
 
@@ -232,6 +255,7 @@ async def worker(config: dict[str, Any]) -> None:
         elif 'ZombieEffect' in found.detail or ('effect' in found.detail and 'refused' in found.detail):
             kind = 'zombie run stopped by an effect refusal'
         await asyncio.to_thread(effects.count, kind, f'{found.run_id}: {found.detail[:200]}')
+        await asyncio.to_thread(effects.picked_up, found)
 
     def dump_tasks() -> None:  # SIGUSR1: what every task of this worker is waiting on, to stderr
         for task in asyncio.all_tasks(loop):

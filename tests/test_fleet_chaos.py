@@ -7,6 +7,9 @@ fencing token. Every worker also runs the recovery loop. A chaos driver meanwhil
 worker every few tenths of a second and starts a fresh one, and now and then SIGSTOPs one for longer
 than its lease before SIGCONT: a zombie, whose runs other workers take over meanwhile.
 
+It also prints how long orphans waited to be picked up: from the moment a run became an orphan
+(its owner killed, or its lease expired) to a worker's claim, p50 and p99.
+
 At the end every run completed exactly once (one completed run per job, across its resumptions),
 every effect happened exactly once, no older token's effect was accepted after a newer one (no
 run had two owners at once), the zombies' writes were refused by the store and their effects by
@@ -20,7 +23,9 @@ import json
 import os
 import random
 import signal
+import socket
 import sqlite3
+import statistics
 import sys
 import time
 import uuid
@@ -58,6 +63,8 @@ class Fleet:
     """The zygote of the workers, and the workers alive now."""
 
     def __init__(self, process: asyncio.subprocess.Process, stderr: Path) -> None:
+        self.killed_at: dict[int, float] = {}
+        """When each killed worker was killed (Unix time)."""
         self.process = process
         self.stderr = stderr
         self.workers: list[int] = []
@@ -152,6 +159,7 @@ async def _unleash(fleet: Fleet, store: StepStore, effects: Any, rng: random.Ran
             task.add_done_callback(resumers.discard)
             continue
         os.kill(victim, signal.SIGKILL)
+        fleet.killed_at[victim] = time.time()
         fleet.workers.remove(victim)
         counts['kills'] += 1
         await fleet.start()
@@ -168,6 +176,26 @@ async def _unleash(fleet: Fleet, store: StepStore, effects: Any, rng: random.Ran
         done, _ = await _progress(store, seen)
     counts['seconds in all'] = round(time.monotonic() - started)
     return counts, jobs
+
+
+def _pickups(world: Path, killed_at: dict[int, float]) -> dict[str, float | int]:
+    """Seconds from each orphan's becoming one (its owner killed on this host, or its lease expired) to
+    a worker's claim: how many, p50 and p99."""
+    host = socket.gethostname()
+    with sqlite3.connect(world / 'effects.db') as db:
+        rows = db.execute('SELECT owner_pid, owner_host, expires, claimed FROM pickups').fetchall()
+    waits: list[float] = []
+    for pid, owner_host, expires, claimed in rows:
+        orphaned = expires
+        if owner_host == host and pid in killed_at:
+            orphaned = min(expires, killed_at[pid])
+        waits.append(max(claimed - orphaned, 0.0))
+    if not waits:
+        return {'pickups': 0}
+    waits.sort()
+    p50 = statistics.median(waits)
+    p99 = waits[min(len(waits) - 1, round(0.99 * (len(waits) - 1)))]
+    return {'pickups': len(waits), 'pickup p50 (s)': round(p50, 2), 'pickup p99 (s)': round(p99, 2)}
 
 
 def _effects(world: Path) -> tuple[Counter[str], dict[str, int], list[tuple[str, int]]]:
@@ -276,6 +304,7 @@ async def test_a_fleet_under_fire_completes_every_run_once_with_every_effect_onc
             'zombie effects refused': refusals.get('zombie effect refused', 0),
             'orphans resumed': refusals.get('orphan resumed', 0),
             'orphans taken by another worker': refusals.get('orphan taken by another worker', 0),
+            **_pickups(tmp_path, fleet.killed_at),
         }
     )
     line = f'fleet under fire ({spec["backend"]}, seed {SEED}, {WORKERS} workers, lease {TTL} s): {dict(counts)}'

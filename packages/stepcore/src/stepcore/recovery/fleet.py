@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from typing import Any, Literal, TypeAlias, cast
 
@@ -32,13 +33,14 @@ from stepcore.recovery.timers import apply_deadlines, ready_to_resume
 from stepcore.store.contract import as_step_store
 from stepcore.store.leases import (
     DEFAULT_LEASE_TTL,
+    Lease,
     LeaseState,
     RunClaimedError,
     RunDeadError,
     RunFencedError,
     RunOwnedError,
 )
-from stepcore.store.models import RunRecord
+from stepcore.store.models import RunRecord, utcnow
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.step_store import StepStore
 
@@ -90,6 +92,10 @@ class OrphanOutcome:
     detail: str = ''
     resumed_as: str | None = None
     """The run that resumed it, when one started."""
+    lease: Lease | None = None
+    """The orphan's lease as this worker found it (its owner, and when it expired), once it claimed it."""
+    claimed_at: datetime | None = None
+    """When this worker's claim on the orphan succeeded (and its calls were settled)."""
 
 
 def agent_chooser(agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, Any]] | AgentChooser) -> AgentChooser:
@@ -175,8 +181,9 @@ async def _recover_one(
             return OrphanOutcome(run_id, 'taken', f'run {run_id!r} is {previous.describe()} meanwhile')
         await claim.release(state=LeaseState.ENDED, outcome='abandoned', note=str(error))
         return OrphanOutcome(run_id, 'abandoned', str(error))
+    claimed = partial(OrphanOutcome, run_id, lease=orphan.lease, claimed_at=utcnow())
     if resumption.finished:
-        return OrphanOutcome(run_id, 'finished', 'its newest continuation had already finished')
+        return claimed('finished', 'its newest continuation had already finished')
     if resumption.pending:
         calls = ', '.join(f'{e.tool_name} ({e.tool_call_id})' for e in resumption.pending)
         detail = f'settle by hand: {calls}'
@@ -187,16 +194,16 @@ async def _recover_one(
                 "on them, or give the agent StepPersistence(default_recovery_policy='rerun' or a reconcile function))"
             )
             logger.warning('run %s waits for a person: tools %s have no recovery policy', run_id, ', '.join(bare))
-        return OrphanOutcome(run_id, 'pending', detail)
+        return claimed('pending', detail)
     try:
         result = await resumption.run(agent, **run_options)
     except (RunClaimedError, RunFencedError) as error:
-        return OrphanOutcome(run_id, 'taken', str(error))
+        return claimed('taken', str(error))
     except Exception as error:
-        return OrphanOutcome(run_id, 'failed', f'{type(error).__name__}: {error}')
+        return claimed('failed', f'{type(error).__name__}: {error}')
     lease = await store.get_lease(resumption.run_id)
     resumed_as = lease.resumed_by if lease is not None else None
-    return OrphanOutcome(run_id, 'resumed', f'output {result.output!r}', resumed_as=resumed_as)
+    return claimed('resumed', f'output {result.output!r}', resumed_as=resumed_as)
 
 
 async def recover_orphans(
