@@ -95,6 +95,12 @@ def active_run_id() -> str | None:
     return _ACTIVE_RUN_ID.get()
 
 
+def _token_fence() -> Fence | None:
+    """The fence whose token `fencing_token` gives in this context (see `_TOKEN_RUN`)."""
+    run_id = _TOKEN_RUN.get()
+    return current_fences().get(run_id) if run_id is not None else None
+
+
 def fencing_token() -> FencingToken | None:
     """The fencing token of the run this code runs in (a tool's, say): its run id, the epoch of its
     lease and the first run of its chain of resumptions; `None` outside a run or when the run holds
@@ -108,8 +114,7 @@ def fencing_token() -> FencingToken | None:
     refuses a lower one: a zombie of the run (a process paused past its lease and taken over) is then
     refused there too. See docs/fleet.md.
     """
-    run_id = _TOKEN_RUN.get()
-    fence = current_fences().get(run_id) if run_id is not None else None
+    fence = _token_fence()
     return fence.token if fence is not None else None
 
 
@@ -123,8 +128,7 @@ async def check_fencing_token() -> FencingToken | None:
     cancelled or taken over meanwhile. It is one read of the lease, not a guarantee for the moment
     after it: keep handing the token downstream.
     """
-    run_id = _TOKEN_RUN.get()
-    fence = current_fences().get(run_id) if run_id is not None else None
+    fence = _token_fence()
     if fence is None or fence.epoch is None:
         return None
     if fence.lost is not None:

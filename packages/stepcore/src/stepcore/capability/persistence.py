@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, cast
 
-from pydantic_ai import ModelRequestNode, UserPromptNode
+from pydantic_ai import Agent, ModelRequestNode, UserPromptNode
 from pydantic_ai.capabilities.abstract import (
     AgentNode,
     CapabilityOrdering,
@@ -53,6 +53,7 @@ __all__ = (
     'ActiveToolCall',
     'StepPersistence',
     'active_tool_call',
+    'step_persistences',
 )
 
 SPEC_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -500,3 +501,15 @@ class StepPersistence(StepOperations[AgentDepsT]):
             idempotency_key=idempotency_key,
             effect_summary=effect_summary,
         )
+
+
+def step_persistences(agent: Agent[Any, Any]) -> list[StepPersistence[Any]]:
+    """The `StepPersistence` capabilities attached to `agent`, in the order its capabilities run."""
+    found: list[StepPersistence[Any]] = []
+
+    def visit(capability: object) -> None:
+        if isinstance(capability, StepPersistence):
+            found.append(cast(StepPersistence[Any], capability))
+
+    agent.root_capability.apply(visit)
+    return found

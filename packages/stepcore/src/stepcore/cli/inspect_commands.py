@@ -11,7 +11,7 @@ from rich.text import Text
 from stepcore.cli import render
 from stepcore.cli.console import JsonOption, RunArgument, StoreOption, echo_json, fail, out, with_run, with_store
 from stepcore.ownership.claims import has_leases
-from stepcore.recovery.standing import LEASE_STATUSES, Standing, runs_by_lease, standings_of
+from stepcore.recovery.standing import LEASE_STATUSES, Standing, record_matches, runs_by_lease, standings_of
 from stepcore.store.codec import dump_record
 from stepcore.store.lifecycle import RunStatus, parse_duration
 from stepcore.store.models import utcnow
@@ -92,7 +92,7 @@ def runs(
                 chain = {r.run_id for r in await _job_records(s, job)}
                 found = [r for r in found if r.run_id in chain]
         elif job is not None:
-            found = [r for r in await _job_records(s, job, status) if _matches(r, **options)]
+            found = [r for r in await _job_records(s, job, status) if record_matches(r, **options)]
         else:
             found = await s.list_runs(
                 **options, status=cast(RunStatus | None, status), limit=offset + limit + 1, newest_first=True
@@ -237,20 +237,6 @@ async def _job_records(store: StepStore, job_id: str, status: str | None = None)
     runs = [r for r in await job_runs(store, job_id) if status is None or r.status == status]
     records = [await store.get_run(run_id=r.run_id) for r in runs]
     return [r for r in reversed(records) if r is not None]
-
-
-def _matches(record: Any, **options: Any) -> bool:
-    """Whether `record` passes the `runs` filters other than the job and the status."""
-    if options['conversation_id'] is not None and record.conversation_id != options['conversation_id']:
-        return False
-    if options['parent_run_id'] is not None and record.parent_run_id != options['parent_run_id']:
-        return False
-    if options['agent_name'] is not None and record.agent_name != options['agent_name']:
-        return False
-    started = record.started_at
-    if options['started_after'] is not None and started <= options['started_after']:
-        return False
-    return options['started_before'] is None or started < options['started_before']
 
 
 def job(

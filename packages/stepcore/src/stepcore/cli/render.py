@@ -26,7 +26,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from stepcore.recovery.jobs import JobRun
-from stepcore.store.leases import Lease
+from stepcore.store.leases import Lease, LeaseState
 from stepcore.store.lifecycle import run_status as lifecycle_status
 from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 
@@ -381,7 +381,7 @@ def job_table(runs: Sequence[JobRun]) -> Table:
         if lease is None:
             table.add_row(Text(run.run_id), styled_status(run.status), _dash(None), _dash(None), _dash(None))
             continue
-        state = lease.state.value + (f' ({lease.outcome})' if lease.outcome and lease.state.value == 'ended' else '')
+        state = lease.state.value + (f' ({lease.outcome})' if lease.outcome and lease.state is LeaseState.ENDED else '')
         who = str(lease.owner) if lease.owner is not None else lease.note
         table.add_row(Text(run.run_id), styled_status(run.status), Text(state), Text(str(lease.epoch)), _dash(who))
     return table

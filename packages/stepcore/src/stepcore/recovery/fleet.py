@@ -20,16 +20,17 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from typing import Any, Literal, TypeAlias, cast
+from typing import Any, Literal, TypeAlias
 
 from pydantic_ai import Agent
 
-from stepcore.capability.persistence import StepPersistence
+from stepcore.capability.persistence import step_persistences
 from stepcore.ownership.claims import claim_run
 from stepcore.ownership.orphans import Orphan, list_orphans
+from stepcore.recovery.paused import Waiting
 from stepcore.recovery.policies import RecoveryPolicy, undeclared
 from stepcore.recovery.resolution import RunAbandonedError, resolve_run
-from stepcore.recovery.timers import apply_deadlines, ready_to_resume
+from stepcore.recovery.timers import due_now
 from stepcore.store.contract import as_step_store
 from stepcore.store.leases import (
     DEFAULT_LEASE_TTL,
@@ -121,14 +122,8 @@ def agent_chooser(agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, An
 
 def served_version(agent: Agent[Any, Any]) -> str | None:
     """The version the agent's `StepPersistence` declares (`None` when it has none)."""
-    found: list[str | None] = []
-
-    def visit(capability: object) -> None:
-        if isinstance(capability, StepPersistence):
-            found.append(cast(StepPersistence[Any], capability).version)
-
-    agent.root_capability.apply(visit)
-    return found[0] if found else None
+    attached = step_persistences(agent)
+    return attached[0].version if attached else None
 
 
 async def _recover_one(
@@ -265,10 +260,10 @@ async def _report(on_outcome: Callable[[OrphanOutcome], Awaitable[None] | None] 
         logger.warning('on_outcome failed for run %r: %s: %s', outcome.run_id, type(error).__name__, error)
 
 
-async def _answered(store: StepStore) -> list[Orphan]:
-    """The waiting runs whose calls are all answered or expired, as orphans to resume."""
+async def _answered(store: StepStore, ready: list[Waiting]) -> list[Orphan]:
+    """The waiting runs whose calls are all answered or expired (`ready`), as orphans to resume."""
     found: list[Orphan] = []
-    for paused in await ready_to_resume(store):
+    for paused in ready:
         lease = await store.get_lease(paused.run_id)
         if lease is not None and lease.state is LeaseState.WAITING:
             found.append(Orphan(lease, 'answered'))
@@ -356,12 +351,13 @@ async def run_recovery_loop(
                 )
                 orphans = []
             try:
-                for expiry in await apply_deadlines(bound):
+                expiries, waiting_runs = await due_now(bound)
+                for expiry in expiries:
                     if expiry.recorded:
                         detail = f'{expiry.call.tool_name} ({expiry.call.tool_call_id}) passed its deadline unanswered'
                         await _report(on_outcome, OrphanOutcome(expiry.run_id, 'expired', detail))
                 if resume_answered:
-                    orphans += await _answered(bound)
+                    orphans += await _answered(bound, [w for w in waiting_runs if w.ready()])
             except Exception as error:
                 logger.warning(
                     'applying deadlines failed (%s: %s); trying again in %.1f s', type(error).__name__, error, interval

@@ -20,14 +20,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, cast
+from typing import Any, Literal, TypeAlias
 
 from pydantic_ai import Agent
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import DeferredToolRequests
 
 from stepcore.capability.context import starting_job
-from stepcore.capability.persistence import StepPersistence
+from stepcore.capability.persistence import step_persistences
 from stepcore.ownership.claims import has_leases
 from stepcore.recovery.chains import continuations
 from stepcore.store.contract import as_step_store
@@ -86,13 +86,7 @@ class JobRun:
 
 
 def _find_store(agent: Agent[Any, Any]) -> StepStore:
-    found: list[StepPersistence[Any]] = []
-
-    def visit(capability: object) -> None:
-        if isinstance(capability, StepPersistence):
-            found.append(cast(StepPersistence[Any], capability))
-
-    agent.root_capability.apply(visit)
+    found = step_persistences(agent)
     if not found:
         raise ValueError(
             f'start_job needs an agent with StepPersistence attached; {agent.name or "this agent"!r} has none'
@@ -105,7 +99,7 @@ async def job_runs(store: StepStoreProtocol, job_id: str) -> list[JobRun]:
     `LookupError` when the store has no such job."""
     bound = as_step_store(store)
     leases = has_leases(bound)
-    if await bound.get_run(run_id=job_id) is None and (not leases or await bound.get_lease(job_id) is None):
+    if not await _exists(bound, job_id):
         raise LookupError(f'the store has no job {job_id!r}: start_job starts one, `stepcore runs` lists the runs')
     runs: list[JobRun] = []
     for run_id in await continuations(bound, job_id):
@@ -156,10 +150,10 @@ async def start_job(
         try:
             with starting_job(job_id):
                 result = await agent.run(user_prompt, **run_options)
-        except (RunClaimedError, ValueError) as error:
+        except (RunClaimedError, ValueError):
             if not await _exists(store, job_id):
                 raise
-            del error  # another worker started it first: the conflict policy answers
+            # another worker started it first: the conflict policy answers
         else:
             status = 'waiting' if isinstance(result.output, DeferredToolRequests) else 'completed'
             newest = (await continuations(store, job_id))[-1]

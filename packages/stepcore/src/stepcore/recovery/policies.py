@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeAlias, TypeVar, cast
 from pydantic_ai import Agent
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 
-from stepcore.capability.persistence import StepPersistence
+from stepcore.capability.persistence import step_persistences
 from stepcore.store.models import ToolEffectRecord
 
 __all__ = (
@@ -113,15 +113,8 @@ def _declared(agent: Agent[Any, Any]) -> dict[str, RecoveryPolicy]:
 def default_policy(agent: Agent[Any, Any] | None) -> RecoveryPolicy:
     """The policy of the agent's tools that declare none: its `StepPersistence(default_recovery_policy=...)`,
     else `'ask'`."""
-    found: list[object] = []
-
-    def visit(capability: object) -> None:
-        if isinstance(capability, StepPersistence):
-            found.append(cast(StepPersistence[Any], capability).default_recovery_policy)
-
-    if agent is not None:
-        agent.root_capability.apply(visit)
-    chosen = next((policy for policy in found if policy is not None), None)
+    attached = step_persistences(agent) if agent is not None else []
+    chosen = next((p.default_recovery_policy for p in attached if p.default_recovery_policy is not None), None)
     return 'ask' if chosen is None else check_policy(chosen)
 
 

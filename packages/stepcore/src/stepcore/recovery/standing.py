@@ -21,7 +21,15 @@ from stepcore.store.lifecycle import RunStatus, run_status, sort_time
 from stepcore.store.models import RunRecord
 from stepcore.store.step_store import StepStore
 
-__all__ = ('LEASE_ONLY_KEY', 'LEASE_STATUSES', 'Standing', 'runs_by_lease', 'standing_of', 'standings_of')
+__all__ = (
+    'LEASE_ONLY_KEY',
+    'LEASE_STATUSES',
+    'Standing',
+    'record_matches',
+    'runs_by_lease',
+    'standing_of',
+    'standings_of',
+)
 
 
 LEASE_STATUSES = ('running', 'orphaned', 'waiting', 'pending', 'resumed', 'dead')
@@ -119,6 +127,26 @@ async def _lease_only(store: StepStore, run_id: str) -> RunRecord | None:
     return RunRecord(run_id=run_id, started_at=started, metadata={LEASE_ONLY_KEY: what})
 
 
+def record_matches(
+    record: RunRecord,
+    *,
+    conversation_id: str | None = None,
+    parent_run_id: str | None = None,
+    agent_name: str | None = None,
+    started_after: datetime | None = None,
+    started_before: datetime | None = None,
+) -> bool:
+    """Whether `record` passes the run-list filters (those given: `None` lets everything through)."""
+    started = sort_time(record.started_at)
+    return (
+        (conversation_id is None or record.conversation_id == conversation_id)
+        and (parent_run_id is None or record.parent_run_id == parent_run_id)
+        and (agent_name is None or record.agent_name == agent_name)
+        and (started_after is None or started > started_after)
+        and (started_before is None or started < started_before)
+    )
+
+
 async def runs_by_lease(
     store: StepStore,
     status: str,
@@ -155,13 +183,13 @@ async def runs_by_lease(
             record = await _lease_only(store, run_id)
             if record is None:
                 continue
-        started = sort_time(record.started_at)
-        if (
-            (conversation_id is None or record.conversation_id == conversation_id)
-            and (parent_run_id is None or record.parent_run_id == parent_run_id)
-            and (agent_name is None or record.agent_name == agent_name)
-            and (started_after is None or started > started_after)
-            and (started_before is None or started < started_before)
+        if record_matches(
+            record,
+            conversation_id=conversation_id,
+            parent_run_id=parent_run_id,
+            agent_name=agent_name,
+            started_after=started_after,
+            started_before=started_before,
         ):
             found.append(record)
     found.sort(key=lambda r: (sort_time(r.started_at), r.run_id), reverse=True)

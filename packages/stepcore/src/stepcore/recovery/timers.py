@@ -21,7 +21,7 @@ from stepcore.store.models import utcnow
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.waiting import Answer, DeferredCall
 
-__all__ = ('Expiry', 'apply_deadlines', 'ready_to_resume')
+__all__ = ('Expiry', 'apply_deadlines', 'due_now', 'ready_to_resume')
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,19 @@ async def apply_deadlines(store: StepStoreProtocol, waiting: list[Waiting] | Non
     return found
 
 
+async def due_now(store: StepStoreProtocol) -> tuple[list[Expiry], list[Waiting]]:
+    """Apply the deadlines of every waiting run (`apply_deadlines`): what was recorded, and the waiting
+    runs as they stand afterwards (read again only when an expiry was recorded)."""
+    bound = as_step_store(store)
+    runs = await list_waiting(bound)
+    expiries = await apply_deadlines(bound, runs)
+    if expiries:
+        runs = await list_waiting(bound)
+    return expiries, runs
+
+
 async def ready_to_resume(store: StepStoreProtocol) -> list[Waiting]:
     """The waiting runs whose calls are all answered or expired (the expiries recorded first), the
     longest waiting first: nothing is left for a person to do before they resume."""
-    bound = as_step_store(store)
-    runs = await list_waiting(bound)
-    if await apply_deadlines(bound, runs):
-        runs = await list_waiting(bound)
+    _, runs = await due_now(store)
     return [paused for paused in runs if paused.ready()]
