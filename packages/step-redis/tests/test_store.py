@@ -357,3 +357,46 @@ async def test_a_snapshot_row_keeps_its_step_index_for_earlier_versions(
             values = [unpack(value, 4)[2] for _, value in sorted(rows.items(), key=lambda kv: int(kv[0]))]  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType, reportUnknownLambdaType, reportUnknownVariableType]
             assert values == expected
             assert [s.step_index for s in await store.list_snapshots('r')] == [4, 7]
+
+
+async def test_a_commit_whose_answer_is_lost_is_sent_again_and_applies_once(
+    store: RedisStepStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timeout after the commit script ran (its answer lost on the way) is retried with the same
+    write id: the events and ledger entries are stored once, and the run goes on."""
+    port = store.port
+    run = port._script  # pyright: ignore[reportPrivateUsage]
+    lost: list[int] = []
+
+    async def answer_lost_once(script: Any, keys: Any, args: Any) -> Any:
+        answer = await run(script, keys, args)
+        if script is port._commit and not lost:  # pyright: ignore[reportPrivateUsage]
+            lost.append(1)
+            raise redis.exceptions.TimeoutError('Timeout reading from 127.0.0.1:6379')
+        return answer
+
+    monkeypatch.setattr(port, '_script', answer_lost_once)
+    await write_tool_steps(store, 'lost-answer', steps=2)
+    assert lost == [1]
+    await check_tool_steps(store, 'lost-answer', steps=2)
+    events = await store.list_events('lost-answer')
+    assert len({event.seq for event in events}) == len(events)
+    assert [event.seq for event in events] == list(range(1, len(events) + 1))
+
+
+async def test_a_read_that_times_out_is_made_again(store: RedisStepStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    await write_tool_steps(store, 'read-again', steps=1)
+    client = store.client
+    hget = client.hget
+    failures: list[int] = []
+
+    async def flaky(*args: Any) -> Any:
+        if len(failures) < 2:
+            failures.append(1)
+            raise redis.exceptions.ConnectionError('Connection reset by peer')
+        return await hget(*args)
+
+    monkeypatch.setattr(client, 'hget', flaky)
+    run = await store.get_run(run_id='read-again')
+    assert run is not None
+    assert failures == [1, 1]

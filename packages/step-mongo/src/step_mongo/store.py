@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -61,7 +60,14 @@ from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, ConfigurationError, DuplicateKeyError, OperationFailure, PyMongoError
+from pymongo.errors import (
+    BulkWriteError,
+    ConfigurationError,
+    ConnectionFailure,
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+)
 
 from stepcore.backend import (
     CHECKSUMS,
@@ -79,6 +85,7 @@ from stepcore.backend import (
     MediaStoreOption,
     SetupOnce,
     SnapshotState,
+    backoff,
     ops,
 )
 
@@ -119,6 +126,8 @@ on a replica set member or mongos")."""
 _WRITE_CONFLICT: Final = 112
 _RETRY_SECONDS: Final = 30.0
 """How long a fenced write keeps starting its transaction again after transient conflicts."""
+_CONTENDED_SECONDS: Final = 2.0
+"""For this long after a conflict, this process makes its fenced transactions one at a time."""
 
 T = TypeVar('T')
 
@@ -222,13 +231,20 @@ class _Write:
     done: list[tuple[ops.Op, Any]] = field(default_factory=list[tuple[ops.Op, Any]])
     stale: bool = False
     """The session's transaction failed: it must be started again before the next statement."""
+    turn: asyncio.Lock | None = None
+    """The process's turn for transactions, held while conflicts persist (see `MongoPort._begin`)."""
 
     async def close(self) -> None:
-        """End the session (the server drops a transaction still open in it)."""
+        """End the session (the server drops a transaction still open in it) and give up the turn."""
         session, self.session = self.session, None
-        if session is not None:
-            with contextlib.suppress(PyMongoError):  # else the server drops it when it times out
-                await session.end_session()
+        try:
+            if session is not None:
+                with contextlib.suppress(PyMongoError):  # else the server drops it when it times out
+                    await session.end_session()
+        finally:
+            turn, self.turn = self.turn, None
+            if turn is not None:
+                turn.release()
 
 
 def _on(tx: Any) -> dict[str, Any]:
@@ -259,6 +275,9 @@ class MongoPort(AsyncPort):
         self.transactions: bool | None = False if self._local_clock else None
         """Whether fenced writes are transactions: `None` until the first one finds out whether the
         deployment has them (a replica set or a sharded cluster does, a standalone server does not)."""
+        self._turn: asyncio.Lock | None = None
+        self._contended_until = 0.0
+        """Until when (event loop time) this process's transactions take turns: set by a conflict."""
 
     def damage_of(self, error: Exception) -> str | None:
         """A stored document that no longer decodes as BSON (or holds text that does not decode)."""
@@ -268,6 +287,13 @@ class MongoPort(AsyncPort):
 
     def describe(self) -> str:
         return f'MongoDB database {self._db.name!r}'
+
+    def transient(self, error: Exception, *, write: bool) -> bool:
+        """A read may be made again after a lost connection or a timeout; a write after a failure
+        MongoDB labels transient for its whole transaction (a conflict), which stored nothing."""
+        if not isinstance(error, PyMongoError):
+            return False
+        return _transient(error) or (not write and isinstance(error, ConnectionFailure))
 
     async def _create_indexes(self) -> None:
         for name, models in _INDEXES.items():
@@ -683,7 +709,14 @@ class MongoPort(AsyncPort):
 
     async def _retrying(self, tx: _Write, step: Callable[[], Awaitable[T]]) -> T:
         """`step()` in the write's transaction, which is (re)started first when it has none or it
-        failed; after a transient failure, again with a fresh transaction, for up to `_RETRY_SECONDS`."""
+        failed; after a transient failure, again with a fresh transaction, for up to `_RETRY_SECONDS`.
+
+        Under contention the store must still move forward, on a server that reports a conflict for
+        any two overlapping transactions (the test server) as on one that reports them per document:
+        the wait before each new start grows with the write's conflicts (random, so that writers
+        that conflicted together start apart), and while conflicts persist this process makes its
+        transactions one at a time (`_begin`), which leaves the others in the fleet one rival each.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _RETRY_SECONDS
         attempt = 0
@@ -697,7 +730,18 @@ class MongoPort(AsyncPort):
                     raise
                 tx.stale = True
                 attempt += 1
-                await asyncio.sleep(random.uniform(0, min(0.1, 0.001 * 2**attempt)))
+                self._contended_until = loop.time() + _CONTENDED_SECONDS
+                await asyncio.sleep(backoff(attempt))
+
+    async def _take_turn(self, tx: _Write) -> None:
+        """While conflicts persist, wait for this process's turn to make a transaction (kept until
+        the write ends); otherwise go at once."""
+        if tx.turn is not None or asyncio.get_running_loop().time() >= self._contended_until:
+            return
+        if self._turn is None:
+            self._turn = asyncio.Lock()
+        await self._turn.acquire()
+        tx.turn = self._turn
 
     async def _begin(self, tx: _Write) -> None:
         """Start the write's transaction: the fence, then every operation made so far, made again.
@@ -710,7 +754,12 @@ class MongoPort(AsyncPort):
         """
         fence = tx.fence
         assert fence is not None
-        await tx.close()
+        session = tx.session
+        tx.session = None
+        if session is not None:
+            with contextlib.suppress(PyMongoError):
+                await session.end_session()
+        await self._take_turn(tx)
         start_session = getattr(getattr(self._db, 'client', None), 'start_session', None)
         if not callable(start_session):
             raise ConfigurationError('the database object given hands out no client with sessions')

@@ -72,6 +72,8 @@ class RunKeys(NamedTuple):
     node: bytes
     lease: bytes
     leasestart: bytes
+    writes: bytes
+    """The ids of the run's recent commits (a sorted set by time): see `scripts.COMMIT`."""
 
 
 class Keys:

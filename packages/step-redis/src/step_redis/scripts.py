@@ -85,7 +85,11 @@ COMMIT: Final = (
 --   D count seq*count                                                snapshots to delete
 --   F tool-call-id row                                               a ledger entry (upsert)
 --   E key row                                                        an event (skipped if its key is applied)
--- An empty key or parent stands for none. Answers 'ok', or, without writing anything:
+--   W id keep                                                        the write's id, kept `keep` seconds
+-- An empty key or parent stands for none. A write whose id its run's WRITES holds was applied
+-- already (its answer was lost on the way: a timeout, a dropped connection) and answers 'ok' again
+-- without writing; an applied write adds its id there and drops the ids older than `keep` seconds.
+-- Answers 'ok', or, without writing anything:
 -- 'fenced:<run index>' (that run's lease epoch is not the one the writer holds, or it has no
 -- lease), 'conflict' (the snapshot's key is applied already) or 'stale' (its parent node is gone).
 local function key(op, slot) return KEYS[op.run * N + slot] end
@@ -103,10 +107,15 @@ while i <= #ARGV do
     i = i + 4
   elseif op.tag == 'L' then
     i = i + 3
+  elseif op.tag == 'W' then
+    i = i + 4
   else
     return redis.error_reply('step-redis commit: unknown operation ' .. tostring(op.tag))
   end
   ops[#ops + 1] = op
+end
+for _, op in ipairs(ops) do
+  if op.tag == 'W' and redis.call('ZSCORE', key(op, WRITES), ARGV[op.at]) then return 'ok' end
 end
 for _, op in ipairs(ops) do
   if op.tag == 'L' and redis.call('HGET', key(op, LEASE), 'epoch') ~= ARGV[op.at] then
@@ -156,6 +165,10 @@ for _, op in ipairs(ops) do
     if ARGV[a] == '' or redis.call('SADD', key(op, EVKEYS), ARGV[a]) == 1 then
       redis.call('RPUSH', key(op, EV), ARGV[a + 1])
     end
+  elseif op.tag == 'W' then
+    local now = tonumber(redis.call('TIME')[1])
+    redis.call('ZREMRANGEBYSCORE', key(op, WRITES), '-inf', now - tonumber(ARGV[a + 1]))
+    redis.call('ZADD', key(op, WRITES), now, ARGV[a])
   end
 end
 return 'ok'

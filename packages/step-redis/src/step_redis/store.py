@@ -21,12 +21,15 @@ makes it answer `fenced` and store nothing, without a round trip of its own.
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, cast
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from stepcore.backend import (
     CHECKSUMS,
@@ -48,6 +51,7 @@ from stepcore.backend import (
     SnapshotState,
     StaleHistory,
     ops,
+    retrying,
 )
 
 from .client import ClientUser
@@ -74,6 +78,16 @@ _LIVE: Final = tuple(s.value for s in LeaseState if s is not LeaseState.ENDED)
 """The lease states with an index (`<prefix>:leases:<state>`): every one but `ended`."""
 _US: Final = 1_000_000
 _LEASE_BATCH: Final = 1000
+_WRITTEN_SECONDS: Final = 3600
+"""How long a commit's id is kept (`RunKeys.writes`): far longer than a commit is ever sent again."""
+
+
+def _lost_answer(error: Exception) -> bool:
+    """A failure that passes and leaves the outcome of a command unknown: a timeout, a dropped
+    connection (which includes a failover's)."""
+    return isinstance(error, RedisTimeoutError | RedisConnectionError)
+
+
 """Leases read by one `LIST_LEASES` call."""
 
 
@@ -185,6 +199,11 @@ class RedisPort(PipelinedPort):
         self._list_leases = client.register_script(LIST_LEASES)
         self._node_ids = NodeIdBlocks()
 
+    def transient(self, error: Exception, *, write: bool) -> bool:
+        """A read may be made again after a timeout or a dropped connection; a write's commit is
+        sent again by the port itself (`transaction`), with its id, so the engine makes none again."""
+        return not write and _lost_answer(error)
+
     def describe(self) -> str:
         kwargs = self._client.connection_pool.connection_kwargs
         where = kwargs.get('path') or f'{kwargs.get("host", "?")}:{kwargs.get("port", "?")}'
@@ -214,7 +233,11 @@ class RedisPort(PipelinedPort):
         yield batch
         if not batch.args:
             return
-        answer = await self._script(self._commit, batch.keys, batch.args)
+        # The commit is one script; an answer lost on the way (a timeout, a dropped connection)
+        # leaves it unknown whether it ran, so it carries an id it records when it does, and is
+        # sent again with the same id: a second run finds the id and applies nothing twice.
+        args = [*batch.args, 'W', 0, uuid.uuid4().hex, _WRITTEN_SECONDS]
+        answer = await retrying(lambda: self._script(self._commit, batch.keys, args), _lost_answer)
         if isinstance(answer, bytes) and answer.startswith(b'fenced:'):
             raise Fenced(batch.runs[int(answer[len(b'fenced:') :])])
         if answer == b'conflict':

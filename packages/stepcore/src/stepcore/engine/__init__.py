@@ -12,6 +12,7 @@ the modules that implement it are private:
 - `ops` (`_ops.py`): the rows and operations a port deals in.
 - `_plans.py`: the mechanisms themselves, as plans of operations.
 - `_history.py`: message histories stored as chains of nodes, and how histories are compared.
+- `_retry.py`: passing failures (timeouts, conflicts) made again, with growing random waits.
 - `_fileio.py`, `_worker.py`, `_setup_once.py`, `_sql.py`: what local and SQL backends share.
 - `memory.py`: `InMemoryStepStore`, the engine over dictionaries.
 - `faults.py`: fault injection at write boundaries, for crash tests.
@@ -27,6 +28,7 @@ from stepcore.engine._history import TAIL_RECHECK, shares_prefix, starts_with, t
 from stepcore.engine._pipeline import Ask, NodeIdBlocks, PipelinedPort
 from stepcore.engine._plans import Fenced, KeyConflict, StaleHistory
 from stepcore.engine._port import AsyncPort, Port, SyncPort, check_text
+from stepcore.engine._retry import backoff, retrying
 from stepcore.engine._seal import HEAD_KEY
 from stepcore.engine._setup_once import SetupOnce
 from stepcore.engine._sql import event_window
@@ -50,12 +52,14 @@ __all__ = (
     'SyncPort',
     'WorkerThread',
     'WouldBlock',
+    'backoff',
     'check_text',
     'create_file',
     'event_window',
     'fsync_dir',
     'make_dir',
     'ops',
+    'retrying',
     'running_inline',
     'shares_prefix',
     'starts_with',

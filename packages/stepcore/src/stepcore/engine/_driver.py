@@ -17,6 +17,7 @@ from stepcore.engine._group import NOT_PREPARED, WriteGroups
 from stepcore.engine._ops import Op
 from stepcore.engine._plans import Fenced, KeyConflict, Plan, StaleHistory
 from stepcore.engine._port import AsyncPort, Port, SyncPort
+from stepcore.engine._retry import retrying
 
 __all__ = (
     'INLINE_ATTEMPTS',
@@ -105,8 +106,31 @@ class Driver:
         prepare: Callable[[], bool] | None = None,
         *,
         short: bool = False,
+        retry: bool = True,
     ) -> T | NeedsWalk:
         """Run a write plan in one transaction; `NEEDS_WALK` when `prepare()` says media must go first.
+
+        A transaction that fails in a way the port calls passing and harmless to make again
+        (`Port.transient`) is made again whole, from a fresh plan, unless `retry` is false (a lease
+        swap: its caller tries again on its own schedule, and a claim must never wait).
+        """
+        if not retry:
+            return await self._transact(runs, make_plan, prepare, short=short)
+        port = self.port
+        return await retrying(
+            lambda: self._transact(runs, make_plan, prepare, short=short),
+            lambda error: port.transient(error, write=True),
+        )
+
+    async def _transact(
+        self,
+        runs: Sequence[str],
+        make_plan: Callable[[], Plan[T]],
+        prepare: Callable[[], bool] | None,
+        *,
+        short: bool,
+    ) -> T | NeedsWalk:
+        """One attempt of `transact`.
 
         On a `SyncPort`, `prepare` (finding and encoding a save's new messages), the plan and the
         commit run together: inline on the event loop when the write is `short`, the port allows
@@ -155,7 +179,12 @@ class Driver:
             self.note(error, f'writing run {", ".join(map(repr, runs))}')
             raise
 
-    async def read(self, run_id: str | None, plan: Plan[T]) -> T:
+    async def read(self, run_id: str | None, make_plan: Callable[[], Plan[T]]) -> T:
+        """Carry out a read plan (made afresh for each attempt: a passing failure is tried again)."""
+        port = self.port
+        return await retrying(lambda: self._read(run_id, make_plan()), lambda error: port.transient(error, write=False))
+
+    async def _read(self, run_id: str | None, plan: Plan[T]) -> T:
         port = self.port
         try:
             if isinstance(port, SyncPort):
@@ -187,9 +216,13 @@ class Driver:
         if not isinstance(error, _OURS):
             error.add_note(f'{self.owner} on {self.port.describe()}, {action}')
 
-    async def write_op(self, runs: Sequence[str], op: Op) -> Any:
+    async def write_op(self, runs: Sequence[str], op: Op, *, retry: bool = True) -> Any:
         """Run one write operation in a transaction of its own."""
-        return await self.transact(runs, lambda: single(op))
+        return await self.transact(runs, lambda: single(op), retry=retry)
+
+    async def read_op(self, run_id: str | None, op: Op) -> Any:
+        """Carry out one read operation."""
+        return await self.read(run_id, lambda: single(op))
 
     # -- checks and encoding ------------------------------------------------------------------
 

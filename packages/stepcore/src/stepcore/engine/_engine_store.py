@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, ClassVar, Final, TypeVar, cast
 
 from pydantic_ai.messages import ModelMessage
@@ -230,6 +231,12 @@ class EngineStore(StepStore):
     def __repr__(self) -> str:
         return f'<{type(self).__name__} on {self.__driver.port.describe()}>'
 
+    def is_transient(self, error: BaseException) -> bool:
+        """Whether `error`, raised by this store, is a passing failure (a timeout, a lost connection,
+        a lock another session holds, a conflict): the same call a little later may succeed. The
+        store already made it again for a while before raising it."""
+        return isinstance(error, Exception) and self.__driver.port.transient(error, write=False)
+
     # -- checks ---------------------------------------------------------------------------------
 
     def __run_id(self, run_id: object) -> str:
@@ -299,7 +306,7 @@ class EngineStore(StepStore):
                 limit=batch,
                 newest_first=query.newest_first,
             )
-            rows = cast(Sequence[RunRow], await self.__driver.read(None, single(op)))
+            rows = cast(Sequence[RunRow], await self.__driver.read_op(None, op))
             found: list[RunRecord] = []
             for row in rows:
                 try:
@@ -331,7 +338,7 @@ class EngineStore(StepStore):
             return footprint if (yield DeleteRun(run_id)) else None
 
         if dry_run:
-            return await self.__driver.read(run_id, plan())
+            return await self.__driver.read(run_id, plan)
         try:
             return cast(RunFootprint | None, await self.__driver.transact([run_id], plan))
         finally:
@@ -339,7 +346,7 @@ class EngineStore(StepStore):
 
     async def _run_footprint(self, run_id: str) -> RunFootprint | None:
         run_id = self.__run_id(run_id)
-        return await self.__driver.read(run_id, self.__footprint_plan(run_id))
+        return await self.__driver.read(run_id, lambda: self.__footprint_plan(run_id))
 
     def __footprint_plan(self, run_id: str) -> Plan[RunFootprint | None]:
         """Counts and last activity of a run from its rows; snapshot headers only, no messages.
@@ -628,7 +635,7 @@ class EngineStore(StepStore):
     async def list_snapshot_summaries(self, run_id: str, *, include_interrupted: bool = False) -> list[SnapshotSummary]:
         run_id = self.__run_id(run_id)
         op = ListSnapshots(run_id, complete_only=not include_interrupted)
-        rows = cast(Sequence[SnapshotRow], await self.__driver.read(run_id, single(op)))
+        rows = cast(Sequence[SnapshotRow], await self.__driver.read_op(run_id, op))
         found: list[SnapshotSummary] = []
         for row in rows:
             if not include_interrupted and row.state != SnapshotState.COMPLETE.value:
@@ -644,7 +651,7 @@ class EngineStore(StepStore):
     async def get_snapshot(self, run_id: str, seq: int) -> ContinuableSnapshot | None:
         run_id = self.__run_id(run_id)
         check_seq(seq)
-        row, nodes = await self.__driver.read(run_id, read_snapshot(run_id, seq))
+        row, nodes = await self.__driver.read(run_id, lambda: read_snapshot(run_id, seq))
         return await self.__materialize(row, nodes) if row is not None else None
 
     async def get_snapshot_messages(
@@ -653,7 +660,7 @@ class EngineStore(StepStore):
         run_id = self.__run_id(run_id)
         check_seq(seq)
         check_message_window(start, stop)
-        row, nodes = await self.__driver.read(run_id, read_snapshot(run_id, seq))
+        row, nodes = await self.__driver.read(run_id, lambda: read_snapshot(run_id, seq))
         if row is None:
             return None
         begin = min(start, row.length)
@@ -672,7 +679,7 @@ class EngineStore(StepStore):
         check_seq(other_seq)
         chains: list[list[int]] = []
         for wanted in (seq, other_seq):
-            row, nodes = await self.__driver.read(run_id, read_snapshot(run_id, wanted))
+            row, nodes = await self.__driver.read(run_id, partial(read_snapshot, run_id, wanted))
             if row is None:
                 raise LookupError(f'run {run_id!r} has no retained snapshot with seq {wanted}')
             chains.append(
@@ -740,7 +747,7 @@ class EngineStore(StepStore):
     async def check_integrity(self) -> list[str] | None:
         """What the backend's own integrity check finds wrong in the whole store (empty: nothing),
         `None` when the backend has none (see `stepcore.check_store`)."""
-        found = await self.__driver.read(None, single(CheckIntegrity()))
+        found = await self.__driver.read_op(None, CheckIntegrity())
         return None if found is None else list(cast(Sequence[str], found))
 
     async def counts_records(self, run_id: str) -> bool | None:
@@ -750,7 +757,7 @@ class EngineStore(StepStore):
         if LEASES not in type(self).features:
             return False
         with contextlib.suppress(Exception):
-            read = cast(LeaseRead, await self.__driver.read(run_id, single(GetLease(run_id))))
+            read = cast(LeaseRead, await self.__driver.read_op(run_id, GetLease(run_id)))
             return tally_of(run_id, read, self.__where()) is not None
         return False
 
@@ -761,7 +768,7 @@ class EngineStore(StepStore):
         `register_run`, a run killed after it took its lease and before it registered) is included:
         maintenance must not overlook what it cannot read.
         """
-        found = set(cast(Sequence[str], await self.__driver.read(None, single(ListRunIds()))))
+        found = set(cast(Sequence[str], await self.__driver.read_op(None, ListRunIds())))
         if LEASES in type(self).features:
             live = (LeaseState.RUNNING, LeaseState.WAITING, LeaseState.PENDING, LeaseState.RESUMED)
             found |= {lease.run_id for lease in await self.list_leases(live)}
@@ -775,7 +782,9 @@ class EngineStore(StepStore):
         references out would let its media be collected.
         """
         run_id = self.__run_id(run_id)
-        rows, nodes = await self.__driver.read(run_id, read_snapshots(run_id, newest=False, complete_only=False))
+        rows, nodes = await self.__driver.read(
+            run_id, partial(read_snapshots, run_id, newest=False, complete_only=False)
+        )
         found: set[str] = set()
         for row in rows:
             # Each chain is opened as a read opens it (checksums checked, bodies decrypted), so a
@@ -813,7 +822,7 @@ class EngineStore(StepStore):
 
     async def __start(self, run_id: str) -> list[bytes] | None:
         """The stored bodies of the run's start point, checked (`DamagedRecordError` naming it); `None`: none."""
-        blob = cast(bytes | None, await self.__driver.read(run_id, single(GetLeaseStart(run_id))))
+        blob = cast(bytes | None, await self.__driver.read_op(run_id, GetLeaseStart(run_id)))
         if blob is None:
             return None
 
@@ -831,11 +840,11 @@ class EngineStore(StepStore):
         """The answer of the plan `plan()` makes and the run's tally (`None`: the store keeps no
         leases, or the run has no tally), read with it: see `stepcore.engine._tally`."""
         if LEASES not in type(self).features:
-            return await self.__driver.read(run_id, plan()), None
+            return await self.__driver.read(run_id, plan), None
         try:
-            result, lease = await self.__driver.read(run_id, leased_plan(run_id, plan()))
+            result, lease = await self.__driver.read(run_id, lambda: leased_plan(run_id, plan()))
         except Exception as error:  # the lease or the records: read the records alone to tell which
-            result = await self.__driver.read(run_id, plan())
+            result = await self.__driver.read(run_id, plan)
             tally_unknown(run_id, self.__where(), f'its lease cannot be read: {error}')
             return result, None
         return result, tally_of(run_id, lease, self.__where())
@@ -857,7 +866,7 @@ class EngineStore(StepStore):
         """The run's lease, read with the store's clock; `None` when it has none."""
         require_feature(self, LEASES, option='get_lease')
         run_id = self.__run_id(run_id)
-        return self.__lease(run_id, await self.__driver.read(run_id, single(GetLease(run_id))))
+        return self.__lease(run_id, await self.__driver.read_op(run_id, GetLease(run_id)))
 
     async def swap_lease(
         self,
@@ -881,7 +890,7 @@ class EngineStore(StepStore):
             raise ValueError(f'ttl={ttl!r} cannot hold a lease: pass a finite number of seconds from 0 up')
         blob = None if start is None else await self.__seal_start(run_id, start)
         # what the run holds now, read before the swap: a lower bound of what any later read finds
-        tally = await self.__driver.read(run_id, count_plan(run_id))
+        tally = await self.__driver.read(run_id, lambda: count_plan(run_id))
         row = LeaseRow(
             run_id=run_id,
             epoch=lease.epoch,
@@ -891,7 +900,7 @@ class EngineStore(StepStore):
             body=with_tally(encode_lease_body(lease), run_id, tally),
         )
         op = SwapLease(run_id, expect=expect, expired=expired, row=row, ttl=float(ttl), start=blob)
-        swap = cast(LeaseSwap, await self.__driver.write_op([run_id], op))
+        swap = cast(LeaseSwap, await self.__driver.write_op([run_id], op, retry=False))
         return swap.swapped, self.__lease(run_id, swap.read)
 
     async def list_leases(self, states: Sequence[LeaseState | str]) -> list[Lease]:
@@ -900,7 +909,7 @@ class EngineStore(StepStore):
         wanted = tuple(LeaseState(s).value for s in states)
         if LeaseState.ENDED.value in wanted:
             raise ValueError("list_leases lists live states only: leave 'ended' out (every finished run has it)")
-        rows, now = cast(tuple[Sequence[LeaseRow], float], await self.__driver.read(None, single(ListLeases(wanted))))
+        rows, now = cast(tuple[Sequence[LeaseRow], float], await self.__driver.read_op(None, ListLeases(wanted)))
         found: list[Lease] = []
         for row in rows:
             try:
@@ -954,7 +963,7 @@ class EngineStore(StepStore):
             bodies += [body for _, body in nodes.values()]
             return bodies
 
-        return {key_id_of(body) for body in await self.__driver.read(run_id, plan())}
+        return {key_id_of(body) for body in await self.__driver.read(run_id, plan)}
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -74,6 +74,18 @@ class Port:
         """
         return None
 
+    def transient(self, error: Exception, *, write: bool) -> bool:
+        """Whether `error` is a passing failure of the store (a timeout, a dropped connection, a
+        failover, a transaction conflict), after which the same read (`write=False`) or the same
+        write transaction, made again whole (`write=True`), is safe and may succeed.
+
+        For a write, only a failure known to have stored nothing qualifies (a conflict, a deadlock,
+        a lock not granted in time): a connection lost while the commit was on its way may have
+        stored it. The engine then makes the call again with growing random waits
+        (`stepcore.engine._retry`). The default knows no driver's errors: nothing is retried.
+        """
+        return False
+
     def check_run_id(self, run_id: object) -> str:
         """`run_id` when this backend can store it; `ValueError` saying what to use otherwise."""
         return check_text(run_id, 'run_id')
