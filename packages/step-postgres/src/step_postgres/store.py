@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any, ClassVar, Final, TypeAlias, TypeVar
 
-from psycopg import AsyncConnection, Error, errors, pq, sql
+from psycopg import AsyncConnection, Error, OperationalError, errors, pq, sql
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -52,6 +52,11 @@ __all__ = ('DEFAULT_MEDIA', 'PostgresPort', 'PostgresStepStore')
 T = TypeVar('T')
 Rows: TypeAlias = list[tuple[Any, ...]]
 
+
+LOCK_TIMEOUT_SECONDS: Final = 1.0
+"""How long a transaction waits for a lock (a run's advisory lock, a lease row) before it gives up
+with `LockNotAvailable`, which the engine tries again later: a write or a claim never waits on a
+transaction that does not end (its process frozen, its host cut off)."""
 
 DEFAULT_MEDIA: Final = AUTO
 """`media_store=` default, `'auto'`: a `PostgresMediaStore` on the store's pool and table prefix."""
@@ -201,12 +206,15 @@ class PostgresPort(PipelinedPort):
             try:
                 async with conn.pipeline():
                     await conn.execute(b'BEGIN', prepare=False)
+                    await conn.execute(self._q.lock_timeout, prepare=False)
                     for key in sorted({self._lock_key(run_id) for run_id in runs}):
                         await conn.execute(self._q.lock, (key,))
                     yield conn
                     await conn.execute(b'COMMIT', prepare=False)
             except BaseException as error:
                 await _roll_back(conn)
+                if isinstance(error, errors.LockNotAvailable):
+                    await self._end_stale_holders(conn, runs)
                 if isinstance(error, errors.UniqueViolation) and error.diag.table_name == self._tables.name(
                     'snapshot_keys'
                 ):
@@ -216,6 +224,27 @@ class PostgresPort(PipelinedPort):
                 raise
             finally:
                 del self._fences[id(conn)]
+
+    async def _end_stale_holders(self, conn: AsyncConnection[Any], runs: Sequence[str]) -> None:
+        """After a lock wait timed out: end the transactions that hold a run's advisory lock and
+        began while its lease was valid, the lease having expired since (an owner frozen or cut off
+        in the middle of a write). Their writes are refused anyway (the lease is gone); ending them
+        frees the run for whoever takes it over. Ending another session's backend needs the same
+        role or `pg_signal_backend`; without it the run stays held until PostgreSQL drops the
+        session, and the next attempt waits `LOCK_TIMEOUT_SECONDS` again."""
+        if conn.closed:
+            return
+        for run_id in runs:
+            key = self._lock_key(run_id) & 0xFFFF_FFFF_FFFF_FFFF
+            with suppress(Error):
+                await conn.execute(self._q.end_stale_holders, {'run': run_id, 'hi': key >> 32, 'lo': key & 0xFFFF_FFFF})
+
+    def transient(self, error: Exception, *, write: bool) -> bool:
+        """A conflict a transaction is rolled back for (serialization failure, deadlock, a lock not
+        granted in time): safe to make again, read or write; a lost connection only for a read."""
+        if isinstance(error, errors.SerializationFailure | errors.DeadlockDetected | errors.LockNotAvailable):
+            return True
+        return not write and isinstance(error, OperationalError) and not isinstance(error, errors.InvalidPassword)
 
     def _is_fence(self, error: errors.CheckViolation) -> bool:
         """Whether `error` is a lease check's (`check_lease`) failing, which names the domain."""
@@ -446,6 +475,22 @@ class _Queries:
     def __init__(self, tables: Tables) -> None:
         q = tables.query
         self.lock = q('SELECT pg_advisory_xact_lock(%s)')
+        self.lock_timeout = f"SET LOCAL lock_timeout = '{round(LOCK_TIMEOUT_SECONDS * 1000)}ms'".encode()
+        # The sessions holding the run's advisory lock (a bigint key: its high and low 32 bits, as
+        # `pg_locks` shows them) in a transaction begun before the run's lease expired.
+        self.end_stale_holders = q(
+            """SELECT pg_terminate_backend(a.pid)
+            FROM pg_locks l
+            JOIN pg_stat_activity a ON a.pid = l.pid
+            JOIN {run_leases} r ON r.run_id = %(run)s
+            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+              AND l.classid = %(hi)s::bigint::oid AND l.objid = %(lo)s::bigint::oid
+              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND l.pid <> pg_backend_pid()
+              AND r.state <> 'ended'
+              AND r.expires < extract(epoch FROM clock_timestamp())
+              AND a.xact_start < to_timestamp(r.expires)"""
+        )
         run_columns = 'SELECT run_id, started_at, conversation_id, parent_run_id, record FROM {runs}'
         self.run_insert = q(
             """INSERT INTO {runs} (run_id, started_at, conversation_id, parent_run_id, record)

@@ -71,6 +71,7 @@ Outcome = Literal[
     'abandoned',
     'dead',
     'expired',
+    'busy',
 ]
 
 AgentChooser: TypeAlias = Callable[[RunRecord | None], 'Agent[Any, Any] | None']
@@ -89,7 +90,9 @@ class OrphanOutcome:
     that version), `taken` (another worker claimed it first, or its owner came back), `abandoned`
     (nothing to resume from), `dead` (its resumptions died `max_recovery_attempts` times: this worker
     set it `dead`, and nothing resumes it automatically any more), `expired` (a deferred call of a
-    waiting run passed its deadline unanswered: this worker recorded its expiry)."""
+    waiting run passed its deadline unanswered: this worker recorded its expiry), `busy` (the store
+    failed in a way that passes, such as a lock held by a frozen writer's transaction or a timeout:
+    the orphan is tried again at a later tick)."""
     detail: str = ''
     resumed_as: str | None = None
     """The run that resumed it, when one started."""
@@ -118,6 +121,13 @@ def agent_chooser(agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, An
         return by_name.get(name)
 
     return choose
+
+
+def is_transient(store: object, error: BaseException) -> bool:
+    """Whether the store calls `error` a passing failure (`EngineStore.is_transient`; a store without
+    that method: never)."""
+    check = getattr(store, 'is_transient', None)
+    return bool(check(error)) if callable(check) else False
 
 
 def served_version(agent: Agent[Any, Any]) -> str | None:
@@ -176,6 +186,10 @@ async def _recover_one(
             return OrphanOutcome(run_id, 'taken', f'run {run_id!r} is {previous.describe()} meanwhile')
         await claim.release(state=LeaseState.ENDED, outcome='abandoned', note=str(error))
         return OrphanOutcome(run_id, 'abandoned', str(error))
+    except Exception as error:
+        if not is_transient(store, error):
+            raise
+        return OrphanOutcome(run_id, 'busy', f'{type(error).__name__}: {error}; tried again later')
     claimed = partial(OrphanOutcome, run_id, lease=orphan.lease, claimed_at=utcnow())
     if resumption.finished:
         return claimed('finished', 'its newest continuation had already finished')
@@ -334,7 +348,8 @@ async def run_recovery_loop(
         try:
             outcome = await recover(orphan)
         except Exception as error:  # the store failed under the resumption: the orphan is tried again later
-            outcome = OrphanOutcome(orphan.run_id, 'failed', f'{type(error).__name__}: {error}')
+            kind: Outcome = 'busy' if is_transient(store, error) else 'failed'
+            outcome = OrphanOutcome(orphan.run_id, kind, f'{type(error).__name__}: {error}')
         await _report(on_outcome, outcome)
 
     def finished(run_id: str, _: object) -> None:
