@@ -114,12 +114,16 @@ class Driver:
         (`Port.transient`) is made again whole, from a fresh plan, unless `retry` is false (a lease
         swap: its caller tries again on its own schedule, and a claim must never wait).
         """
-        if not retry:
-            return await self._transact(runs, make_plan, prepare, short=short)
         port = self.port
+        try:  # the common case first, at the cost of one call
+            return await self._transact(runs, make_plan, prepare, short=short)
+        except Exception as error:
+            if not retry or not port.transient(error, write=True):
+                raise
         return await retrying(
             lambda: self._transact(runs, make_plan, prepare, short=short),
             lambda error: port.transient(error, write=True),
+            failed=1,
         )
 
     async def _transact(
@@ -182,7 +186,14 @@ class Driver:
     async def read(self, run_id: str | None, make_plan: Callable[[], Plan[T]]) -> T:
         """Carry out a read plan (made afresh for each attempt: a passing failure is tried again)."""
         port = self.port
-        return await retrying(lambda: self._read(run_id, make_plan()), lambda error: port.transient(error, write=False))
+        try:  # the common case first, at the cost of one call
+            return await self._read(run_id, make_plan())
+        except Exception as error:
+            if not port.transient(error, write=False):
+                raise
+        return await retrying(
+            lambda: self._read(run_id, make_plan()), lambda error: port.transient(error, write=False), failed=1
+        )
 
     async def _read(self, run_id: str | None, plan: Plan[T]) -> T:
         port = self.port

@@ -43,14 +43,18 @@ async def retrying(
     transient: Callable[[Exception], bool],
     *,
     seconds: float | None = None,
+    failed: int = 0,
 ) -> T:
     """`await attempt()`, made again after each failure `transient` accepts, for up to `seconds`
-    (`None`: `RETRY_SECONDS`)."""
+    (`None`: `RETRY_SECONDS`). `failed`: how often the caller's own first attempts failed so (it
+    tried once at no cost before it called this): the first attempt here waits as after those."""
     if seconds is None:
         seconds = RETRY_SECONDS
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    failures = 0
+    failures = failed
+    if failures:
+        await asyncio.sleep(backoff(failures))
     while True:
         try:
             return await attempt()
