@@ -275,3 +275,16 @@ def test_cli_recover_shows_the_arguments_and_settles_calls(killed: tuple[Path, P
     missing = runner.invoke(app, ['recover', 'notes-1', '--store', url, '--mark-checked', 'call-9'])
     assert missing.exit_code != 0
     assert "no ledger entry for tool call 'call-9'" in missing.output
+
+
+async def test_a_refused_settlement_changes_nothing_not_even_the_lease_epoch(killed: tuple[Path, Path]) -> None:
+    database, _ = killed
+    async with SqliteStepStore(database=database) as store:
+        before = await store.get_lease('notes-1')
+        for attempt in range(2):
+            with pytest.raises(LookupError, match="no ledger entry for tool call 'nonexistent'"):
+                await supply_result(store, run_id='notes-1', tool_call_id='nonexistent', result=attempt)
+        after = await store.get_lease('notes-1')
+        assert before is not None
+        assert after is not None
+        assert (after.epoch, after.state, after.owner) == (before.epoch, before.state, before.owner)

@@ -691,6 +691,9 @@ async def _settle_by_hand(
     followed = await continuations(bound, run_id)
     target = followed[-1]
     action = {'supplied': 'supply_result', 'checked': 'mark_checked'}.get(how, 'rerun_call')
+    # checked before the claim, so a refused settlement changes nothing (the lease's epoch included),
+    # and again under it, in case the run moved on meanwhile
+    await _hand_entry(bound, run_id, target, tool_call_id, force=force, action=action)
     claim, _ = await _claim(bound, target, force=force, ttl=lease_ttl, action=action)
     try:
         entry = await _hand_entry(bound, run_id, target, tool_call_id, force=force, action=action)
