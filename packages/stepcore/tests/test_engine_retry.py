@@ -39,6 +39,10 @@ class BlinkingPort(MemoryPort):
         self._blink()
         return super().get_run(tx, op)
 
+    def list_runs(self, tx: Any, op: ops.ListRuns) -> Any:
+        self._blink()
+        return super().list_runs(tx, op)
+
     def transient(self, error: Exception, *, write: bool) -> bool:
         return isinstance(error, Blip)
 
@@ -97,3 +101,13 @@ def test_waits_grow_with_failures_and_stay_random_within_their_bound() -> None:
         assert all(0.0 <= wait <= bound for wait in waits)
         assert len(set(waits)) > 100
     assert max(_retry.backoff(40) for _ in range(200)) > _retry.MOST_WAIT / 2
+
+
+async def test_a_store_that_never_answered_is_not_tried_again() -> None:
+    """A wrong address or a server that is down fails at once, not after a minute of tries."""
+    port = BlinkingPort(fail=1)
+    store = _store(port)
+    with pytest.raises(Blip):
+        await store.list_runs()
+    assert port.failed == 1
+    assert await store.list_runs() == []

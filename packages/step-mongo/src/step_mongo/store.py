@@ -67,6 +67,7 @@ from pymongo.errors import (
     DuplicateKeyError,
     OperationFailure,
     PyMongoError,
+    ServerSelectionTimeoutError,
 )
 
 from stepcore.backend import (
@@ -293,6 +294,8 @@ class MongoPort(AsyncPort):
         MongoDB labels transient for its whole transaction (a conflict), which stored nothing."""
         if not isinstance(error, PyMongoError):
             return False
+        if isinstance(error, ServerSelectionTimeoutError):
+            return False  # it waited for a server for its whole timeout already
         return _transient(error) or (not write and isinstance(error, ConnectionFailure))
 
     async def _create_indexes(self) -> None:

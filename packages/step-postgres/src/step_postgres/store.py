@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Final, TypeAlias, TypeVar
 
 from psycopg import AsyncConnection, Error, OperationalError, errors, pq, sql
 from psycopg.rows import tuple_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from stepcore.backend import (
     AUTO,
@@ -244,7 +244,9 @@ class PostgresPort(PipelinedPort):
         granted in time): safe to make again, read or write; a lost connection only for a read."""
         if isinstance(error, errors.SerializationFailure | errors.DeadlockDetected | errors.LockNotAvailable):
             return True
-        return not write and isinstance(error, OperationalError) and not isinstance(error, errors.InvalidPassword)
+        if isinstance(error, PoolTimeout | errors.InvalidPassword):
+            return False  # it waited for a connection for its whole timeout already; a wrong password stays wrong
+        return not write and isinstance(error, OperationalError)
 
     def _is_fence(self, error: errors.CheckViolation) -> bool:
         """Whether `error` is a lease check's (`check_lease`) failing, which names the domain."""

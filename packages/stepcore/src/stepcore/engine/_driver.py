@@ -98,6 +98,9 @@ class Driver:
         self.port = port
         self.owner = owner
         self._groups = WriteGroups(port) if isinstance(port, SyncPort) and port.group_commit else None
+        self.reached = False
+        """Whether the store ever answered: until it has, a failure is never called passing (a
+        wrong address, a server that is down, fails at once rather than after a minute of tries)."""
 
     async def transact(
         self,
@@ -111,14 +114,17 @@ class Driver:
         """Run a write plan in one transaction; `NEEDS_WALK` when `prepare()` says media must go first.
 
         A transaction that fails in a way the port calls passing and harmless to make again
-        (`Port.transient`) is made again whole, from a fresh plan, unless `retry` is false (a lease
-        swap: its caller tries again on its own schedule, and a claim must never wait).
+        (`Port.transient`) is made again whole, from a fresh plan, once the store has answered
+        before (`reached`), unless `retry` is false (a lease swap: its caller tries again on its
+        own schedule, and a claim must never wait).
         """
         port = self.port
         try:  # the common case first, at the cost of one call
-            return await self._transact(runs, make_plan, prepare, short=short)
+            result = await self._transact(runs, make_plan, prepare, short=short)
+            self.reached = True
+            return result
         except Exception as error:
-            if not retry or not port.transient(error, write=True):
+            if not retry or not self.reached or not port.transient(error, write=True):
                 raise
         return await retrying(
             lambda: self._transact(runs, make_plan, prepare, short=short),
@@ -187,9 +193,11 @@ class Driver:
         """Carry out a read plan (made afresh for each attempt: a passing failure is tried again)."""
         port = self.port
         try:  # the common case first, at the cost of one call
-            return await self._read(run_id, make_plan())
+            result = await self._read(run_id, make_plan())
+            self.reached = True
+            return result
         except Exception as error:
-            if not port.transient(error, write=False):
+            if not self.reached or not port.transient(error, write=False):
                 raise
         return await retrying(
             lambda: self._read(run_id, make_plan()), lambda error: port.transient(error, write=False), failed=1
