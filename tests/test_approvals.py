@@ -238,10 +238,10 @@ def test_approved_in_one_process_with_other_args_resumed_in_another_runs_once(
     assert 'drop_table said: dropped guests' in resumed.stdout
     assert _effects(world) == ['count users', 'drop guests']
 
-    # resumed once: again is refused (its continuation finished), and so is a late answer
+    # resumed once: again resumes nothing (its continuation finished: status 0, saying so); a late answer is refused
     again = _stepcore(spec, world, 'resume', run_id, '--agent', 'approval_app:agent')
-    assert again.returncode == 1
-    assert 'already ended with a final response' in again.stderr
+    assert again.returncode == 0, again.stderr
+    assert 'already ended with a final response: there is nothing to resume' in ' '.join(again.stdout.split())
     late = _stepcore(spec, world, 'answer', run_id, 'call-drop', '--deny', '--by', 'bob')
     assert late.returncode == 1
     assert 'was resumed by run' in late.stderr
@@ -523,7 +523,7 @@ def test_the_answer_command_checks_its_options(tmp_path: Path, world: Path) -> N
         ('--approve', '--message', 'no'): '--message goes with --deny',
         ('--approve', '--args', 'name=guests'): "--args 'name=guests' is not JSON",
         ('--approve', '--args', '["guests"]'): 'is not a JSON object: write the arguments by name',
-        ('--result', '"done"'): 'it waits for an approval, not for this; use approve_call or deny_call',
+        ('--result', '"done"'): 'it waits for an approval, not for this; use --approve or --deny',
     }
     for args, message in cases.items():
         result = answer(*args)

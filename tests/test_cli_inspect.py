@@ -209,7 +209,8 @@ def test_recover_explains_in_words(db: str) -> None:
     text = ' '.join(ok('recover', 'deploy-1', '-s', db).split())
     assert "No settled snapshot, but the store kept the run's start point" in text
     assert 'Tools with failed calls (may have made partial changes): deploy.' in text
-    assert 'Next: resumption = await resolve_run' in text
+    assert 'Next: `stepcore resume deploy-1 --agent MODULE:ATTR` to resume it from its start point.' in text
+    assert 'resolve_run' not in text
     report = as_json('recover', 'report-run-1', '-s', db)
     assert report['resumed_by'] == ['report-run-2']
     assert report['newest_status'] == 'completed'

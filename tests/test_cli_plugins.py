@@ -105,5 +105,5 @@ def test_a_backend_whose_driver_is_missing_is_listed_as_unavailable(monkeypatch:
     assert 'unavailable' not in here
     table = CliRunner().invoke(app, ['plugins'], env={'COLUMNS': '250'})
     assert table.exit_code == 0, table.output
-    assert "unavailable: ModuleNotFoundError: No module named 'stepcore_missing_driver'" in table.stdout
+    assert "unavailable: No module named 'stepcore_missing_driver'" in table.stdout
     assert 'snapshot_retention' in table.stdout

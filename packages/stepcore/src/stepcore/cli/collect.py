@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stepcore.cli.console import progress
+from stepcore.cli.render import fit
 from stepcore.cli.stores import StoreError, open_store
 from stepcore.maintenance.gc import GcReport, collect_garbage
 from stepcore.media.protocol import MediaStore
@@ -76,7 +77,7 @@ def print_gc_report(report: GcReport, console: Console) -> None:
     table.add_row('kept: referenced by a snapshot', str(report.kept_referenced), '')
     table.add_row('kept: put within the grace period', str(report.kept_young), '')
     table.add_row(removed, str(report.removed), _size(report.bytes_freed))
-    console.print(table)
+    console.print(fit(table, console.width))
     cutoff = report.cutoff.isoformat(timespec='seconds')
     console.print(
         f'{report.runs} run(s) read, {report.referenced} blob(s) referenced; unreferenced blobs last put before '

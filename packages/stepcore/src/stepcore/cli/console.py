@@ -14,11 +14,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from stepcore.cli._loop import run_coroutine
-from stepcore.cli.stores import ENV_VAR, StoreError, open_store, resolve_store_url
+from stepcore.cli.stores import ENV_VAR, open_store, resolve_store_url
+from stepcore.store.leases import RunCancelledError, RunClaimedError, RunFencedError, RunOwnedError
 from stepcore.store.step_store import StepStore
 
 __all__ = (
     'DEBUG_VAR',
+    'EXIT_FAILED',
+    'EXIT_OK',
+    'EXIT_REFUSED',
+    'EXIT_USAGE',
+    'EXIT_WAITING',
+    'CliError',
     'JsonOption',
     'ProgressBar',
     'RunArgument',
@@ -26,6 +33,8 @@ __all__ = (
     'echo_json',
     'err',
     'error_text',
+    'exit_code',
+    'explain',
     'fail',
     'out',
     'progress',
@@ -70,25 +79,71 @@ RunArgument = Annotated[
 ]
 
 
-def fail(message: str) -> NoReturn:
-    """Print `message` as one `error:` line on stderr and exit with status 1."""
+EXIT_OK = 0
+"""Done, or nothing was left to do (a run that already finished)."""
+EXIT_FAILED = 1
+"""Something failed or was refused: an unknown run, a bad store URL, a run that cannot be resumed."""
+EXIT_USAGE = 2
+"""The command line itself is wrong: an unknown command or option, a missing argument (typer's own)."""
+EXIT_REFUSED = 3
+"""Refused because another process owns or claimed the run: try again later, or see who holds it."""
+EXIT_WAITING = 4
+"""The run waits for a person: deferred calls to answer, or calls to settle by hand."""
+
+
+class CliError(Exception):
+    """A failure told in the command line's words, with the exit status it ends the command with."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    """Print `message` as one `error:` line on stderr and exit with status `code` (1 unless given)."""
     err().print(Text.assemble(('error:', 'bold red'), f' {message}'), soft_wrap=True)
-    raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 def error_text(exc: BaseException) -> str:
-    if isinstance(exc, StoreError | LookupError | ValueError):
-        text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
-    elif isinstance(exc, OSError):
-        where = f' {exc.filename!r}' if exc.filename else ''
-        text = f'{exc.strerror or exc}{where}'
-    else:
-        text = f'{type(exc).__name__}: {exc}'
-    return text or type(exc).__name__
+    """What went wrong, in the command line's words: see `explain`."""
+    return explain(exc).message
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit status a command ends with when `exc` stops it: see `explain`."""
+    return explain(exc).code
+
+
+def explain(exc: BaseException, *, action: str | None = None, force: str | None = None) -> CliError:
+    """`exc` told in the command line's words, with its exit status.
+
+    `action` names what the command was doing (e.g. `--supply call-1`, `resuming it`) for the errors
+    that say what was refused; `force` is the command's flag that acts on a live run anyway
+    (`--force`), offered when a live owner refused it. Another process holding or claiming the run
+    exits with `EXIT_REFUSED`; everything else with `EXIT_FAILED`.
+    """
+    from stepcore.cli import words
+
+    if isinstance(exc, CliError):
+        return exc
+    return CliError(words.message(exc, action=action, force=force), _exit_code_of(exc))
+
+
+def _exit_code_of(exc: BaseException) -> int:
+    if isinstance(exc, RunCancelledError):
+        return EXIT_FAILED  # cancelled for good: waiting will not help
+    if isinstance(exc, RunFencedError):
+        return EXIT_FAILED if exc.lease is not None and exc.lease.cancelled else EXIT_REFUSED
+    if isinstance(exc, RunOwnedError | RunClaimedError):
+        return EXIT_REFUSED
+    return EXIT_FAILED
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a command's async body, turning a user error into one line on stderr and exit code 1."""
+    """Run a command's async body; a failure becomes one `error:` line on stderr and its exit status
+    (see `explain`), or, with `STEPCORE_DEBUG=1`, the whole traceback."""
     try:
         return run_coroutine(coro)
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
@@ -96,7 +151,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except Exception as exc:
         if os.environ.get(DEBUG_VAR):
             raise
-        fail(error_text(exc))
+        explained = explain(exc)
+        fail(explained.message, explained.code)
 
 
 def with_store(url: str | None, body: Callable[[StepStore], Awaitable[T]], *, must_exist: bool = True) -> T:

@@ -148,7 +148,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'that started and never completed.',
     )
     events = await store.list_events(run_id=FIRST_RUN_ID)
-    console.print(render.events_table(events, timestamps=False))
+    console.print(render.events_table(events, timestamps=False, width=console.width))
 
     _stage(
         console,
@@ -158,7 +158,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'to continue from.',
     )
     snapshots = await store.list_snapshots(run_id=FIRST_RUN_ID, include_interrupted=True)
-    console.print(render.snapshots_table(snapshots, timestamps=False))
+    console.print(render.snapshots_table(snapshots, timestamps=False, width=console.width))
 
     _stage(
         console,
@@ -168,7 +168,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'recorded an idempotency key before acting, and its recovery policy can ask the outbox.',
     )
     effects = await store.list_tool_effects(run_id=FIRST_RUN_ID)
-    console.print(render.effects_table(effects, timestamps=False, compact=True))
+    console.print(render.effects_table(effects, timestamps=False, compact=True, width=console.width))
     outbox = workdir / OUTBOX_FILE
     sent = len(outbox.read_text(encoding='utf-8').splitlines()) if outbox.exists() else 0
     console.print(f'Outbox on disk: {sent} email(s) sent. {REPORT_FILE} exists: {(workdir / REPORT_FILE).exists()}.')
@@ -209,7 +209,7 @@ async def _resume(store: StepStore, workdir: Path, console: Console) -> None:
     _stage(console, 8, 'The conversation now', 'Both runs share the conversation id; the second one completed.')
     runs = await store.list_runs(conversation_id=CONVERSATION_ID)
     statuses = [render.run_status(await store.list_events(run_id=r.run_id)) for r in runs]
-    console.print(render.runs_table(runs, statuses, timestamps=False))
+    console.print(render.runs_table(runs, statuses, timestamps=False, width=console.width))
     unresolved = len(await store.list_unresolved_tool_effects(run_id=FIRST_RUN_ID))
     unresolved += len(await store.list_unresolved_tool_effects(run_id=RESUMED_RUN_ID))
     outbox = workdir / OUTBOX_FILE

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stepcore.cli.console import progress
+from stepcore.cli.render import fit
 from stepcore.cli.stores import StoreError, open_store, parse_store_url, resolve_store_url
 from stepcore.harness import HarnessImportSummary, import_harness, open_harness_source
 
@@ -76,7 +77,7 @@ async def import_from_harness(path: Path, store_url: str | None) -> None:
             await store.aclose()
     out = Console()
     out.print(Text(f'from {summary.source} into {target.describe()}:'), soft_wrap=True)
-    out.print(summary_table(summary))
+    out.print(fit(summary_table(summary), out.width))
     for line in [*summary.conflicts, *summary.skipped]:
         out.print(Text.assemble(('left out:', 'red'), f' {line}'), soft_wrap=True)
     if not summary.complete:

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from stepcore.cli import render
 from stepcore.cli.console import JsonOption, RunArgument, StoreOption, echo_json, fail, out, with_run, with_store
+from stepcore.cli.words import died_text
 from stepcore.ownership.claims import has_leases
 from stepcore.recovery.standing import LEASE_STATUSES, Standing, record_matches, runs_by_lease, standings_of
 from stepcore.store.codec import dump_record
@@ -76,7 +77,7 @@ def runs(
     started_after = _moment_option(after, '--after')
     started_before = _moment_option(before, '--before')
 
-    async def body(s: StepStore) -> tuple[list[Any], list[Standing], bool]:
+    async def body(s: StepStore) -> tuple[list[Any], list[Standing], bool, list[render.Waits | None] | None]:
         # `waiting` is told by events too: a store without leases answers it from them
         by_lease = status in LEASE_STATUSES and (status != 'waiting' or has_leases(s))
         options: dict[str, Any] = {
@@ -98,26 +99,50 @@ def runs(
                 **options, status=cast(RunStatus | None, status), limit=offset + limit + 1, newest_first=True
             )
         page = found[offset : offset + limit][::-1]
-        return page, await standings_of(s, [r.run_id for r in page]), len(found) > offset + limit
+        waits = [await _waits(s, r.run_id) for r in page] if status == 'waiting' else None
+        return page, await standings_of(s, [r.run_id for r in page]), len(found) > offset + limit, waits
 
-    page, standings, more = with_store(store, body)
-    statuses = [st.label for st in standings]
+    page, standings, more, waits = with_store(store, body)
     if as_json:
-        echo_json(
-            [
-                {**dump_record(r), 'status': st.status, 'ownership': st.ownership, 'standing': st.label}
-                for r, st in zip(page, standings, strict=True)
-            ]
-        )
+        rows: list[dict[str, Any]] = []
+        for index, (record, standing) in enumerate(zip(page, standings, strict=True)):
+            row = {**dump_record(record), 'status': standing.status, 'ownership': standing.ownership}
+            row['standing'] = standing.label
+            if waits is not None:
+                row.update(_waits_json(waits[index]))
+            rows.append(row)
+        echo_json(rows)
         return
     if not page:
         filtered = any(v is not None for v in (conversation, parent, agent, job, status, after, before)) or offset
         out().print('no runs match' if filtered else 'no runs in this store')
         return
-    out().print(render.runs_table(page, statuses))
+    console = out()
+    labels = [render.standing_label(st) for st in standings]
+    console.print(render.runs_table(page, labels, waits=waits, width=console.width))
     if more or offset:
         hint = f'; use --offset {offset + len(page)} for older ones' if more else ''
-        out().print(f'newest runs {offset + 1}-{offset + len(page)} shown (oldest first){hint}', style='dim')
+        console.print(f'newest runs {offset + 1}-{offset + len(page)} shown (oldest first){hint}', style='dim')
+
+
+async def _waits(store: StepStore, run_id: str) -> render.Waits | None:
+    """What a waiting run waits for: its unanswered calls and their earliest deadline (`None`: it did not
+    pause on deferred tool calls)."""
+    from stepcore.recovery.answers import read_waiting
+
+    waiting = await read_waiting(store, run_id=run_id)
+    if waiting is None:
+        return None
+    unanswered = waiting.unanswered(utcnow())
+    deadlines = [call.deadline for call in unanswered if call.deadline is not None]
+    return render.Waits(len(unanswered), len(waiting.calls), min(deadlines) if deadlines else None)
+
+
+def _waits_json(waits: render.Waits | None) -> dict[str, Any]:
+    if waits is None:
+        return {'waiting_calls': None, 'unanswered_calls': None, 'next_deadline': None}
+    deadline = waits.deadline.isoformat() if waits.deadline is not None else None
+    return {'waiting_calls': waits.calls, 'unanswered_calls': waits.unanswered, 'next_deadline': deadline}
 
 
 def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
@@ -154,7 +179,8 @@ def events(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption =
     if as_json:
         echo_json([dump_record(e) for e in found])
         return
-    out().print(render.events_table(found, title=f'events of {run_id}'))
+    console = out()
+    console.print(render.events_table(found, title=f'events of {run_id}', width=console.width))
 
 
 def snapshots(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
@@ -170,7 +196,8 @@ def snapshots(run_id: RunArgument, store: StoreOption = None, as_json: JsonOptio
     if not found:
         out().print(Text(f'run {run_id} has no snapshots'))
         return
-    out().print(render.snapshots_table(found, title=f'snapshots of {run_id}'))
+    console = out()
+    console.print(render.snapshots_table(found, title=f'snapshots of {run_id}', width=console.width))
 
 
 def show(
@@ -226,7 +253,8 @@ def effects(
     if not found:
         out().print(Text(f'run {run_id} has no {"unresolved " if unresolved else ""}tool effects'))
         return
-    out().print(render.effects_table(found, title=f'tool effects of {run_id}'))
+    console = out()
+    console.print(render.effects_table(found, title=f'tool effects of {run_id}', width=console.width))
 
 
 async def _job_records(store: StepStore, job_id: str, status: str | None = None) -> list[Any]:
@@ -240,7 +268,7 @@ async def _job_records(store: StepStore, job_id: str, status: str | None = None)
 
 
 def job(
-    job_id: Annotated[str, typer.Argument(metavar='ID', help='The job id (the id start_job was given).')],
+    job_id: Annotated[str, typer.Argument(metavar='ID', help='The job id (the id of its first run).')],
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -268,9 +296,10 @@ def job(
             }
         )
         return
-    out().print(render.job_table(runs))
+    console = out()
+    console.print(render.job_table(runs, width=console.width))
     newest = runs[-1].lease
     died = newest.died if newest is not None else ()
     for attempt in died:
-        out().print(Text(f'died: {attempt.describe()}'))
-    out().print(Text(f'job {job_id} is {status}' + (f' (newest run {runs[-1].run_id})' if len(runs) > 1 else '')))
+        console.print(Text(f'died: {died_text(attempt)}'))
+    console.print(Text(f'job {job_id} is {status}' + (f' (newest run {runs[-1].run_id})' if len(runs) > 1 else '')))

@@ -85,7 +85,8 @@ def prune(
         )
         return
     verb = 'would remove' if report.dry_run else 'removed'
-    out().print(f'runs idle since before {render.when(report.cutoff)} UTC (their last write)')
+    console = out()
+    console.print(f'runs idle since before {render.when(report.cutoff)} UTC (their last write)')
     table = Table()
     table.add_column(verb)
     table.add_column('count', justify='right')
@@ -96,14 +97,14 @@ def prune(
         ('ledger entries', report.ledger_entries),
     ):
         table.add_row(what, str(count))
-    out().print(table)
+    console.print(render.fit(table, console.width))
     if report.kept_active:
-        out().print(
+        console.print(
             f'kept {len(report.kept_active)} run(s) that started before the cutoff but were written to since',
             style='dim',
         )
     if report.dry_run and report.runs:
-        out().print('dry run: nothing was removed; run again without --dry-run to remove them', style='dim')
+        console.print('dry run: nothing was removed; run again without --dry-run to remove them', style='dim')
 
 
 class ExportFormat(str, Enum):
@@ -262,7 +263,8 @@ def rekey(
         try:
             if ENCRYPTION not in type(s).features:
                 raise ValueError(
-                    f'{type(s).__name__} does not declare feature {ENCRYPTION!r}: its runs cannot be re-encrypted'
+                    f'this store does not declare the feature {ENCRYPTION!r}, so its runs cannot be re-encrypted '
+                    '(`stepcore plugins` lists the features of each backend)'
                 )
             with progress('re-encrypting') as bar:
                 return await rekey_store(s, journal, progress=lambda _run: bar.advance())

@@ -10,11 +10,13 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from stepcore.cli import render
 from stepcore.cli.console import DEBUG_VAR, JsonOption, StoreOption, echo_json, error_text, fail, out
 from stepcore.cli.stores import StoreError, resolve_store_url
+from stepcore.cli.words import strip_error_class
 from stepcore.plugins.registry import RegisteredBackend, get_registry
 
-__all__ = ('demo', 'plugins', 'ui')
+__all__ = ('demo', 'plugins', 'plugins_table', 'ui')
 
 
 def demo(
@@ -60,17 +62,33 @@ def plugins(as_json: JsonOption = False) -> None:
             ]
         )
         return
+    console = out()
+    console.print(plugins_table([(p.distribution, p.version, rows[id(p)]) for p in found], width=console.width))
+
+
+def plugins_table(plugins: list[tuple[str, str, list[dict[str, Any]]]], *, width: int | None = None) -> Table:
+    """One row per backend: its distribution and version, its key and kind, the URLs that open it, and
+    its summary with its features on the line below (wrapped, never cut)."""
     table = Table(title='stepcore plugins')
-    for column in ('distribution', 'version', 'kind', 'key', 'URL', 'features', 'summary'):
-        table.add_column(column)
-    for p in found:
-        for row in rows[id(p)]:
-            features = Text(', '.join(row['features']))
+    table.add_column('distribution', overflow='fold')
+    table.add_column('backend', overflow='fold')
+    table.add_column('URLs', overflow='fold')
+    table.add_column('summary and features')
+    for distribution, version, backends in plugins:
+        for row in backends:
+            about = Text(row['summary'])
             if 'unavailable' in row:
-                features = Text(f'unavailable: {row["unavailable"]}', style='red')
-            shown = (p.distribution, p.version, row['kind'], row['key'], ', '.join(row['urls']))
-            table.add_row(*map(Text, shown), features, Text(row['summary']))
-    out().print(table)
+                about.append(f'\nunavailable: {strip_error_class(row["unavailable"])}', style='red')
+            else:
+                about.append('\nfeatures: ', style='dim')
+                about.append(', '.join(row['features']) or 'none')
+            table.add_row(
+                Text(f'{distribution}\n{version}'),
+                Text(f'{row["key"]}\n{row["kind"]} store'),
+                Text('\n'.join(row['urls']) or '-'),
+                about,
+            )
+    return table if width is None else render.fit(table, width)
 
 
 _UI_PACKAGES = ('starlette', 'jinja2', 'markupsafe', 'uvicorn')

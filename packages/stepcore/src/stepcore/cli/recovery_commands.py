@@ -3,18 +3,42 @@ and `cancel`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
+import signal
 import sys
-from typing import Annotated, Any, cast
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 from rich.text import Text
 
-from stepcore.cli.console import JsonOption, RunArgument, StoreOption, echo_json, fail, out, with_run, with_store
+from stepcore.cli.console import (
+    DEBUG_VAR,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_WAITING,
+    CliError,
+    JsonOption,
+    RunArgument,
+    StoreOption,
+    echo_json,
+    err,
+    error_text,
+    explain,
+    fail,
+    out,
+    with_run,
+    with_store,
+)
+from stepcore.cli.words import cancelled_text, in_cli_terms, strip_error_class
 from stepcore.store.step_store import StepStore
 
 __all__ = ('answer', 'cancel', 'recover', 'resume')
+
+T = TypeVar('T')
 
 
 def recover(
@@ -81,49 +105,110 @@ def recover(
         ),
     ] = None,
     watch: Annotated[
-        bool, typer.Option('--watch', help='With --orphans: keep looking for orphans until interrupted.')
+        bool,
+        typer.Option(
+            '--watch',
+            help='With --orphans: keep looking for orphans until stopped (SIGTERM or Ctrl-C: what is under way '
+            'finishes first).',
+        ),
     ] = False,
     interval: Annotated[
         float, typer.Option(min=0.1, help='With --watch: seconds between two looks for orphans.')
     ] = 10.0,
+    quiet: Annotated[
+        bool, typer.Option('--quiet', help='With --watch: print no status line while nothing happens.')
+    ] = False,
 ) -> None:
     """Explain what a run left behind and how it can be resumed; settle calls you checked by hand.
 
     With --orphans, resume every orphaned run (its owner gone or its lease expired) that one of the
     --agent agents runs: each is claimed first, so several workers can do it at once safely.
+
+    Exit status 4 when the run waits for a person: deferred calls to answer, or calls to settle by hand.
     """
     from stepcore.cli.recovery_view import describe_recovery, parse_supplied, recovery_json
 
     if orphans:
         if run_id is not None or supply or mark_checked or rerun or retry:
             fail('--orphans resumes every orphan: give no RUN, --supply, --mark-checked, --rerun or --retry with it')
-        _recover_orphans(store, agent_specs or [], watch=watch, interval=interval, as_json=as_json)
+        if quiet and not watch:
+            fail('--quiet goes with --watch: it silences the status lines printed while nothing happens')
+        _recover_orphans(store, agent_specs or [], watch=watch, interval=interval, as_json=as_json, quiet=quiet)
         return
     if run_id is None:
         fail('name the run to recover (RUN), or pass --orphans to resume every orphaned run')
+    if watch or quiet:
+        fail(f'{"--watch" if watch else "--quiet"} goes with --orphans: stepcore recover --orphans --watch')
     supplied = [parse_supplied(item) for item in supply or ()]
+    offer_force = None if force else '--force'
 
-    async def body(s: StepStore, rid: str) -> Any:
+    async def body(s: StepStore, rid: str) -> tuple[Any, bool]:
         from stepcore.recovery import inspect_recovery
         from stepcore.recovery.dead import retry_run
         from stepcore.recovery.resolution import mark_checked as check
         from stepcore.recovery.resolution import rerun_call, supply_result
 
         if retry:
-            await retry_run(s, run_id=rid)
+            await _in_cli_words(retry_run(s, run_id=rid), action='--retry')
+        if supplied or mark_checked or rerun:
+            await _refuse_cancelled(s, rid)
         for call_id, result in supplied:
-            await supply_result(s, run_id=rid, tool_call_id=call_id, result=result, force=force)
+            settle = supply_result(s, run_id=rid, tool_call_id=call_id, result=result, force=force)
+            await _in_cli_words(settle, action=f'--supply {call_id}', force=offer_force)
         for call_id in mark_checked or ():
-            await check(s, run_id=rid, tool_call_id=call_id, force=force)
+            settle = check(s, run_id=rid, tool_call_id=call_id, force=force)
+            await _in_cli_words(settle, action=f'--mark-checked {call_id}', force=offer_force)
         for call_id in rerun or ():
-            await rerun_call(s, run_id=rid, tool_call_id=call_id, force=force)
-        return await inspect_recovery(store=s, run_id=rid)
+            settle = rerun_call(s, run_id=rid, tool_call_id=call_id, force=force)
+            await _in_cli_words(settle, action=f'--rerun {call_id}', force=offer_force)
+        report = await inspect_recovery(store=s, run_id=rid)
+        return report, await _waits_for_a_person(s, report)
 
-    run_id, report = with_run(store, run_id, body)
+    run_id, (report, waits) = with_run(store, run_id, body)
     if as_json:
         echo_json(recovery_json(report))
+    else:
+        out().print(describe_recovery(run_id, report))
+    if waits:
+        raise typer.Exit(EXIT_WAITING)
+
+
+async def _in_cli_words(step: Awaitable[T], *, action: str, force: str | None = None) -> T:
+    """Await `step`; what it raises is told in the command line's words (see `explain`)."""
+    try:
+        return await step
+    except Exception as error:
+        if os.environ.get(DEBUG_VAR):
+            raise
+        raise explain(error, action=action, force=force) from error
+
+
+async def _refuse_cancelled(store: StepStore, run_id: str) -> None:
+    """Refuse to answer or settle a call of a run that was cancelled (its newest continuation, when it was
+    resumed), saying so: what else is wrong with the call matters no more."""
+    from stepcore.ownership.claims import has_leases
+    from stepcore.recovery.chains import continuations
+
+    if not has_leases(store):
         return
-    out().print(describe_recovery(run_id, report))
+    lease = await store.get_lease((await continuations(store, run_id))[-1])
+    if lease is not None and lease.cancelled:
+        raise CliError(cancelled_text(lease))
+
+
+async def _waits_for_a_person(store: StepStore, report: Any) -> bool:
+    """Whether the run (its newest continuation, when it was resumed) waits for a person: deferred calls
+    nobody answered yet, or calls recovery left to settle by hand (`pending`)."""
+    from stepcore.ownership.claims import has_leases
+    from stepcore.recovery.answers import read_waiting
+    from stepcore.store.leases import LeaseState
+
+    run_id = report.resumed_by[-1] if report.resumed_by else report.run_id
+    lease = report.lease if not report.resumed_by else (await store.get_lease(run_id) if has_leases(store) else None)
+    if lease is not None and lease.state is LeaseState.PENDING:
+        return True
+    waiting = report.waiting if not report.resumed_by else await read_waiting(store, run_id=run_id)
+    return waiting is not None and waiting.resumed_by is None and bool(waiting.unanswered())
 
 
 def answer(
@@ -206,11 +291,29 @@ def answer(
         assert failure is not None
         return await fail_call(s, run_id=rid, tool_call_id=tool_call_id, message=failure, by=by)
 
-    run_id, recorded = with_run(store, run_id, body)
+    async def answered(s: StepStore, rid: str) -> tuple[Any, list[str]]:
+        from stepcore.recovery.answers import read_waiting
+
+        await _refuse_cancelled(s, rid)  # its pause is behind the cancel: say so, not that it did not pause
+        recorded = await body(s, rid)
+        waiting = await read_waiting(s, run_id=rid)
+        left = [c.tool_call_id for c in waiting.unanswered()] if waiting is not None else []
+        return recorded, left
+
+    run_id, (recorded, left) = with_run(store, run_id, answered)
     if as_json:
-        echo_json({'run_id': run_id, **recorded.to_json()})
+        echo_json({'run_id': run_id, **recorded.to_json(), 'unanswered': left})
         return
-    out().print(Text(f'{run_id} {tool_call_id}: {recorded.describe()}'))
+    console = out()
+    console.print(Text(f'{run_id} {tool_call_id}: {recorded.describe()}'))
+    if left:
+        console.print(
+            Text(f'still waiting for answers: {", ".join(left)} (`stepcore answer {run_id} CALL ...`)'), style='dim'
+        )
+    else:
+        console.print(
+            Text(f'every call is answered: resume it with `stepcore resume {run_id} --agent MODULE:ATTR`'), style='dim'
+        )
 
 
 def resume(
@@ -232,18 +335,30 @@ def resume(
 
     The run is claimed first on a store that keeps leases, so of two resumers exactly one proceeds, and a
     run once resumed is never resumed again. Prints the new run's id and output.
+
+    Exit status 0 also when the run had already finished (nothing to resume), 3 when another process
+    holds or claimed the run, 4 when it waits for a person (calls to answer or to settle by hand).
     """
-    from stepcore.recovery.answers import resume_run
+    from stepcore.recovery.resolution import resolve_run
 
     try:
         agent = _load_agent(agent_spec)
     except typer.BadParameter as exc:
         fail(str(exc.message))
 
-    async def body(s: StepStore, rid: str) -> Any:
-        return await resume_run(s, run_id=rid, agent=agent, force=force)
+    async def body(s: StepStore, rid: str) -> tuple[Any, Any]:
+        offer_force = None if force else '--force'
+        resumption = await _in_cli_words(
+            resolve_run(s, run_id=rid, agent=agent, force=force), action='resuming it', force=offer_force
+        )
+        if not resumption.ready:
+            return resumption, None
+        return resumption, await _in_cli_words(resumption.run(agent), action='resuming it')
 
-    run_id, outcome = with_run(store, run_id, body)
+    run_id, (resumption, outcome) = with_run(store, run_id, body)
+    if outcome is None:
+        _not_resumed(run_id, resumption, agent_spec, as_json=as_json)
+        return
     output = outcome.output
     shown = output if isinstance(output, str | int | float | bool | None) else repr(output)
     if as_json:
@@ -251,6 +366,55 @@ def resume(
         return
     out().print(Text.assemble((f'{run_id}: ', 'bold'), ('resumed', 'green'), f' as {outcome.run_id}'))
     out().print(Text(str(shown)))
+
+
+def _not_resumed(run_id: str, resumption: Any, agent_spec: str, *, as_json: bool) -> None:
+    """Say why `stepcore resume` resumed nothing: the run already finished (exit 0), or it waits for a
+    person (exit 4): deferred calls to answer, or calls a crash cut short to settle by hand."""
+    newest = resumption.run_id
+    again = f'`stepcore resume {run_id} --agent {agent_spec}`'
+    if resumption.finished:
+        if as_json:
+            echo_json({'run_id': run_id, 'resumed_as': None, 'output': None, 'finished': True, 'newest_run': newest})
+            return
+        if newest == run_id:
+            said = f'run {run_id} already finished: there is nothing to resume'
+        else:
+            said = (
+                f'run {run_id} was resumed already, by run {newest}, which already ended with a final response: '
+                'there is nothing to resume'
+            )
+        out().print(Text(said))
+        return
+    waiting = [{'tool_call_id': c.tool_call_id, 'tool_name': c.tool_name, 'kind': c.kind} for c in resumption.waiting]
+    pending = [{'tool_call_id': e.tool_call_id, 'tool_name': e.tool_name, 'args': e.args} for e in resumption.pending]
+    if as_json:
+        echo_json({'run_id': run_id, 'resumed_as': None, 'output': None, 'waiting': waiting, 'pending': pending})
+        raise typer.Exit(EXIT_WAITING)
+    console = out()
+    if waiting:
+        calls = ', '.join(f'{c["tool_name"]} ({c["tool_call_id"]}, {c["kind"]})' for c in waiting)
+        console.print(
+            Text(
+                f'run {run_id} waits for answers to deferred tool calls: {calls}. Answer each with '
+                f'`stepcore answer {run_id} CALL --approve` (or --deny, --result JSON, --fail TEXT), then run '
+                f'{again} again.'
+            )
+        )
+    if pending:
+        calls = ', '.join(f'{e["tool_name"]} ({e["tool_call_id"]}) args {_json_text(e["args"])}' for e in pending)
+        console.print(
+            Text(
+                f'run {newest} has tool calls a crash cut short that nobody settled yet: {calls}. Check each '
+                f'outside the agent, then settle it with `stepcore recover {run_id} --supply CALL=RESULT`, '
+                f'`--mark-checked CALL` (it happened) or `--rerun CALL` (it did not), and run {again} again.'
+            )
+        )
+    raise typer.Exit(EXIT_WAITING)
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(', ', ': '), default=str)
 
 
 def _load_agent(spec: str) -> Any:
@@ -267,14 +431,16 @@ def _load_agent(spec: str) -> Any:
         for part in attr.split('.'):
             found = getattr(found, part)
     except (ImportError, AttributeError) as exc:
-        raise typer.BadParameter(f'--agent {spec!r}: {type(exc).__name__}: {exc}') from exc
+        raise typer.BadParameter(f'--agent {spec!r} cannot be imported: {exc}') from exc
     if not callable(getattr(found, 'run', None)):
         raise typer.BadParameter(f'--agent {spec!r} is a {type(found).__name__}, not a pydantic-ai Agent')
     return found
 
 
-def _recover_orphans(url: str | None, specs: list[str], *, watch: bool, interval: float, as_json: bool) -> None:
-    from stepcore.recovery.fleet import OrphanOutcome, recover_orphans, run_recovery_loop
+def _recover_orphans(
+    url: str | None, specs: list[str], *, watch: bool, interval: float, as_json: bool, quiet: bool
+) -> None:
+    from stepcore.recovery.fleet import OrphanOutcome, recover_orphans
 
     if not specs:
         fail('--orphans needs the agents that run them: pass --agent MODULE:ATTR (repeatable)')
@@ -286,31 +452,203 @@ def _recover_orphans(url: str | None, specs: list[str], *, watch: bool, interval
     def show(outcome: OrphanOutcome) -> None:
         if as_json:
             typer.echo(json.dumps(_outcome_json(outcome)))
-        else:
-            style = {'resumed': 'green', 'failed': 'red', 'pending': 'yellow', 'abandoned': 'yellow'}
-            out().print(
-                Text.assemble(
-                    (f'{outcome.run_id}: ', 'bold'),
-                    (outcome.outcome, style.get(outcome.outcome, '')),
-                    f' {outcome.detail}' if outcome.detail else '',
-                    f' (resumed as {outcome.resumed_as})' if outcome.resumed_as else '',
-                )
-            )
+            return
+        style = {'resumed': 'green', 'failed': 'red', 'dead': 'red', 'pending': 'yellow', 'abandoned': 'yellow'}
+        out().print(
+            Text.assemble(
+                (f'{outcome.run_id}: ', 'bold'),
+                (outcome.outcome, style.get(outcome.outcome, '')),
+                _outcome_detail(outcome),
+            ),
+            soft_wrap=True,
+        )
 
     async def body(s: StepStore) -> int:
         if watch:
-            await run_recovery_loop(s, agents, interval=interval, on_outcome=show)
-            return 0
+            return await _watch(s, url, agents, interval=interval, show=show, quiet=quiet)
         outcomes = await recover_orphans(s, agents)
         for outcome in outcomes:
             show(outcome)
         if not outcomes and not as_json:
             out().print('no orphaned runs')
-        return sum(o.outcome == 'failed' for o in outcomes)
+        failed = [o.run_id for o in outcomes if o.outcome in ('failed', 'dead')]
+        if failed:
+            raise CliError(
+                f'{len(failed)} of {len(outcomes)} orphans could not be resumed ({", ".join(failed)}): see '
+                '`stepcore recover RUN` for each'
+            )
+        return EXIT_WAITING if any(o.outcome == 'pending' for o in outcomes) else EXIT_OK
 
-    failed = with_store(url, body)
-    if failed:
-        raise typer.Exit(1)
+    code = with_store(url, body)
+    if code:
+        raise typer.Exit(code)
+
+
+_LEFT_FOR_OTHERS = ('unknown agent', 'other version')
+"""Outcomes of an orphan this worker leaves for another: `--watch` reports each once, not at every look."""
+
+
+async def _watch(
+    store: StepStore,
+    url: str | None,
+    agents: list[Any],
+    *,
+    interval: float,
+    show: Callable[[Any], None],
+    quiet: bool,
+) -> int:
+    """Run the recovery loop until SIGTERM or SIGINT: then claim nothing more, let what is under way finish,
+    and answer 0; a second signal cancels what is under way (its runs are orphans again once their
+    leases expire) and answers 1. A status line goes to stderr when a look found nothing to report."""
+    from stepcore.cli.stores import resolve_store_url
+    from stepcore.recovery.fleet import OrphanOutcome, run_recovery_loop
+
+    where = _shown_url(resolve_store_url(url))
+    stop = asyncio.Event()
+    stopping: list[str] = []
+    reported = False
+    left: dict[str, str] = {}
+
+    def say(text: str) -> None:
+        err().print(Text(text), soft_wrap=True, highlight=False)
+
+    def on_outcome(outcome: OrphanOutcome) -> None:
+        nonlocal reported
+        if outcome.outcome in _LEFT_FOR_OTHERS:
+            if left.get(outcome.run_id) == outcome.outcome:
+                return
+            left[outcome.run_id] = outcome.outcome
+        else:
+            left.pop(outcome.run_id, None)
+        reported = True
+        show(outcome)
+
+    recovery = asyncio.create_task(
+        run_recovery_loop(store, agents, interval=interval, stop=stop, on_outcome=on_outcome),
+        name='stepcore recover --orphans --watch',
+    )
+
+    def on_signal(name: str) -> None:
+        stopping.append(name)
+        if len(stopping) == 1:
+            say(
+                f'{name}: stopping: no more runs are claimed, and the resumptions under way finish first '
+                f'({name} again stops at once)'
+            )
+            stop.set()
+        else:
+            say(f'{name} again: stopping at once')
+            recovery.cancel()
+
+    async def idle() -> None:
+        nonlocal reported
+        while not stop.is_set():
+            await asyncio.sleep(interval)
+            if reported or stop.is_set() or quiet:
+                reported = False
+                continue
+            say(f'watching {where}: {await _standing_counts(store)}, next look within {interval:g} s')
+
+    names = ', '.join(sorted({getattr(a, 'name', None) or '?' for a in agents}))
+    restore = _on_signals(on_signal)
+    ticker = asyncio.create_task(idle(), name='stepcore recover --watch status')
+    try:
+        say(f'watching {where} for orphans of {names} every {interval:g} s; SIGTERM or Ctrl-C stops it')
+        await recovery
+    except asyncio.CancelledError:
+        if len(stopping) < 2:
+            raise
+        say(
+            'stopped at once: the resumptions under way were cancelled; their runs are orphans again once their '
+            'leases expire'
+        )
+        return EXIT_FAILED
+    finally:
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
+        restore()
+    say(
+        f'stopped on {stopping[0]}: every resumption under way finished; this worker holds no run'
+        if stopping
+        else 'stopped'
+    )
+    return EXIT_OK
+
+
+async def _standing_counts(store: StepStore) -> str:
+    """`N orphans, M waiting` for the status line, and `K resuming here` while this process holds runs (or
+    why the store could not tell)."""
+    from stepcore.ownership.claims import has_leases
+    from stepcore.ownership.identity import same_process
+    from stepcore.ownership.orphans import list_orphans
+    from stepcore.recovery.answers import list_waiting
+    from stepcore.store.leases import LeaseState
+
+    try:
+        orphans = len(await list_orphans(store))
+        here = 0
+        if has_leases(store):
+            waiting = len(await store.list_leases([LeaseState.WAITING]))
+            here = sum(same_process(lease.owner) for lease in await store.list_leases([LeaseState.RUNNING]))
+        else:
+            waiting = len(await list_waiting(store))
+    except Exception as error:
+        return f'the store did not answer ({error_text(error)})'
+    resuming = f', {here} resuming here' if here else ''
+    return f'{orphans} orphan{"" if orphans == 1 else "s"}, {waiting} waiting{resuming}'
+
+
+def _on_signals(handler: Callable[[str], None]) -> Callable[[], None]:
+    """Call `handler(name)` on SIGTERM and SIGINT instead of stopping the process; answers what restores
+    the handlers there were. Where signals cannot be caught (not the main thread), nothing changes."""
+    loop = asyncio.get_running_loop()
+    caught: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, handler, sig.name)
+        except (NotImplementedError, RuntimeError, ValueError):
+            continue
+        caught.append(sig)
+
+    def restore() -> None:
+        for sig in caught:
+            loop.remove_signal_handler(sig)
+
+    return restore
+
+
+def _shown_url(url: str) -> str:
+    """The store URL with its password, if any, left out."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if not parts.password:
+            return url
+    except ValueError:
+        return url
+    user, _, host = parts.netloc.rpartition('@')
+    return urlunsplit(parts._replace(netloc=f'{user.split(":", 1)[0]}:***@{host}'))
+
+
+def _outcome_detail(outcome: Any) -> str:
+    """What follows `RUN: OUTCOME` in an outcome line, in the command line's words."""
+    raw: str = outcome.detail or ''
+    run_id = outcome.run_id
+    if outcome.outcome == 'resumed':  # the detail is the agent's output, shown as it is
+        return f' as {outcome.resumed_as}, {raw}' if outcome.resumed_as else (f', {raw}' if raw else '')
+    detail = in_cli_terms(strip_error_class(raw) if outcome.outcome in ('failed', 'busy') else raw)
+    if outcome.outcome == 'pending':
+        calls, _, rest = detail.removeprefix('settle by hand: ').partition(';')
+        bare = re.search(r'so a person decides: ([^(;]+)', rest)
+        without = f'; tools without a recovery policy: {bare[1].strip()}' if bare else ''
+        return (
+            f': waits for a person to settle {calls.strip()}{without}. Check each call outside the agent, then '
+            f'`stepcore recover {run_id} --supply CALL=RESULT`, `--mark-checked CALL` or `--rerun CALL`'
+        )
+    if outcome.outcome == 'unknown agent':
+        return f': {detail}; left for a worker that runs it (pass its --agent)'
+    return f': {detail}' if detail else ''
 
 
 def _outcome_json(outcome: Any) -> dict[str, Any]:

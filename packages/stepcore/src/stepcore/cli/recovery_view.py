@@ -12,6 +12,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from stepcore.cli.render import lease_json
+from stepcore.cli.words import died_text, lease_text, owner_text
 from stepcore.recovery.inspection import RecoveryReport
 from stepcore.recovery.paused import Waiting
 from stepcore.store.codec import dump_record
@@ -96,13 +97,13 @@ def _describe_waiting(run_id: str, waiting: Waiting) -> RenderableType:
     if waiting.ready(now):
         next_step = (
             f'Next: every call is answered. Resume it once, from any process: `stepcore resume {run_id} --agent '
-            f'MODULE:ATTR`, or await resume_run(store, run_id={run_id!r}, agent=agent).'
+            'MODULE:ATTR`.'
         )
     else:
         next_step = (
             f'Next: answer each call with `stepcore answer {run_id} CALL --approve [--args JSON]`, `--deny '
-            '[--message TEXT]`, `--result JSON` or `--fail TEXT` (or approve_call, deny_call, answer_call, '
-            'fail_call), then resume it.'
+            f'[--message TEXT]`, `--result JSON` or `--fail TEXT`, then resume it with `stepcore resume {run_id} '
+            '--agent MODULE:ATTR`.'
         )
     lines.append(Text(next_step, style='bold'))
     return Group(*lines)
@@ -144,17 +145,35 @@ def describe_recovery(run_id: str, report: RecoveryReport, *, owners: bool = Tru
     if report.waiting is not None:
         return _describe_waiting(run_id, report.waiting)
     if report.live and lease is not None and lease.owner is not None:
+        doing = 'Being recovered now by' if lease.owner.role == 'recovery' else 'Running now on'
         say(
-            f'Running now on {lease.owner}, its lease held until {lease.expires_at.isoformat(timespec="seconds")} '
-            f'(epoch {lease.epoch}): recovery refuses a live run. Wait until it ends or its lease expires; '
-            'if you know that process is gone, settle with --force.',
+            f'{doing} {owner_text(lease.owner)}, its lease held until '
+            f'{lease.expires_at.isoformat(timespec="seconds")} (epoch {lease.epoch}): recovery refuses a live run. '
+            'Wait until it ends or its lease expires; if you know that process is gone, pass --force to '
+            f'`stepcore recover {run_id} --supply ...` or `stepcore resume {run_id}`.',
             'bold yellow',
         )
     elif lease is not None and lease.state.value == 'running':
-        held = f' ({lease.describe()})' if owners else ''
-        say(f'Orphaned: its lease{held} has no live owner. Any worker may claim and resume it.', 'yellow')
+        held = f' ({lease_text(lease)})' if owners else ''
+        say(
+            f'Orphaned: its lease{held} has no live owner. Any worker may claim and resume it: '
+            f'`stepcore resume {run_id} --agent MODULE:ATTR`, or a recovery worker '
+            '(`stepcore recover --orphans --agent MODULE:ATTR`).',
+            'yellow',
+        )
     elif lease is not None and lease.state.value == 'pending' and lease.note:
         say(f'Pending a person: {lease.note}.', 'yellow')
+    elif lease is not None and lease.state.value == 'dead':
+        died = '; '.join(died_text(attempt) for attempt in lease.died)
+        say(
+            f'Dead: {len(lease.died)} resumptions of it died ({died}). Recovery does not resume it any more: find '
+            f'what kills its worker, then give it another chance with `stepcore recover {run_id} --retry`.',
+            'bold red',
+        )
+    elif lease is not None and lease.cancelled:
+        say(f'Cancelled: it was {lease.note or "cancelled"}. A cancelled run is never resumed.', 'bold red')
+    elif lease is not None and lease.state.value == 'ended' and lease.outcome == 'completed':
+        say(f'Completed: run {run_id} has nothing left to do.', 'green')
     elif not report.leases_kept:
         say(
             'This store keeps no leases, so ownership cannot be checked: make sure no process still runs the run '
@@ -170,15 +189,15 @@ def describe_recovery(run_id: str, report: RecoveryReport, *, owners: bool = Tru
     elif report.start_point:
         say(
             "No settled snapshot, but the store kept the run's start point (the history and prompt it began "
-            'with): resolve_run resumes it from its first request.',
+            'with): `stepcore resume` resumes it from its first request.',
             'yellow',
         )
     else:
-        say('No settled snapshot: continue_run has nothing to resume from by default.', 'yellow')
+        say('No settled snapshot: there is nothing to resume from.', 'yellow')
     if newest is not None and report.interrupted:
         say(
             f'Newest snapshot: seq {newest.seq} at step {newest.step_index} is interrupted: it holds tool calls '
-            'without results. It is only used with include_interrupted=True.',
+            'without results. A resumption starts from the settled snapshot and settles those calls first.',
             'yellow',
         )
     if report.completed_tools:
@@ -196,8 +215,8 @@ def describe_recovery(run_id: str, report: RecoveryReport, *, owners: bool = Tru
             lines.append(Padding(Text(detail, style='yellow'), (0, 0, 0, 2), expand=False))
         say(
             'The run cannot be continued as is: continuing from the settled snapshot would let the model '
-            'call these tools again. Tools with a recovery policy are settled by resolve_run; check the others '
-            'outside the agent, then settle each with '
+            'call these tools again. Tools with a recovery policy are settled when the run is resumed; check the '
+            'others outside the agent, then settle each with '
             f'`stepcore recover {run_id} --supply CALL=RESULT`, `--mark-checked CALL` (it happened) or '
             '`--rerun CALL` (it did not).',
             'yellow',
@@ -207,22 +226,26 @@ def describe_recovery(run_id: str, report: RecoveryReport, *, owners: bool = Tru
     if report.settled_on_recovery:
         say(
             f'Settled on recovery, with results in no snapshot of this run: {", ".join(report.settled_on_recovery)}. '
-            'resolve_run hands their results over again; continue_run alone would let the model call them again.',
+            '`stepcore resume` hands their results over again; continuing from the snapshot alone would let the '
+            'model call them again.',
             'yellow',
         )
-    if settled is not None or report.start_point:
-        verb = 'continue from the settled point' if report.continuable_as_is else 'settle the calls and resume'
+    if lease is not None and (lease.cancelled or (lease.state.value == 'ended' and lease.outcome == 'completed')):
+        pass  # nothing to resume
+    elif settled is not None or report.start_point:
+        if report.continuable_as_is:
+            verb = 'continue from the settled point'
+        elif report.unresolved or report.settled_on_recovery:
+            verb = 'settle the calls and resume'
+        else:
+            verb = 'resume it from its start point' if settled is None else 'resume it'
         if report.live:
             verb += ' once its owner is gone'
-        say(
-            f'Next: resumption = await resolve_run(store, run_id={run_id!r}, agent=agent), then '
-            f'await resumption.run(agent) to {verb}.',
-            'bold',
-        )
+        say(f'Next: `stepcore resume {run_id} --agent MODULE:ATTR` to {verb}.', 'bold')
     else:
         say(
-            'It cannot be resumed: it saved no complete snapshot (it stopped before its first settled step, and '
-            'did not use capture_frontier=True). Start it again.',
+            'It cannot be resumed: it stopped before its first settled step and saved nothing to resume from. '
+            'Start it again.',
             'bold',
         )
     return Group(*lines)

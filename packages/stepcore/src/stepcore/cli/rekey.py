@@ -63,8 +63,9 @@ async def rekey_store(store: StepStore, journal: Path, *, progress: Callable[[st
     encryption = store.encryption
     if encryption is None:
         raise ValueError(
-            'rekey needs the store opened with its keys: give encryption= (or encryption_env= / '
-            'encryption_key_file= in the store URL), the new key active and the old ones beside it'
+            'rekey needs the keys of the store: pass --keys-env VARIABLE or --key-file PATH (or '
+            '?encryption_env=VARIABLE or ?encryption_key_file=PATH in the store URL), with the new key active '
+            'and the old ones beside it'
         )
     journal.mkdir(mode=0o700, parents=True, exist_ok=True)
     report = RekeyReport()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -20,25 +22,36 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
-from rich.console import Group, RenderableType
-from rich.table import Table
+from rich.console import Console, Group, RenderableType
+from rich.measure import Measurement
+from rich.table import Column, Table
 from rich.text import Text
 from rich.tree import Tree
 
+from stepcore.cli.words import died_text, owner_text
+from stepcore.ownership.identity import owner_gone
 from stepcore.recovery.jobs import JobRun
+from stepcore.recovery.standing import Standing
 from stepcore.store.leases import Lease, LeaseState
 from stepcore.store.lifecycle import run_status as lifecycle_status
 from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
 
 __all__ = (
+    'FOLD_FLOOR',
+    'Moment',
     'RunNode',
+    'Waits',
+    'Whole',
+    'add_column',
     'effects_table',
     'events_table',
+    'fit',
     'render_messages',
     'run_status',
     'run_tree',
     'runs_table',
     'snapshots_table',
+    'standing_label',
     'when',
 )
 
@@ -53,6 +66,26 @@ _EFFECT_STYLE = {
 def run_status(events: Sequence[StepEvent]) -> str:
     """`completed`, `failed`, `unfinished` (still running, or the process died) or `waiting` from a run's events."""
     return lifecycle_status(events)
+
+
+def standing_label(standing: Standing) -> str:
+    """How a run stands, for the runs table: `Standing.label`, its leases told from their fields."""
+    lease = standing.lease
+    ownership = standing.ownership
+    if ownership == 'waiting':
+        return 'waiting for answers'
+    if lease is None or ownership in (None, 'resumed', 'pending'):
+        return standing.label
+    when = f'{lease.expires_at.astimezone(UTC):%H:%M:%S}'
+    if ownership == 'running' and lease.owner is not None:
+        doing = 'recovered by' if lease.owner.role == 'recovery' else 'running on'
+        return f'{doing} {owner_text(lease.owner)} (lease until {when})'
+    if ownership == 'orphaned':
+        return 'orphaned (owner gone)' if owner_gone(lease) else f'orphaned (lease expired {when})'
+    if ownership == 'dead':
+        newest = f'; the newest: {died_text(lease.died[-1])}' if lease.died else ''
+        return f'dead: {len(lease.died)} resumptions died{newest}'
+    return standing.label
 
 
 def styled_status(status: str) -> Text:
@@ -85,63 +118,342 @@ def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + '…'
 
 
+# --- fitting a table to the terminal ------------------------------------------------------------------
+
+FOLD_FLOOR = 12
+"""The narrowest a column of ids (folded over several lines) is made when a table is fitted to a terminal."""
+
+_WRAP_FLOOR = 4
+"""The narrowest any wrapping column is made when a table cannot fit with every column at its floor."""
+
+_measurer: Console | None = None
+
+
+def _measuring_console() -> Console:
+    global _measurer
+    if _measurer is None:
+        _measurer = Console(file=io.StringIO(), width=100_000, color_system=None, force_terminal=False)
+    return _measurer
+
+
+def _measure(table: Table, column: Column) -> tuple[int, int]:
+    """A column's longest word and longest line, header included (content only, no padding)."""
+    console = _measuring_console()
+    cells: list[RenderableType] = list(column.cells)
+    if table.show_header:
+        cells.append(column.header)
+    words, lines = 1, 1
+    for cell in cells:
+        measured = Measurement.get(console, console.options, cell)
+        words, lines = max(words, measured.minimum), max(lines, measured.maximum)
+    return words, lines
+
+
+def _overhead(table: Table) -> int:
+    """The characters a table's borders and cell padding take on each line."""
+    count = len(table.columns)
+    _, right, _, left = table.padding
+    padding = count * (left + right)
+    if not table.pad_edge and count:
+        padding -= left + right
+    if table.collapse_padding and count > 1:
+        padding -= (count - 1) * min(left, right)
+    borders = 0
+    if table.box is not None:
+        borders = count - 1 + (2 if table.show_edge else 0)
+    return padding + borders
+
+
+def natural_width(table: Table) -> int:
+    """How wide `table` is when none of its cells wraps."""
+    return sum(_measure(table, column)[1] for column in table.columns) + _overhead(table)
+
+
+class Moment(Column):
+    """A column of `YYYY-MM-DD HH:MM:SS` moments: on one line when there is room, else date above time."""
+
+
+class Whole(Column):
+    """A column of names a person reads (an agent, an event kind): its words are folded last of all."""
+
+
+_DATE = 10
+"""The width of a moment's date, the narrowest a column of moments is made."""
+
+
+def add_column(table: Table, column: Column) -> None:
+    """Add `column` (a `Moment`, a `Whole` or any `Column`) to `table`, as `Table.add_column` adds its own."""
+    column._index = len(table.columns)  # pyright: ignore[reportPrivateUsage]
+    table.columns.append(column)
+
+
+def _floor(column: Column, word: int, line: int) -> int:
+    """The narrowest `column` is made while every column keeps its words whole or its ids folded."""
+    if column.width is not None:
+        return column.width
+    if column.no_wrap:
+        return line
+    if isinstance(column, Moment):
+        return min(line, _DATE)
+    if isinstance(column, Whole):
+        return word
+    if column.overflow == 'fold':
+        return min(word, FOLD_FLOOR)
+    return word
+
+
+def _shrink(widths: list[int], floors: Sequence[int], excess: int) -> int:
+    """Take `excess` characters from the widest columns first, none below its floor; what is left."""
+    while excess > 0:
+        room = [i for i, width in enumerate(widths) if width > floors[i]]
+        if not room:
+            break
+        widest = max(room, key=lambda i: (widths[i], widths[i] - floors[i]))
+        widths[widest] -= 1
+        excess -= 1
+    return excess
+
+
+def fit(table: Table, width: int) -> Table:
+    """Give `table`'s columns widths that fit in `width` characters, wrapping cells rather than cutting them.
+
+    A table that fits is left as it is. Otherwise the widest columns give way first, each down to its
+    longest word at most (a column of ids, folded over lines, down to `FOLD_FLOOR`; one that never
+    wraps, such as a status word, not at all), so no cell loses words while the terminal has room for
+    them; only a terminal too narrow for that cuts cells short.
+    """
+    columns = table.columns
+    if not columns:
+        return table
+    measured = [_measure(table, column) for column in columns]
+    widths = [
+        column.width if column.width is not None else line for column, (_, line) in zip(columns, measured, strict=True)
+    ]
+    excess = sum(widths) + _overhead(table) - width
+    if excess <= 0:
+        return table
+    floors = [_floor(column, word, line) for column, (word, line) in zip(columns, measured, strict=True)]
+    # Words stay whole while they can: ids fold only once the other columns are down to their longest
+    # words. Moments keep to one line till then too; past that, each goes to two lines at once.
+    whole = [
+        line if isinstance(column, Moment) else max(floor, word)
+        for column, floor, (word, line) in zip(columns, floors, measured, strict=True)
+    ]
+    if sum(whole) + _overhead(table) > width:
+        for index, column in enumerate(columns):
+            if isinstance(column, Moment):
+                widths[index] = whole[index] = floors[index]
+        excess = sum(widths) + _overhead(table) - width
+    excess = _shrink(widths, whole, excess)
+    excess = _shrink(widths, floors, excess)
+    if excess > 0:  # too narrow for every word: wrapping columns go further, to a few characters
+        excess = _shrink(
+            widths, [f if c.no_wrap else min(f, _WRAP_FLOOR) for c, f in zip(columns, floors, strict=True)], excess
+        )
+    if excess > 0:
+        _shrink(widths, [1] * len(widths), excess)
+    for column, new in zip(columns, widths, strict=True):
+        column.width = new
+    return table
+
+
+def _fitted(wide: Table, compact: Callable[[], Table], width: int | None) -> Table:
+    """`wide` when it fits in `width` (or no width is given), else `compact()` fitted to it."""
+    if width is None or natural_width(wide) <= width:
+        return wide
+    return fit(compact(), width)
+
+
+def _lines(first: str, *labelled: tuple[str, object], style: str = '') -> Text:
+    """A cell of several lines: `first`, then `label value` for each value there is (labels dim)."""
+    text = Text(first, style=style)
+    for label, value in labelled:
+        if value is None or value == '':
+            continue
+        text.append(f'\n{label} ', style='dim')
+        text.append(str(value))
+    return text
+
+
+def _time_column(table: Table, header: str) -> None:
+    """A column of `YYYY-MM-DD HH:MM:SS` moments: on one line when there is room, else date above time."""
+    add_column(table, Moment(header))
+
+
+# --- the tables ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Waits:
+    """What a run waiting on deferred tool calls waits for, for the `runs --status waiting` table."""
+
+    unanswered: int
+    """Calls with no answer yet (and not past their deadline)."""
+    calls: int
+    """Every deferred call of the pause."""
+    deadline: datetime | None
+    """The earliest deadline of the unanswered calls (`None`: none has one)."""
+
+    def calls_text(self) -> str:
+        if not self.calls:
+            return '-'
+        if not self.unanswered:
+            return 'none: all answered'
+        if self.unanswered == self.calls:
+            return f'{self.calls} call{"" if self.calls == 1 else "s"}'
+        return f'{self.unanswered} of {self.calls} calls'
+
+    def deadline_text(self) -> str:
+        return '-' if self.deadline is None else _when(self.deadline)
+
+
 def runs_table(
-    runs: Sequence[RunRecord], statuses: Sequence[str], *, title: str | None = None, timestamps: bool = True
+    runs: Sequence[RunRecord],
+    statuses: Sequence[str],
+    *,
+    title: str | None = None,
+    timestamps: bool = True,
+    waits: Sequence[Waits | None] | None = None,
+    width: int | None = None,
 ) -> Table:
-    table = _table(title)
-    table.add_column('run_id', overflow='fold')
-    table.add_column('agent', overflow='fold')
-    table.add_column('status', no_wrap=True)
-    table.add_column('conversation', overflow='fold')
-    table.add_column('parent', overflow='fold')
-    if timestamps:
-        table.add_column('started_at (UTC)')
-    for run, status in zip(runs, statuses, strict=True):
-        row: list[RenderableType] = [
-            Text(run.run_id),
-            _dash(run.agent_name),
-            styled_status(status),
-            _dash(run.conversation_id),
-            _dash(run.parent_run_id),
-        ]
+    """The runs, one a row: id, agent, status, conversation, parent, start, and with `waits` what each
+    waiting run waits for. Narrower than its natural width, the conversation and parent go under the
+    run id, and the other cells wrap."""
+
+    def wide() -> Table:
+        table = _table(title)
+        table.add_column('run_id', overflow='fold')
+        table.add_column('agent', overflow='fold')
+        table.add_column('status', no_wrap=True)
+        table.add_column('conversation', overflow='fold')
+        table.add_column('parent', overflow='fold')
         if timestamps:
-            row.append(_when(run.started_at))
-        table.add_row(*row)
-    return table
+            table.add_column('started_at (UTC)')
+        _waits_columns(table, waits)
+        for index, (run, status) in enumerate(zip(runs, statuses, strict=True)):
+            row: list[RenderableType] = [
+                Text(run.run_id),
+                _dash(run.agent_name),
+                styled_status(status),
+                _dash(run.conversation_id),
+                _dash(run.parent_run_id),
+            ]
+            if timestamps:
+                row.append(_when(run.started_at))
+            row.extend(_waits_cells(waits, index))
+            table.add_row(*row)
+        return table
+
+    def compact() -> Table:
+        table = _table(title)
+        table.add_column('run_id', overflow='fold')
+        add_column(table, Whole('agent', overflow='fold'))
+        table.add_column('status', overflow='fold')
+        if timestamps:
+            _time_column(table, 'started_at (UTC)')
+        _waits_columns(table, waits, compact=True)
+        for index, (run, status) in enumerate(zip(runs, statuses, strict=True)):
+            row: list[RenderableType] = [
+                _lines(run.run_id, ('conversation', run.conversation_id), ('parent', run.parent_run_id)),
+                _dash(run.agent_name),
+                styled_status(status),
+            ]
+            if timestamps:
+                row.append(_when(run.started_at))
+            row.extend(_waits_cells(waits, index))
+            table.add_row(*row)
+        return table
+
+    return _fitted(wide(), compact, width)
 
 
-def events_table(events: Sequence[StepEvent], *, title: str | None = None, timestamps: bool = True) -> Table:
-    table = _table(title)
+def _waits_columns(table: Table, waits: Sequence[Waits | None] | None, *, compact: bool = False) -> None:
+    if waits is None:
+        return
+    table.add_column('waits on')
+    if compact:
+        _time_column(table, 'next deadline (UTC)')
+    else:
+        table.add_column('next deadline (UTC)')
+
+
+def _waits_cells(waits: Sequence[Waits | None] | None, index: int) -> list[RenderableType]:
+    if waits is None:
+        return []
+    found = waits[index]
+    if found is None:
+        return [_dash(None), _dash(None)]
+    return [Text(found.calls_text()), Text(found.deadline_text())]
+
+
+def events_table(
+    events: Sequence[StepEvent], *, title: str | None = None, timestamps: bool = True, width: int | None = None
+) -> Table:
+    """A run's events in order. Narrower than its natural width, the call id goes under the tool and the
+    error under the kind."""
     with_errors = any(e.error for e in events)
-    table.add_column('seq', justify='right')
-    table.add_column('step', justify='right')
-    table.add_column('kind', no_wrap=True)
-    table.add_column('tool', overflow='fold')
-    table.add_column('tool_call_id', overflow='fold')
-    if with_errors:
-        table.add_column('error', overflow='fold')
-    if timestamps:
-        table.add_column('timestamp (UTC)', no_wrap=True)
-    for event in events:
-        style = 'red' if event.kind.value.endswith('_failed') else ''
-        row: list[RenderableType] = [
-            _dash(event.seq),
-            str(event.step_index),
-            Text(event.kind.value, style=style),
-            _dash(event.tool_name),
-            _dash(event.tool_call_id),
-        ]
+
+    def wide() -> Table:
+        table = _table(title)
+        table.add_column('seq', justify='right')
+        table.add_column('step', justify='right')
+        table.add_column('kind', no_wrap=True)
+        table.add_column('tool', overflow='fold')
+        table.add_column('tool_call_id', overflow='fold')
         if with_errors:
-            row.append(Text(_clip(event.error or '-', 80)))
+            table.add_column('error', overflow='fold')
         if timestamps:
-            row.append(_when(event.timestamp))
-        table.add_row(*row)
-    return table
+            table.add_column('timestamp (UTC)', no_wrap=True)
+        for event in events:
+            row: list[RenderableType] = [
+                _dash(event.seq),
+                str(event.step_index),
+                Text(event.kind.value, style=_kind_style(event)),
+                _dash(event.tool_name),
+                _dash(event.tool_call_id),
+            ]
+            if with_errors:
+                row.append(Text(_clip(event.error or '-', 200)))
+            if timestamps:
+                row.append(_when(event.timestamp))
+            table.add_row(*row)
+        return table
+
+    def compact() -> Table:
+        table = _table(title)
+        table.add_column('seq', justify='right', no_wrap=True)
+        table.add_column('step', justify='right', no_wrap=True)
+        add_column(table, Whole('kind' + (' / error' if with_errors else ''), overflow='fold'))
+        table.add_column('tool / call id', overflow='fold')
+        if timestamps:
+            _time_column(table, 'timestamp (UTC)')
+        for event in events:
+            kind = Text(event.kind.value, style=_kind_style(event))
+            if event.error:
+                kind.append('\n' + _clip(event.error, 200), style='red')
+            named = [v for v in (event.tool_name, event.tool_call_id) if v]
+            tool = Text('\n'.join(named)) if named else _dash(None)
+            row: list[RenderableType] = [_dash(event.seq), str(event.step_index), kind, tool]
+            if timestamps:
+                row.append(_when(event.timestamp))
+            table.add_row(*row)
+        return table
+
+    return _fitted(wide(), compact, width)
+
+
+def _kind_style(event: StepEvent) -> str:
+    return 'red' if event.kind.value.endswith('_failed') else ''
 
 
 def snapshots_table(
-    snapshots: Sequence[ContinuableSnapshot], *, title: str | None = None, timestamps: bool = True
+    snapshots: Sequence[ContinuableSnapshot],
+    *,
+    title: str | None = None,
+    timestamps: bool = True,
+    width: int | None = None,
 ) -> Table:
+    """A run's retained snapshots; narrower than its natural width, its cells wrap."""
     table = _table(title)
     table.add_column('seq', justify='right')
     table.add_column('step', justify='right')
@@ -149,7 +461,7 @@ def snapshots_table(
     table.add_column('messages', justify='right')
     table.add_column('last message', overflow='fold')
     if timestamps:
-        table.add_column('created_at (UTC)', no_wrap=True)
+        _time_column(table, 'created_at (UTC)')
     for snap in snapshots:
         state_style = 'green' if snap.state.value == 'complete' else 'yellow'
         row: list[RenderableType] = [
@@ -162,7 +474,7 @@ def snapshots_table(
         if timestamps:
             row.append(_when(snap.timestamp))
         table.add_row(*row)
-    return table
+    return table if width is None else fit(table, width)
 
 
 def _last_message_summary(messages: Sequence[ModelMessage]) -> str:
@@ -174,39 +486,81 @@ def _last_message_summary(messages: Sequence[ModelMessage]) -> str:
 
 
 def effects_table(
-    effects: Sequence[ToolEffectRecord], *, title: str | None = None, timestamps: bool = True, compact: bool = False
+    effects: Sequence[ToolEffectRecord],
+    *,
+    title: str | None = None,
+    timestamps: bool = True,
+    compact: bool = False,
+    width: int | None = None,
 ) -> Table:
-    table = _table(title)
+    """A run's tool-effect ledger (`compact`: without step and summary). Narrower than its natural width,
+    the call id goes under the tool, and the idempotency key, summary and error share one column."""
     with_errors = any(e.error for e in effects)
-    table.add_column('tool_call_id', overflow='fold')
-    table.add_column('tool', overflow='fold')
-    table.add_column('status', no_wrap=True)
-    if not compact:
-        table.add_column('step', justify='right')
-    table.add_column('idempotency_key', overflow='fold')
-    if not compact:
-        table.add_column('effect_summary', overflow='fold')
-    if with_errors:
-        table.add_column('error', overflow='fold')
-    if timestamps:
-        table.add_column('updated_at (UTC)', no_wrap=True)
-    for effect in effects:
-        row: list[RenderableType] = [
-            Text(effect.tool_call_id),
-            Text(effect.tool_name),
-            Text(effect.status.value, style=_EFFECT_STYLE.get(effect.status, '')),
-        ]
+
+    def wide() -> Table:
+        table = _table(title)
+        table.add_column('tool_call_id', overflow='fold')
+        table.add_column('tool', overflow='fold')
+        table.add_column('status', no_wrap=True)
         if not compact:
-            row.append(str(effect.step_index))
-        row.append(_dash(effect.idempotency_key))
+            table.add_column('step', justify='right')
+        table.add_column('idempotency_key', overflow='fold')
         if not compact:
-            row.append(_dash(effect.effect_summary))
+            table.add_column('effect_summary', overflow='fold')
         if with_errors:
-            row.append(Text(_clip(effect.error or '-', 80)))
+            table.add_column('error', overflow='fold')
         if timestamps:
-            row.append(_when(effect.updated_at or effect.started_at))
-        table.add_row(*row)
-    return table
+            table.add_column('updated_at (UTC)', no_wrap=True)
+        for effect in effects:
+            row: list[RenderableType] = [
+                Text(effect.tool_call_id),
+                Text(effect.tool_name),
+                Text(effect.status.value, style=_EFFECT_STYLE.get(effect.status, '')),
+            ]
+            if not compact:
+                row.append(str(effect.step_index))
+            row.append(_dash(effect.idempotency_key))
+            if not compact:
+                row.append(_dash(effect.effect_summary))
+            if with_errors:
+                row.append(Text(_clip(effect.error or '-', 200)))
+            if timestamps:
+                row.append(_when(effect.updated_at or effect.started_at))
+            table.add_row(*row)
+        return table
+
+    def narrow() -> Table:
+        table = _table(title)
+        table.add_column('tool / call id', overflow='fold')
+        table.add_column('status', no_wrap=True)
+        if not compact:
+            table.add_column('step', justify='right', no_wrap=True)
+        header = 'idempotency key' if compact else 'key / summary'
+        table.add_column(header + (' / error' if with_errors else ''), overflow='fold')
+        if timestamps:
+            _time_column(table, 'updated_at (UTC)')
+        for effect in effects:
+            lines = [f'key {effect.idempotency_key}'] if effect.idempotency_key else []
+            if not compact and effect.effect_summary:
+                lines.append(f'summary {effect.effect_summary}')
+            detail = Text('\n'.join(lines))
+            if effect.error:
+                detail.append(('\n' if lines else '') + f'error {_clip(effect.error, 200)}', style='red')
+            if not detail.plain:
+                detail = _dash(None)
+            row: list[RenderableType] = [
+                Text(f'{effect.tool_name}\n{effect.tool_call_id}'),
+                Text(effect.status.value, style=_EFFECT_STYLE.get(effect.status, '')),
+            ]
+            if not compact:
+                row.append(str(effect.step_index))
+            row.append(detail)
+            if timestamps:
+                row.append(_when(effect.updated_at or effect.started_at))
+            table.add_row(*row)
+        return table
+
+    return _fitted(wide(), narrow, width)
 
 
 class RunNode:
@@ -368,13 +722,13 @@ def lease_json(lease: Lease) -> dict[str, Any]:
     return data
 
 
-def job_table(runs: Sequence[JobRun]) -> Table:
-    """The runs of a job, oldest first: how each stands and who held it."""
+def job_table(runs: Sequence[JobRun], *, width: int | None = None) -> Table:
+    """The runs of a job, oldest first: how each stands and who held it (cells wrap to fit `width`)."""
     table = _table(None)
     table.add_column('run_id', overflow='fold')
     table.add_column('status', no_wrap=True)
     table.add_column('lease', overflow='fold')
-    table.add_column('epoch', justify='right')
+    table.add_column('epoch', justify='right', no_wrap=True)
     table.add_column('owner / note', overflow='fold')
     for run in runs:
         lease = run.lease
@@ -382,6 +736,15 @@ def job_table(runs: Sequence[JobRun]) -> Table:
             table.add_row(Text(run.run_id), styled_status(run.status), _dash(None), _dash(None), _dash(None))
             continue
         state = lease.state.value + (f' ({lease.outcome})' if lease.outcome and lease.state is LeaseState.ENDED else '')
-        who = str(lease.owner) if lease.owner is not None else lease.note
-        table.add_row(Text(run.run_id), styled_status(run.status), Text(state), Text(str(lease.epoch)), _dash(who))
-    return table
+        table.add_row(
+            Text(run.run_id), styled_status(run.status), Text(state), Text(str(lease.epoch)), _dash(_holder(lease))
+        )
+    return table if width is None else fit(table, width)
+
+
+def _holder(lease: Lease) -> str | None:
+    """Who holds a lease (`vm pid 7`, `vm pid 7, recovering it`), else what was noted on it."""
+    owner = lease.owner
+    if owner is None:
+        return lease.note
+    return owner_text(owner) + (', recovering it' if owner.role == 'recovery' else '')

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
+import typer.core
 
 from stepcore.cli.console import store_option
 from stepcore.cli.inspect_commands import effects, events, job, runs, show, snapshots, tree
