@@ -42,5 +42,9 @@ class TestInMemoryStepStore(StepStoreConformance):
         return InMemoryStepStore(**store_options)
 
     @pytest.fixture
+    def other_store_spec(self) -> dict[str, Any]:
+        return {'backend': 'memory'}  # every memory store is a store of its own
+
+    @pytest.fixture
     def damage(self) -> Damage:
         return damage_memory

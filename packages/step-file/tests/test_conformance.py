@@ -98,6 +98,10 @@ class TestFileStepStore(StepStoreConformance):
         return {'backend': 'file', 'directory': str(tmp_path / 'runs')}
 
     @pytest.fixture
+    def other_store_spec(self, tmp_path: Path) -> dict[str, Any]:
+        return {'backend': 'file', 'directory': str(tmp_path / 'other')}
+
+    @pytest.fixture
     def damage(self) -> Damage:
         return damage_keeping_keys
 

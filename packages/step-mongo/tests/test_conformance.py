@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from step_mongo import MongoMediaStore, MongoStepStore
+from step_mongo.client import MongoClient
 from stepcore_conformance import MediaDamage, MediaStoreConformance, StepStoreConformance
 
 
@@ -21,6 +23,12 @@ class TestMongoStepStore(StepStoreConformance):
     @pytest.fixture
     def store_spec(self, mongo_url: str, db_name: str) -> dict[str, Any]:
         return {'backend': 'mongo', 'db_url': mongo_url, 'database': db_name}
+
+    @pytest.fixture
+    async def other_store_spec(self, mongo_url: str, mongo_client: MongoClient) -> AsyncIterator[dict[str, Any]]:
+        name = f'stepcore_test_{uuid.uuid4().hex}'
+        yield {'backend': 'mongo', 'db_url': mongo_url, 'database': name}
+        await mongo_client.drop_database(name)
 
     @pytest.fixture
     def damage(self, mongo_damage: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:

@@ -26,6 +26,10 @@ class TestPostgresStepStore(StepStoreConformance):
         return {'backend': 'postgres', 'dsn': postgres_url, 'table_prefix': table_prefix}
 
     @pytest.fixture
+    def other_store_spec(self, postgres_url: str, new_prefix: Callable[[], str]) -> dict[str, Any]:
+        return {'backend': 'postgres', 'dsn': postgres_url, 'table_prefix': new_prefix()}
+
+    @pytest.fixture
     def damage(self, postgres_damage: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
         """Record bodies are `json` columns (the kit's replacement is valid JSON); messages are `bytea` nodes."""
         return postgres_damage

@@ -17,7 +17,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 
 import step_postgres.store
 from step_postgres import PostgresMediaStore, PostgresStepStore, SchemaVersionError, validate_table_prefix
-from step_postgres.schema import LEASES, MEDIA, STEPS, Component, Tables, ensure_schema, schema_version
+from step_postgres.schema import IDENTITY, LEASES, MEDIA, STEPS, Component, Tables, ensure_schema, schema_version
 from stepcore import (
     ContinuableSnapshot,
     EventKind,
@@ -90,6 +90,7 @@ async def test_first_use_creates_the_latest_schema(postgres_url: str, table_pref
         'snapshot_keys',
         'tool_effects',
         'run_leases',
+        'store_identity',
         'media',
     }
     assert {'runs_conversation', 'runs_parent', 'snapshots_state', 'tool_effects_status', 'run_leases_state'} <= (
@@ -99,7 +100,12 @@ async def test_first_use_creates_the_latest_schema(postgres_url: str, table_pref
         versions = dict(
             conn.execute(Tables(table_prefix).query('SELECT component, version FROM {schema_version}')).fetchall()
         )
-    assert versions == {'steps': STEPS.latest, 'leases': LEASES.latest, 'media': MEDIA.latest}
+    assert versions == {
+        'steps': STEPS.latest,
+        'leases': LEASES.latest,
+        'identity': IDENTITY.latest,
+        'media': MEDIA.latest,
+    }
 
 
 async def test_older_schema_is_migrated_in_place(postgres_url: str, table_prefix: str) -> None:
@@ -217,7 +223,12 @@ async def test_concurrent_schema_creation_from_two_processes(
         cur = await conn.execute(tables.query('SELECT run_id FROM {runs} ORDER BY run_id'))
         assert await cur.fetchall() == [('run-0',), ('run-1',)]
         cur = await conn.execute(tables.query('SELECT component, version FROM {schema_version} ORDER BY 1'))
-        assert await cur.fetchall() == [('leases', LEASES.latest), ('media', MEDIA.latest), ('steps', STEPS.latest)]
+        assert await cur.fetchall() == [
+            ('identity', IDENTITY.latest),
+            ('leases', LEASES.latest),
+            ('media', MEDIA.latest),
+            ('steps', STEPS.latest),
+        ]
         cur = await conn.execute(tables.query('SELECT count(*) FROM {media}'))
         assert await cur.fetchone() == (2,)
 
@@ -301,9 +312,9 @@ async def test_a_database_without_leases_gets_them_and_its_rows_still_read(
     ensure = step_postgres.store.ensure_schema
 
     async def steps_only(conn: psycopg.AsyncConnection[Any], tables: Tables, component: Component) -> int:
-        # The previous release: the same step tables and statements, and no leases component, so
-        # a store creates and migrates the step tables only, and never looks at the leases' version.
-        return 0 if component.name == 'leases' else await ensure(conn, tables, component)
+        # The previous release: the same step tables and statements, and no leases or identity
+        # component, so a store creates and migrates the step tables only, and never looks at the others.
+        return 0 if component.name in ('leases', 'identity') else await ensure(conn, tables, component)
 
     run = RunRecord(run_id='old', conversation_id='c')
     messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('hi')]), ModelResponse(parts=[TextPart('yo')])]
@@ -331,14 +342,15 @@ async def test_a_database_without_leases_gets_them_and_its_rows_still_read(
         assert await store.lease_start('old') == messages
     assert 'run_leases' in _tables(postgres_url, table_prefix)
     assert 'run_leases_state' in _indexes(postgres_url, table_prefix)
-    assert _versions(postgres_url, table_prefix) == {'steps': STEPS.latest, 'leases': LEASES.latest}
+    now = {'steps': STEPS.latest, 'leases': LEASES.latest, 'identity': IDENTITY.latest}
+    assert _versions(postgres_url, table_prefix) == now
 
     with monkeypatch.context() as previous_release:
         previous_release.setattr(step_postgres.store, 'ensure_schema', steps_only)
         async with PostgresStepStore(dsn=postgres_url, table_prefix=table_prefix) as old:
             assert [e.seq for e in await old.list_events('old')] == [1, 2]
             await old.append_event(StepEvent(run_id='old', kind=EventKind.RUN_COMPLETED, step_index=2))
-    assert _versions(postgres_url, table_prefix) == {'steps': STEPS.latest, 'leases': LEASES.latest}
+    assert _versions(postgres_url, table_prefix) == now
 
 
 async def test_lease_tables_dropped_by_hand_are_made_again(postgres_url: str, table_prefix: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -24,6 +24,10 @@ class TestRedisStepStore(StepStoreConformance):
     @pytest.fixture
     def store_spec(self, redis_url: str, key_prefix: str) -> dict[str, Any]:
         return {'backend': 'redis', 'url': redis_url, 'key_prefix': key_prefix}
+
+    @pytest.fixture
+    def other_store_spec(self, redis_url: str, new_prefix: Callable[[], str]) -> dict[str, Any]:
+        return {'backend': 'redis', 'url': redis_url, 'key_prefix': new_prefix()}
 
     @pytest.fixture
     def damage(self, redis_damage: Damage) -> Damage:

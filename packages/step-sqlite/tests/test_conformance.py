@@ -71,6 +71,10 @@ class TestSqliteStepStore(StepStoreConformance):
         return {'backend': 'sqlite', 'database': str(tmp_path / 'runs.db')}
 
     @pytest.fixture
+    def other_store_spec(self, tmp_path: Path) -> dict[str, Any]:
+        return {'backend': 'sqlite', 'database': str(tmp_path / 'other.db')}
+
+    @pytest.fixture
     def damage(self, tmp_path: Path) -> Damage:
         return damage_database(tmp_path / 'runs.db')
 

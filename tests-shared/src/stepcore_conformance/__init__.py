@@ -32,6 +32,7 @@ from .events import EventsConformance
 from .externalization import MediaExternalizationConformance
 from .features import FeaturesConformance
 from .history import HistoryConformance
+from .identity import StoreIdentityConformance
 from .leases import LeasesConformance
 from .lifecycle import DeleteConversationConformance, PruneConformance
 from .media import MediaDamage, MediaStoreConformance
@@ -76,6 +77,7 @@ __all__ = (
     'RunsConformance',
     'SnapshotsConformance',
     'StepStoreConformance',
+    'StoreIdentityConformance',
     'SubclassConformance',
 )
 
@@ -108,5 +110,6 @@ class StepStoreConformance(
     SubclassConformance,
     LeasesConformance,
     ApprovalsConformance,
+    StoreIdentityConformance,
 ):
     """Every section of the step-store suite. Override `store` (and `store_spec` and `damage` where they apply)."""

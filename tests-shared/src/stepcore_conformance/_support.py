@@ -118,6 +118,17 @@ class StoreFixtures:
         return None
 
     @pytest.fixture
+    def other_store_spec(self) -> dict[str, Any] | None:
+        """Override this to check that another store has another id (`store_identity`).
+
+        Return the keyword arguments of `stepcore.from_spec` (including `backend=`) that build a store
+        over other, empty data than the `store` fixture's: another file, folder, table or key prefix,
+        database. Clean it up afterwards (yield it from a fixture that does). `None` (the default)
+        skips that check, saying so.
+        """
+        return None
+
+    @pytest.fixture
     def damage(self) -> Damage | None:
         """Override this to enable the damage section: an async callable damaging one stored record.
 

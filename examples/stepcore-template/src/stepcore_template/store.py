@@ -8,6 +8,7 @@ answers each operation of `stepcore.backend.ops` with files under one directory.
     <directory>/
         lock                          locked (flock) by every write (exclusive) and read (shared)
         next-node                     the next message node id of the whole store
+        store-id                      the store's id, written when it is first asked for
         media/                        the default media store, for media_store='auto'
         leases/<state>/<run id>       an empty file for each run whose lease is in that state
         runs/<run id>/
@@ -249,6 +250,17 @@ class TemplatePort(SyncPort):
             marker.unlink()
         shutil.rmtree(doomed)
         return True
+
+    # -- the store itself -----------------------------------------------------------------------
+
+    def store_identity(self, tx: Any, op: ops.StoreIdentity) -> str:
+        path = self.directory / 'store-id'
+        if not path.exists():  # the store's lock makes the check and the write one step
+            write_atomic(path, op.new_id.encode(), sync=False)
+        return path.read_text()
+
+    def store_location(self, tx: Any, op: ops.StoreLocation) -> str:
+        return f'directory {os.path.realpath(self.directory)!r}'  # the same for every path to it
 
     # -- leases: run ownership ------------------------------------------------------------------
     # A swap is a compare and set: the store's lock makes the compare and the set one step, and

@@ -42,6 +42,7 @@ __all__ = (
     'SNAPSHOT_KEYS_FILE',
     'SNAPSHOT_NAME',
     'STATES',
+    'STORE_ID_FILE',
     'Uncommitted',
     'as_bytes',
     'holds_records',
@@ -65,6 +66,11 @@ LEASE_INDEX_DIR = '.leases+'
 """The store's index of live lease states, `<directory>/.leases+/<state>/<run id>` (see `leases.py`):
 a `+` is no run id's character, so no run folder can take the name, and the leading `.` keeps it out
 of the run listings."""
+
+STORE_ID_FILE = '.store-id+'
+"""The store's id (`stepcore.backend.ops.StoreIdentity`), `<directory>/.store-id+`: one line of text,
+created once and complete (a hard link of a finished temporary file), like `LEASE_INDEX_DIR` a name no
+run folder can take and no run listing shows."""
 
 RUN_FILES = (RUN_FILE, EVENTS_FILE, EFFECTS_FILE, SNAPSHOT_KEYS_FILE, MESSAGES_FILE, LEASE_FILE, LEASE_START_FILE)
 """The files of a run's folder besides its lock and its snapshots folder."""

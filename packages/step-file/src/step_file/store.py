@@ -70,6 +70,7 @@ from .layout import (
     SNAPSHOT_NAME,
     SNAPSHOTS_DIR,
     STATES,
+    STORE_ID_FILE,
     Uncommitted,
     as_bytes,
     holds_records,
@@ -360,6 +361,45 @@ class FilePort(SyncPort):
                     exc,
                 )
         return existed
+
+    # -- the store itself ------------------------------------------------------------------------
+
+    def store_identity(self, tx: _Tx, op: ops.StoreIdentity) -> str:
+        """The id in `.store-id+`; when there is none, `op.new_id` written there first. A hard link of a
+        finished temporary file never replaces an existing one: of several processes asking at once,
+        exactly one creates the file, always complete, and every one reads its id."""
+        path = self.directory / STORE_ID_FILE
+        found = self._stored_id(path)
+        if found is not None:
+            return found
+        make_dir(self.directory)
+        tmp = write_temp(path, f'{op.new_id}\n'.encode())  # written once: always forced to disk
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        else:
+            fsync_dir(self.directory)
+        finally:
+            tmp.unlink(missing_ok=True)
+        found = self._stored_id(path)
+        assert found is not None, f'{path} vanished after it was created'
+        return found
+
+    def _stored_id(self, path: Path) -> str | None:
+        try:
+            text = path.read_text(encoding='utf-8', errors='replace').strip()
+        except FileNotFoundError:
+            return None
+        if not text or any(c.isspace() for c in text):
+            raise ValueError(
+                f'the store id file {str(path)!r} is damaged (it holds {text[:40]!r}): remove it, and the store '
+                'takes a new id when next asked'
+            )
+        return text
+
+    def store_location(self, tx: _Tx, op: ops.StoreLocation) -> str:
+        return f'directory {os.path.realpath(self.directory)!r}'
 
     # -- leases: a swap and every fenced write of a run hold the run's exclusive lock -----------
 
@@ -657,6 +697,8 @@ class FileStepStore(EngineStore):
     - `lease.json`, `lease-start`: the run's lease (owner, expiry on this host's clock, epoch) and the
       start point stored with it; with `<directory>/.leases+/<state>/<run_id>`, an index of the runs
       whose lease is in each live state (see `leases.py`).
+
+    The store's id (`store_identity()`) is in `<directory>/.store-id+`, written on first ask.
 
     Saving a step appends only the messages that are new since the previous save (see
     `stepcore.engine`), so bytes grow linearly with the run. Payloads of `media_threshold_bytes` or

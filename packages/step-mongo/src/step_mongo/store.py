@@ -14,6 +14,8 @@ document layout is in `documents.py`):
 - `counters`: per-run sequence counters (`events/`, `snapshots/`, `nodes/` + run id), advanced
   with an atomic `$inc`.
 - `run_leases`: one document per leased run, `_id` = run id (its lease and start point).
+- `store_meta`: the store's own documents: `_id` = `identity` holds the store's id (`store_id`),
+  inserted by the first store that asks for it.
 
 Indexes are created once per store, on its first write.
 
@@ -270,6 +272,7 @@ class MongoPort(AsyncPort):
         self._counters: AsyncCollection[Document] = db['counters']
         self._nodes: AsyncCollection[Document] = db['message_nodes']
         self._leases: AsyncCollection[Document] = db['run_leases']
+        self._meta: AsyncCollection[Document] = db['store_meta']
         self._ensure_indexes = SetupOnce(self._create_indexes)
         self._local_clock = is_mongomock(db)
         """mongomock-motor's client: no `$$NOW`, no sessions, and no call yields to the event loop."""
@@ -377,6 +380,33 @@ class MongoPort(AsyncPort):
                 continue  # two first upserts raced on the new counter document: retry as an update
             assert doc is not None
             return cast(int, doc['value'])
+        raise AssertionError('unreachable')
+
+    # -- the store itself ------------------------------------------------------------------------
+
+    async def store_identity(self, tx: Any, op: ops.StoreIdentity) -> str:
+        """One upsert that sets the id only when it inserts the document (`$setOnInsert`), answering the
+        document after it: of several at once, one inserts and the others find its id."""
+        for attempt in range(3):
+            try:
+                doc = await self._meta.find_one_and_update(
+                    {'_id': 'identity'},
+                    {'$setOnInsert': {'store_id': op.new_id}},
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                    **_on(tx),
+                )
+            except DuplicateKeyError:
+                if attempt == 2:
+                    raise
+                continue  # two first upserts raced on the new document: the second finds it now
+            found = doc.get('store_id') if doc is not None else None
+            if not isinstance(found, str) or not found:
+                raise ValueError(
+                    f"the store's id in {self.describe()} (collection 'store_meta', document 'identity') is "
+                    f'damaged: it holds {found!r}; remove the document, and the store takes a new id when next asked'
+                )
+            return found
         raise AssertionError('unreachable')
 
     # -- runs ---------------------------------------------------------------------------------

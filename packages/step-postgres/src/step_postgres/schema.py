@@ -5,11 +5,12 @@ lowercase identifier, and names reach SQL only through `psycopg.sql.Identifier`;
 travel as query parameters.
 
 Schema changes are numbered migrations per component (`steps` for the step store, `leases` for its
-run leases, `media` for the media store), recorded in `<prefix>_schema_version`. A store brings its
-component up to date when it first connects, inside one transaction holding a transaction-scoped
-advisory lock derived from the prefix, so processes that start together never race on
-`CREATE TABLE`, and a migration is applied completely or not at all. A database whose recorded
-version is newer than this release knows is refused rather than written to.
+run leases, `identity` for the store's id, `media` for the media store), recorded in
+`<prefix>_schema_version`. A store brings its component up to date when it first connects, inside
+one transaction holding a transaction-scoped advisory lock derived from the prefix, so processes
+that start together never race on `CREATE TABLE`, and a migration is applied completely or not at
+all. A database whose recorded version is newer than this release knows is refused rather than
+written to.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from psycopg.rows import tuple_row
 
 __all__ = (
     'DEFAULT_TABLE_PREFIX',
+    'IDENTITY',
     'LEASES',
     'MEDIA',
     'STEPS',
@@ -77,6 +79,7 @@ _TABLE_NAMES: tuple[LiteralString, ...] = (
     'run_leases_state',
     'lease_held',
     'media',
+    'store_identity',
 )
 
 
@@ -224,6 +227,22 @@ LEASES = Component(
 )
 """Run ownership: a component of its own, so the step tables keep their version and an older
 step-postgres, which knows only `steps`, still opens a database that has leases."""
+
+IDENTITY = Component(
+    name='identity',
+    migrations=(
+        # 1: the store's id (`stepcore.backend.ops.StoreIdentity`): one row at most, inserted by the
+        # first store that asks for it.
+        (
+            """CREATE TABLE {store_identity} (
+                one boolean PRIMARY KEY DEFAULT true CHECK (one),
+                store_id text NOT NULL
+            )""",
+        ),
+    ),
+)
+"""The store's id: a component of its own, so the other components keep their versions and an
+earlier step-postgres still opens a database that has it."""
 
 MEDIA = Component(
     name='media',

@@ -44,7 +44,7 @@ from stepcore.backend import (
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
 from .media import PostgresMediaStore
-from .schema import DEFAULT_TABLE_PREFIX, STEPS, Tables, ensure_schema
+from .schema import DEFAULT_TABLE_PREFIX, IDENTITY, STEPS, Tables, ensure_schema
 from .schema import LEASES as LEASE_TABLES
 
 __all__ = ('DEFAULT_MEDIA', 'PostgresPort', 'PostgresStepStore')
@@ -179,6 +179,7 @@ class PostgresPort(PipelinedPort):
         async with self.__handle.connection() as conn:
             await ensure_schema(conn, self._tables, STEPS)
             await ensure_schema(conn, self._tables, LEASE_TABLES)
+            await ensure_schema(conn, self._tables, IDENTITY)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -338,6 +339,19 @@ class PostgresPort(PipelinedPort):
     async def delete_run(self, tx: AsyncConnection[Any], op: ops.DeleteRun) -> bool:
         """Every row of the run, its lease (and start point) included, in one statement."""
         return await self.fetch(tx, _ask(self._q.run_delete, {'run': op.run_id}, _flag))
+
+    # -- the store itself ------------------------------------------------------------------------
+
+    async def store_identity(self, tx: AsyncConnection[Any], op: ops.StoreIdentity) -> str:
+        """Insert `op.new_id` unless the table has its row (of inserts at once, one stores its id and the
+        others wait for it, then insert nothing), then read the row: one round trip."""
+        _, rows = await self.pipeline(tx, [(self._q.identity_insert, (op.new_id,)), (self._q.identity_get, ())])
+        return str(rows[0][0])
+
+    async def store_location(self, tx: AsyncConnection[Any], op: ops.StoreLocation) -> str:
+        """The table prefix, and the database and server the connection reached."""
+        info = tx.info
+        return f'{self.describe()} in database {info.dbname!r} at {info.host}:{info.port}'
 
     # -- events and ledger --------------------------------------------------------------------
 
@@ -499,6 +513,10 @@ class _Queries:
             VALUES (%s, %s, %s, %s, %s::json) ON CONFLICT (run_id) DO NOTHING RETURNING true"""
         )
         self.run_get = q(run_columns + ' WHERE run_id = %s')
+        self.identity_insert = q(
+            'INSERT INTO {store_identity} (store_id) VALUES (%s) ON CONFLICT DO NOTHING RETURNING store_id'
+        )
+        self.identity_get = q('SELECT store_id FROM {store_identity}')
         self.runs_select = q(run_columns)
         self.run_ids = q('SELECT run_id FROM {runs} UNION SELECT run_id FROM {snapshots}')
         ids = tables.identifiers()

@@ -6,6 +6,7 @@ one server by using different prefixes.
 
 | key | type | holds |
 |---|---|---|
+| `<p>:identity` | string | the store's id (`stepcore.backend.ops.StoreIdentity`), set once |
 | `<p>:runs` | hash | run id -> run row |
 | `<p>:runorder` | sorted set | run ids, scored by insertion order (`<p>:runseq` counts) |
 | `<p>:conv:<conversation id>`, `<p>:parent:<run id>` | sorted set | the runs of a conversation, of a parent |
@@ -86,6 +87,7 @@ class Keys:
         self.runseq = self._key('runseq')
         self.nodeids = self._key('nodeids')
         self.media_times = self._key('mediatime')
+        self.identity = self._key('identity')
 
     def _key(self, kind: str, ident: str | None = None) -> bytes:
         name = f'{self.prefix}:{kind}'

@@ -251,6 +251,14 @@ class RedisPort(PipelinedPort):
     async def reading(self, run_id: str | None) -> AsyncIterator[None]:
         yield None
 
+    # -- the store itself ------------------------------------------------------------------------
+
+    async def store_identity(self, tx: Any, op: ops.StoreIdentity) -> str:
+        """`SET NX` of `op.new_id` (of sets at once, exactly one stores its id), then `GET`, in one round trip."""
+        key = self.keys.identity
+        ((_, found),) = await self.pipeline(tx, [[('SET', key, op.new_id, 'NX'), ('GET', key)]])
+        return found.decode() if isinstance(found, bytes) else str(found)
+
     # -- runs ---------------------------------------------------------------------------------
 
     async def insert_run(self, tx: Any, op: ops.InsertRun) -> ops.RunRow | None:

@@ -12,6 +12,7 @@ database goes through exactly the steps an upgraded one does.
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,7 +20,16 @@ from datetime import UTC, datetime, timedelta
 from .connection import write_transaction
 from .harness_tables import describe_foreign_tables
 
-__all__ = ('LEASES', 'STEPS', 'Component', 'SchemaDamaged', 'ensure_schema', 'media_component', 'read_version')
+__all__ = (
+    'IDENTITY',
+    'LEASES',
+    'STEPS',
+    'Component',
+    'SchemaDamaged',
+    'ensure_schema',
+    'media_component',
+    'read_version',
+)
 
 SCHEMA_TABLE = 'stepcore_schema'
 
@@ -151,6 +161,17 @@ LEASES = Component(name='leases', create=_script(_LEASES_V1), migrations={}, tab
 """Run ownership: one lease per run (see `stepcore.store.leases`), indexed by state for finding
 orphans. A component of its own, so the step tables keep their version and an older step-sqlite
 still opens a database that has leases."""
+
+
+def _create_identity(connection: sqlite3.Connection) -> None:
+    connection.execute('CREATE TABLE store_identity (one INTEGER PRIMARY KEY CHECK (one = 1), store_id TEXT NOT NULL)')
+    connection.execute('INSERT INTO store_identity (one, store_id) VALUES (1, ?)', (uuid.uuid4().hex,))
+
+
+IDENTITY = Component(name='identity', create=_create_identity, migrations={}, tables=('store_identity',))
+"""The store's id (`stepcore.backend.ops.StoreIdentity`): one row, written with the table. A
+component of its own, so a database made by an earlier release gets it when this release first opens
+it, and an earlier release still opens a database that has it."""
 
 
 # -- media table -----------------------------------------------------------------------------

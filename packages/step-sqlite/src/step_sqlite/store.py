@@ -39,8 +39,8 @@ from .connection import Database, Synchronous, write_transaction
 from .harness import migrate_harness_database
 from .media import SqliteMediaStore
 from .records import pack_body, unpack_body
+from .schema import IDENTITY, STEPS, SchemaDamaged, ensure_schema
 from .schema import LEASES as LEASE_TABLES
-from .schema import STEPS, SchemaDamaged, ensure_schema
 
 __all__ = ('DEFAULT_MEDIA_STORE', 'SqlitePort', 'SqliteStepStore')
 
@@ -267,6 +267,17 @@ class SqlitePort(SyncPort):
         rows = tx.execute(f'SELECT {_RUN_COLUMNS} FROM runs {where}ORDER BY {order}{limit}', params)
         return [_run_row(r) for r in rows]
 
+    def store_identity(self, tx: sqlite3.Connection, op: ops.StoreIdentity) -> str:
+        """The row the identity table was made with (`schema.IDENTITY`); written here only when it is missing."""
+        tx.execute('INSERT OR IGNORE INTO store_identity (one, store_id) VALUES (1, ?)', (op.new_id,))
+        return str(tx.execute('SELECT store_id FROM store_identity WHERE one = 1').fetchone()[0])
+
+    def store_location(self, tx: sqlite3.Connection, op: ops.StoreLocation) -> str:
+        """The database file the connection has open, its links resolved (a shared connection's too);
+        `describe()` for a database in memory."""
+        found = next((str(row[2]) for row in tx.execute('PRAGMA database_list') if row[1] == 'main'), '')
+        return f'database {os.path.realpath(found)!r}' if found else self.describe()
+
     def check_integrity(self, tx: sqlite3.Connection, op: ops.CheckIntegrity) -> list[str]:
         found = [str(row[0]) for row in tx.execute('PRAGMA integrity_check')]
         return [] if found == ['ok'] else found
@@ -467,6 +478,7 @@ class SqliteStepStore(EngineStore):
         db.add_setup('harness', migrate)
         db.add_setup(STEPS.name, lambda conn: ensure_schema(conn, STEPS, where=db.describe))
         db.add_setup(LEASE_TABLES.name, lambda conn: ensure_schema(conn, LEASE_TABLES, where=db.describe))
+        db.add_setup(IDENTITY.name, lambda conn: ensure_schema(conn, IDENTITY, where=db.describe))
         self.__db = db
         super().__init__(
             SqlitePort(db),

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar, cast
 
@@ -30,6 +29,7 @@ from stepcore.cli.console import (
     explain,
     fail,
     out,
+    resolve_run_id,
     with_run,
     with_store,
 )
@@ -339,23 +339,25 @@ def resume(
     Exit status 0 also when the run had already finished (nothing to resume), 3 when another process
     holds or claimed the run, 4 when it waits for a person (calls to answer or to settle by hand).
     """
+    from stepcore.cli.agent_stores import check_agent_stores, load_agents
     from stepcore.recovery.resolution import resolve_run
 
-    try:
-        agent = _load_agent(agent_spec)
-    except typer.BadParameter as exc:
-        fail(str(exc.message))
+    loaded = load_agents(store, [agent_spec])
+    agent = loaded[0][1]
 
-    async def body(s: StepStore, rid: str) -> tuple[Any, Any]:
+    async def body(s: StepStore) -> tuple[str, tuple[Any, Any]]:
+        # the stores first: in another store than the agent's, the run is not the one to look for
+        await check_agent_stores(s, loaded, action=f'resume run {run_id}')
+        rid = await resolve_run_id(s, run_id)
         offer_force = None if force else '--force'
         resumption = await _in_cli_words(
             resolve_run(s, run_id=rid, agent=agent, force=force), action='resuming it', force=offer_force
         )
         if not resumption.ready:
-            return resumption, None
-        return resumption, await _in_cli_words(resumption.run(agent), action='resuming it')
+            return rid, (resumption, None)
+        return rid, (resumption, await _in_cli_words(resumption.run(agent), action='resuming it'))
 
-    run_id, (resumption, outcome) = with_run(store, run_id, body)
+    run_id, (resumption, outcome) = with_store(store, body)
     if outcome is None:
         _not_resumed(run_id, resumption, agent_spec, as_json=as_json)
         return
@@ -417,37 +419,16 @@ def _json_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(', ', ': '), default=str)
 
 
-def _load_agent(spec: str) -> Any:
-    """The object `MODULE:ATTR` names (an agent), imported from the current directory too."""
-    import importlib
-
-    module_name, sep, attr = spec.partition(':')
-    if not sep or not module_name or not attr:
-        raise typer.BadParameter(f'--agent {spec!r} is not MODULE:ATTR: write e.g. myapp.agents:support_agent')
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        found: Any = importlib.import_module(module_name)
-        for part in attr.split('.'):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as exc:
-        raise typer.BadParameter(f'--agent {spec!r} cannot be imported: {exc}') from exc
-    if not callable(getattr(found, 'run', None)):
-        raise typer.BadParameter(f'--agent {spec!r} is a {type(found).__name__}, not a pydantic-ai Agent')
-    return found
-
-
 def _recover_orphans(
     url: str | None, specs: list[str], *, watch: bool, interval: float, as_json: bool, quiet: bool
 ) -> None:
+    from stepcore.cli.agent_stores import check_agent_stores, load_agents
     from stepcore.recovery.fleet import OrphanOutcome, recover_orphans
 
     if not specs:
         fail('--orphans needs the agents that run them: pass --agent MODULE:ATTR (repeatable)')
-    try:
-        agents = [_load_agent(spec) for spec in specs]
-    except typer.BadParameter as exc:
-        fail(str(exc.message))
+    loaded = load_agents(url, specs)
+    agents = [agent for _, agent in loaded]
 
     def show(outcome: OrphanOutcome) -> None:
         if as_json:
@@ -464,6 +445,7 @@ def _recover_orphans(
         )
 
     async def body(s: StepStore) -> int:
+        await check_agent_stores(s, loaded, action='resume the orphaned runs of this store')
         if watch:
             return await _watch(s, url, agents, interval=interval, show=show, quiet=quiet)
         outcomes = await recover_orphans(s, agents)

@@ -9,6 +9,7 @@ backend subclasses `EngineStore` and passes its port (`stepcore.engine._port`), 
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -51,6 +52,8 @@ from stepcore.engine._ops import (
     Node,
     RunRow,
     SnapshotRow,
+    StoreIdentity,
+    StoreLocation,
     SwapLease,
 )
 from stepcore.engine._plans import (
@@ -741,6 +744,27 @@ class EngineStore(StepStore):
         return DamagedRecordError(
             run_id=row.run_id, record=f'snapshot seq={row.seq}', where=self.__where(), reason=reason
         )
+
+    # -- the store itself -----------------------------------------------------------------------
+
+    async def store_identity(self) -> str:
+        """The store's id: a uuid4 in hex, kept with the store's data from its first use on (a store
+        made by an earlier release gets one when first asked).
+
+        Every store object, in any process, that opens the same data answers the same id, and two
+        processes asking a fresh store at once get one id; another store (another file, prefix or
+        database) has another. A copy of the data (a copied file, a restored dump) carries the id
+        with it: `store_location()` tells a copy from the original, and
+        `stepcore.store.same_store.same_store` compares both. Asking may write the id, once; it is
+        never read on a run's writes.
+        """
+        return cast(str, await self.__driver.write_op((), StoreIdentity(uuid.uuid4().hex)))
+
+    async def store_location(self) -> str:
+        """Where the store's data lives, naming it for a person without a password: the real path of
+        a database file or folder, a database's name, a key or table prefix (see `ops.StoreLocation`).
+        The same for every store object on the same data."""
+        return cast(str, await self.__driver.read_op(None, StoreLocation()))
 
     # -- whole-store maintenance --------------------------------------------------------------
 

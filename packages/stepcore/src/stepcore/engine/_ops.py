@@ -54,6 +54,8 @@ __all__ = (
     'SnapshotKeyApplied',
     'SnapshotRow',
     'SnapshotStates',
+    'StoreIdentity',
+    'StoreLocation',
     'SwapLease',
     'Unparsable',
     'Unreadable',
@@ -509,3 +511,38 @@ class CheckLease(Op):
     method: ClassVar[str] = 'check_lease'
     run_id: str
     epoch: int
+
+
+# -- the store itself ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoreIdentity(Op):
+    """Answer: the id the store keeps for itself: the one it holds, or, when it holds none yet (a
+    store made by an earlier release, or not written to yet), `new_id`, stored now and answered.
+
+    Atomic: of several first asks at once, in this process or others, exactly one stores its id and
+    every one answers that id. The id is kept with the store's data, so a copy of the data carries
+    it too; it is never changed or removed afterwards (`DeleteRun` leaves it). The engine asks it
+    only when a caller wants to know which store it has (`EngineStore.store_identity`), never on a
+    run's writes.
+    """
+
+    method: ClassVar[str] = 'store_identity'
+    writes: ClassVar[bool] = True
+    new_id: str
+    """A fresh id (a uuid4 in hex) the engine made, stored when the store holds none."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLocation(Op):
+    """Answer: where the store's data lives, as text naming it for a person (no password), and the
+    same for every store object on the same data: a file's or folder's real path (links resolved), a
+    database's name, a key or table prefix. Two stores with one `StoreIdentity` whose locations
+    differ hold copies of one store's data (a copied file, a restored dump).
+
+    The default is the port's `describe()`; a port whose `describe()` names the place as it was
+    given (a relative path, a shared connection) answers it exactly instead.
+    """
+
+    method: ClassVar[str] = 'store_location'

@@ -144,6 +144,13 @@ class Port:
     def get_nodes(self, tx: Any, op: ops.GetNodes) -> Mapping[int, ops.Node] | Awaitable[Mapping[int, ops.Node]]:
         raise NotImplementedError(f'{type(self).__name__} does not implement get_nodes')
 
+    def store_identity(self, tx: Any, op: ops.StoreIdentity) -> str | Awaitable[str]:
+        raise NotImplementedError(f'{type(self).__name__} does not implement store_identity')
+
+    def store_location(self, tx: Any, op: ops.StoreLocation) -> str | Awaitable[str]:
+        """Where the store's data lives (see `ops.StoreLocation`); `SyncPort` and `AsyncPort` answer `describe()`."""
+        raise NotImplementedError(f'{type(self).__name__} does not implement store_location')
+
     # Leases: only for a store that declares the feature `leases` (see `stepcore.engine._ops`).
 
     def get_lease(self, tx: Any, op: ops.GetLease) -> ops.LeaseRead | Awaitable[ops.LeaseRead]:
@@ -218,6 +225,10 @@ class SyncPort(Port):
         """The backend's own integrity check (see `ops.CheckIntegrity`); `None`: it has none."""
         return None
 
+    def store_location(self, tx: Any, op: ops.StoreLocation) -> str:
+        """Where the store's data lives (see `ops.StoreLocation`): `describe()` by default."""
+        return self.describe()
+
     def close(self) -> None:
         """Release what the port opened (called on its thread)."""
         if self.worker is not None:
@@ -242,6 +253,10 @@ class AsyncPort(Port):
     async def check_integrity(self, tx: Any, op: ops.CheckIntegrity) -> Sequence[str] | None:
         """The backend's own integrity check (see `ops.CheckIntegrity`); `None`: it has none."""
         return None
+
+    async def store_location(self, tx: Any, op: ops.StoreLocation) -> str:
+        """Where the store's data lives (see `ops.StoreLocation`): `describe()` by default."""
+        return self.describe()
 
     async def run_group(self, tx: Any, ops: Sequence[ops.Op]) -> list[Any]:
         """Carry out operations that do not depend on each other's answers, in order.

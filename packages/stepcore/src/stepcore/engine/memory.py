@@ -43,6 +43,8 @@ class MemoryPort(SyncPort):
         self._next_node = 1
         self._leases: dict[str, ops.LeaseRow] = {}
         self._starts: dict[str, bytes] = {}
+        self._identity: str | None = None
+        """The store's id (`ops.StoreIdentity`): each memory store is a store of its own."""
 
     def describe(self) -> str:
         return 'process memory'
@@ -73,6 +75,11 @@ class MemoryPort(SyncPort):
         had_lease = self._leases.pop(op.run_id, None) is not None
         self._starts.pop(op.run_id, None)
         return self._data.pop(op.run_id, None) is not None or had_row or had_lease
+
+    def store_identity(self, tx: Any, op: ops.StoreIdentity) -> str:
+        if self._identity is None:
+            self._identity = op.new_id
+        return self._identity
 
     # -- leases: every operation runs whole on the event loop, so each is atomic --------------
 

@@ -67,6 +67,8 @@ EXTENSIONS: Mapping[str, tuple[str, ...]] = {
     'swap_lease': (),
     'list_leases': (),
     'lease_start': (),
+    'store_identity': (),
+    'store_location': (),
     'aclose': (),
 }
 """Each extension stepcore uses, and the contract methods it stands in for."""
@@ -338,6 +340,14 @@ class ProtocolStore(StepStore):
     async def stored_key_ids(self, run_id: str) -> set[str | None]:
         own = self._own('stored_key_ids')
         return set(await own(run_id)) if own is not None else await super().stored_key_ids(run_id)
+
+    async def store_identity(self) -> str | None:
+        own = self._own('store_identity')
+        return await own() if own is not None else await super().store_identity()
+
+    async def store_location(self) -> str | None:
+        own = self._own('store_location')
+        return await own() if own is not None else await super().store_location()
 
     async def aclose(self) -> None:
         own = self._own('aclose')

@@ -517,6 +517,18 @@ class StepStore(ABC):
             return {None}
         return {None} if await self.latest_snapshot(run_id, include_interrupted=True) is not None else set()
 
+    # -- the store itself ---------------------------------------------------------------------
+
+    async def store_identity(self) -> str | None:
+        """The id the store keeps with its data, the same for every store object on that data (see
+        `stepcore.engine.EngineStore.store_identity`); `None`, the default, when it keeps none."""
+        return None
+
+    async def store_location(self) -> str | None:
+        """Where the store's data lives, naming it for a person without a password (see
+        `stepcore.engine.EngineStore.store_location`); `None`, the default, when the store cannot say."""
+        return None
+
     # -- run ownership: the feature `leases` (see `stepcore.store.leases`) ---------------------
 
     async def get_lease(self, run_id: str) -> Lease | None:
