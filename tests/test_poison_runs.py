@@ -10,17 +10,24 @@ tool ran 4 times, no more. `stepcore runs --status dead` lists the run; once the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import textwrap
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.models.test import TestModel
 from typer.testing import CliRunner
 
+import stepcore
+from stepcore import RunClaimedError, StepStore, list_dead, resolve_run
 from stepcore.cli import app
+from stepcore.store.leases import LeaseState
 
 CHILD = textwrap.dedent(
     """
@@ -88,6 +95,22 @@ def _cli(*args: str) -> Any:
     return CliRunner().invoke(app, list(args), env={'COLUMNS': '200'})
 
 
+async def _claimed_again_by_the_loop(spec: dict[str, Any], run_id: str) -> None:
+    store = cast(StepStore, stepcore.from_spec(**spec))
+    try:
+        before = await store.get_lease(run_id)
+        assert before is not None
+        with pytest.raises(RunClaimedError, match='cannot be resumed automatically: it is dead'):
+            await resolve_run(store, run_id=run_id, agent=Agent(TestModel()), max_recovery_attempts=3)
+        after = await store.get_lease(run_id)
+        assert after is not None
+        assert after.state is LeaseState.DEAD
+        assert after.died == before.died
+        assert run_id in [lease.run_id for lease in await list_dead(store)]
+    finally:
+        await store.aclose()
+
+
 def test_a_run_that_kills_its_worker_is_set_dead_then_retried(
     spec: dict[str, Any], store_url: str, tmp_path: Path
 ) -> None:
@@ -115,6 +138,9 @@ def test_a_run_that_kills_its_worker_is_set_dead_then_retried(
     (dead,) = [r for r in json.loads(listed.output) if r['agent_name'] == agent]
     assert dead['ownership'] == 'dead'
     assert dead['standing'].startswith('dead: 3 resumptions died')
+
+    # a worker that listed the run before another set it dead claims nothing and leaves it dead
+    asyncio.run(_claimed_again_by_the_loop(spec, dead['run_id']))
 
     # the cause is found and fixed: another chance
     (tmp_path / 'fixed').write_text('more memory')

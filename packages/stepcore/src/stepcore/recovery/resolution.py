@@ -66,7 +66,7 @@ from stepcore.recovery.ledger import (
 from stepcore.recovery.paused import Waiting, record_answer
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
 from stepcore.store.contract import as_step_store, write_records
-from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, RunDeadError
+from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, RunClaimedError, RunDeadError
 from stepcore.store.models import ContinuableSnapshot, EventKind, SnapshotState, ToolEffectRecord, utcnow
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.step_store import StepStore
@@ -395,6 +395,11 @@ async def resolve_run(
     claim, ownership = await _claim(bound, target, force=force, ttl=lease_ttl, action='resolve_run')
     if claim is not None:
         await _refuse_abandoned(claim)
+        previous = claim.previous
+        if max_recovery_attempts is not None and previous is not None and previous.state is LeaseState.DEAD:
+            # another worker set it dead after this one listed it: recovery leaves it so
+            await claim.restore()
+            raise RunClaimedError(target, replace(previous, owner=None), action='resumed automatically')
         if max_recovery_attempts is not None and len(claim.lease.died) >= max_recovery_attempts:
             dead = await claim.release(
                 state=LeaseState.DEAD,
