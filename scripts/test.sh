@@ -41,7 +41,7 @@ done
 # shares its fixtures (the crash-window zygote, for one) across its tests. STEPCORE_TEST_WORKERS=0
 # runs everything in this process.
 workers=${STEPCORE_TEST_WORKERS:-2}
-"$UV" run pytest -n "$workers" --dist loadfile "$@"
+"$UV" run pytest -n "$workers" --dist loadfile --durations=30 "$@"
 
 # The tests that depend on pydantic-ai, on the oldest release stepcore supports (the newest is in .venv).
 bash scripts/test-oldest.sh "$@"
