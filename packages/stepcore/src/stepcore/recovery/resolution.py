@@ -400,7 +400,11 @@ async def resolve_run(
             # another worker set it dead after this one listed it: recovery leaves it so
             await claim.restore()
             raise RunClaimedError(target, replace(previous, owner=None), action='resumed automatically')
-        if max_recovery_attempts is not None and len(claim.lease.died) >= max_recovery_attempts:
+        if (
+            max_recovery_attempts is not None
+            and len(claim.lease.died) >= max_recovery_attempts
+            and not (await _finished(bound, target))
+        ):  # a run whose owner died after it wrote its end finished: it is not set dead
             dead = await claim.release(
                 state=LeaseState.DEAD,
                 outcome='dead',
@@ -677,6 +681,14 @@ async def _settle(
     if answer is None:
         return 'rerun', None
     return 'reconciled', answer.result
+
+
+async def _finished(store: StepStore, run_id: str) -> bool:
+    """Whether the run's records say it finished (a final response stored), whatever its lease says."""
+    try:
+        return (await cut_view(store, run_id)).finished
+    except LookupError:
+        return False
 
 
 # --- settling by hand: answers a person gives -------------------------------------------------------------
