@@ -123,13 +123,6 @@ def agent_chooser(agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, An
     return choose
 
 
-def is_transient(store: object, error: BaseException) -> bool:
-    """Whether the store calls `error` a passing failure (`EngineStore.is_transient`; a store without
-    that method: never)."""
-    check = getattr(store, 'is_transient', None)
-    return bool(check(error)) if callable(check) else False
-
-
 def served_version(agent: Agent[Any, Any]) -> str | None:
     """The version the agent's `StepPersistence` declares (`None` when it has none)."""
     attached = step_persistences(agent)
@@ -187,7 +180,7 @@ async def _recover_one(
         await claim.release(state=LeaseState.ENDED, outcome='abandoned', note=str(error))
         return OrphanOutcome(run_id, 'abandoned', str(error))
     except Exception as error:
-        if not is_transient(store, error):
+        if not store.is_transient(error):
             raise
         return OrphanOutcome(run_id, 'busy', f'{type(error).__name__}: {error}; tried again later')
     claimed = partial(OrphanOutcome, run_id, lease=orphan.lease, claimed_at=utcnow())
@@ -348,7 +341,7 @@ async def run_recovery_loop(
         try:
             outcome = await recover(orphan)
         except Exception as error:  # the store failed under the resumption: the orphan is tried again later
-            kind: Outcome = 'busy' if is_transient(store, error) else 'failed'
+            kind: Outcome = 'busy' if bound.is_transient(error) else 'failed'
             outcome = OrphanOutcome(orphan.run_id, kind, f'{type(error).__name__}: {error}')
         await _report(on_outcome, outcome)
 

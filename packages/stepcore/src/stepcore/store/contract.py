@@ -69,6 +69,7 @@ EXTENSIONS: Mapping[str, tuple[str, ...]] = {
     'lease_start': (),
     'store_identity': (),
     'store_location': (),
+    'is_transient': (),
     'aclose': (),
 }
 """Each extension stepcore uses, and the contract methods it stands in for."""
@@ -340,6 +341,10 @@ class ProtocolStore(StepStore):
     async def stored_key_ids(self, run_id: str) -> set[str | None]:
         own = self._own('stored_key_ids')
         return set(await own(run_id)) if own is not None else await super().stored_key_ids(run_id)
+
+    def is_transient(self, error: BaseException) -> bool:
+        own = self._own('is_transient')
+        return bool(own(error)) if own is not None else super().is_transient(error)
 
     async def store_identity(self) -> str | None:
         own = self._own('store_identity')

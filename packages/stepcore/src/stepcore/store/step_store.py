@@ -519,6 +519,12 @@ class StepStore(ABC):
 
     # -- the store itself ---------------------------------------------------------------------
 
+    def is_transient(self, error: BaseException) -> bool:
+        """Whether `error`, raised by this store, is a passing failure (a timeout, a lost connection,
+        a lock another session holds, a conflict): the same call a little later may succeed (see
+        `stepcore.engine.EngineStore.is_transient`). The default, for a store that cannot tell: never."""
+        return False
+
     async def store_identity(self) -> str | None:
         """The id the store keeps with its data, the same for every store object on that data (see
         `stepcore.engine.EngineStore.store_identity`); `None`, the default, when it keeps none."""
