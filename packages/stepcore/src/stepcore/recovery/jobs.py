@@ -154,6 +154,9 @@ async def start_job(
             if not await _exists(store, job_id):
                 raise
             # another worker started it first: the conflict policy answers
+        except Exception as error:  # a lock the other starter's transaction held past the store's wait
+            if not store.is_transient(error) or not await _exists(store, job_id):
+                raise
         else:
             status = 'waiting' if isinstance(result.output, DeferredToolRequests) else 'completed'
             newest = (await continuations(store, job_id))[-1]
