@@ -372,6 +372,7 @@ async def test_every_protocol_query_can_use_an_index(
         'start': None,
         'expect': 1,
         'expired': True,
+        'expect_expires': None,
     }
     checks: list[tuple[Any, Any]] = [
         (q.run_get, ('r',)),

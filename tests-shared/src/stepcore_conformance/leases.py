@@ -19,6 +19,8 @@ For a store that declares `leases`:
 - each resumption of a chain that died is kept in the lease and carried on; a run whose resumptions
   died too often is set `dead` by `resolve_run(max_recovery_attempts=...)`, listed as such and never
   an orphan, until `retry_run` gives it another chance;
+- a lease keeps its run's ownership history (taken, taken over from whom, released, handed to its
+  resumption) and the writes it refused, which its owner's later swaps keep;
 - a cancelled run (`cancel_run`) ends at once when nobody runs it, stops its live owner at its next
   write (and at its tool's `check_fencing_token`), records who cancelled it and why, and is never
   claimed, resumed or answered again.
@@ -288,6 +290,55 @@ class LeasesConformance(StoreFixtures):
             with fencing(Fence(run_id, claim.epoch)):
                 await other.append_event(_event(run_id, 5))
             assert [e.step_index for e in await store.list_events(run_id)] == [1, 5]
+
+    @needs_feature(LEASES)
+    async def test_the_lease_keeps_who_held_the_run_and_the_writes_it_refused(
+        self, store: StepStore, store_spec: dict[str, Any] | None
+    ) -> None:
+        run_id = await _registered(store)
+        first = await open_lease(store, run_id, ttl=0.0, owner=_stranger())
+        await asyncio.sleep(0.01)
+        async with other_store(store, store_spec) as other:
+            claim = await claim_run(other, run_id, ttl=60.0)
+            with fencing(Fence(run_id, first.epoch)), pytest.raises(RunFencedError):
+                await store.append_event(_event(run_id, 1))
+            with fencing(Fence(run_id, first.epoch)), pytest.raises(RunFencedError):
+                await store.append_event(_event(run_id, 2))  # refused again: noted once
+            noted = await store.get_lease(run_id)
+            assert noted is not None
+            assert (noted.epoch, noted.state, noted.owner) == (claim.epoch, LeaseState.RUNNING, claim.lease.owner)
+            assert abs((noted.expires_at - claim.lease.expires_at).total_seconds()) < 1.0, 'the note keeps the hold'
+            await claim.renew()  # built from the lease as the claim read it: the note is kept
+            await claim.release(state=LeaseState.PENDING, note='a person decides')
+        lease = await store.get_lease(run_id)
+        assert lease is not None
+        steps = [(c.what.value, c.epoch, c.state) for c in lease.history]
+        assert steps == [
+            ('taken', 1, 'running'),
+            ('taken over', 2, 'running'),
+            ('refused', 1, 'running'),
+            ('released', 2, 'pending'),
+        ]
+        taken, over, refused, released = lease.history
+        assert _FAR_HOST in (taken.owner or '')
+        assert f'{_FAR_HOST} pid 4242 at epoch 1' in (over.previous or '')
+        assert 'lease expired' in (over.detail or '')
+        assert 'recovering it' in (over.owner or '')
+        assert refused.owner
+        assert refused.detail == 'the run is at epoch 2'
+        assert released.detail == 'a person decides'
+        assert [c.at for c in lease.history] == sorted(c.at for c in lease.history)
+        # a resumption's lease starts a history of its own, and the run shows the hand-over
+        claim = await claim_run(store, run_id, ttl=60.0)
+        resumption = new_id('resumption')
+        mine = await claim.hand_over(resumption, ttl=60.0)
+        assert [(c.what.value, c.detail) for c in mine.history] == [('taken', f'resumes run {run_id}')]
+        handed = await store.get_lease(run_id)
+        assert handed is not None
+        assert [(c.what.value, c.detail) for c in handed.history[-2:]] == [
+            ('taken over', 'it was pending; for recovery'),
+            ('resumed', resumption),
+        ]
 
     @needs_feature(LEASES)
     async def test_a_write_racing_a_takeover_is_seen_by_the_new_owner_or_refused(

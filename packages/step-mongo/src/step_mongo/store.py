@@ -660,6 +660,8 @@ class MongoPort(AsyncPort):
             query['epoch'] = op.expect
             if op.expired:
                 query['$expr'] = {'$lt': ['$expires', '$$NOW']}
+            if op.expect_expires is not None:
+                query['expires'] = from_millis(round(op.expect_expires * 1000))
         while True:
             try:
                 doc = await self._leases.find_one_and_update(

@@ -457,6 +457,7 @@ class PostgresPort(PipelinedPort):
             'start': op.start,
             'expect': op.expect,
             'expired': op.expired,
+            'expect_expires': op.expect_expires,
         }
         swap = self._q.lease_insert if op.expect is None else self._q.lease_update
         _, rows = await self.pipeline(tx, [(self._q.lease_lock, (op.run_id,)), (swap, params)])
@@ -659,6 +660,7 @@ class _Queries:
                 FROM clock
                 WHERE l.run_id = %(run)s AND l.epoch = %(expect)s::bigint
                     AND (NOT %(expired)s::boolean OR l.expires < clock.now)
+                    AND (%(expect_expires)s::float8 IS NULL OR l.expires = %(expect_expires)s::float8)
                 RETURNING l.epoch, l.state, l.host, l.expires, l.body
             )"""
             + swap_answer

@@ -295,10 +295,12 @@ SWAP_LEASE: Final = (
 -- KEYS: lease, start point, then the index of every live state. ARGV: run id, the expected epoch
 -- ('' for no lease), '1' to match only an expired lease, then the new lease's epoch, state, host,
 -- time to live (whole microseconds) and body, the position among the indexes of the one its state
--- goes in (0 for none: 'ended'), '1' to store the start point and the start point.
+-- goes in (0 for none: 'ended'), '1' to store the start point and the start point, then the expiry
+-- the lease must still have (whole microseconds; '' for any).
 -- It matches when the run has no lease and none is expected, or when the lease's epoch is the one
--- expected and, with '1', its expiry is before now. Then it stores the lease with expires = now +
--- time to live, and files the run under its state's index (scored by expires) and no other.
+-- expected and, with '1', its expiry is before now (and is the one given, if any). Then it stores
+-- the lease with expires = now + time to live, and files the run under its state's index (scored by
+-- expires) and no other.
 -- Answers '1' (stored) or '0', the server's now, then the lease as it is after (LEASE_FIELDS) when
 -- the run has one.
 if redis.replicate_commands then redis.replicate_commands() end
@@ -310,6 +312,7 @@ if current == nil or ARGV[2] == '' then
 else
   local expires = tonumber(current[4])
   matched = current[1] == ARGV[2] and (ARGV[3] ~= '1' or (expires ~= nil and expires < now))
+    and (ARGV[12] == '' or current[4] == ARGV[12])
 end
 local found = {matched and '1' or '0', us(now)}
 if not matched then

@@ -450,6 +450,7 @@ class RedisPort(PipelinedPort):
             slot,
             '' if op.start is None else '1',
             b'' if op.start is None else op.start,
+            '' if op.expect_expires is None else str(round(op.expect_expires * _US)),
         ]
         swapped, now, *fields = await self._script(
             self._swap_lease, [run.lease, run.leasestart, *map(self.keys.leases, _LIVE)], args

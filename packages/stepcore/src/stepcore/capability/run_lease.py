@@ -26,7 +26,7 @@ from pydantic_ai.tools import RunContext
 from stepcore.capability.run_state import RunState
 from stepcore.ownership.claims import Claim, open_lease
 from stepcore.ownership.keeper import LeaseKeeper
-from stepcore.store.leases import Lease, LeaseState, RunFencedError
+from stepcore.store.leases import Lease, LeaseState, RunFencedError, with_change
 from stepcore.store.models import utcnow
 from stepcore.store.step_store import StepStore
 
@@ -83,7 +83,7 @@ async def end_lease(run: RunState, *, state: LeaseState, outcome: str, error: Ba
     else:
         new = replace(lease, state=state, owner=None, outcome=outcome, since=utcnow())
     try:
-        swapped, now = await keeper.store.swap_lease(new, expect=lease.epoch, ttl=0.0)
+        swapped, now = await keeper.store.swap_lease(with_change(lease, new), expect=lease.epoch, ttl=0.0)
     except Exception as failure:
         logger.warning(
             'run %r could not release its lease (%s: %s): it will expire in at most %.0f s',

@@ -9,9 +9,12 @@ backend subclasses `EngineStore` and passes its port (`stepcore.engine._port`), 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import socket
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 from typing import Any, ClassVar, Final, TypeVar, cast
@@ -80,7 +83,7 @@ from stepcore.engine._rows import (
     record_rows,
 )
 from stepcore.engine._seal import HEAD_KEY, NO_PREV, MessageDamage, Sealer, key_id_of
-from stepcore.engine._tally import Tally, count_plan, leased_plan, tally_of, tally_unknown, with_tally
+from stepcore.engine._tally import Tally, leased_plan, swap_plan, tally_of, tally_unknown, with_tally
 from stepcore.media.encrypting import EncryptingMediaStore
 from stepcore.media.protocol import MediaStore, MediaStoreOption, check_media_store, resolve_media_store
 from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker, stored_references
@@ -94,12 +97,14 @@ from stepcore.store.arguments import (
 )
 from stepcore.store.codec import decode_messages, encode_message
 from stepcore.store.leases import (
+    Change,
     Lease,
     LeaseState,
     RunFencedError,
     decode_lease_body,
     encode_lease_body,
     fence_of,
+    with_refusal,
 )
 from stepcore.store.lifecycle import RunFootprint, RunKey, RunQuery, RunStatus, collect_runs, run_status, sort_time
 from stepcore.store.models import (
@@ -141,6 +146,29 @@ T = TypeVar('T')
 _MAX_TTL: Final = 10.0 * 365 * 24 * 3600
 """The longest lease a swap takes: ten years (longer ones overflow some clocks)."""
 _STARTED: Final = ToolEffectStatus.STARTED.value
+
+_NOTE_ATTEMPTS: Final = 3
+_THIS_PROCESS: Final = f'{socket.gethostname()} pid {os.getpid()}'
+
+
+def _keep_refusals(lease: Lease, stored: Lease | None) -> Lease:
+    """`lease` (about to replace `stored`, at the same epoch) with the refused writes noted in
+    `stored` that it does not hold (noted after its caller read the lease)."""
+    if stored is None:
+        return lease
+    missing = [c for c in stored.history if c.what is Change.REFUSED and c not in lease.history]
+    if not missing:
+        return lease
+    merged = sorted((*lease.history, *missing), key=lambda change: change.at)
+    return replace(lease, history=tuple(merged))
+
+
+def _replace_history(body: str | bytes | Mapping[str, Any], lease: Lease) -> str:
+    """A stored lease body with its history replaced by `lease`'s, everything else (the tally
+    included) as stored."""
+    data = dict(body) if isinstance(body, Mapping) else cast(dict[str, Any], json.loads(body))
+    data['history'] = [change.to_json() for change in lease.history]
+    return json.dumps(data, separators=(',', ':'))
 
 
 @dataclass(slots=True)
@@ -441,12 +469,41 @@ class EngineStore(StepStore):
                 raise await self.__fenced(run_id, epoch) from None
 
     async def __fenced(self, run_id: str, epoch: int | None) -> RunFencedError:
-        """The error for a write refused by the run's lease: who holds the run now, and since when."""
+        """The error for a write refused by the run's lease: who holds the run now, and since when.
+        The refusal is noted in the lease's history first (`Change.REFUSED`)."""
         try:
-            lease = await self.get_lease(run_id)
-        except Exception:  # the refusal is what matters; the lease is detail
+            lease = await self.__note_refusal(run_id, epoch)
+        except Exception:  # the refusal is what matters; the lease and the note are detail
             lease = None
         return RunFencedError(run_id, epoch or 0, lease)
+
+    async def __note_refusal(self, run_id: str, epoch: int | None) -> Lease | None:
+        """Add a refused write at `epoch` to the run's lease history, by a compare-and-set on the lease
+        exactly as read (its epoch and expiry), so that it never undoes a change of the lease's owner:
+        a few tries, then the lease as it stands."""
+        for _ in range(_NOTE_ATTEMPTS):
+            read = await self.__driver.read_op(run_id, GetLease(run_id))
+            lease = self.__lease(run_id, read)
+            row = read.row
+            if lease is None or row is None or epoch is None:
+                return lease
+            noted = with_refusal(lease, epoch=epoch, owner=_THIS_PROCESS)
+            if noted is None:
+                return lease
+            body = _replace_history(row.body, noted)
+            new = LeaseRow(run_id, row.epoch, row.state, row.host, 0.0, body)
+            op = SwapLease(
+                run_id,
+                expect=row.epoch,
+                expired=False,
+                row=new,
+                ttl=min(max(row.expires - read.now, 0.0), _MAX_TTL - 1),
+                expect_expires=row.expires,
+            )
+            swap = cast(LeaseSwap, await self.__driver.write_op([run_id], op, retry=False))
+            if swap.swapped:
+                return self.__lease(run_id, swap.read)
+        return self.__lease(run_id, await self.__driver.read_op(run_id, GetLease(run_id)))
 
     async def __save(
         self, run_id: str, snapshot: ContinuableSnapshot, records: list[StepWrite], epoch: int | None
@@ -913,8 +970,11 @@ class EngineStore(StepStore):
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 <= ttl < _MAX_TTL:
             raise ValueError(f'ttl={ttl!r} cannot hold a lease: pass a finite number of seconds from 0 up')
         blob = None if start is None else await self.__seal_start(run_id, start)
-        # what the run holds now, read before the swap: a lower bound of what any later read finds
-        tally = await self.__driver.read(run_id, lambda: count_plan(run_id))
+        # what the run holds now, read before the swap: a lower bound of what any later read finds;
+        # and its lease, for the refused writes noted in it since the caller read it (kept)
+        tally, read = await self.__driver.read(run_id, lambda: swap_plan(run_id))
+        if expect is not None and read.row is not None and read.row.epoch == expect:
+            lease = _keep_refusals(lease, self.__lease(run_id, read))
         row = LeaseRow(
             run_id=run_id,
             epoch=lease.epoch,

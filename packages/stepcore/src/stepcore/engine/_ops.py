@@ -457,6 +457,11 @@ class SwapLease(Op):
 
     Ports with a clock of their own (a database server) use it for both `expires` and the
     comparison, so the clocks of the processes sharing the store never matter.
+
+    With `expect_expires` (a lease's `expires` exactly as the port read it), the lease must also
+    still have that expiry: as every swap sets a new one, nothing else swapped the lease since it
+    was read. (A note added to a lease by a process that does not own it uses this, so that it never
+    undoes a change its owner made at the same epoch.)
     """
 
     method: ClassVar[str] = 'swap_lease'
@@ -467,11 +472,14 @@ class SwapLease(Op):
     row: LeaseRow
     ttl: float
     start: bytes | None = None
+    expect_expires: float | None = None
 
     def matches(self, current: LeaseRow | None, now: float) -> bool:
         """Whether `current` (the stored lease, or `None`) is what the swap expects, at `now`."""
         if current is None or self.expect is None:
             return current is None and self.expect is None
+        if self.expect_expires is not None and current.expires != self.expect_expires:
+            return False
         return current.epoch == self.expect and (not self.expired or current.expires < now)
 
     def stored(self, now: float) -> LeaseRow:

@@ -169,8 +169,10 @@ def count_plan(run_id: str) -> Plan[Tally]:
         ListEffects(run_id),
         SnapshotStates(run_id),
     )
-    event_rows = cast(Sequence[EventRow], events)
-    effect_rows = cast(Sequence[EffectRow], effects)
+    return _tally(cast(Sequence[EventRow], events), cast(Sequence[EffectRow], effects), states)
+
+
+def _tally(event_rows: Sequence[EventRow], effect_rows: Sequence[EffectRow], states: object) -> Tally:
     pairs = cast(Sequence[tuple[int, str]], states)
     return Tally(
         events=max((row.seq or 0 for row in event_rows), default=0),
@@ -180,6 +182,18 @@ def count_plan(run_id: str) -> Plan[Tally]:
         snapshots=len(pairs),
         completes=sum(1 for _, state in pairs if state == _COMPLETE),
     )
+
+
+def swap_plan(run_id: str) -> Plan[tuple[Tally, LeaseRead]]:
+    """What a lease swap reads first, in one go: the run's tally (`count_plan`) and its lease."""
+    events, effects, states, lease = yield (
+        ListEvents(run_id, limit=1, newest=True),
+        ListEffects(run_id),
+        SnapshotStates(run_id),
+        GetLease(run_id),
+    )
+    tally = _tally(cast(Sequence[EventRow], events), cast(Sequence[EffectRow], effects), states)
+    return tally, cast(LeaseRead, lease)
 
 
 def leased_plan(run_id: str, plan: Plan[T]) -> Plan[tuple[T, LeaseRead]]:

@@ -24,6 +24,7 @@ from stepcore.ownership.identity import new_owner, owner_gone
 from stepcore.store.contract import as_step_store
 from stepcore.store.leases import (
     CANCELLED,
+    Change,
     DiedAttempt,
     Lease,
     LeaseState,
@@ -32,6 +33,7 @@ from stepcore.store.leases import (
     RunClaimedError,
     RunOwnedError,
     from_seconds,
+    with_change,
 )
 from stepcore.store.models import utcnow
 from stepcore.store.step_store import StepStore
@@ -122,7 +124,7 @@ async def open_lease(
         died=died,
         job=job,
     )
-    swapped, now = await store.swap_lease(lease, expect=None, ttl=ttl, start=start)
+    swapped, now = await store.swap_lease(with_change(None, lease), expect=None, ttl=ttl, start=start)
     if not swapped or now is None:
         raise RunClaimedError(run_id, now, action='started: its id already holds a lease')
     return now
@@ -152,8 +154,11 @@ class Claim:
     def origin(self) -> str:
         return self.lease.origin or self.lease.run_id
 
-    async def _swap(self, new: Lease, *, ttl: float, action: str) -> Lease:
-        swapped, now = await self.store.swap_lease(new, expect=self.epoch, ttl=ttl)
+    async def _swap(
+        self, new: Lease, *, ttl: float, action: str, what: Change | None = None, detail: str | None = None
+    ) -> Lease:
+        noted = with_change(self.lease, new, what=what, detail=detail)
+        swapped, now = await self.store.swap_lease(noted, expect=self.epoch, ttl=ttl)
         if not swapped or now is None:
             raise RunClaimedError(self.run_id, now, action=action)
         self.lease = now
@@ -164,13 +169,18 @@ class Claim:
         return await self._swap(replace(self.lease, since=self.lease.since), ttl=self.ttl, action='held any longer')
 
     async def release(
-        self, *, state: LeaseState = LeaseState.RUNNING, outcome: str | None = None, note: str | None = None
+        self,
+        *,
+        state: LeaseState = LeaseState.RUNNING,
+        outcome: str | None = None,
+        note: str | None = None,
+        detail: str | None = None,
     ) -> Lease:
         """Let the run go: at once claimable again (`RUNNING`, expired now), waiting for a person
         (`PENDING`, with `note`), or finished (`ENDED`, with `outcome`)."""
         owner = self.lease.owner if state is LeaseState.RUNNING else None
         new = replace(self.lease, state=state, owner=owner, outcome=outcome, note=note, since=utcnow())
-        return await self._swap(new, ttl=0.0, action='released')
+        return await self._swap(new, ttl=0.0, action='released', what=Change.RELEASED, detail=detail)
 
     async def restore(self) -> Lease:
         """Let the run go as it was before the claim (a finished run stays finished, a pending one
@@ -209,9 +219,24 @@ class Claim:
             await self._swap(resumed, ttl=0.0, action=f'resumed by {to_run!r}')
         except RunClaimedError:
             refused = replace(mine, state=LeaseState.ENDED, owner=None, outcome='refused', since=utcnow())
-            await self.store.swap_lease(refused, expect=mine.epoch, ttl=0.0)
+            await self.store.swap_lease(with_change(mine, refused), expect=mine.epoch, ttl=0.0)
             raise
         return mine
+
+
+def _why_taken(lease: Lease, action: str, force: bool) -> str:
+    """Why a claim for `action` may take `lease`, as the history tells it."""
+    if lease.state is not LeaseState.RUNNING:
+        why = f'it was {lease.state.value}'
+    elif owner_gone(lease):
+        why = 'owner gone'
+    elif lease.expired:
+        why = 'lease expired'
+    elif force:
+        why = 'forced'
+    else:
+        why = 'let go'
+    return f'{why}; for {action}'
 
 
 def _died(lease: Lease) -> DiedAttempt | None:
@@ -254,7 +279,9 @@ async def claim_run(
     me = owner or new_owner('recovery')
     if lease is None:
         fresh = lease_template(run_id, epoch=1, state=LeaseState.RUNNING, owner=me, origin=run_id)
-        swapped, now = await bound.swap_lease(fresh, expect=None, ttl=ttl)
+        swapped, now = await bound.swap_lease(
+            with_change(None, fresh, detail=f'claimed for {action}'), expect=None, ttl=ttl
+        )
         if not swapped or now is None:
             raise RunClaimedError(run_id, now, action=f'claimed for {action}')
         return Claim(bound, now, ttl, forced=force, previous=None)
@@ -279,6 +306,7 @@ async def claim_run(
         since=utcnow(),
         died=(*lease.died, died) if (died := _died(lease)) is not None else lease.died,
     )
+    new = with_change(lease, new, what=Change.TAKEN_OVER, detail=_why_taken(lease, action, force))
     swapped, now = await bound.swap_lease(new, expect=lease.epoch, expired=expired_only, ttl=ttl)
     if not swapped or now is None:
         if now is not None and live(now) and not force:

@@ -50,4 +50,4 @@ async def retry_run(store: StepStoreProtocol, *, run_id: str) -> Lease:
         raise ValueError(f'cannot retry run {target!r}: it is not dead but {lease.describe()}; nothing to retry')
     claim = await claim_run(bound, target, ttl=DEFAULT_LEASE_TTL, action='retried')
     claim.lease = replace(claim.lease, died=())
-    return await claim.release()
+    return await claim.release(detail='retried: its deaths forgotten, claimable at once')

@@ -66,7 +66,7 @@ from stepcore.recovery.ledger import (
 from stepcore.recovery.paused import Waiting, record_answer
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
 from stepcore.store.contract import as_step_store, write_records
-from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, RunClaimedError, RunDeadError
+from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, RunClaimedError, RunDeadError, with_change
 from stepcore.store.models import ContinuableSnapshot, EventKind, SnapshotState, ToolEffectRecord, utcnow
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.step_store import StepStore
@@ -454,6 +454,7 @@ async def _refuse_abandoned(claim: Claim) -> None:
         # marking the run it resumes): the run's epoch is raised, so that it never completes, and the run
         # is left claimable at once.
         bumped = replace(meant, epoch=meant.epoch + 1, since=utcnow())
+        bumped = with_change(meant, bumped, detail=f'run {claim.run_id!r} never completed taking it over')
         swapped, now = await store.swap_lease(bumped, expect=meant.epoch, ttl=0.0)
         if swapped:
             break

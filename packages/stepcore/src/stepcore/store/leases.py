@@ -29,12 +29,15 @@ from typing import Any, cast
 __all__ = (
     'CANCELLED',
     'DEFAULT_LEASE_TTL',
+    'HISTORY_LIMIT',
+    'Change',
     'DiedAttempt',
     'Fence',
     'FencingToken',
     'Lease',
     'LeaseState',
     'Owner',
+    'OwnershipChange',
     'RunCancelledError',
     'RunClaimedError',
     'RunDeadError',
@@ -45,6 +48,8 @@ __all__ = (
     'fence_of',
     'fencing',
     'from_seconds',
+    'with_change',
+    'with_refusal',
 )
 
 DEFAULT_LEASE_TTL = 30.0
@@ -140,7 +145,155 @@ class DiedAttempt:
         )
 
     def describe(self) -> str:
-        return f'{self.run_id} on {self.owner} (epoch {self.epoch}, {self.why})'
+        return f'{self.run_id} on {self.owner}, epoch {self.epoch}, {self.why}'
+
+
+class Change(StrEnum):
+    """What happened to a run's ownership (`OwnershipChange.what`, a `str`)."""
+
+    TAKEN = 'taken'
+    """A new run took its first lease (a resumption: one epoch past the run it continues)."""
+    TAKEN_OVER = 'taken over'
+    """Another process took the run over (`previous` says from whom), raising its epoch."""
+    RELEASED = 'released'
+    """The owner let the run go: ended, paused, left for a person, or claimable again at once."""
+    RESUMED = 'resumed'
+    """The run was handed to its resumption (`detail` names it)."""
+    FENCED = 'fenced'
+    """Recovery raised the epoch with no owner, so a hand-over still on its way never completes."""
+    REFUSED = 'refused'
+    """A write by a past owner (at `epoch`) was refused by the store: a zombie stopped."""
+
+
+HISTORY_LIMIT = 40
+"""Changes a lease keeps: the first and the newest (a run claimed and let go again and again drops
+the ones between)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OwnershipChange:
+    """One change of a run's ownership, kept in its lease in the same compare-and-set that made it
+    (so the history is exactly what the store let happen), or, for a refused write, added by the
+    writer that was refused."""
+
+    what: Change
+    at: datetime
+    epoch: int
+    """The lease's epoch after the change (for `refused`: the epoch the refused writer held)."""
+    owner: str | None = None
+    """Who acted: host, pid (and role) of the process taking, releasing, or refused."""
+    previous: str | None = None
+    """For `taken over`: the owner and epoch the run was taken from."""
+    state: str | None = None
+    """The lease's state after the change."""
+    detail: str | None = None
+    """Why or to what: `lease expired`, `owner gone`, an outcome, the resumption's id, ..."""
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {'what': self.what.value, 'at': self.at.isoformat(), 'epoch': self.epoch}
+        for name in ('owner', 'previous', 'state', 'detail'):
+            value = getattr(self, name)
+            if value is not None:
+                data[name] = value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> OwnershipChange:
+        def text(name: str) -> str | None:
+            value = data.get(name)
+            return None if value is None else str(value)
+
+        return cls(
+            what=Change(str(data['what'])),
+            at=datetime.fromisoformat(str(data['at'])),
+            epoch=int(data['epoch']),
+            owner=text('owner'),
+            previous=text('previous'),
+            state=text('state'),
+            detail=text('detail'),
+        )
+
+    def describe(self) -> str:
+        """One line: what happened, by whom, at which epoch (without the time)."""
+        by = f' by {self.owner}' if self.owner else ''
+        why = f' ({self.detail})' if self.detail else ''
+        if self.what is Change.TAKEN:
+            return f'taken{by} at epoch {self.epoch}{why}'
+        if self.what is Change.TAKEN_OVER:
+            source = f' from {self.previous}' if self.previous else ''
+            return f'taken over{by}{source}, now epoch {self.epoch}{why}'
+        if self.what is Change.RESUMED:
+            return f'handed to its resumption {self.detail}{by}, epoch {self.epoch}'
+        if self.what is Change.FENCED:
+            return f'fenced at epoch {self.epoch}{why}'
+        if self.what is Change.REFUSED:
+            return f'write refused: {self.owner or "a past owner"} still held epoch {self.epoch}{why}'
+        state = self.state or 'released'
+        return f'released{by}: {state}{why}, epoch {self.epoch}'
+
+
+def _bounded(history: tuple[OwnershipChange, ...]) -> tuple[OwnershipChange, ...]:
+    if len(history) <= HISTORY_LIMIT:
+        return history
+    return (history[0], *history[len(history) - HISTORY_LIMIT + 1 :])
+
+
+def with_change(old: Lease | None, new: Lease, *, what: Change | None = None, detail: str | None = None) -> Lease:
+    """`new` (the lease about to be stored in place of `old`, `None`: the run has none) with the
+    change from `old` added to its history; a renewal (same owner, state, epoch) adds none.
+
+    `what` says what happened where the two leases alone do not (a claim let go as it was);
+    otherwise it is read from them. `new` carries `old`'s history (`dataclasses.replace`)."""
+    if what is None:
+        if old is None:
+            what = Change.TAKEN
+        elif new.state is LeaseState.RESUMED and old.state is not LeaseState.RESUMED:
+            what = Change.RESUMED
+        elif new.epoch > old.epoch:
+            what = Change.TAKEN_OVER if new.owner is not None else Change.FENCED
+        elif (new.state, new.owner, new.outcome, new.note) != (old.state, old.owner, old.outcome, old.note):
+            what = Change.RELEASED
+        else:
+            return new
+    owner = new.owner if what in (Change.TAKEN, Change.TAKEN_OVER) else old.owner if old is not None else None
+    previous = None
+    if what is Change.TAKEN_OVER and old is not None:
+        previous = f'{old.owner} at epoch {old.epoch}' if old.owner is not None else f'epoch {old.epoch}'
+        if old.state is not LeaseState.RUNNING and detail is None:
+            detail = f'it was {old.state.value}'
+    if detail is None:
+        if what is Change.TAKEN and new.resumes is not None:
+            detail = f'resumes run {new.resumes}'
+        elif what is Change.RESUMED:
+            detail = new.resumed_by
+        elif what is Change.RELEASED:
+            detail = new.note or new.outcome
+    change = OwnershipChange(
+        what=what,
+        at=new.since or datetime.now(UTC),
+        epoch=new.epoch,
+        owner=str(owner) if owner is not None else None,
+        previous=previous,
+        state=new.state.value,
+        detail=detail,
+    )
+    return replace(new, history=_bounded((*new.history, change)))
+
+
+def with_refusal(lease: Lease, *, epoch: int, owner: str) -> Lease | None:
+    """`lease` with a write at `epoch` by `owner` noted as refused; `None` when its newest changes
+    say so already (a writer refused again adds nothing)."""
+    if any(c.what is Change.REFUSED and c.epoch == epoch and c.owner == owner for c in lease.history[-3:]):
+        return None
+    change = OwnershipChange(
+        what=Change.REFUSED,
+        at=datetime.now(UTC),
+        epoch=epoch,
+        owner=owner,
+        state=lease.state.value,
+        detail=f'the run is at epoch {lease.epoch}',
+    )
+    return replace(lease, history=_bounded((*lease.history, change)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +330,9 @@ class Lease:
     died: tuple[DiedAttempt, ...] = ()
     """The resumptions of the run's chain that died, oldest first (carried from run to resumption):
     the recovery loop stops resuming it past its `max_recovery_attempts` (state `dead`)."""
+    history: tuple[OwnershipChange, ...] = ()
+    """Who held the run and how it changed hands, oldest first (`OwnershipChange`): of this run
+    only, not carried to a resumption."""
 
     @property
     def expired(self) -> bool:
@@ -201,7 +357,7 @@ class Lease:
         if self.state is LeaseState.RUNNING and self.owner is not None:
             when = self.expires_at.isoformat(timespec='seconds')
             hold = f'expired at {when}' if self.expired else f'held until {when}'
-            return f'running on {self.owner} (epoch {self.epoch}, {hold})'
+            return f'running on {self.owner}, epoch {self.epoch}, {hold}'
         if self.state is LeaseState.RESUMED:
             return f'resumed by run {self.resumed_by!r}'
         extra = f' ({self.outcome})' if self.outcome else ''
@@ -240,6 +396,7 @@ def encode_lease_body(lease: Lease) -> str:
         'version': lease.version,
         'job': lease.job,
         'died': [attempt.to_json() for attempt in lease.died] or None,
+        'history': [change.to_json() for change in lease.history] or None,
     }
     return json.dumps({k: v for k, v in data.items() if v is not None}, separators=(',', ':'))
 
@@ -270,6 +427,9 @@ def decode_lease_body(
         version=fields.get('version'),
         job=fields.get('job'),
         died=tuple(DiedAttempt.from_json(a) for a in cast(list[Any], fields.get('died') or []) if isinstance(a, dict)),
+        history=tuple(
+            OwnershipChange.from_json(c) for c in cast(list[Any], fields.get('history') or []) if isinstance(c, dict)
+        ),
     )
 
 
@@ -284,8 +444,8 @@ class RunOwnedError(RuntimeError):
         who = f'{owner}' if owner is not None else 'an unknown owner'
         until = lease.expires_at.isoformat(timespec='seconds')
         super().__init__(
-            f'run {lease.run_id!r} is running on {who} (lease epoch {lease.epoch}, held until {until}, '
-            f'{max(lease.seconds_left, 0):.0f} s from now): {action} would act on a live run. Wait until it ends '
+            f'run {lease.run_id!r} is running on {who}, lease epoch {lease.epoch}, held until {until} '
+            f'({max(lease.seconds_left, 0):.0f} s from now): {action} would act on a live run. Wait until it ends '
             f'or its lease expires, or pass force=True (--force) if you know that process is gone'
         )
         self.lease = lease
@@ -301,7 +461,7 @@ class RunClaimedError(RuntimeError):
             detail = f'it was resumed by run {lease.resumed_by!r}'
         elif lease.owner is not None:
             since = f' since {lease.since.isoformat(timespec="seconds")}' if lease.since is not None else ''
-            detail = f'claimed by {lease.owner} (epoch {lease.epoch}){since}'
+            detail = f'claimed by {lease.owner} at epoch {lease.epoch}{since}'
         else:
             detail = f'it is {lease.describe()}'
         super().__init__(f'run {run_id!r} cannot be {action}: {detail}')
@@ -343,10 +503,10 @@ class RunFencedError(RuntimeError):
         if lease is None:
             now = 'the run no longer has a lease (it was deleted)'
         elif lease.cancelled:
-            now = f'it was {lease.note or CANCELLED} (lease epoch {lease.epoch})'
+            now = f'it was {lease.note or CANCELLED} at lease epoch {lease.epoch}'
         elif lease.owner is not None and lease.epoch != epoch:
             since = f' at {lease.since.isoformat(timespec="seconds")}' if lease.since is not None else ''
-            now = f'it was taken over by {lease.owner} (epoch {lease.epoch}){since}'
+            now = f'it was taken over by {lease.owner} at epoch {lease.epoch}{since}'
         else:
             now = f'its lease is now epoch {lease.epoch}, {lease.describe()}'
         super().__init__(
