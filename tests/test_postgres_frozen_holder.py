@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -100,12 +101,20 @@ async def test_a_worker_frozen_inside_a_transaction_holds_up_no_claim(pg_spec: d
                 worker.kill()
 
     outcome = (tmp_path / f'{frozen_run}.outcome').read_text()
-    assert not outcome.startswith('completed'), (
-        f'the frozen writer completed its run after it was taken over: {outcome}'
+    assert outcome.startswith('RunFencedError: write refused'), (
+        f'the frozen writer, taken over, must stop as fenced (whatever its ended session said): {outcome}'
     )
     lease = await store.get_lease(frozen_run)
     assert lease is not None
     assert lease.resumed_by is not None
+    # its history: taken, taken over (maybe let go busy and taken again), handed on, and the refusal
+    steps = [change.what.value for change in lease.history]
+    assert steps[0] == 'taken'
+    assert 'taken over' in steps
+    assert 'resumed' in steps
+    assert steps.count('refused') == 1, steps
+    (refused,) = [change for change in lease.history if change.what.value == 'refused']
+    assert (refused.epoch, refused.owner) == (1, f'{socket.gethostname()} pid {worker.pid}')
     events = await store.list_events(lease.resumed_by)
     assert events[-1].kind is EventKind.RUN_COMPLETED
     original = await store.list_events(frozen_run)

@@ -148,6 +148,8 @@ _MAX_TTL: Final = 10.0 * 365 * 24 * 3600
 _STARTED: Final = ToolEffectStatus.STARTED.value
 
 _NOTE_ATTEMPTS: Final = 3
+_NOT_THE_STORE: Final = (ValueError, TypeError, LookupError, KeyConflict, StaleHistory, DamagedRecordError)
+"""Errors of a write that say what is wrong with it, not with the store."""
 _THIS_PROCESS: Final = f'{socket.gethostname()} pid {os.getpid()}'
 
 
@@ -455,6 +457,8 @@ class EngineStore(StepStore):
                 await self.__save(run_id, snapshot, by_run.pop(run_id, []), epoch)
             except Fenced:
                 raise await self.__fenced(run_id, epoch) from None
+            except Exception as error:
+                raise await self.__failed(run_id, epoch, error) from error
         for run_id, records in by_run.items():
             epoch = fence_of(run_id)
             try:
@@ -467,6 +471,22 @@ class EngineStore(StepStore):
                 )
             except Fenced:
                 raise await self.__fenced(run_id, epoch) from None
+            except Exception as error:
+                raise await self.__failed(run_id, epoch, error) from error
+
+    async def __failed(self, run_id: str, epoch: int | None, error: Exception) -> Exception:
+        """What a fenced write that failed raises: `RunFencedError` when the run changed hands
+        meanwhile (a worker frozen inside its transaction, whose session the new owner ended: the
+        run stops here, whatever the store said), else `error` itself."""
+        if epoch is None or isinstance(error, _NOT_THE_STORE):
+            return error
+        try:
+            lease = await self.get_lease(run_id)
+        except Exception:
+            return error
+        if lease is not None and lease.epoch == epoch:
+            return error
+        return await self.__fenced(run_id, epoch)
 
     async def __fenced(self, run_id: str, epoch: int | None) -> RunFencedError:
         """The error for a write refused by the run's lease: who holds the run now, and since when.
