@@ -42,7 +42,8 @@ async def cancel_run(store: StepStoreProtocol, *, run_id: str, reason: str, by: 
     `ended` as `cancelled`, its `note` saying by whom and why.
 
     `reason` is required; `by` defaults to this host and process. Cancelling a run cancelled already
-    changes nothing and returns its lease. Raises `ValueError` for a run that ended otherwise
+    changes nothing and returns its lease. Raises `RunClaimedError` when the run changed hands every time
+    it was tried (try again), `ValueError` for a run that ended otherwise
     (completed, failed: there is nothing to stop) or a store without leases, `LookupError` for a run
     the store does not know.
     """
@@ -55,6 +56,7 @@ async def cancel_run(store: StepStoreProtocol, *, run_id: str, reason: str, by: 
             f'{type(bound).__name__} keeps no leases, so nothing would stop the owner of run {run_id!r}: '
             'cancel_run needs a store with the feature `leases`'
         )
+    target = run_id
     for _ in range(_ATTEMPTS):
         target = (await continuations(bound, run_id))[-1]
         lease = await bound.get_lease(target)
@@ -74,7 +76,9 @@ async def cancel_run(store: StepStoreProtocol, *, run_id: str, reason: str, by: 
         with settling_under(Fence(claim.run_id, claim.epoch, claim.origin, store=bound)):
             await write_records(bound, [await _cancel_event(bound, target, who, reason)])
         return await claim.release(state=LeaseState.ENDED, outcome=CANCELLED, note=f'cancelled by {who}: {reason}')
-    raise RuntimeError(f'run {run_id!r} changed hands {_ATTEMPTS} times while it was being cancelled: try again')
+    raise RunClaimedError(
+        run_id, await bound.get_lease(target), action=f'cancelled: it changed hands {_ATTEMPTS} times meanwhile'
+    )
 
 
 async def _cancel_event(store: StepStore, run_id: str, by: str, reason: str) -> StepEvent:
