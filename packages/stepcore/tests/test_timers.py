@@ -154,3 +154,37 @@ async def test_apply_deadlines_and_ready_to_resume_by_hand() -> None:
     assert [(e.run_id, e.call.tool_call_id, e.recorded) for e in first] == [(run_id, 'drop-1', True)]
     assert await apply_deadlines(store) == []  # recorded once
     assert [w.run_id for w in await ready_to_resume(store)] == [run_id]
+
+
+async def test_the_watch_reads_a_waiting_run_again_only_when_it_changed(monkeypatch: Any) -> None:
+    from stepcore.recovery import timers
+
+    store = InMemoryStepStore()
+    ops = Ops(store, within=0.3)
+    run_id = await ops.pause()
+    reads: list[str] = []
+    real = timers.read_waiting
+
+    async def counted(store: Any, *, run_id: str) -> Any:
+        reads.append(run_id)
+        return await real(store, run_id=run_id)
+
+    monkeypatch.setattr(timers, 'read_waiting', counted)
+    watch = timers.WaitingWatch()
+    for _ in range(5):
+        expiries, waiting = await watch.due_now(store)
+        assert (expiries, [w.run_id for w in waiting]) == ([], [run_id])
+    assert reads == [run_id], 'read once while nothing changed'
+    await asyncio.sleep(0.35)  # its deadline comes: read again, the expiry recorded, read with it
+    expiries, waiting = await watch.due_now(store)
+    assert [(e.run_id, e.recorded) for e in expiries] == [(run_id, True)]
+    assert [w.answers['drop-1'].decision for w in waiting] == ['expired']
+    assert reads == [run_id] * 3
+    await watch.due_now(store)
+    assert len(reads) == 3
+    # an answer appended to a run is an event: the run is read again
+    other = await ops.pause()
+    await watch.due_now(store)
+    await approve_call(store, run_id=other, tool_call_id='drop-1')
+    await watch.due_now(store)
+    assert reads[3:] == [other, other]

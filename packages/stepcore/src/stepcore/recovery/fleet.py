@@ -30,7 +30,7 @@ from stepcore.ownership.orphans import Orphan, list_orphans
 from stepcore.recovery.paused import Waiting
 from stepcore.recovery.policies import RecoveryPolicy, undeclared
 from stepcore.recovery.resolution import RunAbandonedError, resolve_run
-from stepcore.recovery.timers import due_now
+from stepcore.recovery.timers import WaitingWatch
 from stepcore.store.contract import as_step_store
 from stepcore.store.leases import (
     DEFAULT_LEASE_TTL,
@@ -326,6 +326,7 @@ async def run_recovery_loop(
     stopped = stop or asyncio.Event()
     freed = asyncio.Event()
     busy: dict[str, asyncio.Task[None]] = {}
+    deadlines = WaitingWatch()
 
     recover = partial(
         _recover_one,
@@ -359,7 +360,7 @@ async def run_recovery_loop(
                 )
                 orphans = []
             try:
-                expiries, waiting_runs = await due_now(bound)
+                expiries, waiting_runs = await deadlines.due_now(bound)
                 for expiry in expiries:
                     if expiry.recorded:
                         detail = f'{expiry.call.tool_name} ({expiry.call.tool_call_id}) passed its deadline unanswered'
