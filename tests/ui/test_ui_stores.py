@@ -98,7 +98,7 @@ def test_a_run_and_its_media_on_every_store(backend: str, tmp_path: Path, serve:
     overview = html.unescape(ui.get(f'/runs/{run_id}').text)
     assert 'plotter' in overview
     assert 'completed' in overview
-    assert f"resolve_run(store, run_id='{run_id}', agent=agent)" in overview
+    assert f"fork_run(store, run_id='{run_id}')" in overview
     if backend == 'file':
         assert "media_store=media_from_spec('disk', directory=" in overview
     if backend == 'postgres':

@@ -6,17 +6,26 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, cast
 
 import typer
+from rich.console import Group
 from rich.text import Text
 
 from stepcore.cli import render
 from stepcore.cli.console import JsonOption, RunArgument, StoreOption, echo_json, fail, out, with_run, with_store
 from stepcore.cli.words import died_text
-from stepcore.ownership.claims import has_leases
-from stepcore.recovery.standing import LEASE_STATUSES, Standing, record_matches, runs_by_lease, standings_of
+from stepcore.ownership.claims import has_leases, live, read_lease
+from stepcore.recovery.standing import (
+    LEASE_STATUSES,
+    Standing,
+    record_matches,
+    runs_by_lease,
+    standing_of,
+    standings_of,
+)
 from stepcore.store.codec import dump_record
 from stepcore.store.lifecycle import RunStatus, parse_duration
-from stepcore.store.models import utcnow
+from stepcore.store.models import StepEvent, utcnow
 from stepcore.store.step_store import StepStore
+from stepcore.store.waiting import answer_of
 
 __all__ = ('effects', 'events', 'job', 'runs', 'show', 'snapshots', 'tree')
 
@@ -153,14 +162,21 @@ def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = F
         if record is None:
             raise LookupError(f'run {rid!r} not found in this store: list the stored runs with `stepcore runs`')
         seen.add(rid)
-        status = render.run_status(await s.list_events_page(rid, newest=True, limit=1))
+        standing = await standing_of(s, rid)
         unresolved = len(await s.list_unresolved_tool_effects(run_id=rid))
         children = [
             await build(s, child.run_id, seen)
             for child in await s.list_runs(parent_run_id=rid)
             if child.run_id not in seen
         ]
-        return render.RunNode(record, status, unresolved, children)
+        return render.RunNode(
+            record,
+            standing.status,
+            unresolved,
+            children,
+            running=standing.ownership == 'running',
+            resumed_by=standing.resumed_by[0] if standing.resumed_by else None,
+        )
 
     _, root = with_run(store, run_id, lambda s, rid: build(s, rid, set()))
     if as_json:
@@ -170,17 +186,28 @@ def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = F
 
 
 def events(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
-    """List a run's step events in the order they were appended."""
+    """List a run's step events in the order they were appended.
+
+    An answer to a deferred tool call is listed as `call_answered`, with the answer: approved (maybe
+    with other arguments), denied, a result from outside, failed, or expired, and who gave it.
+    """
 
     async def body(s: StepStore, rid: str) -> list[Any]:
         return await s.list_events(run_id=rid)
 
     run_id, found = with_run(store, run_id, body)
     if as_json:
-        echo_json([dump_record(e) for e in found])
+        echo_json([_event_json(e) for e in found])
         return
     console = out()
     console.print(render.events_table(found, title=f'events of {run_id}', width=console.width))
+
+
+def _event_json(event: StepEvent) -> dict[str, Any]:
+    """An event as stored (its `kind` too), and `answer`: the answer it records to a deferred tool call
+    (`decision`, `by`, `at`, `override_args`, `message`, `result`), or `null`."""
+    answer = answer_of(event)
+    return {**dump_record(event), 'answer': None if answer is None else answer.to_json()}
 
 
 def snapshots(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
@@ -206,10 +233,16 @@ def show(
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show the messages of a run's newest snapshot (of any state), or of snapshot --seq N."""
-    from stepcore.cli.transfer import _dump_snapshot  # pyright: ignore[reportPrivateUsage]
+    """Show the messages of a run's newest snapshot (of any state), or of snapshot --seq N.
 
-    async def body(s: StepStore, rid: str) -> Any:
+    For a run that paused on deferred tool calls, or resumed one that did, the answers follow: who
+    answered each call, when, and how.
+    """
+    from stepcore.cli.recovery_view import describe_answers, resumed_pause
+    from stepcore.cli.transfer import _dump_snapshot  # pyright: ignore[reportPrivateUsage]
+    from stepcore.recovery.answers import read_waiting
+
+    async def snapshot(s: StepStore, rid: str) -> Any:
         if seq is None:
             snap = await s.latest_snapshot(run_id=rid, include_interrupted=True)
             if snap is None:
@@ -222,17 +255,32 @@ def show(
         have = ', '.join(str(x.seq) for x in retained) or 'none'
         raise LookupError(f'run {rid!r} has no snapshot with seq {seq}; retained seqs: {have}')
 
-    run_id, snap = with_run(store, run_id, body)
+    async def body(s: StepStore, rid: str) -> tuple[Any, Any, Any]:
+        snap = await snapshot(s, rid)
+        if as_json:
+            return snap, None, None
+        return snap, await read_waiting(s, run_id=rid), await resumed_pause(s, await s.get_run(run_id=rid))
+
+    run_id, (snap, waiting, resumes) = with_run(store, run_id, body)
     if as_json:
         echo_json(_dump_snapshot(snap))
         return
     header = Text()
     header.append(f'{run_id}', style='bold')
     header.append(f'  snapshot seq {snap.seq}, step {snap.step_index}, ')
-    header.append(snap.state.value, style='green' if snap.state.value == 'complete' else 'yellow')
+    newest = waiting is not None and waiting.snapshot is not None and waiting.snapshot.seq == snap.seq
+    if newest and snap.state.value == 'interrupted':  # a paused history holds its deferred calls open by design
+        header.append('paused: its deferred tool calls open', style='cyan')
+    else:
+        header.append(snap.state.value, style='green' if snap.state.value == 'complete' else 'yellow')
     header.append(f', {len(snap.messages)} messages')
-    out().print(header)
-    out().print(render.render_messages(snap.messages))
+    console = out()
+    console.print(header)
+    console.print(render.render_messages(snap.messages))
+    if resumes is not None:
+        console.print(Group(*describe_answers(resumes, resumed_here=True)))
+    if waiting is not None:
+        console.print(Group(*describe_answers(waiting)))
 
 
 def effects(
@@ -243,10 +291,11 @@ def effects(
 ) -> None:
     """List a run's tool-effect ledger: which tool calls completed, failed, or may or may not have run."""
 
-    async def body(s: StepStore, rid: str) -> list[Any]:
-        return await (s.list_unresolved_tool_effects(run_id=rid) if unresolved else s.list_tool_effects(run_id=rid))
+    async def body(s: StepStore, rid: str) -> tuple[list[Any], bool]:
+        found = await (s.list_unresolved_tool_effects(run_id=rid) if unresolved else s.list_tool_effects(run_id=rid))
+        return found, live(await read_lease(s, rid))
 
-    run_id, found = with_run(store, run_id, body)
+    run_id, (found, running) = with_run(store, run_id, body)
     if as_json:
         echo_json([dump_record(e) for e in found])
         return
@@ -255,6 +304,15 @@ def effects(
         return
     console = out()
     console.print(render.effects_table(found, title=f'tool effects of {run_id}', width=console.width))
+    started = sum(e.unresolved for e in found)
+    if running and started:
+        console.print(
+            Text(
+                f'run {run_id} is running: {"its call" if started == 1 else f"its {started} calls"} still started '
+                f'{"is" if started == 1 else "are"} running now, not cut short',
+                style='dim',
+            )
+        )
 
 
 async def _job_records(store: StepStore, job_id: str, status: str | None = None) -> list[Any]:

@@ -126,7 +126,8 @@ def recover(
 
     Exit status 4 when the run waits for a person: deferred calls to answer, or calls to settle by hand.
     """
-    from stepcore.cli.recovery_view import describe_recovery, parse_supplied, recovery_json
+    from stepcore.cli.recovery_view import describe_recovery, parse_supplied, recovery_json, resumed_pause
+    from stepcore.store.lifecycle import run_status
 
     if orphans:
         if run_id is not None or supply or mark_checked or rerun or retry:
@@ -162,13 +163,14 @@ def recover(
             settle = rerun_call(s, run_id=rid, tool_call_id=call_id, force=force)
             await _in_cli_words(settle, action=f'--rerun {call_id}', force=offer_force)
         report = await inspect_recovery(store=s, run_id=rid)
-        return report, await _waits_for_a_person(s, report)
+        status = run_status(await s.list_events_page(rid, newest=True, limit=1))
+        return (report, status, await resumed_pause(s, report.run)), await _waits_for_a_person(s, report)
 
-    run_id, (report, waits) = with_run(store, run_id, body)
+    run_id, ((report, status, resumes), waits) = with_run(store, run_id, body)
     if as_json:
         echo_json(recovery_json(report))
     else:
-        out().print(describe_recovery(run_id, report))
+        out().print(describe_recovery(run_id, report, status=status, resumes=resumes))
     if waits:
         raise typer.Exit(EXIT_WAITING)
 

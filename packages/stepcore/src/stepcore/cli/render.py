@@ -28,13 +28,14 @@ from rich.table import Column, Table
 from rich.text import Text
 from rich.tree import Tree
 
-from stepcore.cli.words import died_text, owner_text
+from stepcore.cli.words import ANSWERED, answer_text, died_text, owner_text
 from stepcore.ownership.identity import owner_gone
 from stepcore.recovery.jobs import JobRun
 from stepcore.recovery.standing import Standing
 from stepcore.store.leases import Lease, LeaseState
 from stepcore.store.lifecycle import run_status as lifecycle_status
 from stepcore.store.models import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, ToolEffectStatus
+from stepcore.store.waiting import Answer, answer_of
 
 __all__ = (
     'FOLD_FLOOR',
@@ -389,9 +390,13 @@ def _waits_cells(waits: Sequence[Waits | None] | None, index: int) -> list[Rende
 def events_table(
     events: Sequence[StepEvent], *, title: str | None = None, timestamps: bool = True, width: int | None = None
 ) -> Table:
-    """A run's events in order. Narrower than its natural width, the call id goes under the tool and the
-    error under the kind."""
+    """A run's events in order; an answer to a deferred tool call is listed as `call_answered`, with the
+    answer (decision, who gave it, and the arguments or message that came with it; when is the event's
+    timestamp). Narrower than its
+    natural width, the call id goes under the tool, and the answer and error under the kind."""
     with_errors = any(e.error for e in events)
+    answers = [answer_of(e) for e in events]
+    with_answers = any(a is not None for a in answers)
 
     def wide() -> Table:
         table = _table(title)
@@ -400,18 +405,22 @@ def events_table(
         table.add_column('kind', no_wrap=True)
         table.add_column('tool', overflow='fold')
         table.add_column('tool_call_id', overflow='fold')
+        if with_answers:
+            table.add_column('answer', overflow='fold')
         if with_errors:
             table.add_column('error', overflow='fold')
         if timestamps:
             table.add_column('timestamp (UTC)', no_wrap=True)
-        for event in events:
+        for event, answer in zip(events, answers, strict=True):
             row: list[RenderableType] = [
                 _dash(event.seq),
                 str(event.step_index),
-                Text(event.kind.value, style=_kind_style(event)),
+                Text(_kind(event, answer), style=_kind_style(event, answer)),
                 _dash(event.tool_name),
                 _dash(event.tool_call_id),
             ]
+            if with_answers:
+                row.append(_dash(None if answer is None else answer_text(answer, when=False)))
             if with_errors:
                 row.append(Text(_clip(event.error or '-', 200)))
             if timestamps:
@@ -423,12 +432,15 @@ def events_table(
         table = _table(title)
         table.add_column('seq', justify='right', no_wrap=True)
         table.add_column('step', justify='right', no_wrap=True)
-        add_column(table, Whole('kind' + (' / error' if with_errors else ''), overflow='fold'))
+        header = 'kind' + (' / answer' if with_answers else '') + (' / error' if with_errors else '')
+        add_column(table, Whole(header, overflow='fold'))
         table.add_column('tool / call id', overflow='fold')
         if timestamps:
             _time_column(table, 'timestamp (UTC)')
-        for event in events:
-            kind = Text(event.kind.value, style=_kind_style(event))
+        for event, answer in zip(events, answers, strict=True):
+            kind = Text(_kind(event, answer), style=_kind_style(event, answer))
+            if answer is not None:
+                kind.append('\n' + _clip(answer_text(answer, when=False), 200))
             if event.error:
                 kind.append('\n' + _clip(event.error, 200), style='red')
             named = [v for v in (event.tool_name, event.tool_call_id) if v]
@@ -442,7 +454,14 @@ def events_table(
     return _fitted(wide(), compact, width)
 
 
-def _kind_style(event: StepEvent) -> str:
+def _kind(event: StepEvent, answer: Answer | None) -> str:
+    """The kind an event is listed under: an answer to a deferred call is no end of a call of its tool."""
+    return ANSWERED if answer is not None else event.kind.value
+
+
+def _kind_style(event: StepEvent, answer: Answer | None = None) -> str:
+    if answer is not None:
+        return 'green' if answer.decision in ('approved', 'result') else 'red'
     return 'red' if event.kind.value.endswith('_failed') else ''
 
 
@@ -566,21 +585,40 @@ def effects_table(
 class RunNode:
     """A run and its delegates, for the tree view."""
 
-    def __init__(self, record: RunRecord, status: str, unresolved: int, children: list[RunNode]) -> None:
+    def __init__(
+        self,
+        record: RunRecord,
+        status: str,
+        unresolved: int,
+        children: list[RunNode],
+        *,
+        running: bool = False,
+        resumed_by: str | None = None,
+    ) -> None:
         self.record = record
         self.status = status
         self.unresolved = unresolved
         self.children = children
+        self.running = running
+        """A live owner holds the run: its calls still `started` are running, not cut short."""
+        self.resumed_by = resumed_by
+        """The run that resumed it, if any."""
 
     def label(self) -> Text:
         text = Text()
         text.append(self.record.run_id, style='bold')
         agent = self.record.agent_name or '?'
         text.append(f'  [{agent}]  ')
-        text.append_text(styled_status(self.status))
+        if self.resumed_by is not None and self.status == 'waiting':  # its pause is over: another run carried on
+            text.append(f'resumed by {self.resumed_by}', style='green')
+        else:
+            text.append_text(styled_status(self.status))
         if self.unresolved:
             plural = 's' if self.unresolved != 1 else ''
-            text.append(f'  {self.unresolved} unresolved tool effect{plural}', style='yellow')
+            if self.running:
+                text.append(f'  {self.unresolved} tool call{plural} running', style='cyan')
+            else:
+                text.append(f'  {self.unresolved} unresolved tool effect{plural}', style='yellow')
         return text
 
     def as_json(self) -> dict[str, Any]:
@@ -590,6 +628,8 @@ class RunNode:
             'conversation_id': self.record.conversation_id,
             'status': self.status,
             'unresolved_tool_effects': self.unresolved,
+            'running': self.running,
+            'resumed_by': self.resumed_by,
             'children': [c.as_json() for c in self.children],
         }
 

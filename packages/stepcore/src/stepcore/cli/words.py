@@ -10,9 +10,11 @@ parentheses of their one-line descriptions.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from stepcore.store.leases import (
     DiedAttempt,
@@ -25,12 +27,16 @@ from stepcore.store.leases import (
     RunFencedError,
     RunOwnedError,
 )
+from stepcore.store.waiting import Answer
 
 __all__ = (
+    'ANSWERED',
     'DEBUG_HINT',
+    'answer_text',
     'cancelled_text',
     'died_text',
     'in_cli_terms',
+    'json_text',
     'lease_text',
     'message',
     'owner_text',
@@ -39,6 +45,9 @@ __all__ = (
 
 DEBUG_HINT = 'set STEPCORE_DEBUG=1 to see the traceback'
 """Said of a failure the command line does not know (an agent's or a tool's own exception)."""
+
+ANSWERED = 'call_answered'
+"""The kind `stepcore events` lists an answer to a deferred tool call under (stored as `tool_call_completed`)."""
 
 _SETTLERS = {'supply_result': '--supply', 'mark_checked': '--mark-checked', 'rerun_call': '--rerun'}
 _ANSWER_FLAGS = '--approve, --deny, --result JSON or --fail TEXT'
@@ -107,6 +116,30 @@ def strip_error_class(text: str) -> str:
 
 def _moment(moment: datetime) -> str:
     return moment.isoformat(timespec='seconds')
+
+
+def json_text(value: Any) -> str:
+    """`value` as compact JSON on one line (what a person would type back with `--args` or `--result`)."""
+    return json.dumps(value, ensure_ascii=False, separators=(', ', ': '), default=str)
+
+
+def answer_text(answer: Answer, *, when: bool = True) -> str:
+    """An answer to a deferred call in one clause: the decision, who gave it and when (`when=False`: not
+    when), and what came with it (`approved by alice at 2026-05-01 09:30:00 UTC, to run with {"name":
+    "users_old"} instead`)."""
+    by = f' by {answer.by}' if answer.by else ''
+    at = f' at {answer.at:%Y-%m-%d %H:%M:%S} UTC' if when else ''
+    if answer.decision == 'approved':
+        instead = f', to run with {json_text(answer.override_args)} instead' if answer.override_args is not None else ''
+        return f'approved{by}{at}{instead}'
+    if answer.decision == 'result':
+        return f'answered{by}{at} with the result {json_text(answer.result)}'
+    if answer.decision == 'expired':
+        said = f': {answer.message}' if answer.message else ': nobody answered before its deadline, so it was denied'
+        return f'expired{at}{said}'
+    said = f': {answer.message}' if answer.message else ''
+    what = 'denied' if answer.decision == 'denied' else 'failed outside the agent, reported'
+    return f'{what}{by}{at}{said}'
 
 
 def owner_text(owner: Owner | None) -> str:

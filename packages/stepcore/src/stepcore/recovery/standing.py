@@ -25,6 +25,7 @@ __all__ = (
     'LEASE_ONLY_KEY',
     'LEASE_STATUSES',
     'Standing',
+    'offers_resume',
     'record_matches',
     'runs_by_lease',
     'standing_of',
@@ -194,3 +195,20 @@ async def runs_by_lease(
             found.append(record)
     found.sort(key=lambda r: (sort_time(r.started_at), r.run_id), reverse=True)
     return found
+
+
+def offers_resume(status: str | None, lease: Lease | None, *, resumed: bool) -> bool:
+    """Whether resuming is a run's next step: a crash cut it short (an orphan, a run pending a person, one
+    that never ended and has no lease) or a failure ended it (`status` from its events; `None`: unknown).
+
+    Not a run a live owner holds (its calls in flight are running), one resumed already, one that
+    completed, paused (answers come first), was cancelled or ended otherwise, nor a dead one (it is
+    given another chance first).
+    """
+    if resumed or live(lease) or status in ('completed', 'waiting'):
+        return False
+    if lease is None:
+        return status in ('unfinished', 'failed', None)
+    if lease.state is LeaseState.ENDED:
+        return lease.outcome == 'failed'
+    return lease.state in (LeaseState.RUNNING, LeaseState.PENDING)

@@ -31,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stepcore.engine import DamagedRecordError
+from stepcore.recovery.standing import standing_of
 from stepcore.store.models import SnapshotState, SnapshotSummary, utcnow
 from stepcore.store.step_store import StepStore
 from stepcore.ui import queries
@@ -331,12 +332,14 @@ def create_app(
         effects = await store.list_tool_effects(run_id=run_id)
         report = await queries.recovery_view(store, record, run_id, effects)
         ledger_page = queries.page_of(_int_param(request, 'ledger'), LEDGER_PER_PAGE, len(effects))
-        family = await queries.lineage(store, record, facts.status, len(report.unresolved_effects))
+        status = report.shown_status or facts.status
+        family = await queries.lineage(store, record, status, len(report.unresolved_effects), running=report.live)
+        now = utcnow()
         return render(
             request,
             'run.html',
             record=record,
-            status=facts.status,
+            status=status,
             event_count=facts.event_count,
             span=facts.span,
             report=report,
@@ -345,18 +348,21 @@ def create_app(
             effects=queries.unresolved_first(effects)[ledger_page.start : ledger_page.end],
             ledger_page=ledger_page,
             lineage=family,
-            now=utcnow(),
+            answers=queries.answers_of(report, now),
+            now=now,
         )
 
     async def timeline(request: Request) -> Response:
         run_id = request.path_params['run_id']
         record = await _record(run_id)
         rows, page, facts = await queries.timeline_page(store, run_id, _int_param(request, 'page'))
+        standing = await standing_of(store, run_id)
         return render(
             request,
             'timeline.html',
             record=record,
-            status=facts.status,
+            status=queries.shown_status(standing),
+            standing=standing,
             rows=rows,
             page=page,
             span=facts.span,
@@ -371,7 +377,7 @@ def create_app(
             request,
             'snapshots.html',
             record=record,
-            status=await queries.status_of(store, run_id),
+            status=queries.shown_status(await standing_of(store, run_id)),
             snapshots=retained,
             settled_seq=settled,
         )

@@ -15,8 +15,8 @@ from typing import cast
 
 from stepcore.ownership.claims import has_leases
 from stepcore.recovery.answers import Waiting, read_waiting
-from stepcore.recovery.resolution import SUMMARY_MARK
-from stepcore.recovery.standing import LEASE_STATUSES, Standing, runs_by_lease, standing_of
+from stepcore.recovery.resolution import RESUMES_KEY, SUMMARY_MARK
+from stepcore.recovery.standing import LEASE_STATUSES, Standing, offers_resume, runs_by_lease, standing_of
 from stepcore.store.lifecycle import RunStatus, run_status, sort_time
 from stepcore.store.models import (
     EventKind,
@@ -26,15 +26,20 @@ from stepcore.store.models import (
     StepEvent,
     ToolEffectRecord,
     ToolEffectStatus,
+    utcnow,
 )
 from stepcore.store.step_store import StepStore
+from stepcore.store.waiting import Answer, DeferredCall, answer_of, is_answer
 
 __all__ = (
+    'ANSWERED',
     'EVENTS_PER_PAGE',
     'LINEAGE_LIMIT',
     'PAIRING_WINDOW',
     'RUNS_PER_PAGE',
     'STATUSES',
+    'AnswerRow',
+    'Answers',
     'Lineage',
     'LineageNode',
     'Page',
@@ -43,12 +48,14 @@ __all__ = (
     'RunFilter',
     'RunRow',
     'TimelineRow',
+    'answers_of',
     'lineage',
     'page_of',
     'recovery_view',
     'run_facts',
     'run_status',
     'runs_page',
+    'shown_status',
     'status_of',
     'timeline',
     'timeline_page',
@@ -61,6 +68,15 @@ LINEAGE_LIMIT = 200
 PAIRING_WINDOW = 200
 """Events read before and after a timeline page to pair the starts and ends that cross its edges."""
 STATUSES = tuple(dict.fromkeys(('completed', 'failed', 'unfinished', 'waiting', *LEASE_STATUSES)))
+ANSWERED = 'call_answered'
+"""The kind the timeline shows an answer to a deferred call under (stored as `tool_call_completed`)."""
+
+
+def shown_status(standing: Standing) -> str:
+    """The status a page shows for a run: a pause another run resumed is `resumed`, not `waiting` any more."""
+    if standing.status == 'waiting' and standing.ownership == 'resumed':
+        return 'resumed'
+    return standing.status
 
 
 async def status_of(store: StepStore, run_id: str) -> str:
@@ -116,6 +132,28 @@ class RecoveryView:
     """The store kept the run's start point: without a settled snapshot it still resumes."""
     waiting: Waiting | None = None
     """The deferred tool calls the run paused on, with their answers (a run that paused)."""
+    resumes: Waiting | None = None
+    """The pause of the run this one resumes, with the answers it carried on with (a resumption of a pause)."""
+
+    @property
+    def live(self) -> bool:
+        """A live owner holds the run: its calls still `started` are running, not cut short."""
+        return self.standing is not None and self.standing.ownership == 'running'
+
+    @property
+    def resumed(self) -> bool:
+        return self.standing is not None and self.standing.ownership == 'resumed'
+
+    @property
+    def offers_resume(self) -> bool:
+        """Whether resuming is its next step (see `offers_resume`)."""
+        if self.standing is None:
+            return False
+        return offers_resume(self.standing.status, self.standing.lease, resumed=self.resumed)
+
+    @property
+    def shown_status(self) -> str | None:
+        return None if self.standing is None else shown_status(self.standing)
 
     @property
     def interrupted(self) -> bool:
@@ -144,6 +182,8 @@ async def recovery_view(
     standing = await standing_of(store, run_id)
     start = settled is None and has_leases(store) and await store.lease_start(run_id) is not None
     waiting = await read_waiting(store, run_id=run_id) if standing.status == 'waiting' else None
+    origin = run.metadata.get(RESUMES_KEY) if run is not None else None
+    resumes = await read_waiting(store, run_id=origin) if isinstance(origin, str) else None
     deferred = {c.tool_call_id for c in waiting.calls} if waiting is not None else set[str]()
     failed = [e for e in effects if e.tool_call_id not in deferred]  # a deferral is no failure
     return RecoveryView(
@@ -158,7 +198,64 @@ async def recovery_view(
         standing=standing,
         start_point=start,
         waiting=waiting,
+        resumes=resumes,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnswerRow:
+    """A deferred call and how it was answered."""
+
+    call: DeferredCall
+    answer: Answer | None
+    """`None`: nobody answered it before its deadline, and no expiry is recorded yet (it is denied on resume)."""
+
+    @property
+    def decision(self) -> str:
+        return 'expired' if self.answer is None else self.answer.decision
+
+    @property
+    def at(self) -> datetime | None:
+        return self.call.deadline if self.answer is None else self.answer.at
+
+    @property
+    def message(self) -> str | None:
+        if self.answer is None:
+            return 'nobody answered before its deadline: it is denied on resume'
+        return self.answer.message
+
+
+@dataclass(frozen=True, kw_only=True)
+class Answers:
+    """The answers a pause got, for the run page: of the run itself, or of the run it resumes."""
+
+    waiting: Waiting
+    rows: list[AnswerRow]
+    origin: str | None = None
+    """The paused run, when it is another than the run shown (the run shown resumes it)."""
+
+    @property
+    def resumed_by(self) -> str | None:
+        return self.waiting.resumed_by
+
+
+def answers_of(view: RecoveryView, now: datetime | None = None) -> Answers | None:
+    """The answers the run page lists: those its own pause got (answered or expired calls; every call
+    once it was resumed), or those of the pause it resumes; `None` when neither is there."""
+    moment = now or utcnow()
+    if view.waiting is not None:
+        waiting, origin = view.waiting, None
+    elif view.resumes is not None:
+        waiting, origin = view.resumes, view.resumes.run_id
+    else:
+        return None
+    overdue = set(waiting.overdue(moment))
+    rows = [
+        AnswerRow(call=call, answer=waiting.answers.get(call.tool_call_id))
+        for call in waiting.calls
+        if call.tool_call_id in waiting.answers or call.tool_call_id in overdue
+    ]
+    return Answers(waiting=waiting, rows=rows, origin=origin)
 
 
 def _recovered(effect: ToolEffectRecord) -> bool:
@@ -219,6 +316,13 @@ class RunRow:
     ownership: str | None = None
     """What the run's lease says beyond its status (see `stepcore.recovery.standing.Standing.ownership`)."""
     label: str = ''
+    shown: str = ''
+    """The status shown (see `shown_status`)."""
+
+    @property
+    def running(self) -> bool:
+        """A live owner holds the run: its calls still `started` are running, not cut short."""
+        return self.ownership == 'running'
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,6 +369,7 @@ async def runs_page(store: StepStore, where: RunFilter, number: int, size: int =
                 unresolved=unresolved,
                 ownership=standing.ownership,
                 label=standing.label,
+                shown=shown_status(standing),
             )
         )
     return RunsPage(rows=rows, page=page, agents=agents)
@@ -277,8 +382,11 @@ async def runs_page(store: StepStore, where: RunFilter, number: int, size: int =
 class LineageNode:
     record: RunRecord
     status: str
+    """The status shown (see `shown_status`)."""
     unresolved: int
     current: bool = False
+    running: bool = False
+    """A live owner holds the run: its calls still `started` are running, not cut short."""
     children: list[LineageNode] = field(default_factory=list['LineageNode'])
 
 
@@ -296,7 +404,11 @@ class Lineage:
     """A parent run id the store does not have (deleted, or never registered)."""
 
 
-async def lineage(store: StepStore, record: RunRecord, status: str, unresolved: int) -> Lineage:
+async def lineage(
+    store: StepStore, record: RunRecord, status: str, unresolved: int, *, running: bool = False
+) -> Lineage:
+    """The run's ancestors, its delegation tree and its conversation; `status`, `unresolved` and `running`
+    are the run's own (its page read them already)."""
     ancestors: list[RunRecord] = []
     seen = {record.run_id}
     missing: str | None = None
@@ -315,12 +427,14 @@ async def lineage(store: StepStore, record: RunRecord, status: str, unresolved: 
     async def node(run: RunRecord, visited: set[str]) -> LineageNode:
         budget[0] -= 1
         if run.run_id == record.run_id:
-            made = LineageNode(record=run, status=status, unresolved=unresolved, current=True)
+            made = LineageNode(record=run, status=status, unresolved=unresolved, current=True, running=running)
         else:
+            standing = await standing_of(store, run.run_id)
             made = LineageNode(
                 record=run,
-                status=await status_of(store, run.run_id),
+                status=shown_status(standing),
                 unresolved=len(await store.list_unresolved_tool_effects(run_id=run.run_id)),
+                running=standing.ownership == 'running',
             )
         visited.add(run.run_id)
         for child in await store.list_runs(parent_run_id=run.run_id):
@@ -348,6 +462,13 @@ class TimelineRow:
     """The seq of the event it ends."""
     open: bool = False
     """A start that nothing ended: still going, or cut short by a crash."""
+    answer: Answer | None = None
+    """On an answer to a deferred call (stored as `tool_call_completed`): the answer."""
+
+    @property
+    def kind(self) -> str:
+        """The event's kind as the timeline shows it: an answer is `call_answered`, not a tool call's end."""
+        return ANSWERED if self.answer is not None else self.event.kind.value
 
 
 _ENDS = {
@@ -381,7 +502,7 @@ def timeline(events: Sequence[StepEvent], start: int = 0, end: int | None = None
             waiting[(kind, event.tool_call_id) if kind is EventKind.TOOL_CALL_STARTED else kind] = index
             continue
         opener = _ENDS.get(kind)
-        if opener is None:
+        if opener is None or is_answer(event):  # an answer ends no call of the tool
             continue
         key = (opener, event.tool_call_id) if opener is EventKind.TOOL_CALL_STARTED else opener
         begin = waiting.pop(key, None)
@@ -402,6 +523,7 @@ def timeline(events: Sequence[StepEvent], start: int = 0, end: int | None = None
                 duration=None if begin is None else moment - sort_time(events[begin].timestamp),
                 ends_seq=None if begin is None else events[begin].seq,
                 open=event.kind in _STARTS and index not in closed,
+                answer=answer_of(event),
             )
         )
     return rows

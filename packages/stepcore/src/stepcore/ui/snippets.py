@@ -7,7 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from stepcore.recovery.inspection import RecoveryReport
 from stepcore.recovery.paused import Waiting
-from stepcore.ui.queries import RecoveryView
+from stepcore.ui.queries import RecoveryView, offers_resume
 
 __all__ = ('Snippet', 'display_url', 'recovery_snippets')
 
@@ -42,23 +42,29 @@ def _open_line(store_url: str, media_hint: str | None) -> str:
 def recovery_snippets(
     report: RecoveryReport | RecoveryView, *, store_url: str, media_hint: str | None = None
 ) -> list[Snippet]:
-    """A `resolve_run` resumption and a `fork_run` call for the run, or nothing without a snapshot to start from.
+    """The code that fits how the run stands, or nothing without a snapshot to start from.
 
-    `resolve_run` settles the unresolved calls by their tools' recovery policies before the run goes
-    on; with no settled snapshot the fork passes `include_interrupted=True`, after a comment to check
-    the unresolved tool calls first.
+    A paused run that nobody resumed yet gets the answers it waits for and one `resume_run`. A run a
+    crash cut short (or a failure ended) gets a `resolve_run` resumption, which settles its unresolved
+    calls by their tools' recovery policies before it goes on, and a `fork_run` call. Any other run (a
+    live one, one resumed already, one that completed or ended otherwise) gets the fork only: there is
+    nothing to resume. Without a settled snapshot the fork passes `include_interrupted=True`, after a
+    comment to check the unresolved tool calls first.
     """
     if report.newest_snapshot is None:
         return []
     waiting = getattr(report, 'waiting', None)
+    paused = isinstance(waiting, Waiting)
     if isinstance(waiting, Waiting) and waiting.resumed_by is None:
         return [_answer_snippet(waiting, store_url, media_hint)]
     run_id = report.run_id
-    interrupted = report.settled_snapshot is None
+    live = report.live
+    # a paused history holds its deferred calls open by design: `fork_run` reads it as it is
+    interrupted = report.settled_snapshot is None and not paused
     flag = ', include_interrupted=True' if interrupted else ''
     conversation = report.run.conversation_id if report.run is not None else None
     check = ''
-    if interrupted or report.unresolved_effects:
+    if not live and (interrupted or report.unresolved_effects):
         check = '# First check the unresolved tool calls listed above: each may or may not have had its effect.\n'
     imports = 'from stepcore import open_store, resolve_run'
     fork_imports = 'from stepcore import fork_run, open_store'
@@ -79,11 +85,18 @@ def recovery_snippets(
         "result = await agent.run(message_history=history, conversation_id='a-new-branch')\n"
     )
     snippets = [Snippet(title='Fork it (a new branch from the same point)', code=fork)]
-    standing = getattr(report, 'standing', None)
-    ownership = standing.ownership if standing is not None else None
-    if not interrupted and ownership not in ('resumed', 'running'):  # never offered for a resumed or live run
+    if not interrupted and _offers_resume(report):
         snippets.insert(0, Snippet(title='Resume the run (settling what a crash cut short)', code=resume))
     return snippets
+
+
+def _offers_resume(report: RecoveryReport | RecoveryView) -> bool:
+    """Whether resuming is the run's next step: never for a live run, one resumed already, one that
+    completed, paused, was cancelled or ended otherwise (see `stepcore.ui.queries.offers_resume`)."""
+    if isinstance(report, RecoveryView):
+        return report.offers_resume
+    # a bare report has no status: its lease tells how the run ended, where the store keeps leases
+    return offers_resume('unfinished', report.lease, resumed=report.resumed)
 
 
 def _answer_snippet(waiting: Waiting, store_url: str, media_hint: str | None) -> Snippet:
@@ -104,4 +117,5 @@ def _answer_snippet(waiting: Waiting, store_url: str, media_hint: str | None) ->
         f'{"".join(lines)}'
         f'    result = await resume_run(store, run_id={waiting.run_id!r}, agent=agent)\n'
     )
-    return Snippet(title='Answer its deferred calls and resume it once', code=code)
+    title = 'Answer its deferred calls and resume it once' if lines else 'Resume it once: every call is answered'
+    return Snippet(title=title, code=code)
