@@ -165,6 +165,15 @@ class Change(StrEnum):
     """A write by a past owner (at `epoch`) was refused by the store: a zombie stopped."""
 
 
+_KINDS = {
+    Change.TAKEN: 'lease_taken',
+    Change.TAKEN_OVER: 'lease_taken_over',
+    Change.RELEASED: 'lease_released',
+    Change.RESUMED: 'lease_handed_on',
+    Change.FENCED: 'lease_fenced',
+    Change.REFUSED: 'write_refused',
+}
+
 HISTORY_LIMIT = 40
 """Changes a lease keeps: the first and the newest (a run claimed and let go again and again drops
 the ones between)."""
@@ -212,6 +221,11 @@ class OwnershipChange:
             state=text('state'),
             detail=text('detail'),
         )
+
+    @property
+    def kind(self) -> str:
+        """The change as a kind beside a run's event kinds (`lease_taken_over`, `write_refused`, ...)."""
+        return _KINDS[self.what]
 
     def describe(self) -> str:
         """One line: what happened, by whom, at which epoch (without the time)."""
