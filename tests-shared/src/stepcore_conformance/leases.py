@@ -336,7 +336,7 @@ class LeasesConformance(StoreFixtures):
         handed = await store.get_lease(run_id)
         assert handed is not None
         assert [(c.what.value, c.detail) for c in handed.history[-2:]] == [
-            ('taken over', 'it was pending; for recovery'),
+            ('taken over', 'it was pending'),
             ('resumed', resumption),
         ]
 

@@ -192,15 +192,21 @@ def events(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption =
     with other arguments), denied, a result from outside, failed, or expired, and who gave it.
     """
 
-    async def body(s: StepStore, rid: str) -> list[Any]:
-        return await s.list_events(run_id=rid)
+    from stepcore.cli.ownership_view import ownership_block, read_ownership
 
-    run_id, found = with_run(store, run_id, body)
+    async def body(s: StepStore, rid: str) -> tuple[list[Any], Any]:
+        found = await s.list_events(run_id=rid)
+        return found, None if as_json else await read_ownership(s, rid)
+
+    run_id, (found, ownership) = with_run(store, run_id, body)
     if as_json:
         echo_json([_event_json(e) for e in found])
         return
     console = out()
     console.print(render.events_table(found, title=f'events of {run_id}', width=console.width))
+    block = ownership_block(ownership)
+    if block is not None:
+        console.print(block)
 
 
 def _event_json(event: StepEvent) -> dict[str, Any]:
@@ -238,6 +244,7 @@ def show(
     For a run that paused on deferred tool calls, or resumed one that did, the answers follow: who
     answered each call, when, and how.
     """
+    from stepcore.cli.ownership_view import Ownership, ownership_block, read_ownership
     from stepcore.cli.recovery_view import describe_answers, resumed_pause
     from stepcore.cli.transfer import _dump_snapshot  # pyright: ignore[reportPrivateUsage]
     from stepcore.recovery.answers import read_waiting
@@ -255,15 +262,17 @@ def show(
         have = ', '.join(str(x.seq) for x in retained) or 'none'
         raise LookupError(f'run {rid!r} has no snapshot with seq {seq}; retained seqs: {have}')
 
-    async def body(s: StepStore, rid: str) -> tuple[Any, Any, Any]:
+    async def body(s: StepStore, rid: str) -> tuple[Any, Any, Any, Ownership]:
         snap = await snapshot(s, rid)
+        ownership = await read_ownership(s, rid)
         if as_json:
-            return snap, None, None
-        return snap, await read_waiting(s, run_id=rid), await resumed_pause(s, await s.get_run(run_id=rid))
+            return snap, None, None, ownership
+        waiting = await read_waiting(s, run_id=rid)
+        return snap, waiting, await resumed_pause(s, await s.get_run(run_id=rid)), ownership
 
-    run_id, (snap, waiting, resumes) = with_run(store, run_id, body)
+    run_id, (snap, waiting, resumes, ownership) = with_run(store, run_id, body)
     if as_json:
-        echo_json(_dump_snapshot(snap))
+        echo_json({**_dump_snapshot(snap), 'ownership': ownership.as_json()})
         return
     header = Text()
     header.append(f'{run_id}', style='bold')
@@ -281,6 +290,9 @@ def show(
         console.print(Group(*describe_answers(resumes, resumed_here=True)))
     if waiting is not None:
         console.print(Group(*describe_answers(waiting)))
+    block = ownership_block(ownership)
+    if block is not None:
+        console.print(block)
 
 
 def effects(
@@ -335,12 +347,17 @@ def job(
     The last line says how the job stands: completed, failed, waiting, pending, dead, cancelled, or
     running (an orphan among them, until a worker resumes it).
     """
+    from stepcore.cli.ownership_view import ownership_block, read_ownership
+    from stepcore.cli.recovery_view import describe_answers
+    from stepcore.recovery.answers import read_waiting
     from stepcore.recovery.jobs import job_runs, job_status
 
     async def body(s: StepStore) -> Any:
-        return await job_runs(s, job_id)
+        runs = await job_runs(s, job_id)
+        told = [(await read_ownership(s, r.run_id), await read_waiting(s, run_id=r.run_id)) for r in runs]
+        return runs, told
 
-    runs = with_store(store, body)
+    runs, told = with_store(store, body)
     status = job_status(runs)
     if as_json:
         echo_json(
@@ -348,14 +365,27 @@ def job(
                 'job_id': job_id,
                 'status': status,
                 'runs': [
-                    {'run_id': r.run_id, 'status': r.status, 'lease': render.lease_json(r.lease) if r.lease else None}
-                    for r in runs
+                    {
+                        'run_id': r.run_id,
+                        'status': r.status,
+                        'lease': render.lease_json(r.lease) if r.lease else None,
+                        'ownership': ownership.as_json(),
+                        'answers': [a.to_json() for a in waiting.answers.values()] if waiting is not None else [],
+                    }
+                    for r, (ownership, waiting) in zip(runs, told, strict=True)
                 ],
             }
         )
         return
     console = out()
     console.print(render.job_table(runs, width=console.width))
+    for run, (ownership, waiting) in zip(runs, told, strict=True):
+        console.print(Text(f'run {run.run_id} ({run.status})', style='bold'))
+        block = ownership_block(ownership)
+        if block is not None:
+            console.print(block)
+        if waiting is not None:
+            console.print(Group(*describe_answers(waiting)))
     newest = runs[-1].lease
     died = newest.died if newest is not None else ()
     for attempt in died:

@@ -126,6 +126,7 @@ def recover(
 
     Exit status 4 when the run waits for a person: deferred calls to answer, or calls to settle by hand.
     """
+    from stepcore.cli.ownership_view import ownership_block, read_ownership
     from stepcore.cli.recovery_view import describe_recovery, parse_supplied, recovery_json, resumed_pause
     from stepcore.store.lifecycle import run_status
 
@@ -164,13 +165,18 @@ def recover(
             await _in_cli_words(settle, action=f'--rerun {call_id}', force=offer_force)
         report = await inspect_recovery(store=s, run_id=rid)
         status = run_status(await s.list_events_page(rid, newest=True, limit=1))
-        return (report, status, await resumed_pause(s, report.run)), await _waits_for_a_person(s, report)
+        seen = (report, status, await resumed_pause(s, report.run), await read_ownership(s, rid))
+        return seen, await _waits_for_a_person(s, report)
 
-    run_id, ((report, status, resumes), waits) = with_run(store, run_id, body)
+    run_id, ((report, status, resumes, ownership), waits) = with_run(store, run_id, body)
     if as_json:
-        echo_json(recovery_json(report))
+        echo_json({**recovery_json(report), 'ownership': ownership.as_json()})
     else:
-        out().print(describe_recovery(run_id, report, status=status, resumes=resumes))
+        console = out()
+        console.print(describe_recovery(run_id, report, status=status, resumes=resumes))
+        block = ownership_block(ownership)
+        if block is not None:
+            console.print(block)
     if waits:
         raise typer.Exit(EXIT_WAITING)
 

@@ -224,8 +224,8 @@ class Claim:
         return mine
 
 
-def _why_taken(lease: Lease, action: str, force: bool) -> str:
-    """Why a claim for `action` may take `lease`, as the history tells it."""
+def _why_taken(lease: Lease, force: bool) -> str:
+    """Why a claim may take `lease`, as the history tells it."""
     if lease.state is not LeaseState.RUNNING:
         why = f'it was {lease.state.value}'
     elif owner_gone(lease):
@@ -236,7 +236,7 @@ def _why_taken(lease: Lease, action: str, force: bool) -> str:
         why = 'forced'
     else:
         why = 'let go'
-    return f'{why}; for {action}'
+    return why
 
 
 def _died(lease: Lease) -> DiedAttempt | None:
@@ -279,9 +279,7 @@ async def claim_run(
     me = owner or new_owner('recovery')
     if lease is None:
         fresh = lease_template(run_id, epoch=1, state=LeaseState.RUNNING, owner=me, origin=run_id)
-        swapped, now = await bound.swap_lease(
-            with_change(None, fresh, detail=f'claimed for {action}'), expect=None, ttl=ttl
-        )
+        swapped, now = await bound.swap_lease(with_change(None, fresh, detail='it had no lease'), expect=None, ttl=ttl)
         if not swapped or now is None:
             raise RunClaimedError(run_id, now, action=f'claimed for {action}')
         return Claim(bound, now, ttl, forced=force, previous=None)
@@ -306,7 +304,7 @@ async def claim_run(
         since=utcnow(),
         died=(*lease.died, died) if (died := _died(lease)) is not None else lease.died,
     )
-    new = with_change(lease, new, what=Change.TAKEN_OVER, detail=_why_taken(lease, action, force))
+    new = with_change(lease, new, what=Change.TAKEN_OVER, detail=_why_taken(lease, force))
     swapped, now = await bound.swap_lease(new, expect=lease.epoch, expired=expired_only, ttl=ttl)
     if not swapped or now is None:
         if now is not None and live(now) and not force:
