@@ -143,6 +143,13 @@ def _duration(value: timedelta | None) -> str:
     return f'{int(hours)} h {int(minutes)} min'
 
 
+def _offset(value: timedelta | None) -> str:
+    """A time since the run's first event, signed: `+1.50 s`, or `-0.4 ms` before it."""
+    if value is None:
+        return ''
+    return _duration(value) if value.total_seconds() < 0 else f'+{_duration(value)}'
+
+
 def _when(value: datetime | None) -> str:
     if value is None:
         return ''
@@ -171,6 +178,10 @@ def _run_url(run_id: str, *rest: object) -> str:
     return f'/runs/{quote(run_id, safe="")}{tail}'
 
 
+def _job_url(job_id: str) -> str:
+    return f'/jobs/{quote(job_id, safe="")}'
+
+
 def _query(base: str, **params: object) -> str:
     kept = {k: v for k, v in params.items() if v not in (None, '', False)}
     return f'{base}?{urlencode(kept)}' if kept else base
@@ -187,10 +198,11 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters['duration'] = _duration
+    env.filters['offset'] = _offset
     env.filters['when'] = _when
     env.filters['size'] = _size
     env.filters['pretty_json'] = _pretty_json
-    helpers: dict[str, Any] = {'run_url': _run_url, 'query': _query}
+    helpers: dict[str, Any] = {'run_url': _run_url, 'job_url': _job_url, 'query': _query}
     env.globals.update(helpers)
     return env
 
@@ -313,6 +325,9 @@ def create_app(
             status=status,
             prefix=_text_param(request, 'q'),
         )
+        if where.prefix and 'page' not in request.query_params and await queries.is_job(store, where.prefix):
+            # a job's id (its first run's): the job page lists its runs
+            return RedirectResponse(_job_url(where.prefix), status_code=303)
         found = await queries.runs_page(store, where, _int_param(request, 'page'))
         if where.prefix and found.page.total == 1 and 'page' not in request.query_params:
             # finding a run by the start of its id: one match opens it
@@ -334,6 +349,7 @@ def create_app(
         ledger_page = queries.page_of(_int_param(request, 'ledger'), LEDGER_PER_PAGE, len(effects))
         status = report.shown_status or facts.status
         family = await queries.lineage(store, record, status, len(report.unresolved_effects), running=report.live)
+        ownership = await queries.ownership_of(store, record, report.standing)
         now = utcnow()
         return render(
             request,
@@ -349,14 +365,16 @@ def create_app(
             ledger_page=ledger_page,
             lineage=family,
             answers=queries.answers_of(report, now),
+            held=ownership,
             now=now,
         )
 
     async def timeline(request: Request) -> Response:
         run_id = request.path_params['run_id']
         record = await _record(run_id)
-        rows, page, facts = await queries.timeline_page(store, run_id, _int_param(request, 'page'))
         standing = await standing_of(store, run_id)
+        changes = standing.lease.history if standing.lease is not None else ()
+        rows, page, facts = await queries.timeline_page(store, run_id, _int_param(request, 'page'), changes=changes)
         return render(
             request,
             'timeline.html',
@@ -366,7 +384,17 @@ def create_app(
             rows=rows,
             page=page,
             span=facts.span,
+            change_count=len(changes),
         )
+
+    async def job(request: Request) -> Response:
+        job_id = request.path_params['job_id']
+        first = await queries.first_run_of(store, job_id)
+        if first is not None and first != job_id:
+            # a resumption: its job is the chain's first run
+            return RedirectResponse(_job_url(first), status_code=303)
+        view = await queries.job_view(store, job_id, utcnow())
+        return render(request, 'job.html', job=view)
 
     async def snapshots(request: Request) -> Response:
         run_id = request.path_params['run_id']
@@ -472,6 +500,7 @@ def create_app(
         Route('/', runs, methods=['GET']),
         Route('/runs/{run_id}', run, methods=['GET']),
         Route('/runs/{run_id}/timeline', timeline, methods=['GET']),
+        Route('/jobs/{job_id}', job, methods=['GET']),
         Route('/runs/{run_id}/snapshots', snapshots, methods=['GET']),
         Route('/runs/{run_id}/snapshots/{seq:int}', snapshot, methods=['GET']),
         Route('/runs/{run_id}/snapshots/{seq:int}/media/{message:int}/{part:int}/{item:int}', media, methods=['GET']),

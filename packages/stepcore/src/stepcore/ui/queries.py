@@ -15,8 +15,11 @@ from typing import cast
 
 from stepcore.ownership.claims import has_leases
 from stepcore.recovery.answers import Waiting, read_waiting
+from stepcore.recovery.chains import continuations
+from stepcore.recovery.jobs import job_runs, job_status
 from stepcore.recovery.resolution import RESUMES_KEY, SUMMARY_MARK
 from stepcore.recovery.standing import LEASE_STATUSES, Standing, offers_resume, runs_by_lease, standing_of
+from stepcore.store.leases import HISTORY_LIMIT, Change, Lease, OwnershipChange
 from stepcore.store.lifecycle import RunStatus, run_status, sort_time
 from stepcore.store.models import (
     EventKind,
@@ -33,6 +36,7 @@ from stepcore.store.waiting import Answer, DeferredCall, answer_of, is_answer
 
 __all__ = (
     'ANSWERED',
+    'CHAIN_LIMIT',
     'EVENTS_PER_PAGE',
     'LINEAGE_LIMIT',
     'PAIRING_WINDOW',
@@ -40,8 +44,12 @@ __all__ = (
     'STATUSES',
     'AnswerRow',
     'Answers',
+    'ChangeRow',
+    'JobRunView',
+    'JobView',
     'Lineage',
     'LineageNode',
+    'Ownership',
     'Page',
     'RecoveryView',
     'RunFacts',
@@ -49,7 +57,14 @@ __all__ = (
     'RunRow',
     'TimelineRow',
     'answers_of',
+    'answers_to',
+    'first_run_of',
+    'first_taker',
+    'is_job',
+    'job_view',
     'lineage',
+    'merge_by_time',
+    'ownership_of',
     'page_of',
     'recovery_view',
     'run_facts',
@@ -242,13 +257,16 @@ class Answers:
 def answers_of(view: RecoveryView, now: datetime | None = None) -> Answers | None:
     """The answers the run page lists: those its own pause got (answered or expired calls; every call
     once it was resumed), or those of the pause it resumes; `None` when neither is there."""
-    moment = now or utcnow()
     if view.waiting is not None:
-        waiting, origin = view.waiting, None
-    elif view.resumes is not None:
-        waiting, origin = view.resumes, view.resumes.run_id
-    else:
-        return None
+        return answers_to(view.waiting, now)
+    if view.resumes is not None:
+        return answers_to(view.resumes, now, origin=view.resumes.run_id)
+    return None
+
+
+def answers_to(waiting: Waiting, now: datetime | None = None, *, origin: str | None = None) -> Answers:
+    """The answers `waiting` got: the answered calls, and those past their deadline unanswered."""
+    moment = now or utcnow()
     overdue = set(waiting.overdue(moment))
     rows = [
         AnswerRow(call=call, answer=waiting.answers.get(call.tool_call_id))
@@ -448,6 +466,181 @@ async def lineage(
     return Lineage(ancestors=ancestors, tree=tree, siblings=siblings, cut=budget[0] <= 0, missing_parent=missing)
 
 
+# -- ownership ----------------------------------------------------------------------------------
+
+CHAIN_LIMIT = 1000
+"""Most runs followed back from a resumption to the first run of its chain, on a store without leases."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ownership:
+    """Who held a run and how it changed hands, as its lease keeps it (see docs/fleet.md, "Who held a run"),
+    with the runs it resumes and that resume it, and the job it belongs to."""
+
+    kept: bool
+    """Whether the store keeps leases at all."""
+    lease: Lease | None
+    resumes: str | None = None
+    """The run this one continues."""
+    resumed_by: str | None = None
+    """The run that continues this one."""
+    resumed_on: str | None = None
+    """Who took the first lease of `resumed_by` (host, pid): where the run went on."""
+    job: str | None = None
+    """The job the run belongs to (its chain's first run), when the chain has more than one run or
+    `start_job` started it."""
+    job_size: int = 0
+    """How many runs the job has."""
+
+    @property
+    def changes(self) -> tuple[OwnershipChange, ...]:
+        """The lease's changes, oldest first."""
+        return self.lease.history if self.lease is not None else ()
+
+    @property
+    def cut(self) -> bool:
+        """Whether changes between the first and the newest kept may have been dropped (`HISTORY_LIMIT`)."""
+        return len(self.changes) >= HISTORY_LIMIT
+
+
+def first_taker(lease: Lease | None) -> str | None:
+    """Who took the lease first (host, pid), as its history says; else its current owner."""
+    if lease is None:
+        return None
+    taken = next((c for c in lease.history if c.what is Change.TAKEN and c.owner), None)
+    if taken is not None:
+        return taken.owner
+    return str(lease.owner) if lease.owner is not None else None
+
+
+def _resumes_of(record: RunRecord | None) -> str | None:
+    origin = record.metadata.get(RESUMES_KEY) if record is not None else None
+    return origin if isinstance(origin, str) else None
+
+
+async def first_run_of(store: StepStore, run_id: str) -> str | None:
+    """The first run of the chain `run_id` belongs to (its job's id): from its lease (`job`, `origin`),
+    or back through the records of the runs it resumes on a store without leases; `None` when the
+    store knows no such run."""
+    if has_leases(store):
+        lease = await store.get_lease(run_id)
+        if lease is not None:
+            return lease.job or lease.origin or run_id
+    record = await store.get_run(run_id=run_id)
+    if record is None:
+        return None
+    seen = {run_id}
+    while (back := _resumes_of(record)) is not None and back not in seen and len(seen) < CHAIN_LIMIT:
+        record = await store.get_run(run_id=back)
+        if record is None:
+            return back  # deleted: the chain starts there all the same
+        seen.add(back)
+    return record.run_id
+
+
+async def is_job(store: StepStore, run_id: str) -> bool:
+    """Whether `run_id` names a job: the first run of a chain other runs continue, or a run `start_job`
+    started."""
+    lease = await store.get_lease(run_id) if has_leases(store) else None
+    if lease is not None:
+        if lease.resumes is not None:
+            return False
+        if lease.job == run_id:
+            return True
+    else:
+        record = await store.get_run(run_id=run_id)
+        if record is None or _resumes_of(record) is not None:
+            return False
+    return len(await continuations(store, run_id)) > 1
+
+
+async def ownership_of(store: StepStore, record: RunRecord, standing: Standing | None) -> Ownership:
+    """The run's ownership history and the runs around it, for its page (`standing` was read already)."""
+    kept = has_leases(store)
+    lease = standing.lease if standing is not None else None
+    resumes = (lease.resumes if lease is not None else None) or _resumes_of(record)
+    following = lease.resumed_by if lease is not None else None
+    if following is None and standing is not None and standing.resumed_by:
+        following = standing.resumed_by[0]
+    resumed_on = first_taker(await store.get_lease(following)) if following is not None and kept else None
+    job: str | None = None
+    size = 0
+    if lease is not None or resumes is not None or following is not None:
+        first = await first_run_of(store, record.run_id)
+        if first is not None:
+            size = len(await continuations(store, first))
+            if size > 1 or (lease is not None and lease.job is not None):
+                job = first
+    return Ownership(
+        kept=kept,
+        lease=lease,
+        resumes=resumes,
+        resumed_by=following,
+        resumed_on=resumed_on,
+        job=job,
+        job_size=size,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRunView:
+    """One run of a job, for the job page."""
+
+    run_id: str
+    record: RunRecord | None
+    """`None`: the run has a lease and no record (its process stopped before registering it)."""
+    standing: Standing
+    ownership: Ownership
+    answers: Answers | None = None
+    """The answers its pause got, when it paused on deferred tool calls."""
+
+    @property
+    def lease(self) -> Lease | None:
+        return self.standing.lease
+
+    @property
+    def shown(self) -> str:
+        """The status shown (see `shown_status`)."""
+        return shown_status(self.standing)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobView:
+    """A job: its runs, oldest first, and how it stands (its newest run's standing)."""
+
+    job_id: str
+    status: str
+    runs: list[JobRunView]
+    kept: bool
+
+
+async def job_view(store: StepStore, job_id: str, now: datetime | None = None) -> JobView:
+    """The job `job_id` for its page; `LookupError` when the store has no such job."""
+    try:
+        found = await job_runs(store, job_id)
+    except LookupError:
+        raise LookupError(
+            f"the store has no job {job_id!r}: a job's id is the id of its first run; find it on the runs page"
+        ) from None
+    moment = now or utcnow()
+    views: list[JobRunView] = []
+    for run in found:
+        record = await store.get_run(run_id=run.run_id)
+        standing = await standing_of(store, run.run_id)
+        stand_in = record or RunRecord(run_id=run.run_id)
+        waiting = await read_waiting(store, run_id=run.run_id)
+        views.append(
+            JobRunView(
+                run_id=run.run_id,
+                record=record,
+                standing=standing,
+                ownership=await ownership_of(store, stand_in, standing),
+                answers=answers_to(waiting, moment) if waiting is not None else None,
+            )
+        )
+    return JobView(job_id=job_id, status=job_status(found), runs=views, kept=has_leases(store))
+
+
 # -- timeline -----------------------------------------------------------------------------------
 
 
@@ -469,6 +662,31 @@ class TimelineRow:
     def kind(self) -> str:
         """The event's kind as the timeline shows it: an answer is `call_answered`, not a tool call's end."""
         return ANSWERED if self.answer is not None else self.event.kind.value
+
+    @property
+    def is_change(self) -> bool:
+        """A step event, not a change of the run's ownership."""
+        return False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChangeRow:
+    """A change of the run's ownership, shown among its events by time."""
+
+    change: OwnershipChange
+    index: int
+    """Its place in the lease's history (from 1)."""
+    offset: timedelta | None
+    """Time since the run's first event (negative for a lease taken before it)."""
+
+    @property
+    def kind(self) -> str:
+        """`lease_taken`, `lease_taken_over`, `write_refused`, ... (see `OwnershipChange.kind`)."""
+        return self.change.kind
+
+    @property
+    def is_change(self) -> bool:
+        return True
 
 
 _ENDS = {
@@ -530,13 +748,21 @@ def timeline(events: Sequence[StepEvent], start: int = 0, end: int | None = None
 
 
 async def timeline_page(
-    store: StepStore, run_id: str, number: int, size: int = EVENTS_PER_PAGE
-) -> tuple[list[TimelineRow], Page, RunFacts]:
-    """Page `number` of the run's timeline: its rows, where it sits, and the run's facts."""
+    store: StepStore,
+    run_id: str,
+    number: int,
+    size: int = EVENTS_PER_PAGE,
+    changes: Sequence[OwnershipChange] = (),
+) -> tuple[list[TimelineRow | ChangeRow], Page, RunFacts]:
+    """Page `number` of the run's timeline: its rows, where it sits, and the run's facts.
+
+    The ownership `changes` (its lease's history) are merged into the events by time: a page shows
+    those from its first event up to the next page's first (the first page also those before the
+    run's first event, the last those after its last)."""
     facts = await run_facts(store, run_id)
     page = page_of(number, size, facts.event_count)
     if not facts.event_count:
-        return [], page, facts
+        return [ChangeRow(change=c, index=i, offset=None) for i, c in enumerate(changes, 1)], page, facts
     # Page n holds the events with seq in ((n - 1) * size, n * size]; read a margin on either side.
     after = max(0, page.start - PAIRING_WINDOW)
     window = await store.list_events_page(run_id, after_seq=after, limit=page.end - after + PAIRING_WINDOW)
@@ -544,7 +770,28 @@ async def timeline_page(
         window = [*await store.list_events_page(run_id, limit=1), *window]  # the origin of the offsets
     start = next((i for i, e in enumerate(window) if (e.seq or 0) > page.start), len(window))
     end = next((i for i, e in enumerate(window) if (e.seq or 0) > page.end), len(window))
-    return timeline(window, start, end), page, facts
+    rows = timeline(window, start, end)
+    first = sort_time(window[0].timestamp)
+    low = sort_time(window[start].timestamp) if page.number > 1 and start < len(window) else None
+    high = sort_time(window[end].timestamp) if end < len(window) else None
+    shown = [
+        ChangeRow(change=c, index=i, offset=sort_time(c.at) - first)
+        for i, c in enumerate(changes, 1)
+        if (low is None or sort_time(c.at) >= low) and (high is None or sort_time(c.at) < high)
+    ]
+    return merge_by_time(rows, shown), page, facts
+
+
+def merge_by_time(rows: Sequence[TimelineRow], changes: Sequence[ChangeRow]) -> list[TimelineRow | ChangeRow]:
+    """The event rows in their order, each change before the first event that happened after it."""
+    merged: list[TimelineRow | ChangeRow] = []
+    waiting = sorted(changes, key=lambda r: (sort_time(r.change.at), r.index))
+    for row in rows:
+        moment = sort_time(row.event.timestamp)
+        while waiting and sort_time(waiting[0].change.at) < moment:
+            merged.append(waiting.pop(0))
+        merged.append(row)
+    return [*merged, *waiting]
 
 
 def unresolved_first(effects: Sequence[ToolEffectRecord]) -> list[ToolEffectRecord]:
