@@ -226,7 +226,8 @@ def test_approved_in_one_process_with_other_args_resumed_in_another_runs_once(
         spec, world, 'answer', run_id, 'call-drop', '--approve', '--args', '{"name": "guests"}', '--by', 'alice'
     )
     assert approved.returncode == 0, approved.stderr
-    assert "approved with args {'name': 'guests'} by alice" in approved.stdout
+    assert 'call-drop: approved by alice at ' in approved.stdout
+    assert 'to run with {"name": "guests"} instead' in approved.stdout  # JSON, as --args takes it
     told = _stepcore(spec, world, 'recover', run_id, '--json')
     [call_json] = json.loads(told.stdout)['waiting']['calls']
     assert call_json['answer']['decision'] == 'approved'

@@ -33,7 +33,7 @@ from stepcore.cli.console import (
     with_run,
     with_store,
 )
-from stepcore.cli.words import cancelled_text, in_cli_terms, strip_error_class
+from stepcore.cli.words import answer_text, cancelled_text, in_cli_terms, strip_error_class
 from stepcore.store.step_store import StepStore
 
 __all__ = ('answer', 'cancel', 'recover', 'resume')
@@ -313,7 +313,7 @@ def answer(
         echo_json({'run_id': run_id, **recorded.to_json(), 'unanswered': left})
         return
     console = out()
-    console.print(Text(f'{run_id} {tool_call_id}: {recorded.describe()}'))
+    console.print(Text(f'{run_id} {tool_call_id}: {answer_text(recorded)}'))
     if left:
         console.print(
             Text(f'still waiting for answers: {", ".join(left)} (`stepcore answer {run_id} CALL ...`)'), style='dim'
