@@ -13,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import pytest
+from live_run import LiveRun, send_model
 from pydantic_ai import Agent, CallDeferred
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -114,13 +113,6 @@ def _dba(store: SqliteStepStore) -> Agent[None, Any]:
     return agent
 
 
-def _send_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    del info
-    if any(isinstance(p, ToolReturnPart) for m in messages for p in m.parts):
-        return ModelResponse(parts=[TextPart('sent')])
-    return ModelResponse(parts=[ToolCallPart('send', {'to': 'team@example.com'}, tool_call_id='call-send')])
-
-
 @dataclass
 class Runs:
     url: str
@@ -143,7 +135,7 @@ async def _fill(database: Path) -> str:
         await asyncio.sleep(0.3)  # archive's deadline passes unanswered
         resumed = await resume_run(store, run_id='ops-1', agent=agent)
         assert resumed.output == "call-drop: dropped users_old; call-trunc: not on a Friday; call-ask: {'backup': True}"
-        sender = Agent(FunctionModel(_send_model), name='mailer', capabilities=[StepPersistence(store=store)])
+        sender = Agent(FunctionModel(send_model), name='mailer', capabilities=[StepPersistence(store=store)])
 
         @sender.tool_plain
         def send(to: str) -> str:  # pyright: ignore[reportUnusedFunction]
@@ -275,44 +267,6 @@ def test_a_completed_run_is_offered_no_resumption(runs: Runs, tmp_path: Path) ->
 
 
 # --- a live run, and an orphan --------------------------------------------------------------------------------
-
-
-class LiveRun:
-    """A run of a real agent held inside its tool, in a thread of this process (which holds the run's lease
-    and renews it), until the block ends."""
-
-    def __init__(self, database: Path, run_id: str) -> None:
-        self.database = database
-        self.run_id = run_id
-        self.output: object = None
-        self._inside = threading.Event()
-        self._go = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _run(self) -> None:
-        store = SqliteStepStore(database=self.database)
-        agent = Agent(FunctionModel(_send_model), name='mailer', capabilities=[StepPersistence(store=store)])
-
-        @agent.tool_plain
-        def send(to: str) -> str:  # pyright: ignore[reportUnusedFunction]
-            self._inside.set()
-            assert self._go.wait(120), 'the test never let the tool return'
-            return f'sent to {to}'
-
-        try:
-            self.output = (await agent.run('send the report', run_id=self.run_id)).output
-        finally:
-            await store.aclose()
-
-    def __enter__(self) -> LiveRun:
-        self._thread.start()
-        assert self._inside.wait(60), f'run {self.run_id} never reached its tool'
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        self._go.set()
-        self._thread.join(120)
-        assert not self._thread.is_alive()
 
 
 @pytest.fixture

@@ -8,16 +8,14 @@ where conftest.py says.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import pytest
+from live_run import LiveRun
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -48,13 +46,6 @@ def _dba_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
             ToolCallPart('truncate', {'name': 'logs'}, tool_call_id='call-trunc'),
         ]
     )
-
-
-def _send_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    del info
-    if any(isinstance(p, ToolReturnPart) for m in messages for p in m.parts):
-        return ModelResponse(parts=[TextPart('sent')])
-    return ModelResponse(parts=[ToolCallPart('send', {'to': 'team@example.com'}, tool_call_id='call-send')])
 
 
 async def _fill(database: Path) -> str:
@@ -163,43 +154,6 @@ def test_a_resumed_pause_and_the_run_that_resumed_it(
     shoot('states-4-completed-resumption')
     answers.find_element(By.LINK_TEXT, 'ops-1').click()
     _wait(browser).until(ec.presence_of_element_located((By.ID, 'resumed-by')))
-
-
-class LiveRun:
-    """A run of a real agent held inside its tool, in a thread of this process (which holds the run's lease
-    and renews it), until the block ends."""
-
-    def __init__(self, database: Path, run_id: str) -> None:
-        self.database = database
-        self.run_id = run_id
-        self._inside = threading.Event()
-        self._go = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _run(self) -> None:
-        store = SqliteStepStore(database=self.database)
-        agent = Agent(FunctionModel(_send_model), name='mailer', capabilities=[StepPersistence(store=store)])
-
-        @agent.tool_plain
-        def send(to: str) -> str:  # pyright: ignore[reportUnusedFunction]
-            self._inside.set()
-            assert self._go.wait(180), 'the test never let the tool return'
-            return f'sent to {to}'
-
-        try:
-            await agent.run('send the report', run_id=self.run_id)
-        finally:
-            await store.aclose()
-
-    def __enter__(self) -> LiveRun:
-        self._thread.start()
-        assert self._inside.wait(60), f'run {self.run_id} never reached its tool'
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        self._go.set()
-        self._thread.join(180)
-        assert not self._thread.is_alive()
 
 
 def test_a_live_run_inside_its_tool(browser: Any, served: Served, shoot: Callable[[str], Path]) -> None:
