@@ -994,7 +994,8 @@ class EngineStore(StepStore):
         # and its lease, for the refused writes noted in it since the caller read it (kept)
         tally, read = await self.__driver.read(run_id, lambda: swap_plan(run_id))
         if expect is not None and read.row is not None and read.row.epoch == expect:
-            lease = _keep_refusals(lease, self.__lease(run_id, read))
+            with contextlib.suppress(DamagedRecordError):  # a damaged lease has no notes to keep
+                lease = _keep_refusals(lease, self.__lease(run_id, read))
         row = LeaseRow(
             run_id=run_id,
             epoch=lease.epoch,
