@@ -6,12 +6,20 @@ directory entry are fsynced so the result also survives a power loss.
 
 Everything created here is its owner's only: files `0600`, folders `0700`, whatever the process
 umask (the mode is set explicitly after creation, since a umask can only remove bits).
+
+Platforms: on Linux a file is fsynced with `fsync(2)` and a directory by opening and fsyncing it.
+On macOS `fsync(2)` only hands the data to the drive, which may keep it in its cache through a
+power loss: files are flushed with `fcntl(F_FULLFSYNC)` instead (falling back to `fsync` where
+the file system refuses it). On Windows a directory cannot be opened for fsyncing and needs not
+be (see `fsync_dir`); files are opened in binary mode so bytes are stored exactly as written, and
+the modes above only toggle the read-only flag (the folder's ACLs protect the files there).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import uuid
 from pathlib import Path
 from typing import Final
@@ -22,6 +30,7 @@ __all__ = (
     'TEMP_NAME',
     'create_file',
     'fsync_dir',
+    'fsync_file',
     'make_dir',
     'write_all',
     'write_atomic',
@@ -34,13 +43,63 @@ DIR_MODE: Final = 0o700
 """Mode of every folder the file-based backends create."""
 
 
+_BINARY: Final = getattr(os, 'O_BINARY', 0)
+"""`O_BINARY` where the C runtime has text-mode descriptors (Windows), else 0."""
+_F_FULLFSYNC: Final = 51
+"""`F_FULLFSYNC` of macOS's `<fcntl.h>`, for Pythons whose `fcntl` module lacks the name."""
+
+
+def fsync_file(fd: int) -> None:
+    """Make the data written to the file open as `fd` durable (`F_FULLFSYNC` on macOS, else `fsync`)."""
+    if sys.platform == 'darwin':
+        _full_fsync(fd)
+    else:
+        os.fsync(fd)
+
+
+def _full_fsync(fd: int) -> None:
+    """`fsync` on macOS, where `fsync(2)` leaves the data in the drive's cache: `fcntl(F_FULLFSYNC)`
+    asks the drive to write it to the medium. File systems that refuse it (some network or FUSE
+    ones) get a plain `fsync`."""
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, 'F_FULLFSYNC', _F_FULLFSYNC))
+    except OSError:
+        os.fsync(fd)
+
+
 def fsync_dir(path: Path) -> None:
-    """Make the entries of directory `path` (creations, renames) durable."""
+    """Make the entries of directory `path` (creations, renames) durable.
+
+    A no-op on Windows (see `_fsync_dir_windows`); elsewhere the directory is opened and fsynced.
+    """
+    if sys.platform == 'win32':
+        _fsync_dir_windows(path)
+    else:
+        _fsync_dir_posix(path)
+
+
+def _fsync_dir_posix(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        if sys.platform == 'darwin':
+            _full_fsync(fd)
+        else:
+            os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_dir_windows(path: Path) -> None:
+    """Nothing to do on Windows, where opening a directory with `os.open` fails (`PermissionError`).
+
+    NTFS journals its metadata: a creation or a rename (`MoveFileEx`, behind `os.replace`) is
+    recorded in the volume's log and is not lost on its own after it returned. What the crash rule
+    needs besides, the content of a renamed file, is flushed before the rename: `write_temp`
+    fsyncs the temporary file (`FlushFileBuffers`) before `write_atomic` renames it.
+    """
+    del path
 
 
 def _mkdir(path: Path) -> bool:
@@ -72,13 +131,20 @@ def create_file(path: Path, flags: int) -> int:
 
     `FileExistsError` when it exists (`O_EXCL`).
     """
-    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | _BINARY, FILE_MODE)
     try:
-        os.fchmod(fd, FILE_MODE)
+        _set_mode(fd, path)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _set_mode(fd: int, path: Path) -> None:
+    if hasattr(os, 'fchmod'):
+        os.fchmod(fd, FILE_MODE)
+    else:  # Windows before Python 3.13: the mode only sets the read-only flag, which 0600 leaves clear
+        os.chmod(path, FILE_MODE)
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -101,7 +167,7 @@ def write_temp(path: Path, data: bytes, *, sync: bool = True) -> Path:
     try:
         write_all(fd, data)
         if sync:
-            os.fsync(fd)
+            fsync_file(fd)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)

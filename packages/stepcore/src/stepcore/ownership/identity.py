@@ -14,6 +14,7 @@ import socket
 import sys
 import uuid
 from functools import cache
+from typing import Any
 
 from stepcore.store.leases import Lease, LeaseState, Owner
 
@@ -76,26 +77,31 @@ def _exited(pid: int) -> bool:
     return bool(state) and state[0] in ('Z', 'X')
 
 
-if sys.platform == 'win32':  # pragma: no cover - exercised on Windows only
+_QUERY_LIMITED_INFORMATION = 0x1000
+_ACCESS_DENIED = 5
+_STILL_ACTIVE = 259
+
+
+def _windows_process_alive(pid: int) -> bool:
+    """`process_alive` on Windows: whether `OpenProcess` finds the process and it has no exit code yet.
+
+    `os.kill(pid, 0)` would terminate the process there, so it is never called. A process this
+    user may not open (access denied), or whose exit code cannot be read, counts as alive.
+    """
     import ctypes
 
-    _QUERY_LIMITED_INFORMATION = 0x1000
-    _ACCESS_DENIED = 5
-    _STILL_ACTIVE = 259
-
-    def _windows_process_alive(pid: int) -> bool:
-        # os.kill(pid, 0) would terminate the process on Windows: ask for its exit code instead.
-        kernel32 = ctypes.windll.kernel32
-        handle = kernel32.OpenProcess(_QUERY_LIMITED_INFORMATION, False, pid)
-        if not handle:
-            return kernel32.GetLastError() == _ACCESS_DENIED
-        try:
-            code = ctypes.c_ulong()
-            if not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)):
-                return True
-            return code.value == _STILL_ACTIVE
-        finally:
-            kernel32.CloseHandle(handle)
+    windows: Any = ctypes  # `windll` exists on Windows only
+    kernel32 = windows.windll.kernel32
+    handle = kernel32.OpenProcess(_QUERY_LIMITED_INFORMATION, False, pid)
+    if not handle:
+        return bool(kernel32.GetLastError() == _ACCESS_DENIED)
+    try:
+        code = ctypes.c_ulong()
+        if not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)):
+            return True
+        return code.value == _STILL_ACTIVE
+    finally:
+        kernel32.CloseHandle(handle)
 
 
 def owner_gone(lease: Lease) -> bool:
