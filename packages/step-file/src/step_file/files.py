@@ -4,17 +4,20 @@ Every log of a run folder (events, ledger, snapshot keys, message nodes) is a `L
 only grows by complete lines, and a *fold* of its lines (whatever this process keeps of it: the
 next seq, the keys seen, ...), which a catch-up feeds with the lines appended since the last one.
 Atomic writes and folder creation come from `stepcore.backend` (shared with `media-disk`).
+
+The run lock is `flock` on POSIX systems and `LockFileEx` on Windows, chosen when it is taken (see
+`lock_fd`); both are released by closing the descriptor.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from stepcore.backend import (
     WouldBlock,
@@ -23,8 +26,9 @@ from stepcore.backend import (
     running_inline,
     write_all,
 )
+from stepcore.engine._fileio import fsync_file
 
-__all__ = ('Fold', 'Log', 'run_lock')
+__all__ = ('Fold', 'Log', 'lock_fd', 'run_lock')
 
 logger = logging.getLogger('step_file')
 
@@ -32,6 +36,82 @@ _LOCK_ATTEMPTS = 100
 
 
 _GENERATION_BYTES = 32
+
+_BINARY = getattr(os, 'O_BINARY', 0)  # Windows: bytes as written, no newline translation
+
+
+def lock_fd(fd: int, *, exclusive: bool, blocking: bool) -> None:
+    """Lock the whole file open as `fd`, shared or `exclusive`, for as long as it stays open.
+
+    Waits for another process's conflicting lock when `blocking`, else raises `WouldBlock`.
+    `flock` on POSIX systems, `LockFileEx` on Windows.
+    """
+    if sys.platform == 'win32':
+        _lock_windows(fd, exclusive=exclusive, blocking=blocking)
+    else:
+        _lock_posix(fd, exclusive=exclusive, blocking=blocking)
+
+
+def _lock_posix(fd: int, *, exclusive: bool, blocking: bool) -> None:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        raise WouldBlock from None
+
+
+_LOCKFILE_FAIL_IMMEDIATELY = 0x1
+_LOCKFILE_EXCLUSIVE_LOCK = 0x2
+_ERROR_LOCK_VIOLATION = 33
+_WHOLE_FILE = 0xFFFFFFFF  # the low and the high 32 bits of the locked length: every byte there can be
+
+
+def _lock_windows(fd: int, *, exclusive: bool, blocking: bool) -> None:
+    """`LockFileEx` on the file's handle, over every byte it can have. Closing the descriptor (the
+    last handle of the file object) releases it, as with `flock`."""
+    import ctypes
+    import msvcrt
+
+    windows: Any = ctypes  # `WinDLL`, `get_last_error` and `WinError` exist on Windows only
+
+    class _Overlapped(ctypes.Structure):  # OVERLAPPED: offset 0, the lock starts at the first byte
+        _fields_ = (  # pyright: ignore[reportUnannotatedClassAttribute]
+            ('Internal', ctypes.c_void_p),
+            ('InternalHigh', ctypes.c_void_p),
+            ('Offset', ctypes.c_uint32),
+            ('OffsetHigh', ctypes.c_uint32),
+            ('hEvent', ctypes.c_void_p),
+        )
+
+    flags = (_LOCKFILE_EXCLUSIVE_LOCK if exclusive else 0) | (0 if blocking else _LOCKFILE_FAIL_IMMEDIATELY)
+    handle: int = getattr(msvcrt, 'get_osfhandle')(fd)  # noqa: B009 - Windows only
+    overlapped = _Overlapped()
+    kernel32 = windows.WinDLL('kernel32', use_last_error=True)
+    whole = ctypes.c_uint32(_WHOLE_FILE)
+    if kernel32.LockFileEx(
+        ctypes.c_void_p(handle), ctypes.c_uint32(flags), ctypes.c_uint32(0), whole, whole, ctypes.byref(overlapped)
+    ):
+        return
+    error: int = windows.get_last_error()
+    if error == _ERROR_LOCK_VIOLATION:
+        raise WouldBlock
+    raise windows.WinError(error)
+
+
+def _pread(fd: int, size: int, offset: int) -> bytes:
+    """`os.pread`, or a seek and a read where there is none (Windows); the descriptors here are this call's own."""
+    if hasattr(os, 'pread'):
+        return os.pread(fd, size, offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    chunks: list[bytes] = []
+    while size > 0:
+        chunk = os.read(fd, size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b''.join(chunks)
 
 
 @contextlib.contextmanager
@@ -50,7 +130,7 @@ def run_lock(path: Path, *, exclusive: bool, prepare: Callable[[], object] | Non
     """
     fd = _acquire(path, exclusive, prepare)
     try:
-        yield b'' if fd is None else os.pread(fd, _GENERATION_BYTES, 0)
+        yield b'' if fd is None else _pread(fd, _GENERATION_BYTES, 0)
     finally:
         if fd is not None:
             os.close(fd)  # closing the descriptor releases the lock
@@ -68,16 +148,13 @@ def _acquire(path: Path, exclusive: bool, prepare: Callable[[], object] | None) 
             prepare()
             continue
         try:
-            fcntl.flock(
-                fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (fcntl.LOCK_NB if running_inline() else 0)
-            )
+            # Held by another process, a call that must not wait on the event loop gets WouldBlock.
+            lock_fd(fd, exclusive=exclusive, blocking=not running_inline())
+            # The file index on Windows: both calls read it from the file system (CPython >= 3.5).
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
                 return fd
         except FileNotFoundError:
             pass
-        except BlockingIOError:  # held by another process, and this call must not wait on the event loop
-            os.close(fd)
-            raise WouldBlock from None
         except BaseException:
             os.close(fd)
             raise
@@ -87,14 +164,14 @@ def _acquire(path: Path, exclusive: bool, prepare: Callable[[], object] | None) 
 
 def _open_lock(path: Path, exclusive: bool) -> int:
     if not exclusive:
-        return os.open(path, os.O_RDONLY)
+        return os.open(path, os.O_RDONLY | _BINARY)
     try:
-        return os.open(path, os.O_RDWR)
+        return os.open(path, os.O_RDWR | _BINARY)
     except FileNotFoundError:
         try:
             fd = create_file(path, os.O_RDWR)
         except FileExistsError:
-            return os.open(path, os.O_RDWR)
+            return os.open(path, os.O_RDWR | _BINARY)
         write_all(fd, os.urandom(_GENERATION_BYTES // 2).hex().encode())
         return fd
 
@@ -137,12 +214,12 @@ class Log(Generic[F]):
     def writing(self) -> Iterator[int]:
         """The file open for appending (created `0600` if missing), caught up and repaired."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | _BINARY)
         except FileNotFoundError:
             try:
                 fd = create_file(self.path, os.O_RDWR | os.O_APPEND)
             except FileExistsError:
-                fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | _BINARY)
             else:
                 fsync_dir(self.path.parent)
         try:
@@ -157,7 +234,7 @@ class Log(Generic[F]):
             st = os.stat(self.path)
             if st.st_ino == self._inode and st.st_size == self._offset:
                 return self.seen  # nothing appended since: one stat instead of an open
-            fd = os.open(self.path, os.O_RDWR if repair else os.O_RDONLY)
+            fd = os.open(self.path, (os.O_RDWR if repair else os.O_RDONLY) | _BINARY)
         except FileNotFoundError:
             self._reset(None)
             return self.seen
@@ -171,7 +248,7 @@ class Log(Generic[F]):
         """Append complete lines (`data` ends with a newline) to the file `writing()` opened, and fold them."""
         write_all(fd, data)
         if sync:
-            os.fsync(fd)
+            fsync_file(fd)
         self._offset += len(data)
         self._fold(data)
 
@@ -199,7 +276,7 @@ class Log(Generic[F]):
             self._reset(st.st_ino)
         if st.st_size == self._offset:
             return
-        data = os.pread(fd, st.st_size - self._offset, self._offset)
+        data = _pread(fd, st.st_size - self._offset, self._offset)
         if self._unended and data.startswith(b'\n'):
             # the newline a writer added to end the damaged line folded before: already counted
             self._offset += 1
@@ -211,7 +288,7 @@ class Log(Generic[F]):
         if end == len(data) and not data.endswith(b'\n'):  # a whole last line with a damaged newline
             if repair:  # end it, so the next append starts a line of its own; its bytes are kept
                 os.pwrite(fd, b'\n', st.st_size)
-                os.fsync(fd)
+                fsync_file(fd)
                 data += b'\n'
                 end += 1
             else:
@@ -221,7 +298,7 @@ class Log(Generic[F]):
             return
         if end < len(data) and repair:
             os.ftruncate(fd, self._offset + end)
-            os.fsync(fd)
+            fsync_file(fd)
             logger.warning('step_file: truncated the incomplete last line of %s', self.path)
         self._offset += end
         self._fold(data[:end])
