@@ -16,6 +16,7 @@ and the fence a writing task carries (`fencing`, `fence_of`). The mechanism is t
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -441,10 +442,19 @@ def decode_lease_body(
         version=fields.get('version'),
         job=fields.get('job'),
         died=tuple(DiedAttempt.from_json(a) for a in cast(list[Any], fields.get('died') or []) if isinstance(a, dict)),
-        history=tuple(
-            OwnershipChange.from_json(c) for c in cast(list[Any], fields.get('history') or []) if isinstance(c, dict)
-        ),
+        history=_history(fields.get('history')),
     )
+
+
+def _history(stored: object) -> tuple[OwnershipChange, ...]:
+    """A lease body's ownership history; a change this release cannot read (a kind a later one added)
+    is left out, not taken for damage: the history tells, it never decides."""
+    changes: list[OwnershipChange] = []
+    for item in cast(list[Any], stored) if isinstance(stored, list) else []:
+        if isinstance(item, dict):
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                changes.append(OwnershipChange.from_json(cast(dict[str, Any], item)))
+    return tuple(changes)
 
 
 # --- errors ---------------------------------------------------------------------------------------
