@@ -23,10 +23,10 @@ from stepcore.backend import (
     WouldBlock,
     create_file,
     fsync_dir,
+    fsync_file,
     running_inline,
     write_all,
 )
-from stepcore.engine._fileio import fsync_file
 
 __all__ = ('Fold', 'Log', 'lock_fd', 'run_lock')
 

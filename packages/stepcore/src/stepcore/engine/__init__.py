@@ -23,7 +23,16 @@ from __future__ import annotations
 from stepcore.common.damage import DamagedRecordError
 from stepcore.engine import _ops as ops
 from stepcore.engine._engine_store import EngineStore
-from stepcore.engine._fileio import TEMP_NAME, create_file, fsync_dir, make_dir, write_all, write_atomic, write_temp
+from stepcore.engine._fileio import (
+    TEMP_NAME,
+    create_file,
+    fsync_dir,
+    fsync_file,
+    make_dir,
+    write_all,
+    write_atomic,
+    write_temp,
+)
 from stepcore.engine._history import TAIL_RECHECK, shares_prefix, starts_with, trusted_prefix
 from stepcore.engine._pipeline import Ask, NodeIdBlocks, PipelinedPort
 from stepcore.engine._plans import Fenced, KeyConflict, StaleHistory
@@ -57,6 +66,7 @@ __all__ = (
     'create_file',
     'event_window',
     'fsync_dir',
+    'fsync_file',
     'make_dir',
     'ops',
     'retrying',
