@@ -385,7 +385,9 @@ class Chaos:
         if what == 'kill':
             await self.kill(rng.choice(running))
         elif what == 'pause':
-            victim = rng.choice(running)
+            # a worker that holds runs, so that it comes back a zombie of them
+            owners = {lease.owner.pid for lease in await self.store.list_leases([LeaseState.RUNNING]) if lease.owner}
+            victim = rng.choice([pid for pid in running if pid in owners] or running)
             if _signal(victim, signal.SIGSTOP):
                 counts['pauses'] += 1
                 self.note('paused', victim)
