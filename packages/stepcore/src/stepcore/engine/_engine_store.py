@@ -150,7 +150,6 @@ _STARTED: Final = ToolEffectStatus.STARTED.value
 _NOTE_ATTEMPTS: Final = 3
 _NOT_THE_STORE: Final = (ValueError, TypeError, LookupError, KeyConflict, StaleHistory, DamagedRecordError)
 """Errors of a write that say what is wrong with it, not with the store."""
-_THIS_PROCESS: Final = f'{socket.gethostname()} pid {os.getpid()}'
 
 
 def _keep_refusals(lease: Lease, stored: Lease | None) -> Lease:
@@ -507,7 +506,7 @@ class EngineStore(StepStore):
             row = read.row
             if lease is None or row is None or epoch is None:
                 return lease
-            noted = with_refusal(lease, epoch=epoch, owner=_THIS_PROCESS)
+            noted = with_refusal(lease, epoch=epoch, owner=f'{socket.gethostname()} pid {os.getpid()}')
             if noted is None:
                 return lease
             body = _replace_history(row.body, noted)
