@@ -125,6 +125,9 @@ class Scale:
     """Seconds between two blows of the chaos driver."""
     deadline: float
     """Seconds the fleet has for the chaos and the calm after it."""
+    sure_of_zombies: bool = True
+    """Whether the pauses are sure to make a zombie that writes after its runs were taken over (asserted);
+    else the zombies' refusals are only counted."""
 
 
 _FAST = Scale(
@@ -151,10 +154,13 @@ SCALES = {
     # checks unique keys by scanning (slower as the collections grow), and fails a transaction when
     # anything else was written meanwhile: the fleet completes about a run a second there, and a
     # resumption lasts a second or more. So fewer jobs (no more are queued), one job at a time per worker,
-    # blows further apart, and pauses long enough for the fleet to take a paused worker's runs over.
+    # blows further apart, and pauses long enough for the fleet to take a paused worker's runs over. With
+    # one run at a time per worker and three pauses, a paused worker may thaw with nothing left to write
+    # (seen under the suite's load): the zombies are counted there, and the leases section of the kit
+    # proves the fence on this server deterministically.
     'mongo': Scale(jobs=14, refill=0, low=0, runners=1, resumers=1, kills=25, pauses=3, freezes=0, cancels=2,
                    poison=frozenset({'poison-0'}), max_recovery_attempts=12, pause_length=(8.0, 12.0),
-                   blow_every=(0.6, 1.2), deadline=150.0),
+                   blow_every=(0.6, 1.2), deadline=150.0, sure_of_zombies=False),
 }  # fmt: skip
 
 
@@ -753,7 +759,7 @@ async def test_a_fleet_under_fire_completes_every_run_once_with_every_effect_onc
     assert len(cancelled) > 0, f'no job was cancelled: {line}'
     # a zombie's refusal reaches the count when its process lives to tell it, and the run's history always
     fenced = kinds['zombie write refused'] + kinds['zombie effect refused'] + noted
-    assert fenced > 0, f'no zombie was fenced: {line}'
+    assert fenced > 0 or not scale.sure_of_zombies, f'no zombie was fenced: {line}'
     assert noted > 0 or not kinds['zombie write refused'], f'no refused write in the history of any run: {line}'
     assert pickups['pickups'], line
     # The pickup latency is a performance figure: printed here (and in the test report) against its
