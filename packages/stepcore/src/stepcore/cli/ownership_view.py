@@ -52,8 +52,7 @@ async def read_ownership(store: StepStore, run_id: str) -> Ownership:
     owner = None
     if lease is not None and lease.resumed_by is not None:
         resumption = await read_lease(store, lease.resumed_by)
-        taken = [c for c in resumption.history if c.what is Change.TAKEN] if resumption is not None else []
-        owner = taken[0].owner if taken else None
+        owner = resumption.taken_by if resumption is not None else None
     return Ownership(run_id, lease, owner)
 
 

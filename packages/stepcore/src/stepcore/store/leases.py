@@ -364,6 +364,14 @@ class Lease:
         return (self.expires_at - self.checked_at).total_seconds()
 
     @property
+    def taken_by(self) -> str | None:
+        """Who took the lease first (host, pid), as its history says; else its current owner."""
+        taken = next((c for c in self.history if c.what is Change.TAKEN and c.owner), None)
+        if taken is not None:
+            return taken.owner
+        return str(self.owner) if self.owner is not None else None
+
+    @property
     def token(self) -> FencingToken:
         return FencingToken(run_id=self.run_id, epoch=self.epoch, origin=self.origin or self.run_id)
 

@@ -19,7 +19,7 @@ from stepcore.recovery.chains import continuations
 from stepcore.recovery.jobs import job_runs, job_status
 from stepcore.recovery.resolution import RESUMES_KEY, SUMMARY_MARK
 from stepcore.recovery.standing import LEASE_STATUSES, Standing, offers_resume, runs_by_lease, standing_of
-from stepcore.store.leases import HISTORY_LIMIT, Change, Lease, OwnershipChange
+from stepcore.store.leases import HISTORY_LIMIT, Lease, OwnershipChange
 from stepcore.store.lifecycle import RunStatus, run_status, sort_time
 from stepcore.store.models import (
     EventKind,
@@ -505,12 +505,7 @@ class Ownership:
 
 def first_taker(lease: Lease | None) -> str | None:
     """Who took the lease first (host, pid), as its history says; else its current owner."""
-    if lease is None:
-        return None
-    taken = next((c for c in lease.history if c.what is Change.TAKEN and c.owner), None)
-    if taken is not None:
-        return taken.owner
-    return str(lease.owner) if lease.owner is not None else None
+    return lease.taken_by if lease is not None else None
 
 
 def _resumes_of(record: RunRecord | None) -> str | None:
