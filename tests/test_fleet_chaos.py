@@ -278,12 +278,14 @@ class Chaos:
         self.problems: list[str] = []
         """What went wrong in the driver's own tasks (a cancel refused for a reason other than its run's end)."""
 
-    def queue(self, count: int, *, poison: frozenset[str] = frozenset()) -> None:
+    async def queue(self, count: int, *, poison: frozenset[str] = frozenset()) -> None:
+        """Queue `count` more jobs (and `poison`), off the event loop: a worker paused while it writes the
+        effects file holds its lock until the loop continues it."""
         names = [f'job-{n:04d}' for n in range(self.queued, self.queued + count)]
         twins = frozenset(name for n, name in enumerate(names, self.queued) if n % TWIN_EVERY == TWIN_EVERY - 1)
         self.queued += count
         self.jobs.update(names, poison)
-        self.effects.add_jobs([*sorted(poison), *names], twins)
+        await asyncio.to_thread(self.effects.add_jobs, [*sorted(poison), *names], twins)
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -479,9 +481,9 @@ class Chaos:
                     next_check = now + 0.5
                     await self.look(progress=False)
                     if await asyncio.to_thread(self.effects.queued) < scale.low:  # keep them busy
-                        self.queue(scale.refill)
+                        await self.queue(scale.refill)
                 if not self.jobs >= scale.poison and counts['kills'] >= scale.kills // 4:
-                    self.queue(0, poison=scale.poison)  # once the fleet is under way; taken first
+                    await self.queue(0, poison=scale.poison)  # once the fleet is under way; taken first
                 await self.blow()
             counts['jobs done under fire'] = len(await self.finished())
             counts['seconds of chaos'] = round(time.monotonic() - started)
@@ -602,7 +604,7 @@ async def test_a_fleet_under_fire_completes_every_run_once_with_every_effect_onc
     fleet = Fleet(process, stderr)
     store = cast(StepStore, stepcore.from_spec(**spec))
     chaos = Chaos(fleet, store, effects, rng, scale, tmp_path)
-    chaos.queue(scale.jobs)
+    await chaos.queue(scale.jobs)
     try:
         assert process.stdout is not None
         ready = await asyncio.wait_for(process.stdout.readline(), 120)
