@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,21 @@ from stepcore.ownership import identity
 STILL_ACTIVE = 259
 
 
+class FakeFunction:
+    """A foreign function of the fake kernel32: called like one, with `restype` and `argtypes` to set."""
+
+    def __init__(self, body: Any) -> None:
+        self.body = body
+        self.restype: Any = None
+        self.argtypes: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        return self.body(*args)
+
+
 class FakeKernel32:
-    """`OpenProcess` / `GetLastError` / `GetExitCodeProcess` / `CloseHandle` of a simulated Windows."""
+    """`OpenProcess` / `GetExitCodeProcess` / `CloseHandle` of a simulated Windows, with the error
+    `ctypes.get_last_error()` answers after a failed call."""
 
     def __init__(self, *, handle: int = 7, error: int = 0, exit_code: int = STILL_ACTIVE, exit_ok: bool = True) -> None:
         self.handle = handle
@@ -27,23 +41,23 @@ class FakeKernel32:
         self.exit_ok = exit_ok
         self.opened: list[tuple[int, bool, int]] = []
         self.closed: list[int] = []
+        self.OpenProcess = FakeFunction(self._open_process)
+        self.GetExitCodeProcess = FakeFunction(self._exit_code)
+        self.CloseHandle = FakeFunction(self._close)
 
-    def OpenProcess(self, access: int, inherit: bool, pid: int) -> int:
+    def _open_process(self, access: int, inherit: bool, pid: int) -> int:
         self.opened.append((access, inherit, pid))
         return self.handle
 
-    def GetLastError(self) -> int:
-        return self.error
-
-    def GetExitCodeProcess(self, handle: int, code: Any) -> int:
-        assert handle == self.handle
+    def _exit_code(self, handle: Any, code: Any) -> int:
+        assert handle.value == self.handle
         if not self.exit_ok:
             return 0
         code._obj.value = self.exit_code
         return 1
 
-    def CloseHandle(self, handle: int) -> int:
-        self.closed.append(handle)
+    def _close(self, handle: Any) -> int:
+        self.closed.append(handle.value)
         return 1
 
 
@@ -58,7 +72,13 @@ def windows(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(os, 'kill', no_kill)
 
     def use(kernel32: FakeKernel32) -> FakeKernel32:
-        monkeypatch.setattr(ctypes, 'windll', type('windll', (), {'kernel32': kernel32})(), raising=False)
+        def load(name: str, use_last_error: bool = False) -> FakeKernel32:
+            assert name == 'kernel32'
+            assert use_last_error  # the error is read as ctypes saved it, right after the call
+            return kernel32
+
+        monkeypatch.setattr(ctypes, 'WinDLL', load, raising=False)
+        monkeypatch.setattr(ctypes, 'get_last_error', lambda: kernel32.error, raising=False)
         return kernel32
 
     return use
@@ -69,6 +89,7 @@ def test_windows_running_process_is_alive(windows: Any) -> None:
     assert identity.process_alive(1234)
     assert kernel32.opened == [(0x1000, False, 1234)]
     assert kernel32.closed == [7]
+    assert kernel32.OpenProcess.restype is ctypes.c_void_p  # a HANDLE is pointer-sized on 64-bit Windows
 
 
 def test_windows_exited_process_is_gone(windows: Any) -> None:
@@ -248,3 +269,191 @@ def test_create_file_without_fchmod_sets_the_mode_by_path(monkeypatch: pytest.Mo
     os.close(fd)
     assert chmods == [(tmp_path / 'f', 0o600)]
     assert (tmp_path / 'f').stat().st_mode & 0o777 == 0o600
+
+
+# --- binary descriptors (Windows' O_BINARY) ----------------------------------------------------
+
+O_BINARY = 0x4000_0000
+"""A stand-in for Windows' `O_BINARY`: a bit no Linux or macOS `open` flag uses."""
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every `os.open` made, as (path, flags), with `os.O_BINARY` defined as on Windows."""
+    monkeypatch.setattr(os, 'O_BINARY', O_BINARY, raising=False)
+    calls: list[tuple[str, int]] = []
+    real_open = os.open
+
+    def open_(path: str | os.PathLike[str], flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        calls.append((os.fspath(path), flags))
+        return real_open(path, flags & ~O_BINARY, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, 'open', open_)
+    return calls
+
+
+def test_open_binary_adds_o_binary_where_it_exists(opened: list[tuple[str, int]], tmp_path: Path) -> None:
+    (tmp_path / 'f').write_bytes(b'a\r\nb\n')
+    fd = _fileio.open_binary(tmp_path / 'f', os.O_RDONLY)
+    try:
+        assert os.read(fd, 100) == b'a\r\nb\n'
+    finally:
+        os.close(fd)
+    assert opened == [(str(tmp_path / 'f'), os.O_RDONLY | O_BINARY)]
+
+
+def test_open_binary_leaves_the_flags_where_there_is_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delattr(os, 'O_BINARY', raising=False)
+    seen: list[int] = []
+    real_open = os.open
+
+    def open_(path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> int:
+        seen.append(flags)
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, 'open', open_)
+    os.close(_fileio.open_binary(tmp_path / 'g', os.O_WRONLY | os.O_CREAT, 0o600))
+    assert seen == [os.O_WRONLY | os.O_CREAT]
+
+
+def test_atomic_writes_open_every_file_in_binary_mode(opened: list[tuple[str, int]], tmp_path: Path) -> None:
+    _fileio.write_atomic(tmp_path / 'f', b'line\r\n')
+    os.close(_fileio.create_file(tmp_path / 'g', os.O_WRONLY))
+    files = [(Path(path).name, flags) for path, flags in opened if not os.path.isdir(path)]
+    assert [name.startswith('.f.') for name, _ in files] == [True, False]  # the temporary file, then g
+    assert all(flags & O_BINARY and flags & os.O_EXCL for _, flags in files)
+    assert (tmp_path / 'f').read_bytes() == b'line\r\n'
+
+
+# --- replacing and removing files another handle holds open (Windows) --------------------------
+
+
+class Sharing:
+    """`os.replace` and `os.unlink` that fail `fail` times with the given Windows error, then work."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, fail: int, winerror: int | None = 32) -> None:
+        self.fail = fail
+        self.winerror = winerror
+        self.calls = 0
+        self.waits: list[float] = []
+        real = {'replace': os.replace, 'unlink': os.unlink}
+
+        def wrap(name: str) -> Any:
+            def call(*args: Any) -> None:
+                self.calls += 1
+                if self.fail:
+                    self.fail -= 1
+                    error = PermissionError(13, 'The process cannot access the file because it is being used')
+                    if self.winerror is not None:
+                        error.winerror = self.winerror  # type: ignore[attr-defined]  # set by Windows' OSError
+                    raise error
+                real[name](*args)
+
+            return call
+
+        monkeypatch.setattr(os, 'replace', wrap('replace'))
+        monkeypatch.setattr(os, 'unlink', wrap('unlink'))
+        monkeypatch.setattr(time, 'sleep', self.waits.append)
+
+
+@pytest.mark.parametrize('winerror', [32, 5])
+def test_windows_replace_waits_for_a_sharing_violation_to_pass(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, winerror: int
+) -> None:
+    monkeypatch.setattr(sys, 'platform', 'win32')
+    (tmp_path / 'new').write_bytes(b'new')
+    (tmp_path / 'old').write_bytes(b'old')
+    sharing = Sharing(monkeypatch, fail=4, winerror=winerror)
+    _fileio.replace_file(tmp_path / 'new', tmp_path / 'old')
+    assert sharing.calls == 5
+    assert sharing.waits == [0.01, 0.02, 0.04, 0.08]
+    assert (tmp_path / 'old').read_bytes() == b'new'
+
+
+def test_windows_atomic_write_waits_for_a_reader_of_the_old_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(sys, 'platform', 'win32')
+    (tmp_path / 'f').write_bytes(b'old')
+    sharing = Sharing(monkeypatch, fail=2)
+    _fileio.write_atomic(tmp_path / 'f', b'new')
+    assert sharing.waits == [0.01, 0.02]
+    assert (tmp_path / 'f').read_bytes() == b'new'
+
+
+def test_windows_remove_waits_for_a_sharing_violation_to_pass(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sys, 'platform', 'win32')
+    (tmp_path / 'f').write_bytes(b'x')
+    sharing = Sharing(monkeypatch, fail=3)
+    _fileio.remove_file(tmp_path / 'f')
+    assert sharing.calls == 4
+    assert not (tmp_path / 'f').exists()
+
+
+def test_windows_gives_up_after_ten_tries_naming_the_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sys, 'platform', 'win32')
+    (tmp_path / 'new').write_bytes(b'new')
+    sharing = Sharing(monkeypatch, fail=1000)
+    with pytest.raises(PermissionError) as raised:
+        _fileio.replace_file(tmp_path / 'new', tmp_path / 'old')
+    error = raised.value
+    assert (error.filename, error.filename2) == (str(tmp_path / 'new'), str(tmp_path / 'old'))
+    assert 'cannot replace the file: another program still has it open after 10 tries over 2.1 s' in str(error)
+    assert 'winerror 32' in str(error)
+    assert isinstance(error.__cause__, PermissionError)
+    assert sharing.calls == 10
+    assert sharing.waits == [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.5, 0.5, 0.5]
+    with pytest.raises(PermissionError, match='cannot delete the file') as removing:
+        _fileio.remove_file(tmp_path / 'new')
+    assert (removing.value.filename, removing.value.filename2) == (str(tmp_path / 'new'), None)
+
+
+@pytest.mark.parametrize('winerror', [None, 1920])
+def test_windows_other_permission_errors_are_raised_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, winerror: int | None
+) -> None:
+    monkeypatch.setattr(sys, 'platform', 'win32')
+    sharing = Sharing(monkeypatch, fail=1, winerror=winerror)
+    with pytest.raises(PermissionError, match='being used'):
+        _fileio.remove_file(tmp_path / 'f')
+    assert sharing.waits == []
+
+
+def test_linux_never_waits_on_a_permission_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sys, 'platform', 'linux')
+    sharing = Sharing(monkeypatch, fail=1)  # even one that looks like a sharing violation
+    with pytest.raises(PermissionError):
+        _fileio.replace_file(tmp_path / 'a', tmp_path / 'b')
+    assert (sharing.calls, sharing.waits) == (1, [])
+
+
+def test_remove_file_missing_ok(tmp_path: Path) -> None:
+    _fileio.remove_file(tmp_path / 'absent', missing_ok=True)
+    with pytest.raises(FileNotFoundError):
+        _fileio.remove_file(tmp_path / 'absent')
+
+
+# --- the full_fsync choice --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(('choice', 'full'), [(None, True), (True, True), (False, False)])
+def test_darwin_full_fsync_choice(
+    darwin: tuple[FakeFcntl, list[int]], tmp_path: Path, choice: bool | None, full: bool
+) -> None:
+    fake, fsynced = darwin
+    with _fileio.using_full_fsync(choice):
+        _fileio.write_atomic(tmp_path / 'f', b'data')  # the file, then its folder
+    assert (len(fake.calls), len(fsynced)) == ((2, 0) if full else (0, 2))
+    _fileio.write_atomic(tmp_path / 'g', b'data')  # outside the block: the platform's default again
+    assert (len(fake.calls), len(fsynced)) == ((4, 0) if full else (2, 2))
+
+
+def test_linux_full_fsync_choice_changes_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sys, 'platform', 'linux')
+    fake = FakeFcntl()
+    monkeypatch.setitem(sys.modules, 'fcntl', fake)
+    fsynced: list[int] = []
+    monkeypatch.setattr(os, 'fsync', fsynced.append)
+    with _fileio.using_full_fsync(True):
+        _fileio.write_atomic(tmp_path / 'f', b'data')
+    assert (len(fake.calls), len(fsynced)) == (0, 2)

@@ -31,7 +31,10 @@ from stepcore.backend import (
     default_key,
     digest_in_name,
     make_dir,
+    remove_file,
+    replace_file,
     strategy_key,
+    using_full_fsync,
     write_atomic,
 )
 
@@ -51,9 +54,10 @@ def _sidecar_path(blob_path: Path) -> Path:
 class _DiskBlobs(BlobPort):
     """The blob port of `DiskMediaStore`: a file per blob under `directory`, metadata beside it."""
 
-    def __init__(self, directory: Path, key_strategy: KeyStrategy) -> None:
+    def __init__(self, directory: Path, key_strategy: KeyStrategy, full_fsync: bool | None = None) -> None:
         self.__directory = directory
         self.__key_strategy = key_strategy
+        self.__full_fsync = full_fsync
 
     def path_for(self, uri: str, context: MediaContext = EMPTY_CONTEXT) -> Path:
         """Where the blob for `uri` lives; `ValueError` for a malformed URI or an unsafe key."""
@@ -88,6 +92,10 @@ class _DiskBlobs(BlobPort):
         await anyio.to_thread.run_sync(self.__put_sync, path, data, sidecar)
 
     def __put_sync(self, path: Path, data: bytes, sidecar: bytes | None) -> None:
+        with using_full_fsync(self.__full_fsync):
+            self.__write(path, data, sidecar)
+
+    def __write(self, path: Path, data: bytes, sidecar: bytes | None) -> None:
         # The time of the put, from the clock collection compares with (a file system stamps new
         # files from a coarser one, a few milliseconds behind).
         now = time.time_ns()
@@ -202,19 +210,20 @@ class _DiskBlobs(BlobPort):
         return await anyio.to_thread.run_sync(self.__delete_sync, path, older_than)
 
     def __delete_sync(self, path: Path, older_than: datetime | None) -> bool:
+        # Each rename and removal waits a little on Windows for a reader (a `get` in another process,
+        # say) to close the file: there it cannot be renamed or removed while open.
         aside = path.with_name(f'.{path.name}.{uuid.uuid4().hex}.removing')
         try:
-            os.rename(path, aside)
+            replace_file(path, aside)
         except FileNotFoundError:
             return False
         # From here a `put` finds no file and writes it anew; one that touched it before is seen now.
         if older_than is not None and datetime.fromtimestamp(aside.stat().st_mtime, UTC) >= older_than:
-            os.replace(aside, path)  # put again meanwhile: back it goes (a new copy holds the same bytes)
+            replace_file(aside, path)  # put again meanwhile: back it goes (a new copy holds the same bytes)
             return False
-        aside.unlink()
+        remove_file(aside)
         if not path.exists():
-            with contextlib.suppress(FileNotFoundError):
-                _sidecar_path(path).unlink()
+            remove_file(_sidecar_path(path), missing_ok=True)
         return True
 
 
@@ -237,6 +246,13 @@ class DiskMediaStore(MediaEngine):
       default key strategy); `delete_media` renames the file aside before it looks at its time,
       so a `put` racing with it either touched it first (and it is put back) or writes it anew.
 
+    - Durability: every blob and sidecar is fsynced before it is renamed into place; on macOS
+      with `F_FULLFSYNC`, which also empties the drive's cache, unless `full_fsync=False` selects
+      the plain, faster `fsync` (the newest blobs may then be lost in a power loss). `None` is the
+      platform's default; elsewhere the option changes nothing.
+    - On Windows a blob another process is reading cannot be renamed or removed: collection waits
+      a little for it, then fails with a `PermissionError` naming the file.
+
     File I/O runs in worker threads, never on the event loop.
     """
 
@@ -247,10 +263,15 @@ class DiskMediaStore(MediaEngine):
         directory: str | os.PathLike[str],
         key_strategy: KeyStrategy | None = None,
         public_url: PublicUrlResolver | None = None,
+        *,
+        full_fsync: bool | None = None,
     ) -> None:
+        if full_fsync is not None and not isinstance(cast(object, full_fsync), bool):
+            raise ValueError(f'full_fsync={full_fsync!r} must be True, False or None (the platform default)')
         self.directory = Path(directory)
         self.key_strategy: KeyStrategy = key_strategy if key_strategy is not None else default_key
-        self.__blobs = _DiskBlobs(self.directory, self.key_strategy)
+        self.full_fsync = full_fsync
+        self.__blobs = _DiskBlobs(self.directory, self.key_strategy, full_fsync)
         super().__init__(self.__blobs, public_url=public_url)
 
     def __repr__(self) -> str:

@@ -24,6 +24,7 @@ from stepcore.backend import (
     create_file,
     fsync_dir,
     fsync_file,
+    open_binary,
     running_inline,
     write_all,
 )
@@ -36,8 +37,6 @@ _LOCK_ATTEMPTS = 100
 
 
 _GENERATION_BYTES = 32
-
-_BINARY = getattr(os, 'O_BINARY', 0)  # Windows: bytes as written, no newline translation
 
 
 def lock_fd(fd: int, *, exclusive: bool, blocking: bool) -> None:
@@ -164,14 +163,14 @@ def _acquire(path: Path, exclusive: bool, prepare: Callable[[], object] | None) 
 
 def _open_lock(path: Path, exclusive: bool) -> int:
     if not exclusive:
-        return os.open(path, os.O_RDONLY | _BINARY)
+        return open_binary(path, os.O_RDONLY)
     try:
-        return os.open(path, os.O_RDWR | _BINARY)
+        return open_binary(path, os.O_RDWR)
     except FileNotFoundError:
         try:
             fd = create_file(path, os.O_RDWR)
         except FileExistsError:
-            return os.open(path, os.O_RDWR | _BINARY)
+            return open_binary(path, os.O_RDWR)
         write_all(fd, os.urandom(_GENERATION_BYTES // 2).hex().encode())
         return fd
 
@@ -214,12 +213,12 @@ class Log(Generic[F]):
     def writing(self) -> Iterator[int]:
         """The file open for appending (created `0600` if missing), caught up and repaired."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | _BINARY)
+            fd = open_binary(self.path, os.O_RDWR | os.O_APPEND)
         except FileNotFoundError:
             try:
                 fd = create_file(self.path, os.O_RDWR | os.O_APPEND)
             except FileExistsError:
-                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | _BINARY)
+                fd = open_binary(self.path, os.O_RDWR | os.O_APPEND)
             else:
                 fsync_dir(self.path.parent)
         try:
@@ -234,7 +233,7 @@ class Log(Generic[F]):
             st = os.stat(self.path)
             if st.st_ino == self._inode and st.st_size == self._offset:
                 return self.seen  # nothing appended since: one stat instead of an open
-            fd = os.open(self.path, (os.O_RDWR if repair else os.O_RDONLY) | _BINARY)
+            fd = open_binary(self.path, os.O_RDWR if repair else os.O_RDONLY)
         except FileNotFoundError:
             self._reset(None)
             return self.seen

@@ -33,7 +33,9 @@ from stepcore.backend import (
     create_file,
     fsync_dir,
     make_dir,
+    open_binary,
     ops,
+    remove_file,
     validate_path_safe_run_id,
 )
 
@@ -67,7 +69,7 @@ def _is_int(value: object) -> bool:
 
 def _read_file(path: Path) -> bytes:
     """The whole of a small file, with a third of `Path.read_bytes`'s cost (every fenced write reads one)."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_binary(path, os.O_RDONLY)
     try:
         chunks: list[bytes] = []
         while chunk := os.read(fd, 65536):
@@ -157,7 +159,7 @@ class LeaseIndex:
                 continue
             path = self.root / state / run_id
             try:
-                os.unlink(path)
+                remove_file(path)
             except (FileNotFoundError, NotADirectoryError):
                 pass
             except OSError as exc:

@@ -47,8 +47,11 @@ from stepcore.backend import (
     fsync_dir,
     make_dir,
     ops,
+    remove_file,
+    replace_file,
     running_inline,
     skip_damaged,
+    using_full_fsync,
     validate_path_safe_run_id,
     write_atomic,
     write_temp,
@@ -83,22 +86,7 @@ from .leases import LeaseIndex, lease_document, read_lease
 from .logs import EPOCH, EventsSeen, KeysSeen, LedgerSeen, json_object
 from .nodes import Nodes, NodeWriter, parse_nodes
 
-__all__ = (
-    'EFFECTS_FILE',
-    'EVENTS_FILE',
-    'LEASE_FILE',
-    'LEASE_INDEX_DIR',
-    'LEASE_START_FILE',
-    'LOCK_FILE',
-    'MEDIA_DIR',
-    'MESSAGES_FILE',
-    'RUN_FILE',
-    'SNAPSHOTS_DIR',
-    'SNAPSHOT_KEYS_FILE',
-    'Durability',
-    'FilePort',
-    'FileStepStore',
-)
+__all__ = ('Durability', 'FilePort', 'FileStepStore')
 
 logger = logging.getLogger('step_file')
 
@@ -176,10 +164,11 @@ class FilePort(SyncPort):
 
     name = 'file store'
 
-    def __init__(self, directory: Path, *, full: bool) -> None:
+    def __init__(self, directory: Path, *, full: bool, full_fsync: bool | None = None) -> None:
         super().__init__(worker=WorkerThread('step-file'))
         self.directory = directory
         self._full = full
+        self._full_fsync = full_fsync
         self.inline_writes = not full  # appends without fsync are short enough for the event loop
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._runs_lock = threading.Lock()
@@ -220,6 +209,7 @@ class FilePort(SyncPort):
     def transaction(self, runs: Sequence[str]) -> Iterator[_Tx]:
         inline = running_inline()
         with contextlib.ExitStack() as stack:
+            stack.enter_context(using_full_fsync(self._full_fsync))  # how every fsync of the write flushes
             for run_id in sorted(set(runs)):
                 run = self._run(run_id)
                 if not run.lock.acquire(blocking=not inline):
@@ -288,7 +278,7 @@ class FilePort(SyncPort):
         except FileExistsError:
             return read_run(row.run_id, path)
         finally:
-            tmp.unlink(missing_ok=True)
+            remove_file(tmp, missing_ok=True)  # on Windows a reader of run.json (the same file) delays it
         fsync_dir(path.parent)
         return None
 
@@ -346,7 +336,7 @@ class FilePort(SyncPort):
             # a run stored under the media folder's name before that was refused: its files only
             _remove_run_files(folder)
         elif folder.exists():
-            os.rename(folder, self.directory / f'.{op.run_id}.deleted.{uuid.uuid4().hex}')
+            replace_file(folder, self.directory / f'.{op.run_id}.deleted.{uuid.uuid4().hex}')
             fsync_dir(self.directory)
         self._leases.unmark(op.run_id)
         # This delete's folder, and any an interrupted delete of the same run id left behind.
@@ -381,7 +371,7 @@ class FilePort(SyncPort):
         else:
             fsync_dir(self.directory)
         finally:
-            tmp.unlink(missing_ok=True)
+            remove_file(tmp, missing_ok=True)
         found = self._stored_id(path)
         assert found is not None, f'{path} vanished after it was created'
         return found
@@ -585,7 +575,7 @@ class FilePort(SyncPort):
         for seq in op.seqs:
             path = run.snapshot(seq)
             try:
-                path.unlink()
+                remove_file(path)
             except FileNotFoundError:
                 pass
             except OSError as exc:
@@ -716,7 +706,10 @@ class FileStepStore(EngineStore):
     (`time.time()`), and a swap holds the run's exclusive lock, as every fenced write does, so a
     write checks the lease and makes its changes with no takeover in between.
 
-    `durability='full'` also fsyncs every append and snapshot file (and its folder).
+    `durability='full'` also fsyncs every append and snapshot file (and its folder). On macOS every
+    fsync is an `F_FULLFSYNC`, which also empties the drive's cache; `full_fsync=False` takes the
+    plain `fsync` there instead (faster, but the last writes may be lost in a power loss), and the
+    default media store follows it. `None` is the platform's default; elsewhere it changes nothing.
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
@@ -732,17 +725,21 @@ class FileStepStore(EngineStore):
         *,
         durability: Durability = 'normal',
         encryption: Encryption | None = None,
+        full_fsync: bool | None = None,
     ) -> None:
         if durability not in _DURABILITY:
             raise ValueError(f'durability={durability!r} is not a durability level: use one of {_DURABILITY}')
+        if full_fsync is not None and not isinstance(cast(object, full_fsync), bool):
+            raise ValueError(f'full_fsync={full_fsync!r} must be True, False or None (the platform default)')
         self.durability: Durability = durability
+        self.full_fsync = full_fsync
         self.directory = Path(directory)
         self.media_threshold_bytes = media_threshold_bytes
         super().__init__(
-            FilePort(self.directory, full=durability == 'full'),
+            FilePort(self.directory, full=durability == 'full', full_fsync=full_fsync),
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
-            default_media_store=lambda: DiskMediaStore(self.directory / MEDIA_DIR),
+            default_media_store=lambda: DiskMediaStore(self.directory / MEDIA_DIR, full_fsync=full_fsync),
             media_threshold_bytes=media_threshold_bytes,
             encryption=encryption,
         )
@@ -756,8 +753,7 @@ def _run_files_in(folder: Path) -> bool:
 def _remove_run_files(folder: Path) -> None:
     """Remove a run's files from a folder it shares with other files, leaving those."""
     for name in RUN_FILES:
-        with contextlib.suppress(FileNotFoundError):
-            (folder / name).unlink()
+        remove_file(folder / name, missing_ok=True)
     shutil.rmtree(folder / SNAPSHOTS_DIR, ignore_errors=True)
     if folder.exists():
         fsync_dir(folder)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import sys
 import threading
 import time
 import weakref
@@ -28,7 +29,7 @@ from stepcore.backend import (
     running_inline,
 )
 
-__all__ = ('Database', 'Guard', 'Synchronous', 'check_shared_connection', 'write_transaction')
+__all__ = ('Database', 'Guard', 'Synchronous', 'check_shared_connection', 'fullfsync_pragmas', 'write_transaction')
 
 T = TypeVar('T')
 
@@ -183,9 +184,31 @@ def _create_owner_only(path: Path) -> None:
     os.close(fd)
 
 
-def _check_options(timeout: float, synchronous: Synchronous) -> None:
+def fullfsync_pragmas(synchronous: Synchronous, full_fsync: bool | None) -> list[str]:
+    """The `fullfsync` PRAGMAs a connection the store opens gets, chosen when it is opened.
+
+    On macOS `fsync(2)` leaves the data in the drive's cache, where a power loss can lose it or
+    write it out of order; SQLite flushes with `F_FULLFSYNC` only when `PRAGMA fullfsync` (every
+    sync: the commits of `FULL` and `EXTRA`) and `PRAGMA checkpoint_fullfsync` (the checkpoints
+    that copy the WAL into the database, the only syncs of `NORMAL`) are on, and both are off by
+    default. So on macOS, whenever `synchronous` syncs at all (not `OFF`), both are turned on,
+    unless `full_fsync=False` trades that off for speed; `full_fsync=True` turns them on anywhere
+    (SQLite ignores them where the system has no `F_FULLFSYNC`). Elsewhere, by default, nothing is
+    set: Linux's `fsync` already reaches the disk.
+    """
+    if full_fsync is None:
+        if sys.platform != 'darwin' or synchronous == 'OFF':
+            return []
+        full_fsync = True
+    value = 'ON' if full_fsync else 'OFF'
+    return [f'PRAGMA fullfsync={value}', f'PRAGMA checkpoint_fullfsync={value}']
+
+
+def _check_options(timeout: float, synchronous: Synchronous, full_fsync: bool | None = None) -> None:
     if synchronous not in _SYNCHRONOUS:
         raise ValueError(f'synchronous={synchronous!r} is not a SQLite synchronous level: use one of {_SYNCHRONOUS}')
+    if full_fsync is not None and not isinstance(cast(object, full_fsync), bool):
+        raise ValueError(f'full_fsync={full_fsync!r} must be True, False or None (the platform default)')
     if isinstance(timeout, bool) or not isinstance(cast(object, timeout), int | float) or timeout < 0:
         raise ValueError(f'timeout={timeout!r} must be a number of seconds >= 0')
 
@@ -207,13 +230,16 @@ class Database:
         describe: str,
         timeout: float = 30.0,
         synchronous: Synchronous = 'NORMAL',
+        full_fsync: bool | None = None,
     ) -> None:
         """A handle on the connection `guard` holds (open or to be opened at `path`); `Database.open`
         makes one from a path or a connection, `share` another on the same connection."""
-        _check_options(timeout, synchronous)
+        _check_options(timeout, synchronous, full_fsync)
         self.owner = owner
         self.timeout = float(timeout)
         self.synchronous: Synchronous = synchronous
+        self.full_fsync = full_fsync
+        """Whether the connection the store opens flushes with `F_FULLFSYNC` (see `fullfsync_pragmas`)."""
         self._setups: dict[str, Callable[[sqlite3.Connection], None]] = {}
         self._ready: set[str] = set()
         self.closed = False
@@ -232,6 +258,7 @@ class Database:
         owner: str,
         timeout: float = 30.0,
         synchronous: Synchronous = 'NORMAL',
+        full_fsync: bool | None = None,
     ) -> Database:
         """A handle on the database file `database` (its connection opened on first use, closed by
         `aclose`) or on the shared `connection` (never closed here): exactly one of them."""
@@ -239,8 +266,13 @@ class Database:
             raise ValueError(
                 f'{owner} needs exactly one of database= (a file path) or connection= (an open sqlite3.Connection)'
             )
-        _check_options(timeout, synchronous)
-        options: dict[str, Any] = {'owner': owner, 'timeout': timeout, 'synchronous': synchronous}
+        _check_options(timeout, synchronous, full_fsync)
+        options: dict[str, Any] = {
+            'owner': owner,
+            'timeout': timeout,
+            'synchronous': synchronous,
+            'full_fsync': full_fsync,
+        }
         if connection is not None:
             guard = _guard_for(check_shared_connection(connection, owner=owner))
             return cls(guard, path=None, owned=False, describe='the shared connection', **options)
@@ -259,11 +291,14 @@ class Database:
         owner: str,
         timeout: float = 30.0,
         synchronous: Synchronous = 'NORMAL',
+        full_fsync: bool | None = None,
     ) -> Database:
         """What a store's `database=` / `connection=` give it: a handle shared from another store's
         `Database` (never closed by the store), or `Database.open(...)`."""
         if not isinstance(database, Database):
-            return cls.open(database, connection, owner=owner, timeout=timeout, synchronous=synchronous)
+            return cls.open(
+                database, connection, owner=owner, timeout=timeout, synchronous=synchronous, full_fsync=full_fsync
+            )
         if connection is not None:
             raise ValueError(f'{owner} takes a Database or connection=, not both')
         return database.share(owner)
@@ -347,6 +382,8 @@ class Database:
                 connection.execute(f'PRAGMA page_size={PAGE_SIZE}')
             _while_locked(lambda: connection.execute('PRAGMA journal_mode=WAL').fetchone(), self.timeout)
             connection.execute(f'PRAGMA synchronous={self.synchronous}')
+            for pragma in fullfsync_pragmas(self.synchronous, self.full_fsync):
+                connection.execute(pragma)
             connection.execute(f'PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}')
             connection.execute(f'PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}')
         except BaseException:
@@ -383,4 +420,5 @@ class Database:
             describe=self.describe,
             timeout=self.timeout,
             synchronous=self.synchronous,
+            full_fsync=self.full_fsync,
         )

@@ -142,9 +142,17 @@ class SqliteMediaStore(MediaEngine):
         table: str = 'media',
         timeout: float = 30.0,
         synchronous: Synchronous = 'NORMAL',
+        full_fsync: bool | None = None,
     ) -> None:
         self.table = _check_table(table)
-        db = Database.given(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
+        db = Database.given(
+            database,
+            connection,
+            owner=type(self).__name__,
+            timeout=timeout,
+            synchronous=synchronous,
+            full_fsync=full_fsync,
+        )
         component = media_component(self.table)
         db.add_setup(component.name, lambda conn: ensure_schema(conn, component, where=db.describe))
         MediaEngine.__init__(self, _SqliteBlobs(db, self.table, type(self).__name__), public_url=public_url)

@@ -446,6 +446,9 @@ class SqliteStepStore(EngineStore):
     on the same database; `None` keeps them inline; or a media store of your own).
     `max_snapshots_per_run` bounds the snapshots kept per run.
     Every write is one transaction: a batch's snapshot, ledger entries and events commit together.
+    `synchronous` is SQLite's PRAGMA of that name; on macOS a connection the store opens also
+    flushes with `F_FULLFSYNC` (`PRAGMA fullfsync` and `checkpoint_fullfsync`) unless
+    `full_fsync=False` (see `step_sqlite.connection.fullfsync_pragmas`).
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
@@ -463,10 +466,18 @@ class SqliteStepStore(EngineStore):
         timeout: float = 30.0,
         synchronous: Synchronous = 'NORMAL',
         encryption: Encryption | None = None,
+        full_fsync: bool | None = None,
     ) -> None:
         # a harness file's media go to this database's own when that is the store's media store
         externalize = check_media_store(media_store, owner=type(self).__name__) == AUTO
-        db = Database.given(database, connection, owner=type(self).__name__, timeout=timeout, synchronous=synchronous)
+        db = Database.given(
+            database,
+            connection,
+            owner=type(self).__name__,
+            timeout=timeout,
+            synchronous=synchronous,
+            full_fsync=full_fsync,
+        )
 
         def migrate(conn: sqlite3.Connection) -> None:
             def store_on(here: Database) -> SqliteStepStore:

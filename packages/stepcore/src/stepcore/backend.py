@@ -2,17 +2,23 @@
 
 A step store is the storage engine over a port (`EngineStore` given a `SyncPort` or `AsyncPort`,
 with the operations in `ops`); a media store is the media engine over a blob port (`MediaEngine`
-given a `BlobPort`). The plugin registers both (`BackendInfo`, `hookimpl`, or `backend_hooks` for
-the two hooks at once). Every backend of this repository, and the template, imports from here
-only. See `docs/plugins.md` for a walk through the template backend, and `docs/engine.md` for the
-port's contract.
+given a `BlobPort`). The plugin registers both (`BackendInfo`, with `backend_hooks` for the two
+hooks at once). Every backend of this repository, and the template, imports from here only. See
+`docs/plugins.md` for a walk through the template backend, and `docs/engine.md` for the port's
+contract.
+
+The conformance kit (`stepcore_conformance`), which third-party backends run too, takes from here
+what it checks beyond the public API (`stepcore`): fault injection at the engine's write boundaries,
+the row codec it alters bodies with, leases and claims, the store contract's wrapper, and the
+registry of installed backends. A name stays here while a backend, the template or the kit uses it.
 """
 
 from __future__ import annotations
 
-from stepcore.common.damage import DamagedRecordError, decoded, skip_damaged
+from stepcore.common.damage import DamagedRecordError, decoded, skip_damaged, warnings_logged
 from stepcore.common.encryption import Encryption
 from stepcore.common.features import (
+    ALL_FEATURES,
     CHECKSUMS,
     ENCRYPTION,
     ENGINE_PORT,
@@ -24,6 +30,8 @@ from stepcore.common.features import (
     require_feature,
 )
 from stepcore.engine import (
+    EFFECT_FIELDS_IN_ROW,
+    EVENT_FIELDS_IN_ROW,
     HEAD_KEY,
     TEMP_NAME,
     Ask,
@@ -33,7 +41,7 @@ from stepcore.engine import (
     KeyConflict,
     NodeIdBlocks,
     PipelinedPort,
-    Port,
+    Sealer,
     SetupOnce,
     StaleHistory,
     SyncPort,
@@ -45,13 +53,19 @@ from stepcore.engine import (
     fsync_dir,
     fsync_file,
     make_dir,
+    open_binary,
     ops,
+    remove_file,
+    replace_file,
     retrying,
     running_inline,
+    using_full_fsync,
     write_all,
     write_atomic,
     write_temp,
 )
+from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at
+from stepcore.engine.memory import MemoryPort
 from stepcore.harness import HarnessImportSummary, HarnessSqliteSource, import_harness, is_harness_sqlite
 from stepcore.media import (
     AUTO,
@@ -60,60 +74,64 @@ from stepcore.media import (
     BlobMeta,
     BlobPort,
     BlobRef,
+    CollectableMediaStore,
     DamagedMediaError,
     KeyStrategy,
     ListedBlob,
     MediaContext,
     MediaEngine,
-    MediaNotFoundError,
     MediaStore,
     MediaStoreOption,
     PublicUrlResolver,
     check_media_store,
     default_key,
     digest_in_name,
+    digest_of_uri,
     from_micros,
+    media_uri,
     micros,
     now_micros,
     resolve_media_store,
     strategy_key,
+    uri_of_digest,
 )
 from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker
-from stepcore.ownership import process_alive
-from stepcore.plugins.hookspecs import BackendInfo, backend_hooks, hookimpl
+from stepcore.ownership import claim_run, new_owner, open_lease, owner_gone, process_alive
+from stepcore.ownership.claims import lease_template
+from stepcore.plugins.hookspecs import BackendInfo, backend_hooks
+from stepcore.plugins.registry import get_registry, load_factory
 from stepcore.plugins.urls import local_path, query_options
 from stepcore.store.codec import (
     FORMAT_KEY,
-    R,
-    Record,
     check_format_version,
     decode_messages,
     dump_record_compact,
     encode_message,
-    load_record,
 )
+from stepcore.store.contract import ProtocolStore, as_step_store, write_records
 from stepcore.store.ids import validate_path_safe_run_id
-from stepcore.store.leases import LeaseState
+from stepcore.store.leases import Fence, LeaseState, Owner, fencing
 from stepcore.store.models import (
     RECORD_FORMAT_VERSION,
-    ContinuableSnapshot,
-    RunRecord,
     SnapshotState,
-    StepEvent,
-    ToolEffectRecord,
     ToolEffectStatus,
     utcnow,
 )
+from stepcore.store.protocols import StepWrite
 from stepcore.store.retention import check_max_snapshots
+from stepcore.store.same_store import same_store
 from stepcore.store.step_store import StepStore
 
 __all__ = (
+    'ALL_FEATURES',
     'AUTO',
     'CHECKSUMS',
     'DEFAULT_MEDIA_THRESHOLD_BYTES',
+    'EFFECT_FIELDS_IN_ROW',
     'EMPTY_CONTEXT',
     'ENCRYPTION',
     'ENGINE_PORT',
+    'EVENT_FIELDS_IN_ROW',
     'FORMAT_KEY',
     'HEAD_KEY',
     'LEASES',
@@ -130,77 +148,97 @@ __all__ = (
     'BlobMeta',
     'BlobPort',
     'BlobRef',
-    'ContinuableSnapshot',
+    'CollectableMediaStore',
     'DamagedMediaError',
     'DamagedRecordError',
     'Encryption',
     'EngineStore',
+    'Fence',
     'Fenced',
     'HarnessImportSummary',
     'HarnessSqliteSource',
+    'InjectedFault',
     'KeyConflict',
     'KeyStrategy',
     'LeaseState',
     'ListedBlob',
     'MediaContext',
     'MediaEngine',
-    'MediaNotFoundError',
     'MediaStore',
     'MediaStoreOption',
     'MediaWalker',
+    'MemoryPort',
     'NodeIdBlocks',
+    'Owner',
     'PipelinedPort',
-    'Port',
+    'ProtocolStore',
     'PublicUrlResolver',
-    'R',
-    'Record',
-    'RunRecord',
+    'Sealer',
     'SetupOnce',
     'SnapshotState',
     'StaleHistory',
-    'StepEvent',
     'StepStore',
+    'StepWrite',
     'SyncPort',
-    'ToolEffectRecord',
     'ToolEffectStatus',
     'WorkerThread',
     'WouldBlock',
+    'as_step_store',
     'backend_hooks',
     'backoff',
+    'boundaries',
     'check_format_version',
     'check_max_snapshots',
     'check_media_store',
+    'claim_run',
     'create_file',
     'decode_messages',
     'decoded',
     'default_key',
     'digest_in_name',
+    'digest_of_uri',
     'dump_record_compact',
     'encode_message',
     'event_window',
+    'fencing',
     'from_micros',
     'fsync_dir',
     'fsync_file',
-    'hookimpl',
+    'get_registry',
     'import_harness',
+    'inject_faults',
     'is_harness_sqlite',
-    'load_record',
+    'lease_template',
+    'load_factory',
     'local_path',
     'make_dir',
+    'media_uri',
     'micros',
+    'new_owner',
     'now_micros',
+    'open_binary',
+    'open_lease',
     'ops',
+    'owner_gone',
     'process_alive',
     'query_options',
+    'remove_file',
+    'replace_file',
     'require_feature',
     'resolve_media_store',
     'retrying',
     'running_inline',
+    'same_store',
     'skip_damaged',
+    'stop_at',
     'strategy_key',
+    'uri_of_digest',
+    'using_full_fsync',
     'utcnow',
     'validate_path_safe_run_id',
+    'warnings_logged',
     'write_all',
     'write_atomic',
+    'write_records',
     'write_temp',
 )

@@ -3,7 +3,7 @@
 What other layers and backends use is handed on here (backends take it from `stepcore.backend`);
 the modules that implement it are private:
 
-- `EngineStore` (`_store.py`): the `StepStore` a backend subclasses: the public API.
+- `EngineStore` (`_engine_store.py`): the `StepStore` a backend subclasses: the public API.
 - `_rows.py`, `_seal.py`: the row codec: records into rows (bodies checked, sealed) and back.
 - `_driver.py`, `_group.py`: run plans on a port, in transactions, inline or grouped.
 - `SyncPort` / `AsyncPort` (`_port.py`): the I/O a backend implements, one method per operation.
@@ -29,6 +29,10 @@ from stepcore.engine._fileio import (
     fsync_dir,
     fsync_file,
     make_dir,
+    open_binary,
+    remove_file,
+    replace_file,
+    using_full_fsync,
     write_all,
     write_atomic,
     write_temp,
@@ -38,12 +42,15 @@ from stepcore.engine._pipeline import Ask, NodeIdBlocks, PipelinedPort
 from stepcore.engine._plans import Fenced, KeyConflict, StaleHistory
 from stepcore.engine._port import AsyncPort, Port, SyncPort, check_text
 from stepcore.engine._retry import backoff, retrying
-from stepcore.engine._seal import HEAD_KEY
+from stepcore.engine._rows import EFFECT_FIELDS_IN_ROW, EVENT_FIELDS_IN_ROW
+from stepcore.engine._seal import HEAD_KEY, Sealer
 from stepcore.engine._setup_once import SetupOnce
 from stepcore.engine._sql import event_window
 from stepcore.engine._worker import WorkerThread, WouldBlock, running_inline
 
 __all__ = (
+    'EFFECT_FIELDS_IN_ROW',
+    'EVENT_FIELDS_IN_ROW',
     'HEAD_KEY',
     'TAIL_RECHECK',
     'TEMP_NAME',
@@ -56,6 +63,7 @@ __all__ = (
     'NodeIdBlocks',
     'PipelinedPort',
     'Port',
+    'Sealer',
     'SetupOnce',
     'StaleHistory',
     'SyncPort',
@@ -68,12 +76,16 @@ __all__ = (
     'fsync_dir',
     'fsync_file',
     'make_dir',
+    'open_binary',
     'ops',
+    'remove_file',
+    'replace_file',
     'retrying',
     'running_inline',
     'shares_prefix',
     'starts_with',
     'trusted_prefix',
+    'using_full_fsync',
     'write_all',
     'write_atomic',
     'write_temp',

@@ -85,23 +85,30 @@ _STILL_ACTIVE = 259
 def _windows_process_alive(pid: int) -> bool:
     """`process_alive` on Windows: whether `OpenProcess` finds the process and it has no exit code yet.
 
-    `os.kill(pid, 0)` would terminate the process there, so it is never called. A process this
-    user may not open (access denied), or whose exit code cannot be read, counts as alive.
+    `os.kill(pid, 0)` would terminate the process there, so it is never called; nor is any program
+    (such as `tasklist`) started, so no `PATH` or `SystemRoot` decides what runs. A process this
+    user may not open (access denied), or whose exit code cannot be read, counts as alive; a
+    process that exited with the code 259 (`STILL_ACTIVE`) too, the safe mistake. The error of a
+    failed `OpenProcess` is the one ctypes saved right after the call (`use_last_error`): a
+    separate `GetLastError` call could read one set by something in between.
     """
     import ctypes
 
-    windows: Any = ctypes  # `windll` exists on Windows only
-    kernel32 = windows.windll.kernel32
-    handle = kernel32.OpenProcess(_QUERY_LIMITED_INFORMATION, False, pid)
+    windows: Any = ctypes  # `WinDLL` and `get_last_error` exist on Windows only
+    kernel32 = windows.WinDLL('kernel32', use_last_error=True)
+    open_process = kernel32.OpenProcess
+    open_process.restype = ctypes.c_void_p  # a HANDLE: pointer-sized, not the default C int
+    open_process.argtypes = (ctypes.c_uint32, ctypes.c_int, ctypes.c_uint32)
+    handle = open_process(_QUERY_LIMITED_INFORMATION, False, pid)
     if not handle:
-        return bool(kernel32.GetLastError() == _ACCESS_DENIED)
+        return bool(windows.get_last_error() == _ACCESS_DENIED)
     try:
         code = ctypes.c_ulong()
-        if not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)):
+        if not kernel32.GetExitCodeProcess(ctypes.c_void_p(handle), ctypes.byref(code)):
             return True
         return code.value == _STILL_ACTIVE
     finally:
-        kernel32.CloseHandle(handle)
+        kernel32.CloseHandle(ctypes.c_void_p(handle))
 
 
 def owner_gone(lease: Lease) -> bool:
