@@ -14,7 +14,7 @@ OPT_IN = "pytest_plugins = ['stepcore_conformance']\n"
 BROKEN_MEDIA = """
 import pytest
 
-from stepcore.media import digest_of_uri, media_uri
+from stepcore.backend import digest_of_uri, media_uri
 from stepcore_conformance import InMemoryMediaStore, MediaCollectionConformance
 
 

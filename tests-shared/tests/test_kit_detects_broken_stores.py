@@ -20,10 +20,14 @@ from typing import ClassVar
 import pytest
 
 from memory_hook import damage_memory
-from stepcore import InMemoryStepStore, StepStore
-from stepcore.engine import DamagedRecordError
-from stepcore.common.features import MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION, require_feature
-from stepcore.store.retention import check_max_snapshots
+from stepcore import DamagedRecordError, InMemoryStepStore, StepStore
+from stepcore.backend import (
+    MEDIA_EXTERNALIZATION,
+    PERSISTENT,
+    SNAPSHOT_RETENTION,
+    check_max_snapshots,
+    require_feature,
+)
 from stepcore_conformance import (
     BatchWritesConformance,
     CapabilityConformance,

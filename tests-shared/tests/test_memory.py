@@ -7,7 +7,7 @@ from typing import Any, cast
 import pytest
 
 from stepcore import InMemoryStepStore, StepStore
-from stepcore.engine.memory import MemoryPort
+from stepcore.backend import MemoryPort
 from stepcore_conformance import Damage, StepStoreConformance
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from stepcore.media import MediaStore
+from stepcore import MediaStore
 from stepcore_conformance import InMemoryMediaStore, MediaDamage, MediaStoreConformance
 
 

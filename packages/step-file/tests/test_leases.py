@@ -18,7 +18,7 @@ import pytest
 from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 
 from step_file import FileStepStore
-from step_file.store import LEASE_FILE, LEASE_INDEX_DIR, LEASE_START_FILE
+from step_file.layout import LEASE_FILE, LEASE_INDEX_DIR, LEASE_START_FILE
 from stepcore import EventKind, RunRecord, StepEvent
 from stepcore.engine import DamagedRecordError
 from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at

@@ -1,8 +1,8 @@
-"""HistoryIndex: what a save writes (delta), what it remembers (commit), and reading chains back."""
+"""HistoryIndex: what a save writes (diff, walk), what it remembers (commit), and reading chains back."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,7 +30,7 @@ def history(n: int, tag: str = 'm') -> list[ModelMessage]:
 
 
 class NodeTable:
-    """What a store keeps: node id -> (parent, body), written the way history.py prescribes."""
+    """What a store keeps: node id -> (parent, body), written the way `_history.py` prescribes."""
 
     def __init__(self) -> None:
         self.nodes: dict[Hashable, tuple[Hashable | None, bytes]] = {}
@@ -49,13 +49,25 @@ class NodeTable:
         return self.nodes[node]
 
 
+async def diffed(index: HistoryIndex, run_id: str, messages: list[ModelMessage]) -> HistoryDelta:
+    """What a save of `messages` writes, in stored form: `diff`, then `walk`, as the engine saves."""
+    delta = index.diff(run_id, messages)
+    await index.walk(delta)
+    return delta
+
+
+def head_of(delta: HistoryDelta, new_nodes: list[Hashable]) -> Hashable | None:
+    """The head node of the history a written delta describes."""
+    return new_nodes[-1] if new_nodes else delta.parent
+
+
 async def save(
     index: HistoryIndex, table: NodeTable, run_id: str, messages: list[ModelMessage]
 ) -> tuple[HistoryDelta, Hashable | None]:
-    delta = await index.delta(run_id, messages)
+    delta = await diffed(index, run_id, messages)
     ids = table.write(delta)
     index.commit(delta, ids)
-    return delta, index.head(delta, ids)
+    return delta, head_of(delta, ids)
 
 
 async def read(index: HistoryIndex, table: NodeTable, head: Hashable | None, length: int) -> list[ModelMessage]:
@@ -160,10 +172,10 @@ async def test_a_value_whose_equality_raises_falls_back_to_identity(index: Histo
     monkeypatch.setattr('stepcore.engine._history.encode_message', lambda m: b'{"m":%d}' % id(m))
     table = NodeTable()
     first = [req('q'), returned(Refuses(), 'a'), res('r'), req('s')]
-    delta = await index.delta('r', first)
+    delta = await diffed(index, 'r', first)
     index.commit(delta, table.write(delta))
     again = [first[0], returned(Refuses(), 'a'), *first[2:], res('t')]
-    delta = await index.delta('r', again)
+    delta = await diffed(index, 'r', again)
     assert (delta.shared, len(delta.new_messages)) == (1, 4)
 
 
@@ -210,7 +222,7 @@ async def test_runs_are_indexed_separately(index: HistoryIndex) -> None:
 async def test_an_uncommitted_delta_is_not_remembered(index: HistoryIndex) -> None:
     table = NodeTable()
     await save(index, table, 'r', history(2))
-    await index.delta('r', history(4))  # the write failed: no commit
+    await diffed(index, 'r', history(4))  # the write failed: no commit
     delta, _ = await save(index, table, 'r', history(4))
     assert (delta.parent, len(delta.new_messages)) == (1, 2)
 
@@ -296,19 +308,19 @@ async def test_a_delta_diffed_before_another_commit_is_not_applied_over_it(index
     # the second cannot know what it still shares, so the run is forgotten and written whole next.
     table = NodeTable()
     await save(index, table, 'r', history(4))
-    first = await index.delta('r', history(6))
-    second = await index.delta('r', [*history(4), req('other'), res('branch')])
+    first = await diffed(index, 'r', history(6))
+    second = await diffed(index, 'r', [*history(4), req('other'), res('branch')])
     index.commit(first, table.write(first))
     written = table.write(second)
     index.commit(second, written)
-    assert await read(index, table, index.head(second, written), 6) == [*history(4), req('other'), res('branch')]
+    assert await read(index, table, head_of(second, written), 6) == [*history(4), req('other'), res('branch')]
     delta, head = await save(index, table, 'r', history(8))
     assert len(delta.new_messages) == 8
     assert await read(index, table, head, 8) == history(8)
 
 
 async def test_commit_checks_the_node_count(index: HistoryIndex) -> None:
-    delta = await index.delta('r', history(2))
+    delta = await diffed(index, 'r', history(2))
     with pytest.raises(ValueError, match='1 node ids for 2 new messages'):
         index.commit(delta, [0])
 
@@ -333,7 +345,7 @@ async def test_diff_of_plain_messages_is_ready_to_write(index: HistoryIndex) -> 
     delta = index.diff('r', messages)
     assert delta.walked
     assert delta.new_messages == [encode_message(m) for m in messages]
-    assert delta.new_messages == (await HistoryIndex(MediaWalker(None)).delta('r', messages)).new_messages
+    assert delta.new_messages == (await diffed(HistoryIndex(MediaWalker(None)), 'r', messages)).new_messages
 
 
 async def test_diff_leaves_media_to_walk_on_the_event_loop() -> None:
@@ -352,79 +364,7 @@ async def test_diff_leaves_media_to_walk_on_the_event_loop() -> None:
     table = NodeTable()
     ids = table.write(delta)
     index.commit(delta, ids)
-    assert await read(index, table, index.head(delta, ids), 2) == messages
-
-
-class ThreadCalls:
-    """A store's `run`: calls the function at once (the thread is beside the point) and counts calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def __call__(self, fn: Callable[..., Any]) -> Any:
-        self.calls += 1
-        return fn('connection')
-
-
-class Stale(Exception):
-    pass
-
-
-async def test_save_through_writes_a_plain_history_in_one_call(index: HistoryIndex) -> None:
-    table, run = NodeTable(), ThreadCalls()
-    written: list[tuple[str, HistoryDelta]] = []
-
-    def write(connection: str, delta: HistoryDelta) -> list[Hashable]:
-        written.append((connection, delta))
-        return table.write(delta)
-
-    await index.save_through('r', history(3), run, write, stale=Stale)
-    assert run.calls == 1
-    ((connection, delta),) = written
-    assert connection == 'connection'  # the store's arguments reach its write
-    assert delta.new_messages == [encode_message(m) for m in history(3)]
-    await index.save_through('r', history(5), run, write, stale=Stale)
-    assert written[1][1].shared == 3  # the first save was committed
-
-
-async def test_save_through_walks_media_on_the_loop_then_writes() -> None:
-    media = InMemoryMediaStore()
-    index = HistoryIndex(MediaWalker(media, threshold_bytes=100))
-    table, run = NodeTable(), ThreadCalls()
-    written: list[HistoryDelta] = []
-
-    def write(connection: str, delta: HistoryDelta) -> list[Hashable]:
-        assert delta.walked
-        written.append(delta)
-        return table.write(delta)
-
-    messages: list[ModelMessage] = [req('x' * 500)]
-    await index.save_through('r', messages, run, write, stale=Stale)
-    assert run.calls == 2  # the diff came back for its media, then was written
-    assert len(written) == 1
-    assert len(media.blobs) == 1
-
-
-async def test_save_through_starts_afresh_once_when_the_nodes_are_gone(index: HistoryIndex) -> None:
-    table, run = NodeTable(), ThreadCalls()
-    await save(index, table, 'r', history(2))
-    attempts: list[HistoryDelta] = []
-
-    def write(connection: str, delta: HistoryDelta) -> list[Hashable]:
-        attempts.append(delta)
-        if len(attempts) == 1:
-            raise Stale  # the store found the remembered parent node missing
-        return table.write(delta)
-
-    await index.save_through('r', history(4), run, write, stale=Stale)
-    assert [d.shared for d in attempts] == [2, 0]  # the retry writes the whole history
-    assert len(attempts[1].new_messages) == 4
-
-    def always_stale(connection: str, delta: HistoryDelta) -> list[Hashable]:
-        raise Stale
-
-    with pytest.raises(Stale):
-        await index.save_through('r', history(6), run, always_stale, stale=Stale)
+    assert await read(index, table, head_of(delta, ids), 2) == messages
 
 
 def test_walk_chain_returns_oldest_first() -> None:

@@ -17,8 +17,7 @@ from pydantic_ai.messages import ModelResponse, TextPart
 
 import stepcore
 from stepcore import InMemoryStepStore, StepPersistence
-from stepcore.common.features import ENGINE_PORT
-from stepcore.engine.faults import inject_faults
+from stepcore.backend import ENGINE_PORT, inject_faults
 
 from ._declared import declared
 from .capability import function_model, script, tool_call

@@ -19,7 +19,7 @@ import sys
 import traceback
 from typing import Any, cast
 
-from stepcore.plugins.registry import get_registry, load_factory
+from stepcore.backend import get_registry, load_factory
 
 from ._crash_agent import agent_run
 from .forkserver import serve

@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from stepcore.common.features import PERSISTENT
+from stepcore.backend import PERSISTENT
 
 __all__ = (
     'FEATURE_ATTRIBUTE',

@@ -26,6 +26,7 @@ from pydantic_ai.tools import DeferredToolRequests
 
 from stepcore import (
     AnswerConflictError,
+    LeaseState,
     RunClaimedError,
     RunOwnedError,
     StepPersistence,
@@ -39,8 +40,7 @@ from stepcore import (
     read_waiting,
     resume_run,
 )
-from stepcore.common.features import LEASES
-from stepcore.store.leases import LeaseState
+from stepcore.backend import LEASES
 
 from ._support import StoreFixtures, needs_feature, other_store
 from .capability import function_model

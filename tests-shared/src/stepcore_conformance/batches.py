@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from stepcore import EventKind, SnapshotState, StepEvent, StepStore, ToolEffectRecord, ToolEffectStatus
-from stepcore.store.contract import write_records
-from stepcore.store.protocols import StepWrite
+from stepcore.backend import StepWrite, write_records
 
 from ._support import StoreFixtures, at, canonical, conversation, event, register, snapshot
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from stepcore import DamagedRecordError, StepStore
-from stepcore.common.damage import warnings_logged
+from stepcore.backend import warnings_logged
 
 __all__ = ('Outcome', 'Reading', 'flip_bit', 'judge', 'positions', 'read_everything', 'warnings_logged')
 

@@ -46,8 +46,7 @@ from stepcore import (
     inspect_recovery,
     is_provider_valid,
 )
-from stepcore.common.features import PERSISTENT
-from stepcore.store.codec import encode_message
+from stepcore.backend import PERSISTENT, encode_message
 
 from ._support import StoreFixtures, needs_feature, new_id
 from .support import ONE_TOOL_CALL_RUN_EVENTS, kill_when_ready

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 
 from stepcore import RunRecord, StepStore, ToolEffectStatus
-from stepcore.common.features import PERSISTENT
+from stepcore.backend import PERSISTENT
 
 from ._support import StoreFixtures, at, conversation, event, needs_feature, new_id, register, snapshot
 from .effects import effect

@@ -37,7 +37,7 @@ from stepcore import (
     continue_run,
     inspect_recovery,
 )
-from stepcore.store.contract import ProtocolStore, as_step_store
+from stepcore.backend import ProtocolStore, as_step_store
 
 from ._support import StoreFixtures, new_id
 from .capability import function_model, script, tool_call

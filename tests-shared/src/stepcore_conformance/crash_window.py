@@ -32,16 +32,14 @@ from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCall
 
 from stepcore import (
     ContinuableSnapshot,
+    EngineStore,
     EventKind,
     StepEvent,
     StepStore,
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from stepcore.common.features import ENGINE_PORT, PERSISTENT
-from stepcore.engine import EngineStore
-from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at
-from stepcore.store.protocols import StepWrite
+from stepcore.backend import ENGINE_PORT, PERSISTENT, InjectedFault, StepWrite, boundaries, inject_faults, stop_at
 
 from ._crash_agent import FINAL_ANSWER, TOOL_CALLS
 from ._support import StoreFixtures, at, needs_feature, new_id, other_store, register, snapshot, user

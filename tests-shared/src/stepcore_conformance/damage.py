@@ -24,8 +24,15 @@ from dataclasses import dataclass
 import pytest
 from pydantic_ai.messages import ModelMessage
 
-from stepcore import EventKind, SnapshotState, StepStore, ToolEffectStatus, continue_run, inspect_recovery
-from stepcore.engine import DamagedRecordError
+from stepcore import (
+    DamagedRecordError,
+    EventKind,
+    SnapshotState,
+    StepStore,
+    ToolEffectStatus,
+    continue_run,
+    inspect_recovery,
+)
 
 from ._declared import Hook, require_hook
 from ._support import Damage, StoreFixtures, conversation, event, new_id, register, snapshot, tool_exchange

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepcore import RunRecord, StepStore, ToolEffectStatus, inspect_recovery
-from stepcore.common.features import PERSISTENT
+from stepcore.backend import PERSISTENT
 
 from ._support import (
     StoreFixtures,

@@ -18,17 +18,25 @@ from pydantic_ai import BinaryContent
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 from stepcore import (
+    DamagedRecordError,
+    Encryption,
     EncryptionKeyError,
+    EngineStore,
     StepStore,
     ToolEffectStatus,
     from_spec,
+    generate_key,
 )
-from stepcore.common.encryption import Encryption, generate_key
-from stepcore.common.features import CHECKSUMS, ENCRYPTION, ENGINE_PORT, MEDIA_EXTERNALIZATION
-from stepcore.engine import DamagedRecordError, EngineStore
-from stepcore.engine._engine_store import EFFECT_FIELDS_IN_ROW, EVENT_FIELDS_IN_ROW
-from stepcore.engine._seal import Sealer
-from stepcore.store.codec import dump_record_compact
+from stepcore.backend import (
+    CHECKSUMS,
+    EFFECT_FIELDS_IN_ROW,
+    ENCRYPTION,
+    ENGINE_PORT,
+    EVENT_FIELDS_IN_ROW,
+    MEDIA_EXTERNALIZATION,
+    Sealer,
+    dump_record_compact,
+)
 
 from ._declared import declared
 from ._support import Damage, StoreFixtures, at, event, needs_feature, options, register, snapshot

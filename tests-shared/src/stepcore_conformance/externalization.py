@@ -28,9 +28,8 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from stepcore import StepStore
-from stepcore.common.features import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
-from stepcore.media import MediaStore, media_uri
+from stepcore import MediaStore, StepStore
+from stepcore.backend import MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, media_uri
 
 from ._declared import declared, feature_test, refusal_verdict
 from ._support import (
@@ -150,7 +149,7 @@ class MediaExternalizationConformance(StoreFixtures):
             pytest.fail(
                 f"the store refused media_store='auto' ({error}). 'auto' is the default of media_store= and callers "
                 "pass it explicitly: take it as the store's own default media store, which for a store without "
-                "feature 'media_externalization' is none (stepcore.media.resolve_media_store does this)"
+                "feature 'media_externalization' is none (stepcore.backend.resolve_media_store does this)"
             )
 
     @options({'media_store': 'auto'})

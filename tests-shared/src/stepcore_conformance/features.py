@@ -6,10 +6,8 @@ from typing import Any, cast
 
 import pytest
 
-from stepcore import StepStore
-from stepcore.common.encryption import Encryption, generate_key
-from stepcore.common.features import ALL_FEATURES, ENCRYPTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
-from stepcore.plugins.registry import get_registry
+from stepcore import Encryption, StepStore, generate_key
+from stepcore.backend import ALL_FEATURES, ENCRYPTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION, get_registry
 
 from ._declared import declared, declared_by, refusing_class
 from ._support import StoreFixtures, options
@@ -38,7 +36,7 @@ def _refused(request: pytest.FixtureRequest, feature: str, option: str) -> None:
         pytest.skip(f'{type(store).__name__} declares feature {feature!r}: its tests run instead of the refusal check')
     pytest.fail(
         f'{type(store).__name__} accepted {option} without declaring feature {feature!r}: '
-        'refuse it with stepcore.common.features.require_feature (NotImplementedError) or declare the feature'
+        'refuse it with stepcore.backend.require_feature (NotImplementedError) or declare the feature'
     )
 
 

@@ -16,8 +16,7 @@ import pytest
 
 import stepcore
 from stepcore import StepStore
-from stepcore.common.features import ENGINE_PORT, PERSISTENT
-from stepcore.store.same_store import same_store
+from stepcore.backend import ENGINE_PORT, PERSISTENT, same_store
 
 from ._support import StoreFixtures, needs_feature, other_store, register, require_feature_declared
 from .persistence import second_store

@@ -43,8 +43,12 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 import stepcore
 from stepcore import (
     EventKind,
+    LeaseState,
     RunCancelledError,
+    RunClaimedError,
     RunDeadError,
+    RunFencedError,
+    RunOwnedError,
     RunRecord,
     StepEvent,
     StepPersistence,
@@ -54,24 +58,24 @@ from stepcore import (
     cancel_run,
     check_fencing_token,
     list_dead,
+    list_orphans,
     resolve_run,
     retry_run,
     start_job,
 )
-from stepcore.common.features import LEASES, PERSISTENT
-from stepcore.ownership import claim_run, list_orphans, open_lease, owner_gone
-from stepcore.ownership.claims import lease_template
-from stepcore.ownership.identity import new_owner
-from stepcore.store.leases import (
+from stepcore.backend import (
+    LEASES,
+    PERSISTENT,
     Fence,
-    LeaseState,
     Owner,
-    RunClaimedError,
-    RunFencedError,
-    RunOwnedError,
+    claim_run,
     fencing,
+    lease_template,
+    new_owner,
+    open_lease,
+    owner_gone,
+    utcnow,
 )
-from stepcore.store.models import utcnow
 
 from ._support import StoreFixtures, at, conversation, needs_feature, new_id, other_store, snapshot
 from .capability import function_model, script, tool_call

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from stepcore import EventKind, RunRecord, StepStore, ToolEffectStatus
-from stepcore.store.models import utcnow
+from stepcore.backend import utcnow
 
 from ._support import StoreFixtures, conversation, event, new_id, register, snapshot
 from .effects import effect

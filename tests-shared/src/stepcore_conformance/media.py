@@ -21,7 +21,8 @@ from typing import TypeAlias
 import anyio
 import pytest
 
-from stepcore.media import DamagedMediaError, MediaContext, MediaStore, digest_of_uri, media_uri
+from stepcore import MediaContext, MediaStore
+from stepcore.backend import DamagedMediaError, digest_of_uri, media_uri
 
 from ._declared import Hook, require_hook
 from .media_collection import MediaCollectionConformance

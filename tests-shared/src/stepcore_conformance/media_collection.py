@@ -25,11 +25,25 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo
 
-from stepcore import ContinuableSnapshot, InMemoryStepStore, RunRecord, SnapshotState, StepPersistence, StepStore
-from stepcore.common.features import MEDIA_COLLECTION, MEDIA_EXTERNALIZATION, SNAPSHOT_RETENTION
-from stepcore.maintenance.gc import GcReport, collect_garbage
-from stepcore.media import CollectableMediaStore, MediaStore, media_uri
-from stepcore.store.models import utcnow
+from stepcore import (
+    ContinuableSnapshot,
+    GcReport,
+    InMemoryStepStore,
+    MediaStore,
+    RunRecord,
+    SnapshotState,
+    StepPersistence,
+    StepStore,
+    collect_garbage,
+)
+from stepcore.backend import (
+    MEDIA_COLLECTION,
+    MEDIA_EXTERNALIZATION,
+    SNAPSHOT_RETENTION,
+    CollectableMediaStore,
+    media_uri,
+    utcnow,
+)
 
 from ._declared import feature_test, require_feature_declared
 from ._support import new_id

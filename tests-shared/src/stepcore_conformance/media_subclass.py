@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from stepcore import MediaContext
-from stepcore.media import MediaEngine
+from stepcore.backend import MediaEngine
 
 from ._support import new_id
 from .subclass import ConstructionRecorder, assert_names_kept, subclass_recorder, subclassed

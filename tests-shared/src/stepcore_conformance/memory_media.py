@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import ClassVar
 
-from stepcore.common.features import MEDIA_COLLECTION
-from stepcore.media import (
+from stepcore.backend import (
+    MEDIA_COLLECTION,
     BlobHead,
     BlobMeta,
     BlobPort,

@@ -10,7 +10,7 @@ import pytest
 
 import stepcore
 from stepcore import RunRecord, StepStore, ToolEffectStatus
-from stepcore.common.features import PERSISTENT
+from stepcore.backend import PERSISTENT
 
 from ._support import StoreFixtures, at, conversation, event, needs_feature, new_id, snapshot, tool_exchange
 from .effects import effect

@@ -24,13 +24,7 @@ from typing import Any, cast
 
 import pytest
 
-from stepcore.common.features import (
-    ALL_FEATURES,
-    MEDIA_COLLECTION,
-    MEDIA_EXTERNALIZATION,
-    PERSISTENT,
-    SNAPSHOT_RETENTION,
-)
+from stepcore.backend import ALL_FEATURES, MEDIA_COLLECTION, MEDIA_EXTERNALIZATION, PERSISTENT, SNAPSHOT_RETENTION
 
 from ._declared import declared_by, features_of_test, refusing_class
 
@@ -126,7 +120,7 @@ def pytest_fixture_setup(
             raise
         raise TypeError(
             f'{error}. A StepStore implements every abstract method of stepcore.StepStore (delete_run included); '
-            'subclass stepcore.engine.EngineStore to have them all implemented over a small port'
+            'subclass stepcore.backend.EngineStore to have them all implemented over a small port'
         ) from error
     built: type = type(cast(object, value))
     if isinstance(getattr(built, 'features', None), frozenset):

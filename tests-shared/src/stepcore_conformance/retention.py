@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from stepcore import SnapshotState, StepStore
-from stepcore.common.features import SNAPSHOT_RETENTION
+from stepcore.backend import SNAPSHOT_RETENTION
 
 from ._declared import feature_test, refusal_verdict
 from ._support import StoreFixtures, conversation, needs_feature, options, register, snapshot

@@ -1,8 +1,4 @@
-"""How records and message bodies are laid out in their columns.
-
-Records are stored as compact JSON stamped with stepcore's record format version. Fields the row
-already holds in a column (the run id, the seq) and fields left at a `None` default are not
-repeated in the JSON; reading fills them back in, so a record round-trips exactly.
+"""How message bodies are laid out in their column (records' bodies are the engine's to encode).
 
 Message bodies larger than a few hundred bytes are zlib-compressed when that saves space. A stored
 body is either a zlib stream (its first byte names the deflate method, `0x?8`) or the plain JSON
@@ -16,16 +12,8 @@ a few bytes, and setting up the default state cost three times the compression i
 from __future__ import annotations
 
 import zlib
-from typing import Any
 
-from stepcore.backend import (
-    R,
-    Record,
-    dump_record_compact,
-    load_record,
-)
-
-__all__ = ('dump_compact', 'load_compact', 'pack_body', 'unpack_body')
+__all__ = ('pack_body', 'unpack_body')
 
 COMPRESS_MIN_BYTES = 256
 """Bodies shorter than this are stored as they are."""
@@ -34,16 +22,6 @@ _ZLIB_WINDOW_BITS = 12
 _ZLIB_MEM_LEVEL = 5
 _DEFLATE = 8
 """Low nibble of a zlib stream's first byte; `{` (0x7b), the first byte of a JSON body, never has it."""
-
-
-def dump_compact(record: Record, *, exclude: set[str]) -> str:
-    """`record` as compact JSON without the `exclude`d fields and fields left at `None`."""
-    return dump_record_compact(record, exclude=exclude).decode()
-
-
-def load_compact(cls: type[R], text: str | bytes, **columns: Any) -> R:
-    """A record back from `dump_compact` output plus the values its row keeps in columns."""
-    return load_record(cls, text, **columns)
 
 
 def pack_body(body: bytes) -> bytes:

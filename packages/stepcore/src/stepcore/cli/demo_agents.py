@@ -36,7 +36,6 @@ from stepcore.store.step_store import StepStore
 
 __all__ = (
     'CONVERSATION_ID',
-    'EMAIL_KEY',
     'FIRST_RUN_ID',
     'PROMPT',
     'RESUMED_RUN_ID',
@@ -49,7 +48,6 @@ CONVERSATION_ID = 'weekly-report'
 FIRST_RUN_ID = 'report-run-1'
 RESUMED_RUN_ID = 'report-run-2'
 EMAIL_TO = 'team@example.com'
-EMAIL_KEY = f'email::{EMAIL_TO}::weekly-report'
 
 
 def _email_key(to: str, subject: str) -> str:

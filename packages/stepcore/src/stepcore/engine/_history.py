@@ -30,11 +30,12 @@ no copy or slice of the history is made per save, so the messages already saved 
 Nodes are never deleted while their run exists, so pruning a snapshot cannot break another one,
 and an index entry can never point at a node that is gone.
 
-`delta` does the comparison and encoding on the event loop. A store with a worker thread of its
-own saves through `save_through` instead, which calls `diff` on that thread, inside the call that
-writes the snapshot: encoding is most of a save's CPU, and it then runs beside the store's other
-work instead of on the loop. A diff whose new messages hold media or reserved keys (`walked` is
-False) goes back to the loop for `walk`, which may call the media store, before it is written.
+Every persistent store saves through the engine (`EngineStore`), whose driver calls `diff` in the
+same call that writes the snapshot: for a `SyncPort`, on the port's thread in one hand-off with the
+commit (or inline on the event loop for a short write), so encoding, most of a save's CPU, runs
+beside the store's other work instead of on the loop. A diff whose new messages hold media or
+reserved keys (`walked` is False) goes back to the loop for `walk`, which may call the media store,
+before it is written; once written, `commit` remembers it with its new nodes' ids.
 """
 
 from __future__ import annotations
@@ -43,10 +44,9 @@ import hashlib
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
 
 from pydantic_ai.messages import ModelMessage
 
@@ -71,8 +71,6 @@ REFRESH_WINDOW = 256
 """How many positions of the shared prefix each save re-points at the objects it was given."""
 
 NodeId = Hashable
-_Written = tuple['HistoryDelta', Sequence[NodeId] | None]
-"""What a save's call on a store's thread returns: its delta and the new node ids (see `save_through`)."""
 
 
 def starts_with(messages: Sequence[ModelMessage], prefix: Sequence[ModelMessage]) -> bool:
@@ -192,14 +190,9 @@ class HistoryIndex:
         self.max_runs = max_runs
         self._runs: OrderedDict[str, _SavedHistory] = OrderedDict()
 
-    async def delta(self, run_id: str, messages: Sequence[ModelMessage]) -> HistoryDelta:
-        """Compare `messages` with the run's last saved history and encode what is new, in stored form."""
-        delta = self.diff(run_id, list(messages))
-        await self.walk(delta)
-        return delta
-
     def diff(self, run_id: str, messages: Sequence[ModelMessage]) -> HistoryDelta:
-        """`delta` without the media walk, callable from any thread.
+        """Compare `messages` with the run's last saved history and encode what is new; callable from
+        any thread (the media walk is left to `walk`).
 
         `messages` must not change until the delta is committed; the index does not keep it. When
         the result's `walked` is False, `await walk(delta)` on the event loop before writing it.
@@ -251,51 +244,6 @@ class HistoryIndex:
             _trusted=trusted,
         )
 
-    async def save_through(
-        self,
-        run_id: str,
-        messages: Sequence[ModelMessage],
-        run: Callable[[Callable[..., _Written]], Awaitable[_Written]],
-        write: Callable[..., Sequence[NodeId] | None],
-        *,
-        stale: type[Exception],
-    ) -> None:
-        """Save `messages` through a store's own thread, diffing and encoding there.
-
-        `run(fn)` calls `fn(*args)` on the store's thread and returns its result; `fn` diffs the
-        history and calls `write(*args, delta)` with a delta in stored form, which writes it and
-        returns the new node ids (`None` when the save's idempotency key was already applied).
-        A delta with media comes back here to be walked on the event loop, then is written by a
-        second `run`. When `write` raises `stale` (the remembered nodes are gone), the run is
-        forgotten and the whole history written afresh, once.
-        """
-        messages = list(messages)
-        delta: HistoryDelta | None = None
-
-        def on_thread(*args: Any) -> _Written:
-            nonlocal delta
-            if delta is None:
-                delta = self.diff(run_id, messages)
-            return delta, write(*args, delta) if delta.walked else None
-
-        retried = False
-        while True:
-            try:
-                delta, nodes = await run(on_thread)
-            except stale:
-                if retried:
-                    raise
-                retried = True
-                self.forget(run_id)
-                delta = None
-                continue
-            if not delta.walked:
-                await self.walk(delta)  # media go to the media store from the event loop
-                continue
-            if nodes is not None:
-                self.commit(delta, nodes)
-            return
-
     async def walk(self, delta: HistoryDelta) -> None:
         """Put a delta's new messages in stored form (media externalized, reserved keys escaped)."""
         if not delta.walked:
@@ -345,12 +293,6 @@ class HistoryIndex:
         self._runs.move_to_end(delta.run_id)
         while len(self._runs) > self.max_runs:
             self._runs.popitem(last=False)
-
-    def head(self, delta: HistoryDelta, new_nodes: Sequence[NodeId]) -> NodeId | None:
-        """The head node of the history a delta describes, once its new nodes have ids."""
-        if new_nodes:
-            return new_nodes[-1]
-        return delta.parent
 
     def saved_length(self, run_id: str) -> int:
         """How many messages of the run's last saved history are remembered (0: none)."""

@@ -1,7 +1,7 @@
 """The row codec: records into rows (their bodies sealed) and back, naming what is damaged.
 
 A row carries a few columns a backend indexes and a body: the record's other fields, encoded and
-stamped with the record format version, with a checksum or encrypted (`seal.py`). Reading checks
+stamped with the record format version, with a checksum or encrypted (`_seal.py`). Reading checks
 the body against the row's columns and validates the record; a record that does not read raises
 `DamagedRecordError` naming the run and the record (`damage.py`).
 """

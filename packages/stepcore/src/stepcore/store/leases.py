@@ -595,7 +595,3 @@ def fence_of(run_id: str) -> int | None:
 def current_fences() -> Mapping[str, Fence]:
     """Every fence of this context, by run id (the innermost run's last)."""
     return _FENCES.get()
-
-
-def with_epoch(lease: Lease, epoch: int) -> Lease:
-    return replace(lease, epoch=epoch)

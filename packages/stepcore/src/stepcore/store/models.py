@@ -36,7 +36,6 @@ __all__ = (
     'StepEvent',
     'ToolEffectRecord',
     'ToolEffectStatus',
-    'record_fields_of',
     'utcnow',
 )
 
@@ -312,11 +311,6 @@ def _construction(cls: type) -> tuple[frozenset[str], tuple[dataclasses.Field[An
         specs = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]
         found = _CONSTRUCTION[cls] = (frozenset(spec.name for spec in specs), specs)
     return found
-
-
-def record_fields_of(record: object) -> tuple[str, ...]:
-    """The field names of a record class or instance, in order."""
-    return tuple(spec.name for spec in dataclasses.fields(record))  # pyright: ignore[reportArgumentType]
 
 
 class SnapshotSummary(BaseModel):

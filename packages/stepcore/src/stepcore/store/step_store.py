@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -39,7 +38,7 @@ from stepcore.store.models import (
 if TYPE_CHECKING:
     from stepcore.common.encryption import Encryption
 
-from stepcore.store.adapters import filtered, paged, takes_include_interrupted, takes_keywords
+from stepcore.store.adapters import paged, takes_keywords
 from stepcore.store.arguments import (
     check_event_window,
     check_message_window,
@@ -165,8 +164,8 @@ class StepStore(ABC):
         most that many; `cursor` (from `list_runs_page`) continues after the run it names;
         `newest_first=True` lists in the opposite order. A bad value raises `ValueError` naming it.
 
-        A store written for the earlier signature (only `conversation_id` and `parent_run_id`)
-        still works: the other arguments are applied over its answer.
+        A store written to the reference's signature (only `conversation_id` and `parent_run_id`)
+        still works: the other arguments are applied over its answer (`stepcore.store.adapters`).
         """
 
     async def list_runs_page(
@@ -596,14 +595,3 @@ class StepStore(ABC):
         own_runs: object = cls.__dict__.get('list_runs')
         if callable(own_runs) and not takes_keywords(own_runs, 'limit', 'cursor'):
             cls.list_runs = paged(cls.__name__, own_runs)  # pyright: ignore[reportAttributeAccessIssue]
-        own: object = cls.__dict__.get('list_snapshots')
-        if callable(own) and not takes_include_interrupted(own):
-            cls.list_snapshots = filtered(cls.__name__, own)  # pyright: ignore[reportAttributeAccessIssue]
-            warnings.warn(
-                f'{cls.__qualname__}.list_snapshots takes no include_interrupted keyword (the earlier signature): '
-                'stepcore takes its answer as every snapshot of the run and keeps only the complete ones unless '
-                'include_interrupted=True is passed. Declare it as '
-                '`async def list_snapshots(self, run_id, *, include_interrupted=False)` and filter in the store.',
-                DeprecationWarning,
-                stacklevel=3,
-            )
