@@ -20,6 +20,11 @@ library (these are not settings a user has):
 
 The backend `floor` is `bench_floor.py`'s least SQLite writer that keeps the crash rule.
 
+With `--otel-sdk` every cell first sets a bare OpenTelemetry SDK tracer and meter provider (no span
+processor, no metric reader, so nothing is exported): what stepcore's spans and metrics cost once an
+application configures the SDK. Without it no provider is set, as in an application that configures
+none.
+
 Every cell sets `DEFERRED_WRITE_DELAY` to a minute: under callgrind the 10 ms timer would write
 deferred records on their own at random points of the run, which moves the counts more than most
 parts cost. At full speed this workload's deferred records travel with the run's next write.
@@ -102,6 +107,16 @@ def take_out(part: str, backend: str) -> set[str]:
     return parts
 
 
+def bare_sdk() -> None:
+    """Set the OpenTelemetry SDK's tracer and meter providers, with nothing to export to."""
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    trace.set_tracer_provider(TracerProvider())
+    metrics.set_meter_provider(MeterProvider())
+
+
 async def cell(backend: str, part: str, persisted: bool, steps: int) -> None:
     import stepcore.capability.run_writer as run_writer
 
@@ -143,7 +158,7 @@ async def cell(backend: str, part: str, persisted: bool, steps: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def count(backend: str, part: str, persisted: bool, steps: int) -> int:
+def count(backend: str, part: str, persisted: bool, steps: int, *, otel_sdk: bool = False) -> int:
     """Instructions of one cell's process under callgrind."""
     command = [
         'valgrind',
@@ -156,6 +171,7 @@ def count(backend: str, part: str, persisted: bool, steps: int) -> int:
         part,
         'persisted' if persisted else 'unpersisted',
         str(steps),
+        *(['--otel-sdk'] if otel_sdk else []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, 'PYTHONHASHSEED': '0'})
     found = re.search(r'Collected : (\d+)', done.stderr)
@@ -170,10 +186,15 @@ def main() -> None:
     parser.add_argument('--backends', nargs='+', default=['memory', 'sqlite'])
     parser.add_argument('--parts', nargs='+', default=list(PARTS), choices=PARTS)
     parser.add_argument('--jobs', type=int, default=2)
+    parser.add_argument(
+        '--otel-sdk', action='store_true', help='set a bare OpenTelemetry SDK tracer and meter provider in every cell'
+    )
     parser.add_argument('--cell', nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:
         backend, part, mode, steps = args.cell
+        if args.otel_sdk:
+            bare_sdk()
         asyncio.run(cell(backend, part, mode == 'persisted', int(steps)))
         return
     if shutil.which('valgrind') is None:
@@ -185,8 +206,10 @@ def main() -> None:
             cells.append((backend, 'gc', False))
         cells += [(backend, part, True) for part in {'nothing', *args.parts} if applies(part, backend)]
     with ThreadPoolExecutor(args.jobs) as pool:
-        counts = dict(zip(cells, pool.map(lambda c: count(c[0], c[1], c[2], args.steps), cells), strict=True))
-    print(f'\ninstructions added per step, one run of {args.steps} steps (M)\n')
+        counted = pool.map(lambda c: count(c[0], c[1], c[2], args.steps, otel_sdk=args.otel_sdk), cells)
+        counts = dict(zip(cells, counted, strict=True))
+    sdk = ', a bare OpenTelemetry SDK provider set' if args.otel_sdk else ''
+    print(f'\ninstructions added per step, one run of {args.steps} steps{sdk} (M)\n')
     print('| taken out | ' + ' | '.join(args.backends) + ' |')
     print('|---|' + '---:|' * len(args.backends))
     for part in args.parts:

@@ -12,6 +12,7 @@ from pydantic_ai.tools import RunContext
 
 from stepcore.capability.events import announce_snapshot
 from stepcore.capability.operations import StepOperations
+from stepcore.common.telemetry import store_write
 from stepcore.store.contract import own_extension, write_records
 from stepcore.store.models import ContinuableSnapshot, SnapshotState, StepEvent, ToolEffectRecord
 from stepcore.store.protocols import StepWrite
@@ -168,9 +169,10 @@ class RunWriter:
         pending, self._deferred_snapshot = self._deferred_snapshot, None
         batch = [*deferred, *(write for completion in released for write in completion), *writes]
         try:
-            await write_records(
-                self.store, batch, snapshot=pending if pending is not None else snapshot, own=self._own_batch
-            )
+            with store_write(self.store, self.run_id, batch, pending if pending is not None else snapshot):
+                await write_records(
+                    self.store, batch, snapshot=pending if pending is not None else snapshot, own=self._own_batch
+                )
         except BaseException:
             self._deferred[:0] = deferred
             self._deferred_snapshot = pending

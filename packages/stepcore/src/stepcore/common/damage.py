@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Final, Literal, TypeVar
 
+from stepcore.common.telemetry import damaged_record
+
 __all__ = (
     'UNPARSABLE',
     'UNREADABLE',
@@ -61,6 +63,7 @@ class DamagedRecordError(ValueError):
         self.where = where
         self.reason = reason
         self.kind: DamageKind = kind
+        damaged_record(run_id, record, kind)
 
 
 class UnreadableBody(Exception):

@@ -31,6 +31,7 @@ from stepcore.common.features import (
     SNAPSHOT_RETENTION,
     require_feature,
 )
+from stepcore.common.telemetry import fenced_write
 from stepcore.engine._driver import INLINE_ATTEMPTS, INLINE_NEW_MESSAGES, INLINE_RECORDS, Driver, NeedsWalk, single
 from stepcore.engine._history import HistoryDelta, HistoryIndex, walk_chain
 from stepcore.engine._ops import (
@@ -494,6 +495,7 @@ class EngineStore(StepStore):
             lease = await self.__note_refusal(run_id, epoch)
         except Exception:  # the refusal is what matters; the lease and the note are detail
             lease = None
+        fenced_write(self, run_id, epoch, lease)
         return RunFencedError(run_id, epoch or 0, lease)
 
     async def __note_refusal(self, run_id: str, epoch: int | None) -> Lease | None:

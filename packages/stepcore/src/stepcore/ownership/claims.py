@@ -20,6 +20,7 @@ from datetime import datetime
 from pydantic_ai.messages import ModelMessage
 
 from stepcore.common.features import LEASES
+from stepcore.common.telemetry import claiming, lease_opened
 from stepcore.ownership.identity import new_owner, owner_gone
 from stepcore.store.contract import as_step_store
 from stepcore.store.leases import (
@@ -127,6 +128,7 @@ async def open_lease(
     swapped, now = await store.swap_lease(with_change(None, lease), expect=None, ttl=ttl, start=start)
     if not swapped or now is None:
         raise RunClaimedError(run_id, now, action='started: its id already holds a lease')
+    lease_opened(run_id, now.origin)
     return now
 
 
@@ -275,41 +277,44 @@ async def claim_run(
     leases (`has_leases`).
     """
     bound = as_step_store(store)
-    lease = await bound.get_lease(run_id)
-    me = owner or new_owner('recovery')
-    if lease is None:
-        fresh = lease_template(run_id, epoch=1, state=LeaseState.RUNNING, owner=me, origin=run_id)
-        swapped, now = await bound.swap_lease(with_change(None, fresh, detail='it had no lease'), expect=None, ttl=ttl)
+    with claiming(bound, run_id, action=action, force=force) as claimed:
+        lease = await bound.get_lease(run_id)
+        me = owner or new_owner('recovery')
+        if lease is None:
+            fresh = lease_template(run_id, epoch=1, state=LeaseState.RUNNING, owner=me, origin=run_id)
+            swapped, now = await bound.swap_lease(
+                with_change(None, fresh, detail='it had no lease'), expect=None, ttl=ttl
+            )
+            if not swapped or now is None:
+                raise RunClaimedError(run_id, now, action=f'claimed for {action}')
+            return claimed.won(Claim(bound, now, ttl, forced=force, previous=None))
+        if lease.state is LeaseState.RESUMED:
+            raise RunClaimedError(run_id, lease, action=f'claimed for {action}')
+        if lease.cancelled:
+            raise RunCancelledError(lease, action=f'claimed for {action}')
+        expired_only = False
+        if lease.state is LeaseState.RUNNING and not owner_gone(lease):
+            if not lease.expired:
+                if not force:
+                    raise RunOwnedError(lease, action=action)
+            else:
+                expired_only = not force  # a renewal between our read and our swap must win
+        new = replace(
+            lease,
+            epoch=lease.epoch + 1,
+            state=LeaseState.RUNNING,
+            owner=me,
+            outcome=None,
+            note=None,
+            since=utcnow(),
+            died=(*lease.died, died) if (died := _died(lease)) is not None else lease.died,
+        )
+        new = with_change(lease, new, what=Change.TAKEN_OVER, detail=_why_taken(lease, force))
+        swapped, now = await bound.swap_lease(new, expect=lease.epoch, expired=expired_only, ttl=ttl)
         if not swapped or now is None:
+            if now is not None and live(now) and not force:
+                raise RunOwnedError(now, action=action)
+            if now is not None and now.cancelled:
+                raise RunCancelledError(now, action=f'claimed for {action}')
             raise RunClaimedError(run_id, now, action=f'claimed for {action}')
-        return Claim(bound, now, ttl, forced=force, previous=None)
-    if lease.state is LeaseState.RESUMED:
-        raise RunClaimedError(run_id, lease, action=f'claimed for {action}')
-    if lease.cancelled:
-        raise RunCancelledError(lease, action=f'claimed for {action}')
-    expired_only = False
-    if lease.state is LeaseState.RUNNING and not owner_gone(lease):
-        if not lease.expired:
-            if not force:
-                raise RunOwnedError(lease, action=action)
-        else:
-            expired_only = not force  # a renewal between our read and our swap must win
-    new = replace(
-        lease,
-        epoch=lease.epoch + 1,
-        state=LeaseState.RUNNING,
-        owner=me,
-        outcome=None,
-        note=None,
-        since=utcnow(),
-        died=(*lease.died, died) if (died := _died(lease)) is not None else lease.died,
-    )
-    new = with_change(lease, new, what=Change.TAKEN_OVER, detail=_why_taken(lease, force))
-    swapped, now = await bound.swap_lease(new, expect=lease.epoch, expired=expired_only, ttl=ttl)
-    if not swapped or now is None:
-        if now is not None and live(now) and not force:
-            raise RunOwnedError(now, action=action)
-        if now is not None and now.cancelled:
-            raise RunCancelledError(now, action=f'claimed for {action}')
-        raise RunClaimedError(run_id, now, action=f'claimed for {action}')
-    return Claim(bound, now, ttl, forced=force, previous=lease)
+        return claimed.won(Claim(bound, now, ttl, forced=force, previous=lease))

@@ -26,6 +26,7 @@ import pydantic_core
 from pydantic_ai import Agent
 from pydantic_ai.run import AgentRunResult
 
+from stepcore.common.telemetry import approval_answered
 from stepcore.ownership.claims import has_leases
 from stepcore.recovery.chains import resumed_by
 from stepcore.recovery.paused import Waiting, read_pause, record_answer
@@ -164,6 +165,8 @@ async def _answer(
         raise RequestExpiredError(run_id, call, stands)
     if not stands.same_as(answer):
         raise AnswerConflictError(run_id, call, stands, answer)
+    if stands.at == answer.at:  # recorded now, not an earlier answer given again
+        approval_answered(answer.decision)
     return stands
 
 

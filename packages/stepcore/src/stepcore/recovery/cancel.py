@@ -18,6 +18,7 @@ import os
 import socket
 
 from stepcore.capability.context import settling_under
+from stepcore.common.telemetry import cancelling
 from stepcore.ownership.claims import claim_run, has_leases
 from stepcore.recovery.chains import continuations
 from stepcore.recovery.ledger import run_end_event
@@ -56,29 +57,31 @@ async def cancel_run(store: StepStoreProtocol, *, run_id: str, reason: str, by: 
             f'{type(bound).__name__} keeps no leases, so nothing would stop the owner of run {run_id!r}: '
             'cancel_run needs a store with the feature `leases`'
         )
-    target = run_id
-    for _ in range(_ATTEMPTS):
-        target = (await continuations(bound, run_id))[-1]
-        lease = await bound.get_lease(target)
-        if lease is None and await bound.get_run(run_id=target) is None:
-            raise LookupError(f'cannot cancel run {target!r}: the store has no such run')
-        if lease is not None and lease.state is LeaseState.ENDED:
-            if lease.cancelled:
-                return lease
-            raise ValueError(
-                f'cannot cancel run {target!r}: it already ended ({lease.outcome or "ended"}), '
-                'so there is nothing to stop'
-            )
-        try:
-            claim = await claim_run(bound, target, ttl=DEFAULT_LEASE_TTL, force=True, action='cancelled')
-        except RunClaimedError:
-            continue  # resumed or claimed meanwhile: follow it again
-        with settling_under(Fence(claim.run_id, claim.epoch, claim.origin, store=bound)):
-            await write_records(bound, [await _cancel_event(bound, target, who, reason)])
-        return await claim.release(state=LeaseState.ENDED, outcome=CANCELLED, note=f'cancelled by {who}: {reason}')
-    raise RunClaimedError(
-        run_id, await bound.get_lease(target), action=f'cancelled: it changed hands {_ATTEMPTS} times meanwhile'
-    )
+    with cancelling(bound, run_id) as cancelled:
+        target = run_id
+        for _ in range(_ATTEMPTS):
+            target = (await continuations(bound, run_id))[-1]
+            lease = await bound.get_lease(target)
+            if lease is None and await bound.get_run(run_id=target) is None:
+                raise LookupError(f'cannot cancel run {target!r}: the store has no such run')
+            if lease is not None and lease.state is LeaseState.ENDED:
+                if lease.cancelled:
+                    return cancelled.done(lease)
+                raise ValueError(
+                    f'cannot cancel run {target!r}: it already ended ({lease.outcome or "ended"}), '
+                    'so there is nothing to stop'
+                )
+            try:
+                claim = await claim_run(bound, target, ttl=DEFAULT_LEASE_TTL, force=True, action='cancelled')
+            except RunClaimedError:
+                continue  # resumed or claimed meanwhile: follow it again
+            with settling_under(Fence(claim.run_id, claim.epoch, claim.origin, store=bound)):
+                await write_records(bound, [await _cancel_event(bound, target, who, reason)])
+            ended = await claim.release(state=LeaseState.ENDED, outcome=CANCELLED, note=f'cancelled by {who}: {reason}')
+            return cancelled.done(ended)
+        raise RunClaimedError(
+            run_id, await bound.get_lease(target), action=f'cancelled: it changed hands {_ATTEMPTS} times meanwhile'
+        )
 
 
 async def _cancel_event(store: StepStore, run_id: str, by: str, reason: str) -> StepEvent:

@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeAlias
 from pydantic_ai import Agent
 
 from stepcore.capability.persistence import step_persistences
+from stepcore.common.telemetry import OrphanWatch, recovering_orphan
 from stepcore.ownership.claims import claim_run
 from stepcore.ownership.orphans import Orphan, list_orphans
 from stepcore.recovery.paused import Waiting
@@ -138,6 +139,33 @@ async def _recover_one(
     lease_ttl: float,
     max_recovery_attempts: int | None,
     run_options: Mapping[str, Any],
+    listed_at: datetime | None = None,
+) -> OrphanOutcome:
+    """What this worker does with `orphan` (see `_recover`), in a span telling its outcome and, from
+    `listed_at` (when the loop first listed it), how long it waited for its claim."""
+    with recovering_orphan(store, orphan, listed_at) as recovering:
+        return recovering.done(
+            await _recover(
+                store,
+                orphan,
+                choose,
+                policies=policies,
+                lease_ttl=lease_ttl,
+                max_recovery_attempts=max_recovery_attempts,
+                run_options=run_options,
+            )
+        )
+
+
+async def _recover(
+    store: StepStore,
+    orphan: Orphan,
+    choose: AgentChooser,
+    *,
+    policies: Mapping[str, RecoveryPolicy] | None,
+    lease_ttl: float,
+    max_recovery_attempts: int | None,
+    run_options: Mapping[str, Any],
 ) -> OrphanOutcome:
     run_id = orphan.run_id
     record = await store.get_run(run_id=run_id)
@@ -232,6 +260,8 @@ async def recover_orphans(
     bound = as_step_store(store)
     choose = agent_chooser(agents)
     orphans = await list_orphans(bound)
+    listing = OrphanWatch(bound)
+    listing.listed(orphans)
     if limit is not None:
         orphans = orphans[:limit]
     gate = asyncio.Semaphore(concurrency)
@@ -247,7 +277,7 @@ async def recover_orphans(
 
     async def one(orphan: Orphan) -> OrphanOutcome:
         async with gate:
-            outcome = await recover(orphan)
+            outcome = await recover(orphan, listed_at=listing.first_listed(orphan.run_id))
         logger.info('orphan %s: %s %s', orphan.run_id, outcome.outcome, outcome.detail)
         return outcome
 
@@ -327,6 +357,7 @@ async def run_recovery_loop(
     freed = asyncio.Event()
     busy: dict[str, asyncio.Task[None]] = {}
     deadlines = WaitingWatch()
+    listing = OrphanWatch(bound)
 
     recover = partial(
         _recover_one,
@@ -338,9 +369,9 @@ async def run_recovery_loop(
         run_options=run_options,
     )
 
-    async def one(orphan: Orphan) -> None:
+    async def one(orphan: Orphan, listed_at: datetime | None) -> None:
         try:
-            outcome = await recover(orphan)
+            outcome = await recover(orphan, listed_at=listed_at)
         except Exception as error:  # the store failed under the resumption: the orphan is tried again later
             kind: Outcome = 'busy' if bound.is_transient(error) else 'failed'
             outcome = OrphanOutcome(orphan.run_id, kind, f'{type(error).__name__}: {error}')
@@ -354,6 +385,7 @@ async def run_recovery_loop(
         while not stopped.is_set():
             try:
                 orphans = await list_orphans(bound)
+                listing.listed(orphans)
             except Exception as error:
                 logger.warning(
                     'listing orphans failed (%s: %s); trying again in %.1f s', type(error).__name__, error, interval
@@ -361,6 +393,7 @@ async def run_recovery_loop(
                 orphans = []
             try:
                 expiries, waiting_runs = await deadlines.due_now(bound)
+                listing.waiting_runs(waiting_runs)
                 for expiry in expiries:
                     if expiry.recorded:
                         detail = f'{expiry.call.tool_name} ({expiry.call.tool_call_id}) passed its deadline unanswered'
@@ -374,7 +407,8 @@ async def run_recovery_loop(
             waiting = [orphan for orphan in orphans if orphan.run_id not in busy]
             room = concurrency - len(busy)
             for orphan in waiting[: max(room, 0)]:
-                task = asyncio.create_task(one(orphan), name=f'stepcore recovery of {orphan.run_id}')
+                first = listing.first_listed(orphan.run_id)
+                task = asyncio.create_task(one(orphan, first), name=f'stepcore recovery of {orphan.run_id}')
                 busy[orphan.run_id] = task
                 task.add_done_callback(lambda done, run_id=orphan.run_id: finished(run_id, done))
             freed.clear()

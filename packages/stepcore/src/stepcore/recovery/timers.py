@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stepcore.common.telemetry import approval_expired
 from stepcore.ownership.claims import has_leases
 from stepcore.recovery.answers import list_waiting, read_waiting
 from stepcore.recovery.paused import Waiting, record_answer
@@ -53,6 +54,8 @@ async def apply_deadlines(store: StepStoreProtocol, waiting: list[Waiting] | Non
             expiry = Answer(call.tool_call_id, 'expired', at=now, by=EXPIRED_BY, message=expiry_message(call))
             stands = await record_answer(bound, paused, call, expiry)
             mine = stands.decision == 'expired' and stands.at == expiry.at
+            if mine:
+                approval_expired(paused.run_id, call)
             found.append(Expiry(paused.run_id, call, stands, mine))
     return found
 
