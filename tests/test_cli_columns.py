@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 import stepcore
 from stepcore import StepPersistence
 from stepcore.cli import app
-from stepcore.cli.render import fit
+from stepcore.cli.fitting import fit
 
 ERROR = 'cluster unreachable while deploying the web frontend service to production'
 

@@ -21,7 +21,7 @@ import pytest
 
 from step_sqlite import SqliteStepStore
 from stepcore import ToolEffectStatus, inspect_recovery, mark_checked, resolve_run, supply_result
-from stepcore.recovery.resolution import RESUMES_KEY
+from stepcore.capability.context import RESUMES_KEY
 
 CHILD = Path(__file__).with_name('resumption_child.py')
 _spec = importlib.util.spec_from_file_location('resumption_child', CHILD)

@@ -31,7 +31,7 @@ from stepcore import (
     ToolEffectStatus,
 )
 from stepcore.cli._loop import run_coroutine
-from stepcore.ui.pages import SECURITY_HEADERS
+from stepcore.ui.middleware import SECURITY_HEADERS
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 

@@ -32,7 +32,7 @@ from stepcore.ownership import open_lease
 from stepcore.ownership.claims import lease_template, read_lease
 from stepcore.ownership.identity import host_name
 from stepcore.store.leases import Fence, LeaseState, Owner, OwnershipChange, RunFencedError, fencing
-from stepcore.ui.pages import create_app
+from stepcore.ui import create_app
 
 ELSEWHERE = Owner(host='another-host.invalid', pid=4242, token='held-elsewhere')
 HERE = f'{host_name()} pid {os.getpid()}'
@@ -237,7 +237,7 @@ def test_the_timeline_shows_the_ownership_changes_among_the_events(served: Serve
 
 
 def test_each_change_is_on_the_timeline_page_of_the_events_around_it(served: Served) -> None:
-    from stepcore.ui.queries import ChangeRow, TimelineRow, timeline_page
+    from stepcore.ui.timeline import ChangeRow, TimelineRow, timeline_page
 
     async def pages() -> tuple[list[list[TimelineRow | ChangeRow]], tuple[OwnershipChange, ...]]:
         store = SqliteStepStore(database=served.database)

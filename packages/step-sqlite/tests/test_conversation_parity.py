@@ -43,7 +43,7 @@ from step_sqlite import (
     conversation_text,
     ensure_inactive,
 )
-from step_sqlite.conversations import CONVERSATIONS
+from step_sqlite.conversation_schema import CONVERSATIONS
 from stepcore import StepPersistence
 from stepcore.store.codec import encode_message
 

@@ -50,9 +50,20 @@ from .conversation_models import (
     TitleSource,
 )
 from .conversation_owner import ensure_inactive, running_owner
+from .conversation_rows import (
+    COLUMNS,
+    METADATA_SCHEMA_VERSION,
+    REVISION,
+    current_summary,
+    fetch_row,
+    meta_json,
+    put_meta,
+    summary_of,
+)
+from .conversation_schema import CONVERSATIONS
 from .conversation_text import conversation_text, names_text, searchable_text
 from .media import SqliteMediaStore
-from .schema import STEPS, Component, ensure_schema, read_version
+from .schema import STEPS, ensure_schema, read_version
 from .store import SqliteStepStore
 
 __all__ = (
@@ -69,90 +80,8 @@ __all__ = (
     'searchable_text',
 )
 
-METADATA_SCHEMA_VERSION = 1
-"""Version of the stored conversation metadata (names, tags, workspace, metadata mapping...)."""
-
 T = TypeVar('T')
 _UNSET: Any = object()
-
-
-# -- tables ----------------------------------------------------------------------------------
-
-_SCHEMA_V1 = """
-CREATE TABLE conversations (
-    conversation_id TEXT PRIMARY KEY,
-    revision INTEGER NOT NULL,
-    name_revision INTEGER NOT NULL DEFAULT 0,
-    named_at_revision INTEGER,
-    meta_version INTEGER NOT NULL,
-    meta TEXT NOT NULL,
-    messages_format INTEGER NOT NULL,
-    messages TEXT NOT NULL,
-    message_count INTEGER NOT NULL,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    writer_pid INTEGER
-);
-CREATE INDEX conversations_updated ON conversations (updated_at DESC, conversation_id);
-CREATE VIRTUAL TABLE conversations_search USING fts5(conversation_id UNINDEXED, body, tokenize = 'trigram');
-"""
-
-
-def _create_v1(connection: sqlite3.Connection) -> None:
-    for statement in (s.strip() for s in _SCHEMA_V1.split(';')):
-        if statement:
-            connection.execute(statement)
-
-
-def _stored_names(meta: str) -> str:
-    try:
-        info = cast(dict[str, Any], json.loads(meta))
-        return names_text(info.get('title'), info.get('subtitle'), info.get('tags') or ())
-    except (ValueError, TypeError, AttributeError):
-        return ''  # unreadable metadata is reported when the conversation is read, not here
-
-
-def _v1_to_v2(connection: sqlite3.Connection) -> None:
-    """Version 2: an outcome beside the owner's process id, an archive mark, names in the search.
-
-    A conversation an older release saved with a writer process id was in progress: it becomes
-    `'running'` with that owner, so it stays busy exactly while that process is alive.
-    """
-    connection.execute('ALTER TABLE conversations RENAME COLUMN writer_pid TO owner_pid')
-    connection.execute("ALTER TABLE conversations ADD COLUMN outcome TEXT NOT NULL DEFAULT 'ready'")
-    connection.execute("UPDATE conversations SET outcome = 'running' WHERE owner_pid IS NOT NULL")
-    connection.execute('ALTER TABLE conversations ADD COLUMN archived_at TEXT')
-    connection.execute(
-        'CREATE VIRTUAL TABLE conversations_search_v2 '
-        "USING fts5(conversation_id UNINDEXED, body, names, tokenize = 'trigram')"
-    )
-    rows = connection.execute(
-        'SELECT s.conversation_id, s.body, c.meta FROM conversations_search s '
-        'JOIN conversations c ON c.conversation_id = s.conversation_id'
-    ).fetchall()
-    connection.executemany(
-        'INSERT INTO conversations_search_v2 (conversation_id, body, names) VALUES (?, ?, ?)',
-        [(conversation_id, body, _stored_names(meta)) for conversation_id, body, meta in rows],
-    )
-    connection.execute('DROP TABLE conversations_search')
-    connection.execute('ALTER TABLE conversations_search_v2 RENAME TO conversations_search')
-
-
-CONVERSATIONS = Component(
-    name='conversations',
-    create=_create_v1,
-    migrations={1: _v1_to_v2},
-    tables=('conversations', 'conversations_search'),
-)
-"""The conversation-head tables, versioned like the step tables."""
-
-
-_COLUMNS = (
-    'conversation_id, revision, name_revision, named_at_revision, meta_version, meta, message_count, '
-    'created_at, updated_at, owner_pid, outcome, archived_at'
-)
-_REVISION = 1
-"""Index of the content revision in a row of `_COLUMNS`."""
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -218,94 +147,6 @@ class SqliteConversationStore:
 
         return await self.__db.run(call)
 
-    @staticmethod
-    def __summary(row: Sequence[Any]) -> ConversationSummary:
-        (
-            conversation_id,
-            revision,
-            name_revision,
-            named_at,
-            meta_version,
-            meta,
-            count,
-            created,
-            updated,
-            pid,
-            outcome,
-            archived,
-        ) = row
-        if meta_version > METADATA_SCHEMA_VERSION:
-            raise ValueError(
-                f'conversation {conversation_id!r} has metadata schema version {meta_version}, newer than this '
-                f'step-sqlite reads (up to {METADATA_SCHEMA_VERSION}): upgrade step-sqlite'
-            )
-        info = cast(dict[str, Any], json.loads(meta))
-        summary = ConversationSummary.model_validate(
-            {
-                'conversation_id': conversation_id,
-                'workspace': info.get('workspace', ''),
-                'checkout': info.get('checkout'),
-                'revision': revision,
-                'name_revision': name_revision,
-                'named_at_revision': named_at,
-                'title': info.get('title'),
-                'subtitle': info.get('subtitle'),
-                'tags': info.get('tags', []),
-                'title_source': info.get('title_source'),
-                'metadata': info.get('metadata', {}),
-                'model': info.get('model'),
-                'outcome': outcome,
-                'run_id': info.get('run_id'),
-                'writer_pid': pid,
-                'message_count': count,
-                'total_tokens': info.get('total_tokens', 0),
-                'naming_tokens': info.get('naming_tokens', 0),
-                'created_at': created,
-                'updated_at': updated,
-                'archived_at': archived,
-            }
-        )
-        summary.busy = running_owner(summary) is not None
-        return summary
-
-    @staticmethod
-    def __fetch(conn: sqlite3.Connection, conversation_id: str) -> tuple[Any, ...] | None:
-        return conn.execute(
-            f'SELECT {_COLUMNS} FROM conversations WHERE conversation_id = ?', (conversation_id,)
-        ).fetchone()
-
-    def __current(self, conn: sqlite3.Connection, conversation_id: str) -> ConversationSummary | None:
-        row = self.__fetch(conn, conversation_id)
-        return None if row is None else self.__summary(row)
-
-    @staticmethod
-    def __meta(summary: ConversationSummary) -> str:
-        for key, value in summary.metadata.items():
-            if not isinstance(key, str) or not isinstance(value, str):  # pyright: ignore[reportUnnecessaryIsInstance]
-                raise ValueError(f'conversation metadata must map str to str; got {key!r}: {value!r}')
-        return json.dumps(
-            {
-                'title': summary.title,
-                'subtitle': summary.subtitle,
-                'tags': list(summary.tags),
-                'title_source': summary.title_source,
-                'metadata': dict(summary.metadata),
-                'workspace': summary.workspace,
-                'checkout': None if summary.checkout is None else summary.checkout.model_dump(),
-                'model': summary.model,
-                'run_id': summary.run_id,
-                'total_tokens': summary.total_tokens,
-                'naming_tokens': summary.naming_tokens,
-            },
-            ensure_ascii=False,
-        )
-
-    def __put_meta(self, conn: sqlite3.Connection, summary: ConversationSummary) -> None:
-        conn.execute(
-            'UPDATE conversations SET meta_version = ?, meta = ? WHERE conversation_id = ?',
-            (METADATA_SCHEMA_VERSION, self.__meta(summary), summary.conversation_id),
-        )
-
     # -- content ----------------------------------------------------------------------------
 
     async def save(
@@ -337,7 +178,7 @@ class SqliteConversationStore:
             outcome, owner = ('ready' if outcome == 'running' else outcome), None
         total_tokens = sum(m.usage.total_tokens for m in messages if isinstance(m, ModelResponse))
         wanted = summary.model_copy(update={'outcome': outcome, 'writer_pid': owner, 'total_tokens': total_tokens})
-        meta = self.__meta(wanted)
+        meta = meta_json(wanted)
         stored = [await self.__walker.externalize(encode_message(m)) for m in messages]
         body = (b'[' + b','.join(stored) + b']').decode()
         search = '\n'.join(p for p in (searchable_text(messages, summary.metadata), summary.workspace.casefold()) if p)
@@ -345,7 +186,7 @@ class SqliteConversationStore:
         conversation_id = summary.conversation_id
 
         def write(conn: sqlite3.Connection) -> tuple[Any, ...]:
-            row = self.__fetch(conn, conversation_id)
+            row = fetch_row(conn, conversation_id)
             if row is None:
                 if summary.revision != 0:
                     raise ConversationConflict(
@@ -371,14 +212,14 @@ class SqliteConversationStore:
                 )
                 names = names_text(summary.title, summary.subtitle, summary.tags)
             else:
-                if row[_REVISION] != summary.revision:
+                if row[REVISION] != summary.revision:
                     raise ConversationConflict(
                         conversation_id,
-                        f'the save was based on revision {summary.revision} but revision {row[_REVISION]} is '
+                        f'the save was based on revision {summary.revision} but revision {row[REVISION]} is '
                         'stored: it was saved since by another process (or another writer in this one); reload it '
                         'with get() and apply your change again',
                     )
-                current = self.__summary(row)  # raises on a metadata version this release does not read
+                current = summary_of(row)  # raises on a metadata version this release does not read
                 holder = running_owner(current)
                 if holder is not None and outcome == 'running' and owner is not None and owner != holder:
                     raise ConversationConflict(
@@ -402,7 +243,7 @@ class SqliteConversationStore:
                     'outcome = ?, archived_at = NULL WHERE conversation_id = ?',
                     (
                         METADATA_SCHEMA_VERSION,
-                        self.__meta(kept),
+                        meta_json(kept),
                         RECORD_FORMAT_VERSION,
                         body,
                         len(messages),
@@ -418,17 +259,17 @@ class SqliteConversationStore:
                 'INSERT INTO conversations_search (conversation_id, body, names) VALUES (?, ?, ?)',
                 (conversation_id, search, names),
             )
-            result = self.__fetch(conn, conversation_id)
+            result = fetch_row(conn, conversation_id)
             assert result is not None
             return result
 
-        return self.__summary(await self.__write(write))
+        return summary_of(await self.__write(write))
 
     async def get(self, *, conversation_id: str) -> SavedConversation | None:
         """The conversation head with its messages restored, or `None` if there is none."""
 
         def read(conn: sqlite3.Connection) -> tuple[tuple[Any, ...], int, str] | None:
-            row = self.__fetch(conn, conversation_id)
+            row = fetch_row(conn, conversation_id)
             if row is None:
                 return None
             fmt, body = conn.execute(
@@ -440,7 +281,7 @@ class SqliteConversationStore:
         if found is None:
             return None
         row, fmt, body = found
-        summary = self.__summary(row)
+        summary = summary_of(row)
         check_format_version(fmt, what=f'conversation {conversation_id!r} messages')
         items = cast(list[Any], json.loads(body))
         encoded = [
@@ -487,14 +328,13 @@ class SqliteConversationStore:
                 args.extend((needle, needle))
         condition = f'WHERE {" AND ".join(where)} ' if where else ''
         sql = (
-            f'SELECT {_COLUMNS} FROM conversations {condition}'
-            'ORDER BY updated_at DESC, conversation_id LIMIT ? OFFSET ?'
+            f'SELECT {COLUMNS} FROM conversations {condition}ORDER BY updated_at DESC, conversation_id LIMIT ? OFFSET ?'
         )
 
         def read(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
             return conn.execute(sql, (*args, limit, offset)).fetchall()
 
-        return [self.__summary(row) for row in await self.__run(read)]
+        return [summary_of(row) for row in await self.__run(read)]
 
     # -- names and archive ------------------------------------------------------------------
 
@@ -524,12 +364,12 @@ class SqliteConversationStore:
         conversation_id = source.conversation_id
 
         def write(conn: sqlite3.Connection) -> tuple[Any, ...] | None:
-            current = self.__current(conn, conversation_id)
+            current = current_summary(conn, conversation_id)
             if current is None:
                 return None
             if tokens:
                 current = current.model_copy(update={'naming_tokens': current.naming_tokens + tokens})
-                self.__put_meta(conn, current)
+                put_meta(conn, current)
             if current.name_revision != source.name_revision:
                 return None
             if not manual and (current.revision != source.revision or current.title_source == 'manual'):
@@ -542,7 +382,7 @@ class SqliteConversationStore:
                     'title_source': 'manual' if manual else 'generated',
                 }
             )
-            self.__put_meta(conn, updated)
+            put_meta(conn, updated)
             conn.execute(
                 'UPDATE conversations SET name_revision = name_revision + 1, named_at_revision = revision '
                 'WHERE conversation_id = ?',
@@ -552,10 +392,10 @@ class SqliteConversationStore:
                 'UPDATE conversations_search SET names = ? WHERE conversation_id = ?',
                 (names_text(title, subtitle, tag_list), conversation_id),
             )
-            return self.__fetch(conn, conversation_id)
+            return fetch_row(conn, conversation_id)
 
         row = await self.__write(write)
-        return self.__summary(row) if row is not None else None
+        return summary_of(row) if row is not None else None
 
     async def set_archived(self, *, conversation_id: str, archived: bool) -> ConversationSummary:
         """Archive or unarchive a conversation and return its summary.
@@ -568,7 +408,7 @@ class SqliteConversationStore:
         when = utcnow().isoformat()
 
         def write(conn: sqlite3.Connection) -> tuple[Any, ...]:
-            row = self.__fetch(conn, conversation_id)
+            row = fetch_row(conn, conversation_id)
             if row is None:
                 raise LookupError(
                     f'no conversation {conversation_id!r} to {"archive" if archived else "unarchive"}: '
@@ -579,11 +419,11 @@ class SqliteConversationStore:
                 'WHERE conversation_id = ?',
                 (archived, when, conversation_id),
             )
-            result = self.__fetch(conn, conversation_id)
+            result = fetch_row(conn, conversation_id)
             assert result is not None
             return result
 
-        return self.__summary(await self.__write(write))
+        return summary_of(await self.__write(write))
 
     # -- deletion ---------------------------------------------------------------------------
 
@@ -599,15 +439,15 @@ class SqliteConversationStore:
         conversation_id = source.conversation_id
 
         def write(conn: sqlite3.Connection) -> bool:
-            row = self.__fetch(conn, conversation_id)
+            row = fetch_row(conn, conversation_id)
             if row is None:
                 raise ConversationConflict(conversation_id, 'it was already deleted')
-            if row[_REVISION] != source.revision:
+            if row[REVISION] != source.revision:
                 raise ConversationConflict(
                     conversation_id,
-                    f'the delete was based on revision {source.revision} but revision {row[_REVISION]} is stored',
+                    f'the delete was based on revision {source.revision} but revision {row[REVISION]} is stored',
                 )
-            ensure_inactive(self.__summary(row))
+            ensure_inactive(summary_of(row))
             conn.execute('DELETE FROM conversations_search WHERE conversation_id = ?', (conversation_id,))
             conn.execute('DELETE FROM conversations WHERE conversation_id = ?', (conversation_id,))
             return read_version(conn, STEPS.name) is not None

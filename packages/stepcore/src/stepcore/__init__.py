@@ -30,6 +30,7 @@ from stepcore.recovery.answers import (
     read_waiting,
     resume_run,
 )
+from stepcore.recovery.by_hand import mark_checked, rerun_call, supply_result
 from stepcore.recovery.cancel import cancel_run
 from stepcore.recovery.continuing import continue_run, fork_run
 from stepcore.recovery.dead import list_dead, retry_run
@@ -37,15 +38,7 @@ from stepcore.recovery.fleet import OrphanOutcome, recover_orphans, run_recovery
 from stepcore.recovery.inspection import RecoveryReport, inspect_recovery
 from stepcore.recovery.jobs import JobExistsError, JobResult, job_runs, start_job
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, recovery_policy
-from stepcore.recovery.resolution import (
-    Resumption,
-    RunAbandonedError,
-    Settlement,
-    mark_checked,
-    rerun_call,
-    resolve_run,
-    supply_result,
-)
+from stepcore.recovery.resolution import Resumption, RunAbandonedError, Settlement, resolve_run
 from stepcore.recovery.timers import apply_deadlines, ready_to_resume
 from stepcore.store.leases import (
     FencingToken,

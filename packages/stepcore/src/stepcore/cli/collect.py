@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stepcore.cli.console import progress
-from stepcore.cli.render import fit
+from stepcore.cli.fitting import fit
 from stepcore.cli.stores import StoreError, open_store
 from stepcore.maintenance.gc import GcReport, collect_garbage
 from stepcore.media.protocol import MediaStore

@@ -14,7 +14,6 @@ from rich.markup import escape
 from rich.padding import Padding
 from rich.rule import Rule
 
-from stepcore.cli import render
 from stepcore.cli._loop import run_coroutine
 from stepcore.cli.demo_agents import (
     CONVERSATION_ID,
@@ -26,6 +25,9 @@ from stepcore.cli.demo_agents import (
 )
 from stepcore.cli.demo_chart import CHART_FILE
 from stepcore.cli.recovery_view import describe_recovery
+from stepcore.cli.run_tree import RunNode, run_tree
+from stepcore.cli.tables import effects_table, events_table, run_status, runs_table, snapshots_table
+from stepcore.cli.transcript import render_messages
 from stepcore.plugins.registry import get_registry, store_from_spec
 from stepcore.recovery.inspection import inspect_recovery
 from stepcore.recovery.resolution import resolve_run
@@ -121,13 +123,13 @@ async def _inspect_and_resume(database: Path, workdir: Path, console: Console, *
         await store.aclose()
 
 
-async def _tree(store: StepStore, run_id: str) -> render.RunNode:
+async def _tree(store: StepStore, run_id: str) -> RunNode:
     record = await store.get_run(run_id=run_id)
     assert record is not None
     children = [await _tree(store, child.run_id) for child in await store.list_runs(parent_run_id=run_id)]
-    status = render.run_status(await store.list_events(run_id=run_id))
+    status = run_status(await store.list_events(run_id=run_id))
     unresolved = len(await store.list_unresolved_tool_effects(run_id=run_id))
-    return render.RunNode(record, status, unresolved, children)
+    return RunNode(record, status, unresolved, children)
 
 
 async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
@@ -138,7 +140,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'The assistant delegated to a researcher; the delegate run points at it through parent_run_id. '
         'The assistant never finished: its process died.',
     )
-    console.print(Padding(render.run_tree(await _tree(store, FIRST_RUN_ID)), (0, 2), expand=False))
+    console.print(Padding(run_tree(await _tree(store, FIRST_RUN_ID)), (0, 2), expand=False))
 
     _stage(
         console,
@@ -148,7 +150,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'that started and never completed.',
     )
     events = await store.list_events(run_id=FIRST_RUN_ID)
-    console.print(render.events_table(events, timestamps=False, width=console.width))
+    console.print(events_table(events, timestamps=False, width=console.width))
 
     _stage(
         console,
@@ -158,7 +160,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'to continue from.',
     )
     snapshots = await store.list_snapshots(run_id=FIRST_RUN_ID, include_interrupted=True)
-    console.print(render.snapshots_table(snapshots, timestamps=False, width=console.width))
+    console.print(snapshots_table(snapshots, timestamps=False, width=console.width))
 
     _stage(
         console,
@@ -168,7 +170,7 @@ async def _inspect(store: StepStore, workdir: Path, console: Console) -> None:
         'recorded an idempotency key before acting, and its recovery policy can ask the outbox.',
     )
     effects = await store.list_tool_effects(run_id=FIRST_RUN_ID)
-    console.print(render.effects_table(effects, timestamps=False, compact=True, width=console.width))
+    console.print(effects_table(effects, timestamps=False, compact=True, width=console.width))
     outbox = workdir / OUTBOX_FILE
     sent = len(outbox.read_text(encoding='utf-8').splitlines()) if outbox.exists() else 0
     console.print(f'Outbox on disk: {sent} email(s) sent. {REPORT_FILE} exists: {(workdir / REPORT_FILE).exists()}.')
@@ -202,14 +204,14 @@ async def _resume(store: StepStore, workdir: Path, console: Console) -> None:
             f'{settled_call.how}, result {escape(repr(settled_call.result))}',
             highlight=False,
         )
-    console.print(Padding(render.render_messages(resumption.message_history), (0, 2), expand=False))
+    console.print(Padding(render_messages(resumption.message_history), (0, 2), expand=False))
     result = await resumption.run(agents.assistant, run_id=RESUMED_RUN_ID, conversation_id=CONVERSATION_ID)
     console.print(f'  [bold]assistant:[/] {escape(result.output)}', highlight=False)
 
     _stage(console, 8, 'The conversation now', 'Both runs share the conversation id; the second one completed.')
     runs = await store.list_runs(conversation_id=CONVERSATION_ID)
-    statuses = [render.run_status(await store.list_events(run_id=r.run_id)) for r in runs]
-    console.print(render.runs_table(runs, statuses, timestamps=False, width=console.width))
+    statuses = [run_status(await store.list_events(run_id=r.run_id)) for r in runs]
+    console.print(runs_table(runs, statuses, timestamps=False, width=console.width))
     unresolved = len(await store.list_unresolved_tool_effects(run_id=FIRST_RUN_ID))
     unresolved += len(await store.list_unresolved_tool_effects(run_id=RESUMED_RUN_ID))
     outbox = workdir / OUTBOX_FILE

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stepcore.cli.console import progress
-from stepcore.cli.render import fit
+from stepcore.cli.fitting import fit
 from stepcore.cli.stores import StoreError, open_store, parse_store_url, resolve_store_url
 from stepcore.harness import HarnessImportSummary, import_harness, open_harness_source
 

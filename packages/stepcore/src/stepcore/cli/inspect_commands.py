@@ -9,8 +9,11 @@ import typer
 from rich.console import Group
 from rich.text import Text
 
-from stepcore.cli import render
 from stepcore.cli.console import JsonOption, RunArgument, StoreOption, echo_json, fail, out, with_run, with_store
+from stepcore.cli.lease_json import job_table, lease_json
+from stepcore.cli.run_tree import RunNode, run_tree
+from stepcore.cli.tables import Waits, effects_table, events_table, runs_table, snapshots_table, standing_label
+from stepcore.cli.transcript import render_messages
 from stepcore.cli.words import died_text
 from stepcore.ownership.claims import has_leases, live, read_lease
 from stepcore.recovery.standing import (
@@ -86,7 +89,7 @@ def runs(
     started_after = _moment_option(after, '--after')
     started_before = _moment_option(before, '--before')
 
-    async def body(s: StepStore) -> tuple[list[Any], list[Standing], bool, list[render.Waits | None] | None]:
+    async def body(s: StepStore) -> tuple[list[Any], list[Standing], bool, list[Waits | None] | None]:
         # `waiting` is told by events too: a store without leases answers it from them
         by_lease = status in LEASE_STATUSES and (status != 'waiting' or has_leases(s))
         options: dict[str, Any] = {
@@ -127,14 +130,14 @@ def runs(
         out().print('no runs match' if filtered else 'no runs in this store')
         return
     console = out()
-    labels = [render.standing_label(st) for st in standings]
-    console.print(render.runs_table(page, labels, waits=waits, width=console.width))
+    labels = [standing_label(st) for st in standings]
+    console.print(runs_table(page, labels, waits=waits, width=console.width))
     if more or offset:
         hint = f'; use --offset {offset + len(page)} for older ones' if more else ''
         console.print(f'newest runs {offset + 1}-{offset + len(page)} shown (oldest first){hint}', style='dim')
 
 
-async def _waits(store: StepStore, run_id: str) -> render.Waits | None:
+async def _waits(store: StepStore, run_id: str) -> Waits | None:
     """What a waiting run waits for: its unanswered calls and their earliest deadline (`None`: it did not
     pause on deferred tool calls)."""
     from stepcore.recovery.answers import read_waiting
@@ -144,10 +147,10 @@ async def _waits(store: StepStore, run_id: str) -> render.Waits | None:
         return None
     unanswered = waiting.unanswered(utcnow())
     deadlines = [call.deadline for call in unanswered if call.deadline is not None]
-    return render.Waits(len(unanswered), len(waiting.calls), min(deadlines) if deadlines else None)
+    return Waits(len(unanswered), len(waiting.calls), min(deadlines) if deadlines else None)
 
 
-def _waits_json(waits: render.Waits | None) -> dict[str, Any]:
+def _waits_json(waits: Waits | None) -> dict[str, Any]:
     if waits is None:
         return {'waiting_calls': None, 'unanswered_calls': None, 'next_deadline': None}
     deadline = waits.deadline.isoformat() if waits.deadline is not None else None
@@ -157,7 +160,7 @@ def _waits_json(waits: render.Waits | None) -> dict[str, Any]:
 def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
     """Show a run and the runs delegated from it, with their status."""
 
-    async def build(s: StepStore, rid: str, seen: set[str]) -> render.RunNode:
+    async def build(s: StepStore, rid: str, seen: set[str]) -> RunNode:
         record = await s.get_run(run_id=rid)
         if record is None:
             raise LookupError(f'run {rid!r} not found in this store: list the stored runs with `stepcore runs`')
@@ -169,7 +172,7 @@ def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = F
             for child in await s.list_runs(parent_run_id=rid)
             if child.run_id not in seen
         ]
-        return render.RunNode(
+        return RunNode(
             record,
             standing.status,
             unresolved,
@@ -182,7 +185,7 @@ def tree(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = F
     if as_json:
         echo_json(root.as_json())
         return
-    out().print(render.run_tree(root))
+    out().print(run_tree(root))
 
 
 def events(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
@@ -203,7 +206,7 @@ def events(run_id: RunArgument, store: StoreOption = None, as_json: JsonOption =
         echo_json([_event_json(e) for e in found])
         return
     console = out()
-    console.print(render.events_table(found, title=f'events of {run_id}', width=console.width))
+    console.print(events_table(found, title=f'events of {run_id}', width=console.width))
     block = ownership_block(ownership)
     if block is not None:
         console.print(block)
@@ -230,7 +233,7 @@ def snapshots(run_id: RunArgument, store: StoreOption = None, as_json: JsonOptio
         out().print(Text(f'run {run_id} has no snapshots'))
         return
     console = out()
-    console.print(render.snapshots_table(found, title=f'snapshots of {run_id}', width=console.width))
+    console.print(snapshots_table(found, title=f'snapshots of {run_id}', width=console.width))
 
 
 def show(
@@ -285,7 +288,7 @@ def show(
     header.append(f', {len(snap.messages)} messages')
     console = out()
     console.print(header)
-    console.print(render.render_messages(snap.messages))
+    console.print(render_messages(snap.messages))
     if resumes is not None:
         console.print(Group(*describe_answers(resumes, resumed_here=True)))
     if waiting is not None:
@@ -315,7 +318,7 @@ def effects(
         out().print(Text(f'run {run_id} has no {"unresolved " if unresolved else ""}tool effects'))
         return
     console = out()
-    console.print(render.effects_table(found, title=f'tool effects of {run_id}', width=console.width))
+    console.print(effects_table(found, title=f'tool effects of {run_id}', width=console.width))
     started = sum(e.unresolved for e in found)
     if running and started:
         console.print(
@@ -368,7 +371,7 @@ def job(
                     {
                         'run_id': r.run_id,
                         'status': r.status,
-                        'lease': render.lease_json(r.lease) if r.lease else None,
+                        'lease': lease_json(r.lease) if r.lease else None,
                         'ownership': ownership.as_json(),
                         'answers': [a.to_json() for a in waiting.answers.values()] if waiting is not None else [],
                     }
@@ -378,7 +381,7 @@ def job(
         )
         return
     console = out()
-    console.print(render.job_table(runs, width=console.width))
+    console.print(job_table(runs, width=console.width))
     for run, (ownership, waiting) in zip(runs, told, strict=True):
         console.print(Text(f'run {run.run_id} ({run.status})', style='bold'))
         block = ownership_block(ownership)

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from stepcore.cli import render
+from stepcore.cli.cells import when
 from stepcore.cli.console import (
     JsonOption,
     RunArgument,
@@ -27,6 +27,7 @@ from stepcore.cli.console import (
     with_run,
     with_store,
 )
+from stepcore.cli.fitting import fit
 from stepcore.cli.stores import open_store, resolve_store_url
 from stepcore.cli.transfer import (
     RunExport,
@@ -86,7 +87,7 @@ def prune(
         return
     verb = 'would remove' if report.dry_run else 'removed'
     console = out()
-    console.print(f'runs idle since before {render.when(report.cutoff)} UTC (their last write)')
+    console.print(f'runs idle since before {when(report.cutoff)} UTC (their last write)')
     table = Table()
     table.add_column(verb)
     table.add_column('count', justify='right')
@@ -97,7 +98,7 @@ def prune(
         ('ledger entries', report.ledger_entries),
     ):
         table.add_row(what, str(count))
-    console.print(render.fit(table, console.width))
+    console.print(fit(table, console.width))
     if report.kept_active:
         console.print(
             f'kept {len(report.kept_active)} run(s) that started before the cutoff but were written to since',

@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from stepcore.cli import render
 from stepcore.cli.console import DEBUG_VAR, JsonOption, StoreOption, echo_json, error_text, fail, out
+from stepcore.cli.fitting import fit
 from stepcore.cli.stores import StoreError, resolve_store_url
 from stepcore.cli.words import strip_error_class
 from stepcore.plugins.registry import RegisteredBackend, get_registry
@@ -88,7 +88,7 @@ def plugins_table(plugins: list[tuple[str, str, list[dict[str, Any]]]], *, width
                 Text('\n'.join(row['urls']) or '-'),
                 about,
             )
-    return table if width is None else render.fit(table, width)
+    return table if width is None else fit(table, width)
 
 
 _UI_PACKAGES = ('starlette', 'jinja2', 'markupsafe', 'uvicorn')

@@ -12,7 +12,7 @@ from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
 
-from stepcore.cli.render import lease_json
+from stepcore.cli.lease_json import lease_json
 from stepcore.cli.words import answer_text, died_text, lease_text, owner_text
 from stepcore.recovery.inspection import RecoveryReport
 from stepcore.recovery.paused import Waiting
@@ -346,8 +346,8 @@ def _describe_live(run_id: str, report: RecoveryReport, resumes: Waiting | None)
 async def resumed_pause(store: StepStore, record: RunRecord | None) -> Waiting | None:
     """The pause of the run `record`'s run resumes, with its answers; `None` when it resumes none, or one
     that did not pause on deferred tool calls."""
+    from stepcore.capability.context import RESUMES_KEY
     from stepcore.recovery.answers import read_waiting
-    from stepcore.recovery.resolution import RESUMES_KEY
 
     origin = record.metadata.get(RESUMES_KEY) if record is not None else None
     return await read_waiting(store, run_id=origin) if isinstance(origin, str) else None

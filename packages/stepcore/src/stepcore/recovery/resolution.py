@@ -11,10 +11,10 @@ snapshot would ask the model again, and it would call the tools again. `resolve_
    concurrent resolvers exactly one proceeds and a zombie of the old owner is fenced;
 2. takes the newest complete snapshot (back through the runs it resumes, or the start point a run
    killed before its first settled step kept) and the calls of the cut cycle (the ledger entries of
-   the newest step that the snapshot does not hold);
+   the newest step that the snapshot does not hold: `stepcore.recovery.cut`);
 3. settles each by its tool's policy (`stepcore.recovery.policies`): `'rerun'` runs it again, a reconcile
    function asks the outside world, `'ask'` leaves it to a person (`supply_result`, `mark_checked`,
-   `rerun_call`);
+   `rerun_call`: `stepcore.recovery.by_hand`);
 4. records each settlement in the ledger (`completed`, the effect summary saying how) with a
    `tool_call_completed` event whose metadata carries how and the result, under its claim's fence;
 5. returns a `Resumption`: the history (the snapshot plus the model's response, taken from an
@@ -35,73 +35,45 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from pydantic_ai import Agent
 from pydantic_ai.exceptions import ToolFailed
-from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.messages import ModelMessage
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import DeferredToolResults, ToolApproved, ToolDenied
 
-from stepcore.capability.context import RESUMES_KEY, resuming, settling_under
+from stepcore.capability.context import resuming
 from stepcore.capability.settled import unanswered_tool_calls
-from stepcore.ownership.claims import Claim, claim_run, has_leases
-from stepcore.recovery.chains import back_to_snapshot, continuations
-from stepcore.recovery.ledger import (
-    BY_HAND_KEY,
-    HOW_KEY,
-    RESULT_KEY,
-    SUMMARY_MARK,
-    Ledger,
-    Recorded,
-    SettledBy,
-    called_in,
-    ledger_of,
-    record_settlements,
-    run_end_event,
-    settlements_of,
-)
+from stepcore.common.telemetry import traced_resolution
+from stepcore.ownership.claims import Claim
+from stepcore.recovery.chains import continuations
+from stepcore.recovery.claiming import Ownership, claim_for_recovery, fenced, release_quietly
+from stepcore.recovery.cut import CutView, answered_in, cut_view
+from stepcore.recovery.ledger import Recorded, SettledBy, record_settlements, run_end_event
 from stepcore.recovery.paused import Waiting, record_answer
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
 from stepcore.store.contract import as_step_store, write_records
-from stepcore.store.leases import DEFAULT_LEASE_TTL, Fence, LeaseState, RunClaimedError, RunDeadError, with_change
-from stepcore.store.models import ContinuableSnapshot, EventKind, SnapshotState, ToolEffectRecord, utcnow
+from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState, RunClaimedError, RunDeadError, with_change
+from stepcore.store.models import EventKind, ToolEffectRecord, utcnow
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.step_store import StepStore
 from stepcore.store.waiting import Answer, DeferredCall
 
 __all__ = (
-    'BY_HAND_KEY',
     'COMPLETED_ON_RECOVERY_KEY',
     'EXPIRED_BY',
-    'HOW_KEY',
-    'RESULT_KEY',
-    'RESUMES_KEY',
-    'SUMMARY_MARK',
-    'CutView',
-    'Ownership',
     'Resumption',
     'RunAbandonedError',
-    'SettledBy',
     'Settlement',
-    'called_in',
-    'cut_view',
     'expiry_message',
-    'mark_checked',
-    'rerun_call',
     'resolve_run',
-    'settlements_of',
-    'supply_result',
 )
 
 logger = logging.getLogger('stepcore.recovery')
 
 _FENCE_ATTEMPTS = 5
-
-CHECKED_NOTE = 'Checked after a crash: the effect of this call is in place.'
-"""What the model receives for a call marked checked without a note of its own."""
 
 
 class RunAbandonedError(LookupError):
@@ -115,11 +87,6 @@ class RunAbandonedError(LookupError):
         )
         self.run_id = run_id
         self.resumes = resumes
-
-
-Ownership = Literal['claimed', 'unchecked']
-"""Whether recovery claimed the run on its store's lease (`claimed`), or the store keeps no leases, so
-nothing tells whether another process still runs it (`unchecked`)."""
 
 
 @dataclass(frozen=True)
@@ -233,132 +200,7 @@ class Resumption:
                     await self.claim.release()
 
 
-# --- the cut cycle -------------------------------------------------------------------------------------
-
-
-def _response_of(
-    saved: Sequence[ContinuableSnapshot | None], base: Sequence[ModelMessage], cycle: Sequence[ToolEffectRecord]
-) -> ModelResponse | None:
-    """The model response of the cut cycle: as an interrupted snapshot of the chain saved it right after
-    `base` (`capture_frontier=True`; then the crash may have come before any of its calls started), else
-    rebuilt from the ledger (its calls, without text or thinking); `None` when there is neither."""
-    wanted = {e.tool_call_id for e in cycle}
-    for latest in saved:
-        if (
-            latest is not None
-            and latest.state is SnapshotState.INTERRUPTED
-            and len(latest.messages) == len(base) + 1
-            and isinstance(last := latest.messages[-1], ModelResponse)
-            and (calls := {c.tool_call_id for c in unanswered_tool_calls([last])})
-            and wanted <= calls
-        ):
-            return last
-    if not cycle:
-        return None
-    return ModelResponse(
-        parts=[ToolCallPart(tool_name=e.tool_name, args=e.args, tool_call_id=e.tool_call_id) for e in cycle]
-    )
-
-
-def _cut_cycle(
-    ledgers: Sequence[Ledger], in_base: set[str]
-) -> tuple[dict[str, list[ToolEffectRecord]], tuple[ToolEffectRecord, ...]]:
-    """The calls of the cycle the crash cut short, each with its entries in the chain (newest first), and
-    the stale entries.
-
-    The cycle is the newest step of the snapshot's run outside its snapshot, plus the calls the
-    abandoned resumptions started outside it (the same calls again, or, when the snapshot ended on a
-    model request, the calls of the response a resumption got). Older unresolved entries of the
-    snapshot's run are stale.
-    """
-    anchor = ledgers[-1]
-    outside = [e for e in anchor.by_id.values() if e.tool_call_id not in in_base]
-    step = max((e.step_index for e in outside), default=None)
-    order = [e.tool_call_id for e in outside if e.step_index == step]
-    stale = tuple(e for e in outside if e.step_index != step and e.unresolved)
-    for ledger in reversed(ledgers[:-1]):  # oldest abandoned resumption first
-        order += [call_id for call_id in ledger.by_id if call_id not in in_base and call_id not in order]
-    cycle = {call_id: [ledger.by_id[call_id] for ledger in ledgers if call_id in ledger.by_id] for call_id in order}
-    return cycle, stale
-
-
-@dataclass(frozen=True)
-class CutView:
-    """What a crash left of a run, as resolving reads it (nothing written)."""
-
-    run_id: str
-    chain: list[str]
-    """`run_id` and the runs it resumes, newest first, back to the one its history starts from."""
-    base: list[ModelMessage]
-    """The history to start from: the newest complete snapshot of the chain (or the start point)."""
-    from_start: bool
-    ledgers: list[Ledger]
-    """The ledgers of `chain`, in its order."""
-    cycle: dict[str, list[ToolEffectRecord]]
-    """The calls of the cut cycle, each with its entries in the chain (newest first)."""
-    stale: tuple[ToolEffectRecord, ...]
-    response: ModelResponse | None
-    """The model response of the cut cycle, when there is one."""
-    paused: Waiting | None = None
-    """The pause `base` comes from, when the chain's oldest run paused on deferred tool calls."""
-
-    @property
-    def finished(self) -> bool:
-        last = self.base[-1] if self.base else None
-        return self.response is None and isinstance(last, ModelResponse) and not last.tool_calls
-
-    def recorded(self, call_id: str) -> Recorded | None:
-        """The newest settlement recorded for the call in any run of the chain."""
-        return next((led.recorded[call_id] for led in self.ledgers if call_id in led.recorded), None)
-
-
-async def cut_view(store: StepStore, run_id: str) -> CutView:
-    """Read what a crash left of `run_id` (see `CutView`); `LookupError` when there is nothing to resume from."""
-    chain = await back_to_snapshot(store, run_id)
-    if chain.settled is None:
-        also = f' (nor did the runs it resumes: {", ".join(chain.runs[1:])})' if len(chain.runs) > 1 else ''
-        raise LookupError(
-            f'run {run_id!r} has no complete snapshot to resume from{also}, and its store kept no start point for '
-            'it: it was stopped before its first settled step. Start it again'
-        )
-    ledgers = [await ledger_of(store, rid) for rid in chain.runs]  # newest first; the snapshot's run last
-    base = list(chain.settled.messages)
-    in_base = _answered_in(base, chain.paused)
-    cycle, stale = _cut_cycle(ledgers, in_base)
-    if chain.paused is not None:  # the deferred calls are open in the paused history itself
-        return CutView(run_id, chain.runs, base, chain.from_start, ledgers, cycle, stale, None, chain.paused)
-    saved = [await store.latest_snapshot(run_id=rid, include_interrupted=True) for rid in chain.runs]
-    response = _response_of(saved, base, [entries[0] for entries in cycle.values()])
-    return CutView(run_id, chain.runs, base, chain.from_start, ledgers, cycle, stale, response)
-
-
-def _answered_in(base: Sequence[ModelMessage], paused: Waiting | None) -> set[str]:
-    """The calls `base` holds the results of: every call it made, but for a paused history's open calls."""
-    made = called_in(base)
-    if paused is None:
-        return made
-    return made - {call.tool_call_id for call in unanswered_tool_calls(base)}
-
-
-# --- resolving ---------------------------------------------------------------------------------------
-
-
-async def _claim(
-    store: StepStore, run_id: str, *, force: bool, ttl: float, action: str
-) -> tuple[Claim | None, Ownership]:
-    if not has_leases(store):
-        return None, 'unchecked'
-    return await claim_run(store, run_id, ttl=ttl, force=force, action=action), 'claimed'
-
-
-def _fenced(claim: Claim | None) -> Any:
-    """Where a settlement runs: under the claim's fence, which reconcile functions get as their
-    `fencing_token()` (nothing to fence without a claim)."""
-    if claim is None:
-        return nullcontext()
-    return settling_under(Fence(claim.run_id, claim.epoch, claim.origin, store=claim.store))
-
-
+@traced_resolution
 async def resolve_run(
     store: StepStoreProtocol,
     *,
@@ -392,7 +234,7 @@ async def resolve_run(
     bound = as_step_store(store)
     followed = await continuations(bound, run_id)
     target = followed[-1]
-    claim, ownership = await _claim(bound, target, force=force, ttl=lease_ttl, action='resolve_run')
+    claim, ownership = await claim_for_recovery(bound, target, force=force, ttl=lease_ttl, action='resolve_run')
     if claim is not None:
         await _refuse_abandoned(claim)
         previous = claim.previous
@@ -413,10 +255,10 @@ async def resolve_run(
             raise RunDeadError(dead)
     try:
         view = await cut_view(bound, target)
-        with _fenced(claim):
+        with fenced(claim):
             resumption = await _resolve(bound, view, agent, policies)
     except BaseException:
-        await _release_quietly(claim)
+        await release_quietly(claim)
         raise
     resumption = replace(resumption, followed=tuple(followed), claim=claim, ownership=ownership)
     if claim is not None and not resumption.ready:
@@ -463,17 +305,6 @@ async def _refuse_abandoned(claim: Claim) -> None:
     raise RunAbandonedError(claim.run_id, resumes)
 
 
-async def _release_quietly(claim: Claim | None) -> None:
-    """Let a claim go after a failure, the run as it was, without hiding the failure (the claim
-    expires anyway)."""
-    if claim is None:
-        return
-    try:
-        await claim.restore()
-    except Exception as error:
-        logger.warning('could not let go of the claim on run %r: %s: %s', claim.run_id, type(error).__name__, error)
-
-
 @dataclass
 class _Settling:
     """The calls of a cut cycle as they are settled: what pydantic-ai gets, and what is recorded."""
@@ -513,7 +344,7 @@ async def _resolve(
     store: StepStore, view: CutView, agent: Agent[Any, Any] | None, policies: Mapping[str, RecoveryPolicy] | None
 ) -> Resumption:
     base = view.base
-    in_base = _answered_in(base, view.paused)
+    in_base = answered_in(base, view.paused)
     # Calls whose results the snapshot already holds, left `started` by a store without batched writes.
     answered = [e for e in view.ledgers[-1].by_id.values() if e.unresolved and e.tool_call_id in in_base]
     await record_settlements(store, [(e, 'snapshot', None) for e in answered])
@@ -690,178 +521,3 @@ async def _finished(store: StepStore, run_id: str) -> bool:
         return (await cut_view(store, run_id)).finished
     except LookupError:
         return False
-
-
-# --- settling by hand: answers a person gives -------------------------------------------------------------
-
-
-async def _settle_by_hand(
-    store: StepStoreProtocol,
-    run_id: str,
-    tool_call_id: str,
-    how: SettledBy,
-    result: Any,
-    *,
-    force: bool,
-    lease_ttl: float,
-) -> ToolEffectRecord:
-    bound = as_step_store(store)
-    followed = await continuations(bound, run_id)
-    target = followed[-1]
-    action = {'supplied': 'supply_result', 'checked': 'mark_checked'}.get(how, 'rerun_call')
-    # checked before the claim, so a refused settlement changes nothing (the lease's epoch included),
-    # and again under it, in case the run moved on meanwhile
-    await _hand_entry(bound, run_id, target, tool_call_id, force=force, action=action)
-    claim, _ = await _claim(bound, target, force=force, ttl=lease_ttl, action=action)
-    try:
-        entry = await _hand_entry(bound, run_id, target, tool_call_id, force=force, action=action)
-        with _fenced(claim):
-            await record_settlements(bound, [(entry, how, result)], by_hand=True)
-    except BaseException:
-        await _release_quietly(claim)
-        raise
-    if claim is not None:
-        await _let_go(bound, claim, target)
-    found = await bound.get_tool_effect(run_id=entry.run_id, tool_call_id=tool_call_id)
-    assert found is not None
-    return found
-
-
-async def _hand_entry(
-    store: StepStore, asked: str, target: str, tool_call_id: str, *, force: bool, action: str
-) -> ToolEffectRecord:
-    """The entry of `tool_call_id` a person may settle: an unsettled call of the cut cycle of a run that
-    can be resumed (anything else is refused with a clear error unless `force`)."""
-    where = f'run {target!r}' + (f' (the newest continuation of {asked!r})' if target != asked else '')
-    try:
-        view = await cut_view(store, target)
-    except LookupError as error:
-        if not force:
-            raise LookupError(
-                f'{action} refused: {error}. Pass force=True (--force) to settle the call anyway'
-            ) from None
-        view = None
-    if view is not None and view.paused is not None and (deferred := view.paused.call(tool_call_id)) is not None:
-        ran = [e for e in view.cycle.get(tool_call_id, ()) if e.run_id != view.paused.run_id]
-        if not ran:
-            raise ValueError(
-                f'{action} refused: tool call {tool_call_id!r} ({deferred.tool_name}) of {where} is a deferred '
-                f'call that waits for an answer ({deferred.kind}), not a call a crash cut short: answer it with '
-                'approve_call, deny_call, answer_call or fail_call (stepcore answer)'
-            )
-    if view is not None and tool_call_id in view.cycle:
-        entry = view.cycle[tool_call_id][0]
-        recorded = view.recorded(tool_call_id)
-        if not force and view.finished:
-            raise ValueError(f'{action} refused: {where} already finished, so nothing will take this answer')
-        if not force and recorded is not None and (recorded.how in ('supplied', 'checked') or recorded.by_hand):
-            raise ValueError(
-                f'{action} refused: tool call {tool_call_id!r} of {where} was already settled by hand '
-                f'({recorded.how}); pass force=True (--force) to replace that answer'
-            )
-        return entry
-    if not force:
-        cut = ', '.join(view.cycle) if view is not None and view.cycle else 'none'
-        chain = view.chain if view is not None else [target]
-        found = await _find_entry(store, [*chain, asked], tool_call_id)
-        if found is None:
-            also = f' (nor do the runs it resumes: {", ".join(chain[1:])})' if len(chain) > 1 else ''
-            raise LookupError(
-                f'{action} refused: {where} has no ledger entry for tool call {tool_call_id!r}{also}: list them '
-                f'with `stepcore effects {target}`'
-            )
-        state = 'completed normally' if found.status.value == 'completed' else f'is {found.status.value}'
-        raise ValueError(
-            f'{action} refused: tool call {tool_call_id!r} of {where} {state} and is not one the crash cut '
-            f'short (calls to settle: {cut}); pass force=True (--force) to settle it anyway'
-        )
-    found = await _find_entry(store, [target, asked, *(view.chain if view is not None else ())], tool_call_id)
-    if found is None:
-        raise LookupError(f'run {target!r} has no ledger entry for tool call {tool_call_id!r}')
-    return found
-
-
-async def _find_entry(store: StepStore, runs: Sequence[str], tool_call_id: str) -> ToolEffectRecord | None:
-    for rid in dict.fromkeys(runs):
-        entry = await store.get_tool_effect(run_id=rid, tool_call_id=tool_call_id)
-        if entry is not None:
-            return entry
-    return None
-
-
-async def _let_go(store: StepStore, claim: Claim, run_id: str) -> None:
-    """After a hand settlement: a run that was pending stays `pending` while calls still wait for a
-    person, and is claimable at once (an orphan the fleet resumes) once none does; a run that was an
-    orphan, or had no lease, is claimable at once; any other (a failed run) is left as it was."""
-    previous = claim.previous
-    if previous is not None and previous.state not in (LeaseState.RUNNING, LeaseState.PENDING):
-        await claim.restore()
-        return
-    try:
-        view = await cut_view(store, run_id)
-    except LookupError:
-        await claim.release()
-        return
-    waiting: list[str] = []
-    for call, entries in view.cycle.items():
-        recorded = view.recorded(call)
-        if entries[0].unresolved and (recorded is None or not recorded.by_hand):
-            waiting.append(call)
-    if waiting and previous is not None and previous.state is LeaseState.PENDING:
-        await claim.release(state=LeaseState.PENDING, note=f'settle by hand: {", ".join(waiting)}')
-    else:
-        await claim.release()
-
-
-async def supply_result(
-    store: StepStoreProtocol,
-    *,
-    run_id: str,
-    tool_call_id: str,
-    result: Any,
-    force: bool = False,
-    lease_ttl: float = DEFAULT_LEASE_TTL,
-) -> ToolEffectRecord:
-    """Settle a call you checked by hand: its effect happened, and `result` is what the model gets.
-
-    Only an unsettled call of the cut cycle of a run that can be resumed is accepted (of the run's
-    newest continuation, when it was resumed), and, on a store that keeps leases, only while no live
-    owner holds the run (the call claims it while it writes): anything else is refused with an error
-    saying why, unless `force=True`. The entry becomes `completed` (settled `supplied`); `resolve_run`
-    hands the result to the resumed run. `result` must be JSON-serializable.
-    """
-    return await _settle_by_hand(store, run_id, tool_call_id, 'supplied', result, force=force, lease_ttl=lease_ttl)
-
-
-async def mark_checked(
-    store: StepStoreProtocol,
-    *,
-    run_id: str,
-    tool_call_id: str,
-    note: str | None = None,
-    force: bool = False,
-    lease_ttl: float = DEFAULT_LEASE_TTL,
-) -> ToolEffectRecord:
-    """Settle a call you checked by hand without a result of its own: its effect is in place.
-
-    The entry becomes `completed` (settled `checked`); on resume the model receives `note` (by default
-    `CHECKED_NOTE`) as the call's result. Accepted and refused as `supply_result`.
-    """
-    result = CHECKED_NOTE if note is None else note
-    return await _settle_by_hand(store, run_id, tool_call_id, 'checked', result, force=force, lease_ttl=lease_ttl)
-
-
-async def rerun_call(
-    store: StepStoreProtocol,
-    *,
-    run_id: str,
-    tool_call_id: str,
-    force: bool = False,
-    lease_ttl: float = DEFAULT_LEASE_TTL,
-) -> ToolEffectRecord:
-    """Settle a call you checked by hand and found did NOT happen: it runs again when the run resumes.
-
-    For one call what `policies={tool: 'rerun'}` does for a whole tool. Accepted and refused as
-    `supply_result`.
-    """
-    return await _settle_by_hand(store, run_id, tool_call_id, 'rerun', None, force=force, lease_ttl=lease_ttl)

@@ -6,7 +6,7 @@ store a URL names and serves it with uvicorn, as the `stepcore ui` command does.
 
 from __future__ import annotations
 
-from stepcore.ui.pages import create_app
+from stepcore.ui.routes import create_app
 from stepcore.ui.server import DEFAULT_HOST, DEFAULT_PORT, UiError, serve
 
 __all__ = ('DEFAULT_HOST', 'DEFAULT_PORT', 'UiError', 'create_app', 'serve')

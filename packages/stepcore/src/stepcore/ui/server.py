@@ -15,7 +15,7 @@ import uvicorn
 from stepcore.media.protocol import MediaStore
 from stepcore.plugins.registry import get_registry, open_store
 from stepcore.store.step_store import StepStore
-from stepcore.ui.pages import create_app
+from stepcore.ui.routes import create_app
 from stepcore.ui.snippets import display_url
 
 __all__ = ('DEFAULT_HOST', 'DEFAULT_PORT', 'UiError', 'bind', 'open_media', 'serve')

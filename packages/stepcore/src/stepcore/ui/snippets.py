@@ -7,7 +7,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from stepcore.recovery.inspection import RecoveryReport
 from stepcore.recovery.paused import Waiting
-from stepcore.ui.queries import RecoveryView, offers_resume
+from stepcore.recovery.standing import offers_resume
+from stepcore.ui.recovery_panel import RecoveryView
 
 __all__ = ('Snippet', 'display_url', 'recovery_snippets')
 
@@ -92,7 +93,7 @@ def recovery_snippets(
 
 def _offers_resume(report: RecoveryReport | RecoveryView) -> bool:
     """Whether resuming is the run's next step: never for a live run, one resumed already, one that
-    completed, paused, was cancelled or ended otherwise (see `stepcore.ui.queries.offers_resume`)."""
+    completed, paused, was cancelled or ended otherwise (see `stepcore.recovery.standing.offers_resume`)."""
     if isinstance(report, RecoveryView):
         return report.offers_resume
     # a bare report has no status: its lease tells how the run ended, where the store keeps leases
