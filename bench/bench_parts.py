@@ -18,6 +18,9 @@ library (these are not settings a user has):
 - `gc`: the cyclic garbage collector off during the measured run (in its unpersisted cell too);
 - `all-priced`: checksums, compression, recheck, snapshot-saved and gc at once.
 
+Beside the instructions it prints the Python calls a persisted step adds (frames entered and
+generators resumed, counted with `sys.setprofile` in a cell of its own, outside valgrind).
+
 The backend `floor` is `bench_floor.py`'s least SQLite writer that keeps the crash rule.
 
 With `--otel-sdk` every cell first sets a bare OpenTelemetry SDK tracer and meter provider (no span
@@ -52,6 +55,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_steps import build_agent
 
 PARTS = ('nothing', 'checksums', 'compression', 'recheck', 'snapshot-saved', 'events', 'ledger', 'gc', 'all-priced')
+_COUNT_CALLS = 'BENCH_PARTS_COUNT_CALLS'
+"""Set in a cell's environment: count its measured run's Python calls instead of running it under valgrind."""
 _PRICED = ('checksums', 'compression', 'recheck', 'snapshot-saved', 'gc')
 
 
@@ -104,6 +109,15 @@ def take_out(part: str, backend: str) -> set[str]:
             await write_records(store, kept, snapshot=snapshot, own=own)
 
         run_writer.write_records = without  # pyright: ignore
+
+        from stepcore.engine import EngineStore
+
+        write_step = EngineStore.write_step
+
+        async def step_without(self: Any, run_id: str, records: Any, snapshot: Any = None) -> None:
+            await write_step(self, run_id, [write for write in records if not isinstance(write, dropped)], snapshot)
+
+        EngineStore.write_step = step_without  # pyright: ignore
     return parts
 
 
@@ -153,9 +167,40 @@ async def cell(backend: str, part: str, persisted: bool, steps: int) -> None:
 
         await run(capabilities, 3)
         await run([], 3)
+        if os.environ.get(_COUNT_CALLS):
+            calls = 0
+
+            def counted(frame: Any, event: str, arg: Any) -> None:
+                nonlocal calls
+                if event == 'call':
+                    calls += 1
+
+            sys.setprofile(counted)
+            try:
+                await run(capabilities if persisted else [], steps)
+            finally:
+                sys.setprofile(None)
+            print(f'calls {calls}')
+            return
         await run(capabilities if persisted else [], steps)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def python_calls(backend: str, persisted: bool, steps: int) -> int:
+    """Python function calls (frames entered, generators resumed included) of one cell's measured run,
+    counted with `sys.setprofile` in a fresh interpreter, without valgrind."""
+    command = [sys.executable, __file__, '--cell', backend, 'nothing', 'persisted' if persisted else 'unpersisted']
+    done = subprocess.run(
+        [*command, str(steps)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, 'PYTHONHASHSEED': '0', _COUNT_CALLS: '1'},
+    )
+    found = re.search(r'calls (\d+)', done.stdout)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f'cell {backend} (calls) failed:\n{done.stderr[-2000:]}')
+    return int(found.group(1))
 
 
 def count(backend: str, part: str, persisted: bool, steps: int, *, otel_sdk: bool = False) -> int:
@@ -223,6 +268,11 @@ def main() -> None:
             whole = (counts[(backend, 'nothing', True)] - counts[(backend, 'nothing', False)]) / args.steps / 1e6
             row.append(f'{added:.2f}' if part == 'nothing' else f'{added - whole:+.2f}')
         print(f'| {part} | ' + ' | '.join(row) + ' |')
+    calls = [
+        (python_calls(backend, True, args.steps) - python_calls(backend, False, args.steps)) / args.steps
+        for backend in args.backends
+    ]
+    print('| Python calls added per step | ' + ' | '.join(f'{c:.0f}' for c in calls) + ' |')
 
 
 if __name__ == '__main__':

@@ -135,13 +135,13 @@ async def test_a_short_write_runs_on_the_event_loop_when_the_database_thread_is_
     port = store.port
     assert isinstance(port, SqlitePort)
     assert port.inline_writes
-    original = port.put_events
+    original = port.write_step
 
-    def put_events(tx: Any, op: Any) -> None:
+    def write_step(tx: Any, op: Any) -> Any:
         threads.append(threading.current_thread().name)
-        original(tx, op)
+        return original(tx, op)
 
-    monkeypatch.setattr(port, 'put_events', put_events)
+    monkeypatch.setattr(port, 'write_step', write_step)
     await store.write_batch(
         [StepEvent(run_id='r', kind=EventKind.RUN_STARTED, step_index=0)], snapshot=_snapshot('r', 1)
     )

@@ -18,8 +18,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
@@ -111,36 +110,46 @@ def check_shared_connection(connection: object, *, owner: str) -> sqlite3.Connec
     return connection
 
 
-@contextmanager
-def write_transaction(connection: sqlite3.Connection, *, busy_timeout: float | None = None) -> Iterator[None]:
+class write_transaction:
     """A write transaction that takes the database write lock immediately.
 
     On a shared connection that already has a transaction open, the work joins it through a
     savepoint and is committed (or rolled back) with the caller's transaction. Running inline on
     the event loop (`stepcore.backend.running_inline`) with the connection's `busy_timeout` given,
     it does not wait for another connection's write lock: it raises `WouldBlock` instead.
+
+    A class rather than a generator context manager: every step's write opens one.
     """
-    if connection.in_transaction:
-        connection.execute('SAVEPOINT step_sqlite')
-        try:
-            yield
-        except BaseException:
-            connection.execute('ROLLBACK TO step_sqlite')
-            connection.execute('RELEASE step_sqlite')
-            raise
-        connection.execute('RELEASE step_sqlite')
-        return
-    if busy_timeout is not None and running_inline():
-        _begin_without_waiting(connection, busy_timeout)
-    else:
-        connection.execute('BEGIN IMMEDIATE')
-    try:
-        yield
-    except BaseException:
+
+    __slots__ = ('busy_timeout', 'connection', 'nested')
+
+    def __init__(self, connection: sqlite3.Connection, *, busy_timeout: float | None = None) -> None:
+        self.connection = connection
+        self.busy_timeout = busy_timeout
+        self.nested = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        connection = self.connection
         if connection.in_transaction:
-            connection.rollback()
-        raise
-    connection.commit()
+            connection.execute('SAVEPOINT step_sqlite')
+            self.nested = True
+        elif self.busy_timeout is not None and running_inline():
+            _begin_without_waiting(connection, self.busy_timeout)
+        else:
+            connection.execute('BEGIN IMMEDIATE')
+        return connection
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        connection = self.connection
+        if self.nested:
+            if kind is not None:
+                connection.execute('ROLLBACK TO step_sqlite')
+            connection.execute('RELEASE step_sqlite')
+        elif kind is not None:
+            if connection.in_transaction:
+                connection.rollback()
+        else:
+            connection.commit()
 
 
 def _begin_without_waiting(connection: sqlite3.Connection, busy_timeout: float) -> None:

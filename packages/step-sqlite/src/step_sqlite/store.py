@@ -29,10 +29,12 @@ from stepcore.backend import (
     KeyConflict,
     MediaStoreOption,
     SnapshotState,
+    StaleHistory,
     SyncPort,
     check_media_store,
     event_window,
     ops,
+    pruned_with,
 )
 
 from .connection import Database, Synchronous, write_transaction
@@ -98,6 +100,8 @@ WITH RECURSIVE chain (node_id, parent_id, body, depth) AS (
 )
 SELECT node_id, parent_id, body FROM chain
 """
+_NODE_EXISTS: Final = 'SELECT 1 FROM message_nodes WHERE node_id = ? AND run_id = ?'
+_SNAPSHOT_STATES: Final = 'SELECT seq, state FROM snapshots WHERE run_id = ?'
 _LAST_NODE = 'SELECT MAX(COALESCE((SELECT MAX(node_id) FROM message_nodes), 0), (SELECT last FROM node_ids))'
 """The highest node id ever handed out: the newest node's, or a deleted run's (see `delete_run`)."""
 _RUN_TABLES = (
@@ -203,11 +207,8 @@ class SqlitePort(SyncPort):
         assert self._connection is not None, 'SqlitePort operations run inside call()'
         return self._connection
 
-    @contextmanager
-    def transaction(self, runs: Sequence[str]) -> Iterator[sqlite3.Connection]:
-        connection = self._conn()
-        with write_transaction(connection, busy_timeout=self.__db.timeout):
-            yield connection
+    def transaction(self, runs: Sequence[str]) -> write_transaction:
+        return write_transaction(self._conn(), busy_timeout=self.__db.timeout)
 
     @contextmanager
     def savepoint(self, tx: sqlite3.Connection) -> Iterator[None]:
@@ -326,15 +327,10 @@ class SqlitePort(SyncPort):
         )
 
     def node_exists(self, tx: sqlite3.Connection, op: ops.NodeExists) -> bool:
-        return (
-            tx.execute('SELECT 1 FROM message_nodes WHERE node_id = ? AND run_id = ?', (op.node, op.run_id)).fetchone()
-            is not None
-        )
+        return tx.execute(_NODE_EXISTS, (op.node, op.run_id)).fetchone() is not None
 
     def snapshot_states(self, tx: sqlite3.Connection, op: ops.SnapshotStates) -> list[tuple[int, str]]:
-        return [
-            (int(s), str(st)) for s, st in tx.execute('SELECT seq, state FROM snapshots WHERE run_id = ?', (op.run_id,))
-        ]
+        return [(int(s), str(st)) for s, st in tx.execute(_SNAPSHOT_STATES, (op.run_id,))]
 
     def put_snapshot(self, tx: sqlite3.Connection, op: ops.PutSnapshot) -> list[int]:
         run_id = op.run_id
@@ -345,20 +341,64 @@ class SqlitePort(SyncPort):
             ).rowcount
             if not claimed:
                 raise KeyConflict(op.key)
+        return self._put_snapshot(tx, run_id, op.parent, op.bodies, op.row)
+
+    def _put_snapshot(
+        self, tx: sqlite3.Connection, run_id: str, parent: int | None, bodies: Sequence[bytes], row: ops.SnapshotRow
+    ) -> list[int]:
+        """The new message nodes and the snapshot row (the key claimed already)."""
         nodes: list[int] = []
-        if op.bodies:
+        if bodies:
             (last,) = tx.execute(_LAST_NODE).fetchone()
-            nodes = list(range(last + 1, last + 1 + len(op.bodies)))
-            parents = [op.parent, *nodes[:-1]]
+            nodes = list(range(last + 1, last + 1 + len(bodies)))
+            parents = [parent, *nodes[:-1]]
             tx.executemany(
                 'INSERT INTO message_nodes (node_id, run_id, parent_id, body) VALUES (?, ?, ?, ?)',
-                [(n, run_id, p, pack_body(b)) for n, p, b in zip(nodes, parents, op.bodies, strict=True)],
+                [(n, run_id, p, pack_body(b)) for n, p, b in zip(nodes, parents, bodies, strict=True)],
             )
-        head = nodes[-1] if nodes else op.parent
+        head = nodes[-1] if nodes else parent
         tx.execute(
             'INSERT INTO snapshots (run_id, state, head, length, record) VALUES (?, ?, ?, ?, ?)',
-            (run_id, op.row.state, head, op.row.length, _text(op.row.body)),
+            (run_id, row.state, head, row.length, _text(row.body)),
         )
+        return nodes
+
+    fused_steps = True
+
+    def write_step(self, tx: sqlite3.Connection, op: ops.WriteStep) -> list[int] | None:
+        """A step's whole write (`ops.WriteStep`) in the open transaction: the key is claimed by its
+        insert alone, which under the write lock also says whether it was applied."""
+        run_id = op.run_id
+        if op.epoch is not None:
+            found = tx.execute('SELECT epoch FROM run_leases WHERE run_id = ?', (run_id,)).fetchone()
+            if found is None or found[0] != op.epoch:
+                raise Fenced(run_id)
+        nodes: list[int] | None = None
+        snapshot = op.snapshot
+        if snapshot is not None and (
+            snapshot.key is None
+            or tx.execute(
+                'INSERT OR IGNORE INTO snapshot_idempotency_keys (run_id, idempotency_key) VALUES (?, ?)',
+                (run_id, snapshot.key),
+            ).rowcount
+        ):
+            parent = snapshot.parent
+            if parent is not None and tx.execute(_NODE_EXISTS, (parent, run_id)).fetchone() is None:
+                raise StaleHistory(run_id)
+            states = None
+            if op.max_snapshots is not None:
+                states = [(int(q), str(st)) for q, st in tx.execute(_SNAPSHOT_STATES, (run_id,))]
+            nodes = self._put_snapshot(tx, run_id, parent, snapshot.bodies, snapshot.row)
+            if states is not None and op.max_snapshots is not None:
+                doomed = pruned_with(states, snapshot.row.state, op.max_snapshots)
+                if doomed:
+                    tx.executemany('DELETE FROM snapshots WHERE seq = ? AND run_id = ?', [(q, run_id) for q in doomed])
+        for r in op.effects:
+            body = r.body.decode() if type(r.body) is bytes else _text(r.body)
+            tx.execute(_UPSERT_EFFECT, (r.run_id, r.tool_call_id, r.status, _micros(r.started_at), body))
+        for r in op.events:
+            body = r.body.decode() if type(r.body) is bytes else _text(r.body)
+            tx.execute(_APPEND_EVENT, (run_id, r.idempotency_key, body, run_id))
         return nodes
 
     def delete_snapshots(self, tx: sqlite3.Connection, op: ops.DeleteSnapshots) -> None:

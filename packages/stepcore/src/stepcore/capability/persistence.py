@@ -305,15 +305,21 @@ class StepPersistence(StepOperations[AgentDepsT]):
     # --- saving and events --------------------------------------------------------------------
 
     async def _save(
-        self, ctx: RunContext[Any], messages: list[ModelMessage], state: SnapshotState, *, defer: bool = False
+        self,
+        ctx: RunContext[Any],
+        messages: list[ModelMessage],
+        state: SnapshotState,
+        *,
+        defer: bool = False,
+        run: RunState | None = None,
     ) -> None:
         """Save `messages` as a snapshot; `SnapshotSaved` is emitted once it is written.
 
         With `defer=True` the snapshot travels with the run's next write and is encoded then, so a
         request pydantic-ai stamps for sending in the meantime is stored once, as sent, instead of
-        unstamped now and again stamped at the next save.
+        unstamped now and again stamped at the next save. `run`: the run's state, when the caller has it.
         """
-        run = self._run(ctx)
+        run = run or self._run(ctx)
         snapshot = run.snapshot(messages, state)
         if defer:
             await run.writer.defer(ctx, snapshot=snapshot)
@@ -322,9 +328,15 @@ class StepPersistence(StepOperations[AgentDepsT]):
         run.content.update(messages, encode_tail=not defer)
 
     async def _event(
-        self, ctx: RunContext[Any], kind: EventKind, *, error: BaseException | None = None, defer: bool = False
+        self,
+        ctx: RunContext[Any],
+        kind: EventKind,
+        *,
+        error: BaseException | None = None,
+        defer: bool = False,
+        run: RunState | None = None,
     ) -> None:
-        run = self._run(ctx)
+        run = run or self._run(ctx)
         discriminator = 'run' if kind.value.startswith('run_') else str(run.step_index)
         event = run.event(kind, discriminator=discriminator, error=None if error is None else describe_error(error))
         await (run.writer.defer(ctx, event) if defer else run.writer.write(ctx, event))
@@ -429,7 +441,7 @@ class StepPersistence(StepOperations[AgentDepsT]):
     ) -> AgentNode[AgentDepsT]:
         run = self._run(ctx, node=True)
         if self.capture_frontier and (messages := points.proposed_calls(run, ctx, node)) is not None:
-            await self._save(ctx, messages, run.state_of(messages))
+            await self._save(ctx, messages, run.state_of(messages), run=run)
         return node
 
     async def after_node_run(
@@ -439,23 +451,23 @@ class StepPersistence(StepOperations[AgentDepsT]):
         run.progressed = run.progressed or not isinstance(node, UserPromptNode)
         if (messages := points.settled_tool_cycle(run, ctx, node, result)) is not None:
             # Before another model request the snapshot goes with that request's started event.
-            await self._save(ctx, messages, SnapshotState.COMPLETE, defer=isinstance(result, ModelRequestNode))
+            await self._save(ctx, messages, SnapshotState.COMPLETE, defer=isinstance(result, ModelRequestNode), run=run)
         return result
 
     async def before_model_request(
         self, ctx: RunContext[AgentDepsT], request_context: ModelRequestContext
     ) -> ModelRequestContext:
         run = self._run(ctx, node=True)
-        await self._event(ctx, EventKind.MODEL_REQUEST_STARTED)
+        await self._event(ctx, EventKind.MODEL_REQUEST_STARTED, run=run)
         if self.capture_frontier and (messages := points.accepted_requests(run, ctx)) is not None:
-            await self._save(ctx, messages, run.state_of(messages))
+            await self._save(ctx, messages, run.state_of(messages), run=run)
         return request_context
 
     async def after_model_request(
         self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, response: ModelResponse
     ) -> ModelResponse:
-        self._run(ctx, node=True)
-        await self._event(ctx, EventKind.MODEL_REQUEST_COMPLETED, defer=True)
+        run = self._run(ctx, node=True)
+        await self._event(ctx, EventKind.MODEL_REQUEST_COMPLETED, defer=True, run=run)
         return response
 
     async def on_model_request_error(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic_ai.messages import ModelMessage
@@ -21,7 +22,6 @@ from stepcore.store.models import (
     SnapshotState,
     StepEvent,
     ToolEffectRecord,
-    utcnow,
 )
 
 __all__ = ('RunState', 'describe_error', 'resolve_run_id')
@@ -115,7 +115,7 @@ class RunState:
             run_id=self.run_id,
             kind=kind,
             step_index=self.step_index,
-            timestamp=utcnow(),
+            timestamp=datetime.now(UTC),
             agent_name=self.agent_name,
             conversation_id=self.conversation_id,
             parent_run_id=self.parent_run_id,
@@ -137,7 +137,7 @@ class RunState:
             step_index=step,
             messages=messages,
             state=state,
-            timestamp=utcnow(),
+            timestamp=datetime.now(UTC),
             agent_name=self.agent_name,
             conversation_id=self.conversation_id,
             parent_run_id=self.parent_run_id,

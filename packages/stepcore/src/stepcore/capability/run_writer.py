@@ -13,6 +13,7 @@ from pydantic_ai.tools import RunContext
 from stepcore.capability.events import announce_snapshot
 from stepcore.capability.operations import StepOperations
 from stepcore.common.telemetry import store_write
+from stepcore.engine import EngineStore
 from stepcore.store.contract import own_extension, write_records
 from stepcore.store.models import ContinuableSnapshot, SnapshotState, StepEvent, ToolEffectRecord
 from stepcore.store.protocols import StepWrite
@@ -55,6 +56,13 @@ class RunWriter:
         self._operations = operations
         self._own_batch = own_extension(store, 'write_batch')
         """Whether the store's `write_batch` is its own (see `write_records`): its class decides, once."""
+        self._write_step = (
+            store.write_step
+            if isinstance(store, EngineStore) and self._own_batch and type(store).write_batch is EngineStore.write_batch
+            else None
+        )
+        """The engine's write of one run's step, for a store whose batches are the engine's own: the
+        records were built here for this run, so they are not checked again on their way down."""
         self._deferred: list[StepWrite] = []
         self._deferred_snapshot: ContinuableSnapshot | None = None
         """A snapshot that travels with the run's next write, after `_deferred` (which then ends
@@ -106,7 +114,7 @@ class RunWriter:
             await self.write(ctx, *writes, snapshot=snapshot)
             return
         if snapshot is not None:
-            self._deferred.extend(write for completion in self._release(snapshot) for write in completion)
+            self._deferred.extend(_flat(self._release(snapshot)))
             self._deferred_snapshot = snapshot
         self._deferred.extend(writes)
 
@@ -167,18 +175,23 @@ class RunWriter:
         released = self._release(snapshot) if snapshot is not None else []
         deferred, self._deferred = self._deferred, []
         pending, self._deferred_snapshot = self._deferred_snapshot, None
-        batch = [*deferred, *(write for completion in released for write in completion), *writes]
+        batch = [*deferred, *_flat(released), *writes] if released else [*deferred, *writes]
+        saved = pending if pending is not None else snapshot
         try:
-            with store_write(self.store, self.run_id, batch, pending if pending is not None else snapshot):
-                await write_records(
-                    self.store, batch, snapshot=pending if pending is not None else snapshot, own=self._own_batch
-                )
+            with store_write(self.store, self.run_id, batch, saved):
+                if self._write_step is not None:
+                    await self._write_step(self.run_id, batch, saved)
+                else:
+                    await write_records(self.store, batch, snapshot=saved, own=self._own_batch)
         except BaseException:
             self._deferred[:0] = deferred
             self._deferred_snapshot = pending
             self._held[:0] = released
             raise
-        self._unannounced.extend(s for s in (pending, snapshot) if s is not None)
+        if pending is not None:
+            self._unannounced.append(pending)
+        if snapshot is not None:
+            self._unannounced.append(snapshot)
 
     async def _journal(
         self,
@@ -257,6 +270,11 @@ class RunWriter:
                     type(error).__name__,
                     error,
                 )
+
+
+def _flat(completions: list[_Completion]) -> list[StepWrite]:
+    """The entries and events of `completions`, in order."""
+    return [write for completion in completions for write in completion]
 
 
 def _answered(messages: Sequence[ModelMessage], calls: set[str]) -> set[str]:

@@ -20,7 +20,11 @@ __all__ = ('accepted_requests', 'at_failure', 'final_history', 'proposed_calls',
 
 
 def _has_response(messages: list[ModelMessage]) -> bool:
-    return any(isinstance(m, ModelResponse) for m in messages)
+    # a loop, not `any` over a generator (one frame fewer): called at every node
+    for message in messages:  # noqa: SIM110
+        if isinstance(message, ModelResponse):
+            return True
+    return False
 
 
 def settled_tool_cycle(

@@ -39,7 +39,7 @@ from stepcore.engine._fileio import (
 )
 from stepcore.engine._history import TAIL_RECHECK, shares_prefix, starts_with, trusted_prefix
 from stepcore.engine._pipeline import Ask, NodeIdBlocks, PipelinedPort
-from stepcore.engine._plans import Fenced, KeyConflict, StaleHistory
+from stepcore.engine._plans import Fenced, KeyConflict, StaleHistory, pruned_with
 from stepcore.engine._port import AsyncPort, Port, SyncPort, check_text
 from stepcore.engine._retry import backoff, retrying
 from stepcore.engine._rows import EFFECT_FIELDS_IN_ROW, EVENT_FIELDS_IN_ROW
@@ -78,6 +78,7 @@ __all__ = (
     'make_dir',
     'open_binary',
     'ops',
+    'pruned_with',
     'remove_file',
     'replace_file',
     'retrying',

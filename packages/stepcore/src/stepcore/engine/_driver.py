@@ -9,14 +9,14 @@ and adds a note naming the store to an error of the backend's own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Final, TypeVar, cast
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, TypeAlias, TypeVar, cast
 
 from stepcore.common.damage import UNREADABLE, DamagedRecordError
 from stepcore.engine._group import NOT_PREPARED, WriteGroups
-from stepcore.engine._ops import Op
-from stepcore.engine._plans import Fenced, KeyConflict, Plan, StaleHistory
-from stepcore.engine._port import AsyncPort, Port, SyncPort
+from stepcore.engine._ops import Op, WriteStep
+from stepcore.engine._plans import Fenced, KeyConflict, Plan, StaleHistory, write_plan
+from stepcore.engine._port import AsyncPort, Port, SyncPort, fuses_steps
 from stepcore.engine._retry import retrying
 
 __all__ = (
@@ -84,6 +84,33 @@ async def drive_async(port: AsyncPort, tx: Any, plan: Plan[T]) -> T:
         answer = await port.run(tx, step)
 
 
+Work: TypeAlias = 'Plan[T] | WriteStep'
+"""What a write transaction carries out: a plan, or a step's write (`WriteStep`, which answers the
+snapshot's new node ids), sent whole to a port with `fused_steps` and as `write_plan` to the others."""
+
+
+def carry_out(port: SyncPort, tx: Any, work: Work[T], fused: bool) -> T:
+    """`work` on a blocking port, inside its transaction `tx`; `fused`: `fuses_steps(port)`."""
+    if type(work) is WriteStep:
+        if fused:
+            if port.fault_hook is not None:
+                port.fault_hook('write_step')
+            return cast(T, port.write_step(tx, work))
+        return cast(T, drive_sync(port, tx, write_plan(work)))
+    return drive_sync(port, tx, cast(Plan[T], work))
+
+
+async def carry_out_async(port: AsyncPort, tx: Any, work: Work[T], fused: bool) -> T:
+    """`work` on an async port, inside its transaction `tx`; `fused`: `fuses_steps(port)`."""
+    if type(work) is WriteStep:
+        if fused:
+            if port.fault_hook is not None:
+                port.fault_hook('write_step')
+            return cast(T, await cast(Awaitable[Any], port.write_step(tx, work)))
+        return cast(T, await drive_async(port, tx, write_plan(work)))
+    return await drive_async(port, tx, cast(Plan[T], work))
+
+
 def single(op: Op) -> Plan[Any]:
     """A plan of one operation."""
     return (yield op)
@@ -97,6 +124,8 @@ class Driver:
             raise TypeError(f'{owner} needs a SyncPort or an AsyncPort, got {type(port).__name__}')
         self.port = port
         self.owner = owner
+        self.fused = fuses_steps(port)
+        """Whether a step's write goes to the port whole (see `fuses_steps`)."""
         self._groups = WriteGroups(port) if isinstance(port, SyncPort) and port.group_commit else None
         self.reached = False
         """Whether the store ever answered: until it has, a failure is never called passing (a
@@ -105,7 +134,7 @@ class Driver:
     async def transact(
         self,
         runs: Sequence[str],
-        make_plan: Callable[[], Plan[T]],
+        make_plan: Callable[[], Work[T]],
         prepare: Callable[[], bool] | None = None,
         *,
         short: bool = False,
@@ -135,7 +164,7 @@ class Driver:
     async def _transact(
         self,
         runs: Sequence[str],
-        make_plan: Callable[[], Plan[T]],
+        make_plan: Callable[[], Work[T]],
         prepare: Callable[[], bool] | None,
         *,
         short: bool,
@@ -147,7 +176,7 @@ class Driver:
         it and its thread is idle (a step's records and a few new messages: no hand-off, no
         contention for the GIL between two threads), else on the port's thread in one hand-off.
         """
-        port = self.port
+        port, fused = self.port, self.fused
         try:
             if isinstance(port, SyncPort):
 
@@ -155,9 +184,11 @@ class Driver:
                     if prepare is not None and not prepare():
                         return NEEDS_WALK
                     with port.transaction(runs) as tx:
-                        result = drive_sync(port, tx, make_plan())
-                        port.boundary('commit')
-                    port.boundary('committed')
+                        result = carry_out(port, tx, make_plan(), fused)
+                        if port.fault_hook is not None:
+                            port.fault_hook('commit')
+                    if port.fault_hook is not None:
+                        port.fault_hook('committed')
                     return result
 
                 if short and port.inline_writes:
@@ -174,14 +205,16 @@ class Driver:
                 if self._groups is not None and port.fault_hook is None:
                     # under fault injection each write keeps a transaction of its own, so a fault
                     # stops exactly the write it is aimed at
-                    outcome = await self._groups.write(runs, prepare, lambda tx: drive_sync(port, tx, make_plan()))
+                    outcome = await self._groups.write(
+                        runs, prepare, lambda tx: carry_out(port, tx, make_plan(), fused)
+                    )
                     return NEEDS_WALK if outcome is NOT_PREPARED else cast(T, outcome)
                 return await port.call(job)
             assert isinstance(port, AsyncPort)
             if prepare is not None and not prepare():
                 return NEEDS_WALK
             async with port.transaction(runs) as tx:
-                result = await drive_async(port, tx, make_plan())
+                result = await carry_out_async(port, tx, make_plan(), fused)
                 port.boundary('commit')
             port.boundary('committed')
             return result

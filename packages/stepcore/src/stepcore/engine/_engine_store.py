@@ -56,19 +56,19 @@ from stepcore.engine._ops import (
     Node,
     RunRow,
     SnapshotRow,
+    SnapshotWrite,
     StoreIdentity,
     StoreLocation,
     SwapLease,
+    WriteStep,
 )
 from stepcore.engine._plans import (
     Fenced,
     KeyConflict,
     Plan,
-    SnapshotWrite,
     StaleHistory,
     read_snapshot,
     read_snapshots,
-    write_plan,
 )
 from stepcore.engine._port import Port, check_text
 from stepcore.engine._rows import (
@@ -452,27 +452,35 @@ class EngineStore(StepStore):
             run_id = self.__run_id(snapshot.run_id)
             if snapshot.idempotency_key is not None:
                 check_text(snapshot.idempotency_key, 'idempotency_key')
-            epoch = fence_of(run_id)
-            try:
-                await self.__save(run_id, snapshot, by_run.pop(run_id, []), epoch)
-            except Fenced:
-                raise await self.__fenced(run_id, epoch) from None
-            except Exception as error:
-                raise await self.__failed(run_id, epoch, error) from error
+            await self.__write_run(run_id, by_run.pop(run_id, []), snapshot)
         for run_id, records in by_run.items():
-            epoch = fence_of(run_id)
-            try:
+            await self.__write_run(run_id, records, None)
+
+    async def write_step(
+        self, run_id: str, records: Sequence[StepWrite], snapshot: ContinuableSnapshot | None = None
+    ) -> None:
+        """Save one run's `snapshot` and `records` in one transaction, as `write_batch` does, for a
+        caller that built them itself for `run_id` (the capability's writer): nothing is checked
+        again. Every other caller goes through `write_batch`, which checks what it is given."""
+        await self.__write_run(run_id, records, snapshot)
+
+    async def __write_run(
+        self, run_id: str, records: Sequence[StepWrite], snapshot: ContinuableSnapshot | None
+    ) -> None:
+        epoch = fence_of(run_id)
+        try:
+            if snapshot is not None:
+                await self.__save(run_id, snapshot, records, epoch)
+            else:
                 await self.__driver.transact(
                     [run_id],
-                    lambda r=run_id, w=records, e=epoch: write_plan(
-                        r, *record_rows(self.__sealer, r, w), None, None, e
-                    ),
+                    lambda: WriteStep(run_id, *record_rows(self.__sealer, run_id, records), None, None, epoch),
                     short=len(records) <= INLINE_RECORDS,
                 )
-            except Fenced:
-                raise await self.__fenced(run_id, epoch) from None
-            except Exception as error:
-                raise await self.__failed(run_id, epoch, error) from error
+        except Fenced:
+            raise await self.__fenced(run_id, epoch) from None
+        except Exception as error:
+            raise await self.__failed(run_id, epoch, error) from error
 
     async def __failed(self, run_id: str, epoch: int | None, error: Exception) -> Exception:
         """What a fenced write that failed raises: `RunFencedError` when the run changed hands
@@ -527,7 +535,7 @@ class EngineStore(StepStore):
         return self.__lease(run_id, await self.__driver.read_op(run_id, GetLease(run_id)))
 
     async def __save(
-        self, run_id: str, snapshot: ContinuableSnapshot, records: list[StepWrite], epoch: int | None
+        self, run_id: str, snapshot: ContinuableSnapshot, records: Sequence[StepWrite], epoch: int | None
     ) -> None:
         """Save a snapshot with its run's records: find and encode the new messages, externalize their
         media, then write everything in one transaction.
@@ -549,7 +557,7 @@ class EngineStore(StepStore):
                     save.delta = self.__history.diff(run_id, save.messages)
             return save.delta.walked
 
-        def plan() -> Plan[Sequence[int] | None]:
+        def plan() -> WriteStep:
             delta = save.delta
             assert delta is not None
             prev = NO_PREV if delta.parent is None else delta.parent_sum
@@ -568,7 +576,7 @@ class EngineStore(StepStore):
             parent = cast(int | None, delta.parent)
             write = SnapshotWrite(key=snapshot.idempotency_key, parent=parent, bodies=bodies, row=row)
             rows = record_rows(self.__sealer, run_id, records)
-            return write_plan(run_id, *rows, write, self.max_snapshots_per_run, epoch)
+            return WriteStep(run_id, *rows, write, self.max_snapshots_per_run, epoch)
 
         restarted = False
         conflicts = 0

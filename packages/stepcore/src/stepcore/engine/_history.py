@@ -235,7 +235,7 @@ class HistoryIndex:
             shared=shared,
             new_messages=pending,
             total=len(messages),
-            walked=not any(self.walker.needs_walk(e) for e in pending),
+            walked=not self.walker.any_needs_walk(pending),
             parent_sum=parent_sum,
             _messages=messages,
             _new_digests=digests,

@@ -54,11 +54,13 @@ __all__ = (
     'SnapshotKeyApplied',
     'SnapshotRow',
     'SnapshotStates',
+    'SnapshotWrite',
     'StoreIdentity',
     'StoreLocation',
     'SwapLease',
     'Unparsable',
     'Unreadable',
+    'WriteStep',
     'legacy_step_index',
 )
 
@@ -503,6 +505,47 @@ class GetLeaseStart(Op):
 
     method: ClassVar[str] = 'get_lease_start'
     run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotWrite:
+    """A snapshot to store with a step: its new messages (encoded, in stored form, sealed), the node
+    they hang off (`None`: the history's start) and its row; `key` is its idempotency key."""
+
+    key: str | None
+    parent: int | None
+    bodies: Sequence[bytes]
+    row: SnapshotRow
+
+
+@dataclass(frozen=True, slots=True)
+class WriteStep(Op):
+    """Everything one step boundary of a run writes, in one transaction, in this order (each part
+    is the operation of that name):
+
+    1. with `epoch`, `CheckLease(run_id, epoch)`: raise `Fenced` and store nothing when the run's
+       lease is at another epoch;
+    2. with `snapshot`: when its key is recorded already, the snapshot is skipped (the answer is
+       `None`); else when its `parent` is not a node of the run, raise
+       `stepcore.engine._plans.StaleHistory` (nothing stays); else `PutSnapshot`, then, with
+       `max_snapshots`, `DeleteSnapshots` of what `stepcore.store.retention.snapshots_to_prune`
+       names among the run's snapshots and the new one;
+    3. `PutEffects(effects)`, then `PutEvents(run_id, events)` (each skipped when empty).
+
+    Answer: the snapshot's new node ids, or `None` when no snapshot was written.
+
+    Only a port with `fused_steps` is sent this operation; the engine runs the steps above one
+    operation at a time (`stepcore.engine._plans.write_plan`) on every other port.
+    """
+
+    method: ClassVar[str] = 'write_step'
+    writes: ClassVar[bool] = True
+    run_id: str
+    events: Sequence[EventRow]
+    effects: Sequence[EffectRow]
+    snapshot: SnapshotWrite | None
+    max_snapshots: int | None
+    epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

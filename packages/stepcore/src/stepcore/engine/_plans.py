@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 from stepcore.engine._ops import (
     CheckLease,
     DeleteSnapshots,
-    EffectRow,
-    EventRow,
     GetNodes,
     ListSnapshots,
     Node,
@@ -29,6 +26,8 @@ from stepcore.engine._ops import (
     SnapshotKeyApplied,
     SnapshotRow,
     SnapshotStates,
+    SnapshotWrite,
+    WriteStep,
 )
 from stepcore.store.retention import snapshots_to_prune
 
@@ -36,8 +35,8 @@ __all__ = (
     'Fenced',
     'KeyConflict',
     'Plan',
-    'SnapshotWrite',
     'StaleHistory',
+    'pruned_with',
     'read_snapshot',
     'read_snapshots',
     'write_plan',
@@ -66,25 +65,8 @@ class KeyConflict(Exception):
     """Another writer recorded the same snapshot idempotency key meanwhile: the plan runs again."""
 
 
-@dataclass(frozen=True, slots=True)
-class SnapshotWrite:
-    """A snapshot to store: its new messages (encoded, in stored form) and its row."""
-
-    key: str | None
-    parent: int | None
-    bodies: Sequence[bytes]
-    row: SnapshotRow
-
-
-def write_plan(
-    run_id: str,
-    events: Sequence[EventRow],
-    effects: Sequence[EffectRow],
-    snapshot: SnapshotWrite | None,
-    max_snapshots: int | None,
-    epoch: int | None = None,
-) -> Plan[Sequence[int] | None]:
-    """Write one run's records and snapshot; answers the snapshot's new node ids (`None`: not written).
+def write_plan(step: WriteStep) -> Plan[Sequence[int] | None]:
+    """`step` one operation at a time; answers the snapshot's new node ids (`None`: not written).
 
     The snapshot goes first, then the ledger entries, then the events: a `completed` entry is
     never stored before the snapshot holding the call's result, and a `started` entry is stored
@@ -92,18 +74,20 @@ def write_plan(
     one, it is the order of the writes, so a crash between two of them leaves a state that obeys
     the rule (see `docs/concepts/ledger.md`).
 
-    With `epoch`, the writer holds the run's lease at that epoch: the transaction is checked against
-    the lease first (`CheckLease`), so a writer whose lease was taken over stores nothing.
+    With an `epoch`, the writer holds the run's lease at that epoch: the transaction is checked
+    against the lease first (`CheckLease`), so a writer whose lease was taken over stores nothing.
+    A port with `fused_steps` carries out the same steps in one call (`WriteStep`).
     """
+    run_id = step.run_id
     nodes: Sequence[int] | None = None
-    if epoch is not None:
-        yield CheckLease(run_id, epoch)
-    if snapshot is not None:
-        nodes = yield from _snapshot_plan(run_id, snapshot, max_snapshots)
-    if effects:
-        yield PutEffects(effects)
-    if events:
-        yield PutEvents(run_id, events)
+    if step.epoch is not None:
+        yield CheckLease(run_id, step.epoch)
+    if step.snapshot is not None:
+        nodes = yield from _snapshot_plan(run_id, step.snapshot, step.max_snapshots)
+    if step.effects:
+        yield PutEffects(step.effects)
+    if step.events:
+        yield PutEvents(run_id, step.events)
     return nodes
 
 
@@ -126,10 +110,17 @@ def _snapshot_plan(run_id: str, snapshot: SnapshotWrite, max_snapshots: int | No
     nodes: Sequence[int] = yield PutSnapshot(run_id, snapshot.key, snapshot.parent, snapshot.bodies, snapshot.row)
     if max_snapshots is not None:
         # The new snapshot is the newest: it is always kept, and it decides which complete one is.
-        doomed = snapshots_to_prune([*states, (_NEWEST, snapshot.row.state)], max_snapshots)
+        doomed = pruned_with(states, snapshot.row.state, max_snapshots)
         if doomed:
             yield DeleteSnapshots(run_id, doomed)
     return nodes
+
+
+def pruned_with(states: Sequence[tuple[int, str]], state: str, max_snapshots: int) -> list[int]:
+    """The seqs of a run's snapshots (`states`: seq and state of each) that retention prunes once a
+    new snapshot in `state` is stored: the new one is the newest, always kept, and decides which
+    complete one is."""
+    return snapshots_to_prune([*states, (_NEWEST, state)], max_snapshots)
 
 
 def read_snapshots(

@@ -20,9 +20,9 @@ transactions, leaves what was written). `reading(run_id)` opens a consistent rea
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, contextmanager
-from typing import Any, ClassVar, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, nullcontext
+from typing import Any, ClassVar, Final, TypeVar
 
 from stepcore.engine import _ops as ops
 from stepcore.engine._worker import WorkerThread
@@ -170,6 +170,44 @@ class Port:
     def check_lease(self, tx: Any, op: ops.CheckLease) -> None | Awaitable[None]:
         raise NotImplementedError(f'{type(self).__name__} does not implement check_lease')
 
+    # A step's whole write in one call: only for a port that sets `fused_steps`.
+
+    fused_steps: ClassVar[bool] = False
+    """Whether the port carries out `WriteStep` itself, in one call inside its transaction (a port
+    with transactions, to spare a step the dispatch of each operation); else the engine sends the
+    step's operations one at a time (`stepcore.engine._plans.write_plan`)."""
+
+    def write_step(self, tx: Any, op: ops.WriteStep) -> Sequence[int] | None | Awaitable[Sequence[int] | None]:
+        raise NotImplementedError(f'{type(self).__name__} does not implement write_step (fused_steps is False)')
+
+
+_STEP_OPERATIONS = (
+    'check_lease',
+    'snapshot_key_applied',
+    'node_exists',
+    'snapshot_states',
+    'put_snapshot',
+    'delete_snapshots',
+    'put_effects',
+    'put_events',
+)
+"""The operations a `WriteStep` stands for."""
+
+
+def fuses_steps(port: Port) -> bool:
+    """Whether `port` is sent a step's write whole (`WriteStep`): it sets `fused_steps`, and no class
+    below the one defining its `write_step` redefines an operation the step stands for (a subclass
+    changing how events are stored, say, is sent the operations one by one, so its change holds)."""
+    cls = type(port)
+    if not cls.fused_steps:
+        return False
+    below: list[type] = []
+    for part in cls.__mro__:
+        if 'write_step' in vars(part):
+            break
+        below.append(part)
+    return not any(name in vars(part) for part in below for name in _STEP_OPERATIONS)
+
 
 class SyncPort(Port):
     """A port doing blocking I/O, on a thread of its own (or inline, when `worker` is `None`)."""
@@ -207,11 +245,11 @@ class SyncPort(Port):
 
     def transaction(self, runs: Sequence[str]) -> AbstractContextManager[Any]:
         """One atomic write to `runs` (see the module docstring); yields what the methods take as `tx`."""
-        return _nothing()
+        return _NO_TRANSACTION
 
     def reading(self, run_id: str | None) -> AbstractContextManager[Any]:
         """A consistent read of one run (`None`: of the run list); yields what the methods take as `tx`."""
-        return _nothing()
+        return _NO_TRANSACTION
 
     def savepoint(self, tx: Any) -> AbstractContextManager[Any]:
         """Inside `transaction()`: a part that a failure rolls back alone (with `group_commit`)."""
@@ -270,9 +308,8 @@ class AsyncPort(Port):
         return None
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield None
+_NO_TRANSACTION: Final = nullcontext()
+"""What a port without transactions opens: nothing (reentrant, so one serves every write)."""
 
 
 @asynccontextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -10,7 +11,7 @@ from stepcore.common.encryption import Encryption
 from stepcore.common.features import CHECKSUMS, ENCRYPTION, LEASES, SNAPSHOT_RETENTION
 from stepcore.engine import _ops as ops
 from stepcore.engine._engine_store import EngineStore
-from stepcore.engine._plans import Fenced, KeyConflict
+from stepcore.engine._plans import Fenced, KeyConflict, StaleHistory, pruned_with
 from stepcore.engine._port import SyncPort
 from stepcore.media.protocol import MediaStoreOption
 from stepcore.store.models import SnapshotState
@@ -108,14 +109,17 @@ class MemoryPort(SyncPort):
             raise Fenced(op.run_id)
 
     def put_events(self, tx: Any, op: ops.PutEvents) -> None:
-        data = self._run(op.run_id)
-        for row in op.rows:
+        self._put_events(op.run_id, op.rows)
+
+    def _put_events(self, run_id: str, rows: Sequence[ops.EventRow]) -> None:
+        data = self._run(run_id)
+        for row in rows:
             key = row.idempotency_key
             if key is not None:
                 if key in data.event_keys:
                     continue
                 data.event_keys.add(key)
-            data.events.append(ops.EventRow(op.run_id, key, row.body, seq=len(data.events) + 1))
+            data.events.append(ops.EventRow(run_id, key, row.body, seq=len(data.events) + 1))
 
     def list_events(self, tx: Any, op: ops.ListEvents) -> list[ops.EventRow]:
         data = self._data.get(op.run_id)
@@ -128,7 +132,10 @@ class MemoryPort(SyncPort):
         return list(rows)
 
     def put_effects(self, tx: Any, op: ops.PutEffects) -> None:
-        for row in op.rows:
+        self._put_effects(op.rows)
+
+    def _put_effects(self, rows: Sequence[ops.EffectRow]) -> None:
+        for row in rows:
             self._run(row.run_id).effects[row.tool_call_id] = row
 
     def list_effects(self, tx: Any, op: ops.ListEffects) -> list[ops.EffectRow]:
@@ -156,18 +163,27 @@ class MemoryPort(SyncPort):
         data = self._run(op.run_id)
         if op.key is not None and op.key in data.snapshot_keys:
             raise KeyConflict(op.key)
-        ids = list(range(self._next_node, self._next_node + len(op.bodies)))
-        self._next_node += len(op.bodies)
-        parent = op.parent
-        for node, body in zip(ids, op.bodies, strict=True):
+        return self._put_snapshot(data, op.run_id, op.key, op.parent, op.bodies, op.row)
+
+    def _put_snapshot(
+        self,
+        data: _Run,
+        run_id: str,
+        key: str | None,
+        parent: int | None,
+        bodies: Sequence[bytes],
+        row: ops.SnapshotRow,
+    ) -> list[int]:
+        ids = list(range(self._next_node, self._next_node + len(bodies)))
+        self._next_node += len(bodies)
+        for node, body in zip(ids, bodies, strict=True):
             data.nodes[node] = (parent, body)
             parent = node
         seq = data.next_snapshot_seq
         data.next_snapshot_seq += 1
-        row = op.row
-        data.snapshots.append(ops.SnapshotRow(op.run_id, row.state, parent, row.length, row.body, seq=seq))
-        if op.key is not None:
-            data.snapshot_keys.add(op.key)
+        data.snapshots.append(ops.SnapshotRow(run_id, row.state, parent, row.length, row.body, seq=seq))
+        if key is not None:
+            data.snapshot_keys.add(key)
         return ids
 
     def delete_snapshots(self, tx: Any, op: ops.DeleteSnapshots) -> None:
@@ -183,6 +199,33 @@ class MemoryPort(SyncPort):
         if op.complete_only:
             rows = [s for s in rows if s.state == SnapshotState.COMPLETE.value]
         return rows[-1:] if op.newest else list(rows)
+
+    fused_steps = True
+
+    def write_step(self, tx: Any, op: ops.WriteStep) -> list[int] | None:
+        run_id = op.run_id
+        if op.epoch is not None:
+            current = self._leases.get(run_id)
+            if current is None or current.epoch != op.epoch:
+                raise Fenced(run_id)
+        nodes: list[int] | None = None
+        snapshot = op.snapshot
+        if snapshot is not None:
+            data = self._run(run_id)
+            if snapshot.key is None or snapshot.key not in data.snapshot_keys:
+                if snapshot.parent is not None and snapshot.parent not in data.nodes:
+                    raise StaleHistory(run_id)
+                states = [(s.seq or 0, s.state) for s in data.snapshots] if op.max_snapshots is not None else None
+                nodes = self._put_snapshot(data, run_id, snapshot.key, snapshot.parent, snapshot.bodies, snapshot.row)
+                if states is not None and op.max_snapshots is not None:
+                    doomed = set(pruned_with(states, snapshot.row.state, op.max_snapshots))
+                    if doomed:
+                        data.snapshots = [s for s in data.snapshots if s.seq not in doomed]
+        if op.effects:
+            self._put_effects(op.effects)
+        if op.events:
+            self._put_events(run_id, op.events)
+        return nodes
 
     def get_nodes(self, tx: Any, op: ops.GetNodes) -> dict[int, ops.Node]:
         data = self._data.get(op.run_id)

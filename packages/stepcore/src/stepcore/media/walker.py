@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from stepcore.media.protocol import EMPTY_CONTEXT, MediaContext, MediaStore, media_uri
@@ -97,6 +97,14 @@ class MediaWalker:
         # A payload at or above the threshold (binary content's base64 is longer than its bytes)
         # makes the encoded message at least as long.
         return len(encoded) >= self.threshold_bytes
+
+    def any_needs_walk(self, messages: Sequence[bytes]) -> bool:
+        """Whether `needs_walk` holds for one of these encoded messages (at every save: a loop, not
+        `any` over a generator, which would cost a frame more)."""
+        for encoded in messages:  # noqa: SIM110
+            if self.needs_walk(encoded):
+                return True
+        return False
 
     async def externalize(self, encoded: bytes) -> bytes:
         """The stored form of one encoded message (compact JSON bytes)."""
