@@ -253,3 +253,33 @@ async def test_a_missing_message_node_is_named_when_read() -> None:
     with pytest.raises(DamagedRecordError, match=r"snapshot seq=1 of run 'r1' .* message node \d+ is missing"):
         await store.latest_snapshot('r1')
     assert await store.list_snapshots('r1') == []
+
+
+class _RepeatingPort(MemoryPort):
+    """Lists one snapshot (or event) twice in place of the one after it, as a damaged index can."""
+
+    def list_snapshots(self, tx: Any, op: ops.ListSnapshots) -> list[ops.SnapshotRow]:
+        rows = super().list_snapshots(tx, op)
+        return [rows[0], rows[0], *rows[2:]] if len(rows) > 1 else rows
+
+    def list_events(self, tx: Any, op: ops.ListEvents) -> list[ops.EventRow]:
+        rows = super().list_events(tx, op)
+        return [rows[1], rows[0], *rows[2:]] if len(rows) > 1 else rows
+
+
+async def test_a_listing_that_repeats_or_reorders_rows_is_damage_naming_the_run() -> None:
+    store = _store(_RepeatingPort())
+    await store.register_run(RunRecord(run_id='r1'))
+    for step in range(2):
+        await store.save_snapshot(
+            ContinuableSnapshot(run_id='r1', step_index=step, state='complete', messages=history(step + 1))
+        )
+        await store.append_event(StepEvent(run_id='r1', kind=EventKind.RUN_STARTED, step_index=step))
+    with pytest.raises(DamagedRecordError, match='seq 1 is listed twice') as caught:
+        await store.list_snapshots(run_id='r1')
+    assert caught.value.run_id == 'r1'
+    with pytest.raises(DamagedRecordError, match='seq 1 is listed twice'):
+        await store.list_snapshot_summaries('r1')
+    with pytest.raises(DamagedRecordError, match='seq 1 is listed after seq 2') as caught:
+        await store.list_events('r1')
+    assert caught.value.run_id == 'r1'

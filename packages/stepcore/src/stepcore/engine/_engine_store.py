@@ -84,7 +84,15 @@ from stepcore.engine._rows import (
     record_rows,
 )
 from stepcore.engine._seal import HEAD_KEY, NO_PREV, MessageDamage, Sealer, key_id_of
-from stepcore.engine._tally import Tally, leased_plan, swap_plan, tally_of, tally_unknown, with_tally
+from stepcore.engine._tally import (
+    Tally,
+    check_ascending,
+    leased_plan,
+    swap_plan,
+    tally_of,
+    tally_unknown,
+    with_tally,
+)
 from stepcore.media.encrypting import EncryptingMediaStore
 from stepcore.media.protocol import MediaStore, MediaStoreOption, check_media_store, resolve_media_store
 from stepcore.media.walker import DEFAULT_MEDIA_THRESHOLD_BYTES, MediaWalker, stored_references
@@ -624,6 +632,7 @@ class EngineStore(StepStore):
         op = ListEvents(run_id, after_seq=after_seq, limit=limit, newest=newest)
         answer, tally = await self.__read_counted(run_id, lambda: single(op))
         rows = cast(Sequence[EventRow], answer)
+        check_ascending(run_id, 'events', [row.seq for row in rows if row.seq is not None], self.__where())
         if tally is not None:
             self.__check_events(run_id, rows, tally, after_seq, limit, newest)
         found: list[StepEvent] = []
@@ -716,8 +725,9 @@ class EngineStore(StepStore):
         (rows, nodes), tally = await self.__read_counted(
             run_id, lambda: read_snapshots(run_id, newest=newest, complete_only=complete_only)
         )
+        seqs = [row.seq for row in rows if row.seq is not None]
+        check_ascending(run_id, 'snapshots', seqs, self.__where())
         if tally is not None:
-            seqs = [row.seq for row in rows if row.seq is not None]
             tally.short_snapshots(run_id, seqs, newest_only=newest, complete_only=complete_only, where=self.__where())
         return rows, nodes
 
@@ -725,6 +735,7 @@ class EngineStore(StepStore):
         run_id = self.__run_id(run_id)
         op = ListSnapshots(run_id, complete_only=not include_interrupted)
         rows = cast(Sequence[SnapshotRow], await self.__driver.read_op(run_id, op))
+        check_ascending(run_id, 'snapshots', [row.seq for row in rows if row.seq is not None], self.__where())
         found: list[SnapshotSummary] = []
         for row in rows:
             if not include_interrupted and row.state != SnapshotState.COMPLETE.value:

@@ -36,7 +36,16 @@ from stepcore.engine._ops import EffectRow, EventRow, GetLease, LeaseRead, ListE
 from stepcore.engine._plans import Plan
 from stepcore.store.models import SnapshotState
 
-__all__ = ('TALLY_KEY', 'Tally', 'count_plan', 'leased_plan', 'tally_of', 'tally_unknown', 'with_tally')
+__all__ = (
+    'TALLY_KEY',
+    'Tally',
+    'check_ascending',
+    'count_plan',
+    'leased_plan',
+    'tally_of',
+    'tally_unknown',
+    'with_tally',
+)
 
 T = TypeVar('T')
 logger = logging.getLogger('stepcore.engine')
@@ -119,6 +128,20 @@ class Tally:
 def _sum(run_id: str, counts: Mapping[str, int]) -> str:
     text = run_id + '\x1f' + '\x1f'.join(f'{k}={counts[k]}' for k in sorted(counts))
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def check_ascending(run_id: str, record: str, seqs: Sequence[int], where: str) -> None:
+    """Raise when a listing's seqs, which a port answers oldest first, repeat or go back: a damaged
+    index of the store hands out a row twice, or another row in its place, and a count alone would
+    not notice (the listing is as long as it should be)."""
+    previous = 0
+    for seq in seqs:
+        if seq <= previous:
+            how = f'seq {seq} is listed twice' if seq == previous else f'seq {seq} is listed after seq {previous}'
+            raise DamagedRecordError(
+                run_id=run_id, record=record, where=where, reason=f'the listing is out of order: {how}'
+            )
+        previous = seq
 
 
 def _missing(run_id: str, record: str, where: str, reason: str) -> DamagedRecordError:
