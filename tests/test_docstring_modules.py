@@ -31,18 +31,6 @@ SRCS = sorted([*ROOT.glob('packages/*/src'), *ROOT.glob('tests-shared/src')])
 PACKAGES = sorted(p for src in SRCS for p in src.iterdir() if (p / '__init__.py').is_file())
 SOURCES = sorted(path for package in PACKAGES for path in package.rglob('*.py'))
 
-EXPECTED_MISSING: set[tuple[str, str]] = {
-    # Docstrings of the engine's write path and of the capability, which another change is
-    # rewriting: each names a module that no longer exists. Fix the docstring there and remove
-    # its entry here (an entry that no longer fails is reported, so this set cannot go stale).
-    ('stepcore/engine/_driver.py', 'plans.py'),
-    ('stepcore/engine/_engine_store.py', 'rows.py'),
-    ('stepcore/engine/_engine_store.py', 'driver.py'),
-    ('stepcore/capability/content_tracker.py', 'history.TAIL_RECHECK'),
-    ('stepcore/capability/settled.py', 'history.TAIL_RECHECK'),
-}
-"""`(file under its src folder, name)` pairs known to name a missing module."""
-
 FILE_SUFFIXES = frozenset({'py', 'tmpl', 'db', 'json', 'jsonl', 'md', 'toml', 'txt', 'bin', 'lock', 'html', 'js'})
 """A short dotted name ending in one of these is a file's name (`runs.db`), checked as a file if at all."""
 
@@ -202,21 +190,8 @@ def test_there_are_docstrings_to_check() -> None:
 
 @pytest.mark.parametrize('path', SOURCES, ids=_where)
 def test_docstrings_name_only_modules_that_exist(path: Path) -> None:
-    stale = [name for name in missing_modules(path) if (_where(path), name) not in EXPECTED_MISSING]
+    stale = missing_modules(path)
     assert not stale, f'{_where(path)}: its docstrings name {stale}, which do not exist: name the module as it is now'
-
-
-@pytest.mark.parametrize(
-    ('where', 'name'),
-    [
-        pytest.param(*entry, marks=pytest.mark.xfail(strict=True, reason='its docstring is rewritten elsewhere'))
-        for entry in sorted(EXPECTED_MISSING)
-    ],
-)
-def test_a_known_missing_name_is_gone(where: str, name: str) -> None:
-    """Fails while the docstring still names it (expected); passes, and so fails the run, once it is fixed."""
-    (path,) = [p for p in SOURCES if _where(p) == where]
-    assert name not in missing_modules(path)
 
 
 def test_the_check_finds_each_kind_of_name() -> None:

@@ -15,7 +15,7 @@ __all__ = ('ContentTracker',)
 class ContentTracker:
     """The content of the newest saved history.
 
-    Keeps the saved message objects and the encodings of the newest `history.TAIL_RECHECK` of them,
+    Keeps the saved message objects and the encodings of the newest `stepcore.engine.TAIL_RECHECK` of them,
     which pydantic-ai stamps in place after a save. Older positions are compared by identity, and
     only where another object sits there by encoding both: messages older than the tail are never
     changed in place, so encoding them later gives what encoding them at save time would have.

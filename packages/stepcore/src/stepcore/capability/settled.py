@@ -60,7 +60,7 @@ def unanswered_tool_calls(messages: Sequence[ModelMessage]) -> list[ToolCallPart
 class SettledTracker:
     """`is_provider_valid` for one run's growing history, scanning only what is new at each call.
 
-    It remembers the message objects it scanned, short of the newest `history.TAIL_RECHECK` (which
+    It remembers the message objects it scanned, short of the newest `stepcore.engine.TAIL_RECHECK` (which
     pydantic-ai may still change in place), the calls left open after them and whether an answer
     among them had no open call. When a later history starts with those very objects only the rest
     is scanned; any other history is scanned whole.

@@ -1,10 +1,11 @@
 """The driver: runs the engine's plans on a port, in transactions, and names the store in its errors.
 
-A plan (`plans.py`) yields operations; the driver sends each to the port and its answer back, on
-the port's thread for a `SyncPort` (in one hand-off with the commit, or inline on the event loop
-for a short write when the port allows it, or grouped with other writes when the port groups
-them), or awaited for an `AsyncPort`. It marks the engine's write boundaries for fault injection
-and adds a note naming the store to an error of the backend's own.
+A plan (`_plans.py`) yields operations (a step's write may come whole instead, `ops.WriteStep`); the
+driver sends each to the port and its answer back, on the port's thread for a `SyncPort` (in one
+hand-off with the commit, or inline on the event loop for a short write when the port allows it,
+or grouped with other writes when the port groups them), or awaited for an `AsyncPort`. It marks
+the engine's write boundaries for fault injection and adds a note naming the store to an error of
+the backend's own.
 """
 
 from __future__ import annotations

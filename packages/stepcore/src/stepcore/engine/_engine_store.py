@@ -32,7 +32,7 @@ from stepcore.common.features import (
     require_feature,
 )
 from stepcore.common.telemetry import fenced_write
-from stepcore.engine._driver import INLINE_ATTEMPTS, INLINE_NEW_MESSAGES, INLINE_RECORDS, Driver, NeedsWalk, single
+from stepcore.engine._driver import INLINE_NEW_MESSAGES, INLINE_RECORDS, Driver, NeedsWalk, single
 from stepcore.engine._history import HistoryDelta, HistoryIndex, walk_chain
 from stepcore.engine._ops import (
     Body,
@@ -72,12 +72,6 @@ from stepcore.engine._plans import (
 )
 from stepcore.engine._port import Port, check_text
 from stepcore.engine._rows import (
-    EFFECT_CLEAR,
-    EFFECT_FIELDS_IN_ROW,
-    EVENT_CLEAR,
-    EVENT_FIELDS_IN_ROW,
-    RUN_CLEAR,
-    RUN_FIELDS_IN_ROW,
     SNAPSHOT_CLEAR,
     SNAPSHOT_FIELDS_IN_ROW,
     RowCodec,
@@ -131,22 +125,7 @@ from stepcore.store.registration import check_registration
 from stepcore.store.retention import check_max_snapshots
 from stepcore.store.step_store import StepStore
 
-__all__ = (
-    'EFFECT_CLEAR',
-    'EFFECT_FIELDS_IN_ROW',
-    'EVENT_CLEAR',
-    'EVENT_FIELDS_IN_ROW',
-    'INLINE_ATTEMPTS',
-    'INLINE_NEW_MESSAGES',
-    'INLINE_RECORDS',
-    'RUN_CLEAR',
-    'RUN_FIELDS_IN_ROW',
-    'SNAPSHOT_CLEAR',
-    'SNAPSHOT_FIELDS_IN_ROW',
-    'EngineStore',
-)
-"""`EngineStore`, and the row and driver constants this module held before the row codec
-(`rows.py`) and the driver (`driver.py`) had modules of their own."""
+__all__ = ('EngineStore',)
 
 
 _KEY_CONFLICT_ATTEMPTS = 5
