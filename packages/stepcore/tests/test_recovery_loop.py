@@ -293,3 +293,21 @@ def test_a_default_recovery_policy_is_checked() -> None:
     for bad in ('sometimes', 3):
         with pytest.raises(ValueError, match='is no recovery policy'):
             StepPersistence(default_recovery_policy=bad)
+
+
+async def test_an_outcome_says_when_its_claim_was_made_and_what_lease_it_took_over() -> None:
+    store = InMemoryStepStore()
+    world = World()
+    await _orphan(store, world, 'claimed')
+    found = await store.get_lease('claimed')
+    assert found is not None
+    await asyncio.sleep(TTL + 0.05)  # expired
+    world.gate('claimed').set()
+    (outcome,) = await recover_orphans(store, [world.agent(store)], lease_ttl=TTL)
+    assert outcome.outcome == 'resumed'
+    assert outcome.lease is not None
+    assert (outcome.lease.epoch, outcome.lease.owner) == (found.epoch, found.owner)
+    after = await store.get_lease('claimed')
+    assert after is not None
+    (taken,) = [change for change in after.history if change.what.value == 'taken over']
+    assert outcome.claimed_at == taken.at  # the claim itself, not the end of the settlement after it

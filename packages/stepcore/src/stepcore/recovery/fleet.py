@@ -98,9 +98,9 @@ class OrphanOutcome:
     resumed_as: str | None = None
     """The run that resumed it, when one started."""
     lease: Lease | None = None
-    """The orphan's lease as this worker found it (its owner, and when it expired), once it claimed it."""
+    """The orphan's lease as this worker's claim found it (its owner, and when it expired)."""
     claimed_at: datetime | None = None
-    """When this worker's claim on the orphan succeeded (and its calls were settled)."""
+    """When this worker's claim on the orphan succeeded (before its calls were settled)."""
 
 
 def agent_chooser(agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, Any]] | AgentChooser) -> AgentChooser:
@@ -211,7 +211,12 @@ async def _recover(
         if not store.is_transient(error):
             raise
         return OrphanOutcome(run_id, 'busy', f'{type(error).__name__}: {error}; tried again later')
-    claimed = partial(OrphanOutcome, run_id, lease=orphan.lease, claimed_at=utcnow())
+    claimed = partial(
+        OrphanOutcome,
+        run_id,
+        lease=resumption.claimed or orphan.lease,
+        claimed_at=resumption.claimed_at or utcnow(),
+    )
     if resumption.finished:
         return claimed('finished', 'its newest continuation had already finished')
     if resumption.pending:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from pydantic_ai import Agent
@@ -55,7 +56,7 @@ from stepcore.recovery.ledger import Recorded, SettledBy, record_settlements, ru
 from stepcore.recovery.paused import Waiting, record_answer
 from stepcore.recovery.policies import Reconciled, RecoveryPolicy, policy_for, reconcile
 from stepcore.store.contract import as_step_store, write_records
-from stepcore.store.leases import DEFAULT_LEASE_TTL, LeaseState, RunClaimedError, RunDeadError, with_change
+from stepcore.store.leases import DEFAULT_LEASE_TTL, Lease, LeaseState, RunClaimedError, RunDeadError, with_change
 from stepcore.store.models import EventKind, ToolEffectRecord, utcnow
 from stepcore.store.protocols import StepStoreProtocol
 from stepcore.store.step_store import StepStore
@@ -129,6 +130,11 @@ class Resumption:
     claim: Claim | None = None
     """Recovery's claim on `run_id` (a store that keeps leases), which `run` hands to the new run."""
     ownership: Ownership = 'unchecked'
+    claimed: Lease | None = None
+    """The run's lease as recovery's claim found it (its owner, and when it expired); `None` without a
+    claim, or when the run had no lease."""
+    claimed_at: datetime | None = None
+    """When recovery's claim on `run_id` was made (`None`: no claim)."""
     from_start: bool = False
     """The history is the start point the run's lease kept: it was killed before its first settled step."""
     waiting: tuple[DeferredCall, ...] = ()
@@ -260,7 +266,14 @@ async def resolve_run(
     except BaseException:
         await release_quietly(claim)
         raise
-    resumption = replace(resumption, followed=tuple(followed), claim=claim, ownership=ownership)
+    resumption = replace(
+        resumption,
+        followed=tuple(followed),
+        claim=claim,
+        ownership=ownership,
+        claimed=claim.previous if claim is not None else None,
+        claimed_at=claim.lease.since if claim is not None else None,
+    )
     if claim is not None and not resumption.ready:
         if resumption.finished:
             previous = claim.previous
