@@ -184,7 +184,7 @@ def test_misspelled_media_option_is_refused() -> None:
         stepcore.media_from_spec('disk', dir='blobs')
     assert str(raised.value) == (
         "media store backend 'disk' has no option 'dir' (did you mean 'directory'?); "
-        'it takes: directory, key_strategy, public_url'
+        'it takes: directory, key_strategy, public_url, full_fsync'
     )
 
 

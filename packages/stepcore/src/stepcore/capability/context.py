@@ -19,6 +19,7 @@ __all__ = (
     'RESUMES_KEY',
     'VERSION_KEY',
     'ActiveToolCall',
+    'JobLink',
     'ResumptionLink',
     'ToolEffectAnnotator',
     'active_run_id',
@@ -27,6 +28,7 @@ __all__ = (
     'fencing_token',
     'inside_run',
     'inside_tool_call',
+    'job_leased',
     'note_tool_attempt',
     'resuming',
     'settling_under',
@@ -223,20 +225,28 @@ class JobLink:
 
     job_id: str
     taken: bool = False
+    leased: bool = False
+    """Whether the run that took it also took the job's lease: the job started here."""
 
 
 _JOB: ContextVar[JobLink | None] = ContextVar('stepcore_job', default=None)
 
 
 @contextmanager
-def starting_job(job_id: str) -> Iterator[JobLink]:
-    """While the block runs, the first `StepPersistence` run to start is job `job_id` (its run id)."""
-    link = JobLink(job_id)
+def starting_job(link: JobLink) -> Iterator[JobLink]:
+    """While the block runs, the first `StepPersistence` run to start is job `link.job_id` (its run id)."""
     token = _JOB.set(link)
     try:
         yield link
     finally:
         _JOB.reset(token)
+
+
+def job_leased(job_id: str) -> None:
+    """The run that took job `job_id` took its lease too (see `JobLink.leased`)."""
+    link = _JOB.get()
+    if link is not None and link.taken and link.job_id == job_id:
+        link.leased = True
 
 
 def take_job() -> str | None:

@@ -431,7 +431,12 @@ class StepPersistence(StepOperations[AgentDepsT]):
         except Exception as store_error:
             error.add_note(f'StepPersistence could not record the failure: {describe_error(store_error)}')
         run.writer.end()
-        await end_lease(run, state=LeaseState.ENDED, outcome='failed', error=error)
+        if _store_failed(run, error):
+            # the run did not fail: its store did, in a way that passes (a dropped connection, a timeout).
+            # Ended as a crash, so recovery resumes it from what was stored, instead of as `failed`.
+            await end_lease(run, state=LeaseState.RUNNING, outcome='write failed', error=error, crashed=True)
+        else:
+            await end_lease(run, state=LeaseState.ENDED, outcome='failed', error=error)
         raise error
 
     # --- nodes and model requests ----------------------------------------------------------------
@@ -525,3 +530,14 @@ def step_persistences(agent: Agent[Any, Any]) -> list[StepPersistence[Any]]:
 
     agent.root_capability.apply(visit)
     return found
+
+
+def _store_failed(run: RunState, error: BaseException) -> bool:
+    """Whether `error` is a passing failure of a write to the run's store (or has one as its cause)."""
+    failed = run.writer.failed
+    if failed is None:
+        return False
+    seen: BaseException | None = error
+    while seen is not None and seen is not failed:
+        seen = seen.__cause__ or seen.__context__
+    return seen is failed and run.writer.store.is_transient(failed)

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 from pydantic_ai.tools import RunContext
 
+from stepcore.capability.context import job_leased
 from stepcore.capability.run_state import RunState
 from stepcore.ownership.claims import Claim, open_lease
 from stepcore.ownership.keeper import LeaseKeeper
@@ -60,6 +61,8 @@ async def take_lease(
         lease = await claim.hand_over(run.run_id, ttl=ttl, version=version)
     else:
         lease = await open_lease(store, run.run_id, ttl=ttl, resumes=resumes, start=start, version=version, job=job)
+        if job is not None:
+            job_leased(job)
     run.fence.epoch = lease.epoch
     run.fence.origin = lease.origin
     run.fence.store = store
@@ -68,8 +71,11 @@ async def take_lease(
     return lease
 
 
-async def end_lease(run: RunState, *, state: LeaseState, outcome: str, error: BaseException | None = None) -> None:
-    """Stop renewing and let the lease go as `state` (see the module docstring)."""
+async def end_lease(
+    run: RunState, *, state: LeaseState, outcome: str, error: BaseException | None = None, crashed: bool = False
+) -> None:
+    """Stop renewing and let the lease go as `state` (see the module docstring); `crashed`: left running
+    and expired at once, as a killed process's would be, so that recovery resumes the run."""
     keeper = run.keeper
     if keeper is None:
         return
@@ -78,8 +84,8 @@ async def end_lease(run: RunState, *, state: LeaseState, outcome: str, error: Ba
     if isinstance(error, RunFencedError) or run.fence.lost is not None:
         return  # taken over: the lease is the new owner's
     lease = keeper.lease
-    if isinstance(error, asyncio.CancelledError):
-        new = replace(lease, outcome='cancelled', since=utcnow())  # still running, expired now
+    if isinstance(error, asyncio.CancelledError) or crashed:
+        new = replace(lease, outcome='cancelled' if not crashed else outcome, since=utcnow())  # running, expired now
     else:
         new = replace(lease, state=state, owner=None, outcome=outcome, since=utcnow())
     try:

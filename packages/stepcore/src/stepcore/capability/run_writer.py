@@ -84,6 +84,8 @@ class RunWriter:
         self._timer_loop: asyncio.AbstractEventLoop | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         """Background flushes of deferred writes, kept referenced while they run."""
+        self.failed: Exception | None = None
+        """The error of the newest write the store refused or failed (`None`: none failed)."""
 
     async def write(
         self,
@@ -183,7 +185,9 @@ class RunWriter:
                     await self._write_step(self.run_id, batch, saved)
                 else:
                     await write_records(self.store, batch, snapshot=saved, own=self._own_batch)
-        except BaseException:
+        except BaseException as error:
+            if isinstance(error, Exception):
+                self.failed = error
             self._deferred[:0] = deferred
             self._deferred_snapshot = pending
             self._held[:0] = released

@@ -26,7 +26,7 @@ from pydantic_ai import Agent
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import DeferredToolRequests
 
-from stepcore.capability.context import starting_job
+from stepcore.capability.context import JobLink, starting_job
 from stepcore.capability.persistence import step_persistences
 from stepcore.ownership.claims import has_leases
 from stepcore.recovery.chains import continuations
@@ -147,16 +147,17 @@ async def start_job(
         raise ValueError(f'job_id {job_id!r} cannot name a job (it is its first run id): {error}') from None
     store = _find_store(agent)
     if not await _exists(store, job_id):
+        link = JobLink(job_id)
         try:
-            with starting_job(job_id):
+            with starting_job(link):
                 result = await agent.run(user_prompt, **run_options)
         except (RunClaimedError, ValueError):
             if not await _exists(store, job_id):
                 raise
             # another worker started it first: the conflict policy answers
         except Exception as error:  # a lock the other starter's transaction held past the store's wait
-            if not store.is_transient(error) or not await _exists(store, job_id):
-                raise
+            if link.leased or not store.is_transient(error) or not await _exists(store, job_id):
+                raise  # (`leased`: the run this call started failed on its own, no other starter was in the way)
         else:
             status = 'waiting' if isinstance(result.output, DeferredToolRequests) else 'completed'
             newest = (await continuations(store, job_id))[-1]
