@@ -36,7 +36,8 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, ParamSpec, Protocol, Self, TypeVar, cast
 
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from pydantic import TypeAdapter
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
 
 from stepcore.common.version import VERSION
 
@@ -443,10 +444,20 @@ def _payload(run_id: str, batch: Sequence[object], snapshot: _Snapshot | None) -
         _SAVED[run_id] = len(messages)
         if len(_SAVED) > _JOBS_KEPT:
             _SAVED.popitem(last=False)
-        new = list(messages[before:] if before <= len(messages) else messages)
-        if new:
-            size += len(ModelMessagesTypeAdapter.dump_json(new)) - len(new) - 1  # less the brackets and commas
+        for message in messages[before:] if before <= len(messages) else messages:
+            size += len(_message_adapter(type(message)).dump_json([message])) - 2  # less the brackets
     return size
+
+
+@functools.cache
+def _message_adapter(kind: type) -> TypeAdapter[list[Any]]:
+    """How a message of `kind` is serialized: a request or response adapter (a third of the work of
+    pydantic-ai's union of both), the union for anything else; each built once, when first needed."""
+    if kind is ModelRequest:
+        return TypeAdapter(list[ModelRequest])
+    if kind is ModelResponse:
+        return TypeAdapter(list[ModelResponse])
+    return TypeAdapter(list[ModelMessage])
 
 
 def _current_span_event(name: str, attributes: Mapping[str, str | int | bool]) -> None:
@@ -512,7 +523,9 @@ class _Off:
     def __enter__(self) -> _Off:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         return None
 
     def won(self, claim: ClaimT) -> ClaimT:
@@ -560,6 +573,13 @@ class _Write(_Block):
 def store_write(store: object, run_id: str, batch: Sequence[object], snapshot: _Snapshot | None) -> _Write | _Off:
     """`with` around one write of a run's records (`batch`, after `snapshot`) to `store`: the span
     `stepcore.write` and the write metrics. The capability's writer calls it for each batch."""
+    if (
+        _GLOBALS_READABLE
+        and otel_trace._TRACER_PROVIDER is _SWITCH.tracer_provider
+        and metric_globals._METER_PROVIDER is _SWITCH.meter_provider
+        and not _SWITCH.on
+    ):
+        return _OFF  # `_on()` written out: this runs at every write, and nothing listens
     if not _on():
         return _OFF
     return _Write(store, run_id, batch, snapshot)
