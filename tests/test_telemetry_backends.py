@@ -25,17 +25,12 @@ import textwrap
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, NumberDataPoint
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
+from otel_capture import Capture, fresh_capture
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -55,70 +50,10 @@ from stepcore import (
 
 # --- the SDK, process-wide (see packages/stepcore/tests/test_telemetry.py, which shares it) -----------------
 
-_READER = 'stepcore_tests_metric_reader'
-
-
-@dataclass
-class Capture:
-    exporter: InMemorySpanExporter
-    reader: InMemoryMetricReader
-
-    def spans(self, name: str | None = None) -> list[ReadableSpan]:
-        """stepcore's finished spans (named `name`), oldest first."""
-        found = [
-            s
-            for s in self.exporter.get_finished_spans()
-            if s.instrumentation_scope is not None and s.instrumentation_scope.name == 'stepcore'
-        ]
-        return sorted((s for s in found if name is None or s.name == name), key=lambda s: s.start_time or 0)
-
-    def all_spans(self) -> list[ReadableSpan]:
-        return sorted(self.exporter.get_finished_spans(), key=lambda s: s.start_time or 0)
-
-    def metric(self, name: str, **attributes: object) -> float:
-        """A counter's sum, a histogram's count or a gauge's value, over the points matching `attributes`."""
-        total = 0.0
-        data = self.reader.get_metrics_data()
-        for resource in data.resource_metrics if data is not None else ():
-            for scope in resource.scope_metrics:
-                for metric in scope.metrics:
-                    for point in metric.data.data_points if metric.name == name else ():
-                        if not attributes.items() <= dict(point.attributes or {}).items():
-                            continue
-                        if isinstance(point, HistogramDataPoint):
-                            total += point.count
-                        elif isinstance(point, NumberDataPoint):
-                            total += point.value
-        return total
-
-
-def _capture() -> Capture:
-    tracer_provider = trace.get_tracer_provider()
-    if not isinstance(tracer_provider, TracerProvider):
-        tracer_provider = TracerProvider()
-        trace.set_tracer_provider(tracer_provider)
-    exporter = InMemorySpanExporter()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    meter_provider = metrics.get_meter_provider()
-    reader: InMemoryMetricReader | None = getattr(meter_provider, _READER, None)
-    if reader is None:
-        reader = InMemoryMetricReader()
-        meter_provider = MeterProvider(metric_readers=[reader])
-        metrics.set_meter_provider(meter_provider)
-        assert metrics.get_meter_provider() is meter_provider, 'another meter provider was set in this process'
-        setattr(meter_provider, _READER, reader)
-    return Capture(exporter, reader)
-
-
-_captured: list[Capture] = []
-
 
 @pytest.fixture
 def otel() -> Capture:
-    if not _captured:
-        _captured.append(_capture())
-    _captured[0].exporter.clear()
-    return _captured[0]
+    return fresh_capture()
 
 
 # --- the stores ---------------------------------------------------------------------------------------------

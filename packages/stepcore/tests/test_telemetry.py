@@ -20,24 +20,19 @@ The SDK's providers are process-wide and set once: the first test module to need
 from __future__ import annotations
 
 import asyncio
-import functools
 import sqlite3
 import subprocess
 import sys
 import textwrap
 from collections.abc import Mapping
 from contextlib import closing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, NumberDataPoint
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from otel_capture import Capture, fresh_capture
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -54,79 +49,11 @@ from stepcore import (
     resolve_run,
 )
 
-_READER = 'stepcore_tests_metric_reader'
-"""Where the first module that set the meter provider keeps its reader, for the next module."""
-
-
-@dataclass
-class Capture:
-    """What the SDK received: finished spans, and the metrics as the reader collects them."""
-
-    exporter: InMemorySpanExporter
-    reader: InMemoryMetricReader
-
-    def spans(self, name: str | None = None) -> list[ReadableSpan]:
-        """stepcore's finished spans (named `name`), oldest first."""
-        found = [
-            s
-            for s in self.exporter.get_finished_spans()
-            if s.instrumentation_scope is not None and s.instrumentation_scope.name == 'stepcore'
-        ]
-        return sorted((s for s in found if name is None or s.name == name), key=lambda s: s.start_time or 0)
-
-    def all_spans(self) -> list[ReadableSpan]:
-        return list(self.exporter.get_finished_spans())
-
-    def metric(self, name: str, **attributes: object) -> float:
-        """The sum (a counter), the count (a histogram) or the value (a gauge) of `name` over its points
-        whose attributes include `attributes`."""
-        total = 0.0
-        data = self.reader.get_metrics_data()
-        for resource in data.resource_metrics if data is not None else ():
-            for scope in resource.scope_metrics:
-                for metric in scope.metrics:
-                    if metric.name != name:
-                        continue
-                    for point in metric.data.data_points:
-                        if not attributes.items() <= dict(point.attributes or {}).items():
-                            continue
-                        if isinstance(point, HistogramDataPoint):
-                            total += point.count
-                        elif isinstance(point, NumberDataPoint):
-                            total += point.value
-        return total
-
-
-def capture() -> Capture:
-    """The process's SDK providers (set here when none is), with an exporter of this module's own."""
-    tracer_provider = trace.get_tracer_provider()
-    if not isinstance(tracer_provider, TracerProvider):
-        tracer_provider = TracerProvider()
-        trace.set_tracer_provider(tracer_provider)
-    exporter = InMemorySpanExporter()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    meter_provider = metrics.get_meter_provider()
-    reader: InMemoryMetricReader | None = getattr(meter_provider, _READER, None)
-    if reader is None:
-        reader = InMemoryMetricReader()
-        meter_provider = MeterProvider(metric_readers=[reader])
-        metrics.set_meter_provider(meter_provider)
-        assert metrics.get_meter_provider() is meter_provider, 'another meter provider was set in this process'
-        setattr(meter_provider, _READER, reader)
-    return Capture(exporter, reader)
-
-
-@functools.cache
-def _module_capture() -> Capture:
-    return capture()
-
 
 @pytest.fixture
 def otel() -> Capture:
-    """This module's capture, its exporter emptied."""
-    found = _module_capture()
-    found.exporter.clear()
-    return found
+    """The process's capture, its exporter emptied."""
+    return fresh_capture()
 
 
 def _strings(span: ReadableSpan) -> list[str]:
