@@ -311,3 +311,43 @@ async def test_an_outcome_says_when_its_claim_was_made_and_what_lease_it_took_ov
     assert after is not None
     (taken,) = [change for change in after.history if change.what.value == 'taken over']
     assert outcome.claimed_at == taken.at  # the claim itself, not the end of the settlement after it
+
+
+async def test_a_live_run_whose_renewal_came_late_is_not_an_orphan_to_its_own_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A starved event loop lets a live run's lease expire: another process may take the run over
+    (and fences this one), but this process's own loop does not claim the run it is still running."""
+    from stepcore import list_orphans
+    from stepcore.ownership.keeper import LeaseKeeper
+
+    async def late(self: LeaseKeeper) -> bool:
+        await asyncio.sleep(3600)  # the renewal never comes back in time
+        return True
+
+    monkeypatch.setattr(LeaseKeeper, 'renew', late)
+    store = InMemoryStepStore()
+    world = World()
+    world.gate('live')
+    run = asyncio.create_task(world.agent(store, 'live').run('go'))
+    await asyncio.wait_for(world.entered('live').wait(), 5)
+    await asyncio.sleep(TTL * 2)
+    lease = await store.get_lease('live')
+    assert lease is not None
+    assert lease.state is LeaseState.RUNNING
+    assert lease.expired  # any other process lists it as an orphan
+    assert await list_orphans(store) == []  # this one knows it is alive here
+    outcomes = Outcomes()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(
+        run_recovery_loop(store, [world.agent(store)], interval=0.05, stop=stop, on_outcome=outcomes.add)
+    )
+    await asyncio.sleep(0.3)  # six ticks
+    world.gate('live').set()
+    assert (await asyncio.wait_for(run, 5)).output == 'done'
+    stop.set()
+    await asyncio.wait_for(loop, 5)
+    assert list(outcomes) == []
+    ended = await store.get_lease('live')
+    assert ended is not None
+    assert (ended.state, ended.epoch) == (LeaseState.ENDED, lease.epoch)  # never taken over

@@ -80,6 +80,15 @@ async def end_lease(
     if keeper is None:
         return
     run.keeper = None
+    try:
+        await _let_go(run, keeper, state=state, outcome=outcome, error=error, crashed=crashed)
+    finally:
+        keeper.forget()  # counted alive here until now: this process's own recovery leaves it alone
+
+
+async def _let_go(
+    run: RunState, keeper: LeaseKeeper, *, state: LeaseState, outcome: str, error: BaseException | None, crashed: bool
+) -> None:
     await keeper.stop()
     if isinstance(error, RunFencedError) or run.fence.lost is not None:
         return  # taken over: the lease is the new owner's

@@ -7,6 +7,10 @@ epoch, the lease was taken over: the keeper stops and marks the run's fence as l
 next write is refused by the store. A failed renewal (the store unreachable) is retried at the
 next tick; the lease may expire meanwhile, and then another worker may take the run over, which
 fences this one.
+
+While a keeper runs, `kept_here(lease)` says the lease belongs to a run alive in this process: a
+lease that expired only because its renewal came late (a starved event loop) is not an orphan to
+this process's own recovery loop, which would otherwise claim and fence its own live run.
 """
 
 from __future__ import annotations
@@ -19,9 +23,17 @@ from dataclasses import replace
 from stepcore.store.leases import Fence, Lease
 from stepcore.store.step_store import StepStore
 
-__all__ = ('LeaseKeeper',)
+__all__ = ('LeaseKeeper', 'kept_here')
 
 logger = logging.getLogger('stepcore.ownership')
+
+_KEEPING: dict[tuple[str, str], LeaseKeeper] = {}
+"""The keepers running in this process, by run id and the token of the claim they keep."""
+
+
+def kept_here(lease: Lease) -> bool:
+    """Whether a keeper in this process is renewing `lease` (the same claim: run id and owner token)."""
+    return lease.owner is not None and (lease.run_id, lease.owner.token) in _KEEPING
 
 
 class LeaseKeeper:
@@ -39,9 +51,21 @@ class LeaseKeeper:
         """Start renewing, on the running event loop."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._keep(), name=f'lease of {self.lease.run_id}')
+            _KEEPING[self._key] = self
+
+    @property
+    def _key(self) -> tuple[str, str]:
+        owner = self.lease.owner
+        return (self.lease.run_id, owner.token if owner is not None else '')
+
+    def forget(self) -> None:
+        """No longer count the lease as alive here: once it is let go, or the run abandoned."""
+        if _KEEPING.get(self._key) is self:
+            del _KEEPING[self._key]
 
     async def stop(self) -> None:
-        """Stop renewing (the lease stays as last renewed)."""
+        """Stop renewing (the lease stays as last renewed, and alive here until `forget()`: the run
+        is still letting it go)."""
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
@@ -49,8 +73,9 @@ class LeaseKeeper:
                 await task
 
     def stop_soon(self) -> None:
-        """Stop renewing without waiting (from code that cannot await)."""
+        """Stop renewing without waiting (from code that cannot await), and forget the lease."""
         task, self._task = self._task, None
+        self.forget()
         if task is not None:
             task.cancel()
 

@@ -1,7 +1,8 @@
 """Finding the runs nobody owns any more: read through the store's index of lease states.
 
 An orphan is a run whose lease is `running` and whose owner is gone: the lease expired on the
-store's clock, or its owner ran on this host and its process has exited. Runs waiting for an
+store's clock, or its owner ran on this host and its process has exited. A run this very process
+is still running and renewing is not one, even when a late renewal let its lease expire. Runs waiting for an
 approval (`waiting`) or for a person's answer after recovery (`pending`) are never orphans; the
 second kind is listed apart, so a fleet can report them without holding other runs back.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from stepcore.ownership.claims import has_leases
 from stepcore.ownership.identity import owner_gone
+from stepcore.ownership.keeper import kept_here
 from stepcore.store.contract import as_step_store
 from stepcore.store.leases import Lease, LeaseState
 
@@ -39,6 +41,8 @@ async def list_orphans(store: object) -> list[Orphan]:
         return []
     found: list[Orphan] = []
     for lease in await bound.list_leases([LeaseState.RUNNING]):
+        if kept_here(lease):
+            continue
         if owner_gone(lease):
             found.append(Orphan(lease, 'owner gone'))
         elif lease.expired:
