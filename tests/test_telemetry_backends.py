@@ -366,8 +366,16 @@ async def test_the_recovery_loop_gauges_its_waiting_orphans_and_times_their_pick
 
     picture = '\n'.join(tree(spans, recovered, {run_id: 'RUN', outcome.resumed_as: 'RESUMPTION'}))
     print(picture)
-    assert 'stepcore.write' in picture
     assert '· stepcore.settlement  tool_call_id=call-ship tool_name=ship outcome=rerun' in picture
+    assert picture == _documented_trace(), 'docs/observability.md shows another trace than this run made'
+
+
+def _documented_trace() -> str:
+    """The picture of a recovered run's trace in docs/observability.md (its first `text` block
+    after the heading)."""
+    page = (Path(__file__).parents[1] / 'docs' / 'observability.md').read_text(encoding='utf-8')
+    section = page.split("## One recovered run's trace", 1)[1]
+    return section.split('```text\n', 1)[1].split('\n```', 1)[0]
 
 
 async def test_a_zombies_refused_write_is_an_event_of_its_write_span(

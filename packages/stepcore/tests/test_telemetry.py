@@ -41,6 +41,7 @@ from pydantic_ai.tools import DeferredToolRequests
 from step_sqlite import SqliteStepStore
 from stepcore import (
     DamagedRecordError,
+    InMemoryStepStore,
     RunFencedError,
     StepPersistence,
     apply_deadlines,
@@ -138,6 +139,53 @@ async def test_each_write_of_an_instrumented_run_is_a_span_under_pydantic_ais_sp
     assert otel.metric('stepcore.store.write.duration', **{'db.system.name': 'sqlite'}) - timed_before == len(writes)
     written_bytes = sum(int(str((w.attributes or {})['stepcore.write.bytes'])) for w in writes)
     assert otel.metric('stepcore.store.write.bytes', **{'db.system.name': 'sqlite'}) - bytes_before == written_bytes
+
+
+def _long_result_agent(store: Any, run_id: str) -> Agent[None, str]:
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        del info
+        if any(isinstance(p, ToolReturnPart) for m in messages for p in m.parts):
+            return ModelResponse(parts=[TextPart('done')])
+        return ModelResponse(parts=[ToolCallPart('long', {}, tool_call_id='call-1')])
+
+    agent = Agent(FunctionModel(model), capabilities=[StepPersistence(store=store, run_id=run_id)])
+
+    @agent.tool_plain
+    def long() -> str:  # pyright: ignore[reportUnusedFunction]
+        return 'x' * 60_000
+
+    return agent
+
+
+def _bytes_written(otel: Capture) -> int:
+    return sum(int(str((w.attributes or {})['stepcore.write.bytes'])) for w in otel.spans('stepcore.write'))
+
+
+async def test_a_writes_bytes_are_what_the_engine_sealed_and_json_for_a_store_of_its_own(
+    otel: Capture, store: SqliteStepStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the engine's path the bytes are those of the bodies it sealed for the store (nothing is
+    serialized again to count them); a store whose `write_batch` is its own is told the JSON size of
+    what it was given. Either way a message is counted once, in the write that added it."""
+    from stepcore.common import telemetry
+
+    measured = telemetry._payload  # pyright: ignore[reportPrivateUsage]
+
+    def not_on_the_engines_path(*args: Any) -> int:
+        raise AssertionError('the engine told the size: nothing is serialized again')
+
+    monkeypatch.setattr(telemetry, '_payload', not_on_the_engines_path)
+    assert (await _long_result_agent(store, 'long-1').run('go')).output == 'done'
+    assert 60_000 < _bytes_written(otel) < 70_000  # 60,000 letters in one tool return, and the rest
+
+    class OwnBatches(InMemoryStepStore):
+        async def write_batch(self, *args: Any, **kwargs: Any) -> None:
+            await super().write_batch(*args, **kwargs)
+
+    monkeypatch.setattr(telemetry, '_payload', measured)
+    otel.exporter.clear()
+    assert (await _long_result_agent(OwnBatches(), 'long-2').run('go')).output == 'done'
+    assert 60_000 < _bytes_written(otel) < 70_000
 
 
 async def test_no_prompt_tool_argument_tool_result_or_model_text_reaches_a_stepcore_span(

@@ -180,11 +180,12 @@ class RunWriter:
         batch = [*deferred, *_flat(released), *writes] if released else [*deferred, *writes]
         saved = pending if pending is not None else snapshot
         try:
-            with store_write(self.store, self.run_id, batch, saved):
+            with store_write(self.store, self.run_id, batch, saved) as write:
                 if self._write_step is not None:
-                    await self._write_step(self.run_id, batch, saved)
+                    write.written(await self._write_step(self.run_id, batch, saved))
                 else:
                     await write_records(self.store, batch, snapshot=saved, own=self._own_batch)
+                    write.written()
         except BaseException as error:
             if isinstance(error, Exception):
                 self.failed = error

@@ -534,22 +534,27 @@ class _Off:
     def done(self, found: T) -> T:
         return found
 
+    def written(self, step: object = None) -> None:
+        return None
+
 
 _OFF: Final = _Off()
 
 
 class _Write(_Block):
-    __slots__ = ('_backend', '_bytes', '_started')
+    __slots__ = ('_backend', '_batch', '_bytes', '_run_id', '_snapshot', '_started')
 
     def __init__(self, store: object, run_id: str, batch: Sequence[object], snapshot: _Snapshot | None) -> None:
         self._backend = backend_name(store)
-        self._bytes = _payload(run_id, batch, snapshot)
+        self._run_id = run_id
+        self._batch = batch
+        self._snapshot = snapshot
+        self._bytes: int | None = None
         attributes: dict[str, Any] = {
             DB_SYSTEM: self._backend,
             DB_OPERATION: 'write_batch',
             RUN_ID: run_id,
             _RECORDS: len(batch) + (snapshot is not None),
-            _BYTES: self._bytes,
         }
         if (job := _JOBS.get(run_id)) is not None:
             attributes[JOB_ID] = job
@@ -558,13 +563,21 @@ class _Write(_Block):
         super().__init__('stepcore.write', attributes, client=True)
         self._started = time.perf_counter()
 
+    def written(self, step: object = None) -> None:
+        """The write went through: `step` is what the engine wrote (its sealed bodies tell the bytes);
+        without one (a store of its own), the bytes are those of the records and new messages as JSON."""
+        measure = getattr(step, 'body_bytes', None)
+        size = measure() if measure is not None else None
+        self._bytes = size if size is not None else _payload(self._run_id, self._batch, self._snapshot)
+        self.set(_BYTES, self._bytes)
+
     def ended(self, error: BaseException | None) -> None:
         if not _SWITCH.metering:
             return
         attributes = {DB_SYSTEM: self._backend}
         if error is not None:
             attributes[ERROR_TYPE] = _error_type(error)
-        else:
+        elif self._bytes is not None:
             _INSTRUMENTS.write_bytes.add(self._bytes, attributes)
         _INSTRUMENTS.writes.add(1, attributes)
         _INSTRUMENTS.write_duration.record(time.perf_counter() - self._started, attributes)

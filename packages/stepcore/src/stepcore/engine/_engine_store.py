@@ -168,6 +168,8 @@ class _Save:
     delta: HistoryDelta | None = None
     sums: list[str] | None = None
     """The stored sums of the delta's new messages, once sealed."""
+    step: WriteStep | None = None
+    """The step last planned: what was written, once the save returns."""
 
 
 class EngineStore(StepStore):
@@ -445,25 +447,30 @@ class EngineStore(StepStore):
 
     async def write_step(
         self, run_id: str, records: Sequence[StepWrite], snapshot: ContinuableSnapshot | None = None
-    ) -> None:
+    ) -> WriteStep:
         """Save one run's `snapshot` and `records` in one transaction, as `write_batch` does, for a
         caller that built them itself for `run_id` (the capability's writer): nothing is checked
-        again. Every other caller goes through `write_batch`, which checks what it is given."""
-        await self.__write_run(run_id, records, snapshot)
+        again. Every other caller goes through `write_batch`, which checks what it is given.
+        Answers the step as written (sealed), whose `body_bytes()` tells its size."""
+        return await self.__write_run(run_id, records, snapshot)
 
     async def __write_run(
         self, run_id: str, records: Sequence[StepWrite], snapshot: ContinuableSnapshot | None
-    ) -> None:
+    ) -> WriteStep:
         epoch = fence_of(run_id)
         try:
             if snapshot is not None:
-                await self.__save(run_id, snapshot, records, epoch)
-            else:
-                await self.__driver.transact(
-                    [run_id],
-                    lambda: WriteStep(run_id, *record_rows(self.__sealer, run_id, records), None, None, epoch),
-                    short=len(records) <= INLINE_RECORDS,
-                )
+                return await self.__save(run_id, snapshot, records, epoch)
+            step: WriteStep | None = None
+
+            def plan() -> WriteStep:  # built again when the transaction is: a port numbers its rows
+                nonlocal step
+                step = WriteStep(run_id, *record_rows(self.__sealer, run_id, records), None, None, epoch)
+                return step
+
+            await self.__driver.transact([run_id], plan, short=len(records) <= INLINE_RECORDS)
+            assert step is not None
+            return step
         except Fenced:
             raise await self.__fenced(run_id, epoch) from None
         except Exception as error:
@@ -523,7 +530,7 @@ class EngineStore(StepStore):
 
     async def __save(
         self, run_id: str, snapshot: ContinuableSnapshot, records: Sequence[StepWrite], epoch: int | None
-    ) -> None:
+    ) -> WriteStep:
         """Save a snapshot with its run's records: find and encode the new messages, externalize their
         media, then write everything in one transaction.
 
@@ -563,7 +570,8 @@ class EngineStore(StepStore):
             parent = cast(int | None, delta.parent)
             write = SnapshotWrite(key=snapshot.idempotency_key, parent=parent, bodies=bodies, row=row)
             rows = record_rows(self.__sealer, run_id, records)
-            return WriteStep(run_id, *rows, write, self.max_snapshots_per_run, epoch)
+            save.step = WriteStep(run_id, *rows, write, self.max_snapshots_per_run, epoch)
+            return save.step
 
         restarted = False
         conflicts = 0
@@ -597,6 +605,8 @@ class EngineStore(StepStore):
         if outcome is not None:
             assert save.delta is not None
             self.__history.commit(save.delta, outcome, save.sums or ())
+        assert save.step is not None
+        return save.step
 
     # -- reads --------------------------------------------------------------------------------
 
