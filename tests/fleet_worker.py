@@ -144,7 +144,7 @@ class Effects:
                                                     run_id TEXT NOT NULL, pid INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS counts (kind TEXT NOT NULL, pid INTEGER NOT NULL, detail TEXT, at REAL);
                 CREATE TABLE IF NOT EXISTS pickups (run_id TEXT NOT NULL, owner_pid INTEGER, owner_host TEXT,
-                                                    expires REAL NOT NULL, claimed REAL NOT NULL);
+                                                    expires REAL NOT NULL, claimed REAL NOT NULL, listed REAL);
                 """
             )
         self.add_jobs(jobs)
@@ -167,20 +167,22 @@ class Effects:
             )
 
     def picked_up(self, found: OrphanOutcome) -> None:
-        """Note when an orphan was claimed, with its owner and when its lease expired."""
+        """Note when an orphan was claimed, with its owner, when its lease expired and when the claiming
+        worker first listed it."""
         lease, claimed = found.lease, found.claimed_at
         if lease is None or claimed is None:
             return
         owner = lease.owner
         with self.connect() as db:
             db.execute(
-                'INSERT INTO pickups VALUES (?, ?, ?, ?, ?)',
+                'INSERT INTO pickups VALUES (?, ?, ?, ?, ?, ?)',
                 (
                     found.run_id,
                     owner.pid if owner is not None else None,
                     owner.host if owner is not None else None,
                     lease.expires_at.timestamp(),
                     claimed.timestamp(),
+                    found.listed_at.timestamp() if found.listed_at is not None else None,
                 ),
             )
 

@@ -93,10 +93,10 @@ class Scale:
     runners: int
     """Jobs each worker runs at a time."""
     resumers: int
-    """Orphans each worker's recovery loop resumes at a time (its `concurrency`). One: the loop lists
-    orphans the longest expired first, so a worker with room for two takes a poison run together with
-    another orphan its dead worker left, and the poison takes that one down too, again and again; its
-    deaths then add up as fast as the poison run's, and it would be set dead with it."""
+    """Orphans each worker's recovery loop resumes at a time (its `concurrency`; `CHAOS_RESUMERS` sets
+    it for the fast stores). Two, so that the loop's rule holds under fire: a suspect (a resumption
+    that died, as a poison job's do after its first run) is resumed alone, so a poison job takes no
+    other chain's resumption down with it and no ordinary job collects its deaths."""
     kills: int
     pauses: int
     freezes: int
@@ -112,7 +112,7 @@ class Scale:
     tool having run at most once more. An ordinary chain collects deaths only while one of its
     resumptions runs in a worker the chaos (or a poison job's first run) takes down, so how many it may
     collect grows with how long its runs last against how often a worker dies. Measured over repeated
-    runs with one resumption per worker, the most deaths any ordinary chain collected (printed as `most
+    runs with one or two resumptions per worker, the most deaths any ordinary chain collected (printed as `most
     deaths of a job`) were 3 on SQLite, PostgreSQL and Redis, whose runs last tenths of a second, and 6
     on MongoDB, whose runs last seconds; the number of chains falls by about half with each further
     death. So 8 on the fast stores and 12 on MongoDB (with one poison job there, so that its deaths do
@@ -135,7 +135,7 @@ _FAST = Scale(
     refill=20,
     low=2 * WORKERS,
     runners=2,
-    resumers=1,
+    resumers=int(os.environ.get('CHAOS_RESUMERS', '2')),
     kills=60,
     pauses=7,
     freezes=0,
@@ -507,22 +507,29 @@ class Chaos:
 
 def _pickups(world: Path, killed_at: dict[int, float]) -> dict[str, float | int]:
     """Seconds from each orphan's becoming one (its owner killed on this host, or its lease expired) to
-    a worker's claim: how many, p50 and p99."""
+    a worker's claim, and from the claiming worker's first listing of it to its claim (the loop's own
+    part: the rest is time no live worker had room or was running yet): how many, p50 and p99."""
     host = socket.gethostname()
     with sqlite3.connect(world / 'effects.db') as db:
-        rows = db.execute('SELECT owner_pid, owner_host, expires, claimed FROM pickups').fetchall()
+        rows = db.execute('SELECT owner_pid, owner_host, expires, claimed, listed FROM pickups').fetchall()
     waits: list[float] = []
-    for pid, owner_host, expires, claimed in rows:
+    listed: list[float] = []
+    for pid, owner_host, expires, claimed, seen in rows:
         orphaned = expires
         if owner_host == host and pid in killed_at:
             orphaned = min(expires, killed_at[pid])
         waits.append(max(claimed - orphaned, 0.0))
+        if seen is not None:
+            listed.append(max(claimed - seen, 0.0))
     if not waits:
         return {'pickups': 0}
-    waits.sort()
-    p50 = statistics.median(waits)
-    p99 = waits[min(len(waits) - 1, round(0.99 * (len(waits) - 1)))]
-    return {'pickups': len(waits), 'pickup p50 (s)': round(p50, 2), 'pickup p99 (s)': round(p99, 2)}
+    found: dict[str, float | int] = {'pickups': len(waits)}
+    for name, seconds in (('pickup', waits), ('listed to claimed', listed)):
+        if seconds:
+            seconds.sort()
+            found[f'{name} p50 (s)'] = round(statistics.median(seconds), 2)
+            found[f'{name} p99 (s)'] = round(seconds[min(len(seconds) - 1, round(0.99 * (len(seconds) - 1)))], 2)
+    return found
 
 
 def _effects(world: Path) -> tuple[Counter[str], list[tuple[str, int]]]:

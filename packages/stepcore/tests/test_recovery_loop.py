@@ -16,12 +16,14 @@ from stepcore import (
     OrphanOutcome,
     StepPersistence,
     fencing_token,
+    list_orphans,
     recover_orphans,
     recovery_policy,
     resolve_run,
     run_recovery_loop,
 )
 from stepcore.ownership.claims import open_lease
+from stepcore.recovery.fleet import suspect
 from stepcore.store.leases import LeaseState, Owner
 from stepcore_conformance.capability import function_model
 
@@ -311,6 +313,35 @@ async def test_an_outcome_says_when_its_claim_was_made_and_what_lease_it_took_ov
     assert after is not None
     (taken,) = [change for change in after.history if change.what.value == 'taken over']
     assert outcome.claimed_at == taken.at  # the claim itself, not the end of the settlement after it
+    assert outcome.listed_at is not None
+    assert outcome.listed_at <= outcome.claimed_at  # listed by this worker, then claimed
+
+
+async def test_the_loop_knows_when_it_first_listed_each_orphan_without_opentelemetry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A suspect's wait, and an outcome's `listed_at`, are the loop's own: they do not depend on the
+    OpenTelemetry API being installed."""
+    from stepcore.common import telemetry
+
+    monkeypatch.setattr(telemetry, 'otel_api', False)
+    store = InMemoryStepStore()
+    world = World()
+    await _orphan(store, world, 'listed')
+    world.gate('listed').set()
+    outcomes = Outcomes()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(
+        run_recovery_loop(store, [world.agent(store)], interval=0.05, stop=stop, on_outcome=outcomes.add)
+    )
+    try:
+        outcome = await outcomes.until('listed')
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+    assert outcome.listed_at is not None
+    assert outcome.claimed_at is not None
+    assert outcome.listed_at <= outcome.claimed_at
 
 
 async def test_a_live_run_whose_renewal_came_late_is_not_an_orphan_to_its_own_process(
@@ -318,7 +349,6 @@ async def test_a_live_run_whose_renewal_came_late_is_not_an_orphan_to_its_own_pr
 ) -> None:
     """A starved event loop lets a live run's lease expire: another process may take the run over
     (and fences this one), but this process's own loop does not claim the run it is still running."""
-    from stepcore import list_orphans
     from stepcore.ownership.keeper import LeaseKeeper
 
     async def late(self: LeaseKeeper) -> bool:
@@ -351,3 +381,86 @@ async def test_a_live_run_whose_renewal_came_late_is_not_an_orphan_to_its_own_pr
     ended = await store.get_lease('live')
     assert ended is not None
     assert (ended.state, ended.epoch) == (LeaseState.ENDED, lease.epoch)  # never taken over
+
+
+async def _died_resumption(store: InMemoryStepStore, world: World, run_id: str) -> str:
+    """`run_id` orphaned, then resumed, and that resumption stopped inside its tool in turn: the
+    resumption's id (an orphan that is a suspect)."""
+    await _orphan(store, world, run_id)
+    resumption = await resolve_run(store, run_id=run_id, agent=world.agent(store), lease_ttl=TTL)
+    task = asyncio.create_task(resumption.run(world.agent(store)))
+    await asyncio.wait_for(world.entered(run_id).wait(), 5)
+    world.entered(run_id).clear()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    lease = await store.get_lease(run_id)
+    assert lease is not None
+    assert lease.resumed_by is not None
+    return lease.resumed_by
+
+
+async def test_a_suspect_is_resumed_alone_in_its_worker() -> None:
+    """A resumption that died may be what kills its worker: the loop resumes it with nothing beside
+    it, and starts the next orphan only once it is done (here with room for two)."""
+    store = InMemoryStepStore()
+    world = World()
+    resumption = await _died_resumption(store, world, 'suspect')
+    await _orphan(store, world, 'plain')
+    listed = {o.run_id: o for o in await list_orphans(store)}
+    assert suspect(listed[resumption])
+    assert not suspect(listed['plain'])
+    outcomes = Outcomes()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(
+        run_recovery_loop(store, [world.agent(store)], interval=0.05, concurrency=2, stop=stop, on_outcome=outcomes.add)
+    )
+    try:
+        await asyncio.wait_for(world.entered('suspect').wait(), 10)  # the oldest orphan: alone
+        await asyncio.sleep(0.3)  # six ticks with room for one more
+        assert not world.entered('plain').is_set()
+        world.gate('suspect').set()
+        assert (await outcomes.until(resumption)).outcome == 'resumed'
+        await asyncio.wait_for(world.entered('plain').wait(), 10)  # then the next
+        world.gate('plain').set()
+        assert (await outcomes.until('plain')).outcome == 'resumed'
+    finally:
+        world.gate('suspect').set()
+        world.gate('plain').set()
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+
+
+async def test_a_suspect_waits_for_its_worker_to_drain_and_nothing_starts_beside_it() -> None:
+    """An ordinary orphan runs; a suspect listed meanwhile is held until the worker is empty, and the
+    worker takes nothing new while the suspect waits past one interval."""
+    store = InMemoryStepStore()
+    world = World()
+    await _orphan(store, world, 'first')
+    outcomes = Outcomes()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(
+        run_recovery_loop(store, [world.agent(store)], interval=0.05, concurrency=3, stop=stop, on_outcome=outcomes.add)
+    )
+    try:
+        await asyncio.wait_for(world.entered('first').wait(), 10)
+        resumption = await _died_resumption(store, world, 'suspect')
+        await asyncio.sleep(0.2)  # the suspect is listed, and waits past an interval
+        await _orphan(store, world, 'later')
+        await asyncio.sleep(0.3)
+        assert not world.entered('suspect').is_set()  # not beside the first
+        assert not world.entered('later').is_set()  # and the worker drains for the suspect
+        world.gate('first').set()
+        await asyncio.wait_for(world.entered('suspect').wait(), 10)
+        await asyncio.sleep(0.2)
+        assert not world.entered('later').is_set()  # nothing beside the suspect
+        world.gate('suspect').set()
+        assert (await outcomes.until(resumption)).outcome == 'resumed'
+        await asyncio.wait_for(world.entered('later').wait(), 10)
+        world.gate('later').set()
+        assert (await outcomes.until('later')).outcome == 'resumed'
+    finally:
+        for gate in ('first', 'suspect', 'later'):
+            world.gate(gate).set()
+        stop.set()
+        await asyncio.wait_for(loop, 10)

@@ -824,13 +824,14 @@ class OrphanWatch:
         return backend_name(self._store)
 
     def listed(self, orphans: Sequence[_Orphan]) -> None:
-        """The orphans a listing found."""
-        if not otel_api:
-            return
+        """The orphans a listing found (when each was first listed is kept with or without
+        OpenTelemetry: the recovery loop reads it)."""
         now = _utcnow()
         first = {orphan.run_id: self._first.get(orphan.run_id, now) for orphan in orphans}
         new = len(first.keys() - self._first.keys())
         self._first = first
+        if not otel_api:
+            return
         self.orphans = (len(orphans), min((o.lease.expires_at for o in orphans), default=None))
         if new and _on() and _SWITCH.metering:
             _INSTRUMENTS.orphans_listed.add(new, {DB_SYSTEM: self.backend})

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 from typing import Any, Literal, TypeAlias
@@ -101,6 +101,8 @@ class OrphanOutcome:
     """The orphan's lease as this worker's claim found it (its owner, and when it expired)."""
     claimed_at: datetime | None = None
     """When this worker's claim on the orphan succeeded (before its calls were settled)."""
+    listed_at: datetime | None = None
+    """When this worker first listed the orphan: `claimed_at` minus this is how long it waited here."""
 
 
 def agent_chooser(agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, Any]] | AgentChooser) -> AgentChooser:
@@ -144,17 +146,16 @@ async def _recover_one(
     """What this worker does with `orphan` (see `_recover`), in a span telling its outcome and, from
     `listed_at` (when the loop first listed it), how long it waited for its claim."""
     with recovering_orphan(store, orphan, listed_at) as recovering:
-        return recovering.done(
-            await _recover(
-                store,
-                orphan,
-                choose,
-                policies=policies,
-                lease_ttl=lease_ttl,
-                max_recovery_attempts=max_recovery_attempts,
-                run_options=run_options,
-            )
+        outcome = await _recover(
+            store,
+            orphan,
+            choose,
+            policies=policies,
+            lease_ttl=lease_ttl,
+            max_recovery_attempts=max_recovery_attempts,
+            run_options=run_options,
         )
+        return recovering.done(replace(outcome, listed_at=listed_at) if listed_at is not None else outcome)
 
 
 async def _recover(
@@ -256,9 +257,10 @@ async def recover_orphans(
 
     `agents`: the agents this worker runs, by agent name (a mapping, or agents with their `name`), or a
     function choosing one from the run's record. At most `concurrency` orphans are resumed at a time,
-    at most `limit` in all. A run whose resumptions died `max_recovery_attempts` times (a tool that
-    kills its worker every time) is set `dead` instead (`None`: no limit). `run_options` go to each
-    `agent.run`. Answers what happened to each orphan.
+    at most `limit` in all; suspects (see `suspect`) after the others, each alone. A run whose
+    resumptions died `max_recovery_attempts` times (a tool that kills its worker every time) is set
+    `dead` instead (`None`: no limit). `run_options` go to each `agent.run`. Answers what happened to
+    each orphan.
     """
     if concurrency < 1:
         raise ValueError(f'concurrency={concurrency!r} resumes nothing: pass 1 or more')
@@ -286,7 +288,12 @@ async def recover_orphans(
         logger.info('orphan %s: %s %s', orphan.run_id, outcome.outcome, outcome.detail)
         return outcome
 
-    return list(await asyncio.gather(*(one(o) for o in orphans)))
+    ordinary = [o for o in orphans if not suspect(o)]
+    outcomes = dict(zip((o.run_id for o in ordinary), await asyncio.gather(*(one(o) for o in ordinary)), strict=True))
+    for orphan in orphans:  # then each suspect alone (see `suspect`)
+        if orphan.run_id not in outcomes:
+            outcomes[orphan.run_id] = await one(orphan)
+    return [outcomes[o.run_id] for o in orphans]
 
 
 async def _report(on_outcome: Callable[[OrphanOutcome], Awaitable[None] | None] | None, outcome: OrphanOutcome) -> None:
@@ -322,6 +329,50 @@ async def _first_of(events: Sequence[asyncio.Event], seconds: float) -> None:
             wait.cancel()
 
 
+def suspect(orphan: Orphan) -> bool:
+    """Whether `orphan` may be what kills its worker: a resumption that died (it is an orphan), or a
+    run whose chain has resumptions that died. Such a run is resumed alone in its worker, so that a
+    run which kills its worker every time takes no other resumption down with it (and charges no
+    other chain a death)."""
+    if orphan.lease.died:
+        return True
+    return orphan.lease.resumes is not None and orphan.why != 'answered'  # an answered one only paused
+
+
+def _startable(
+    waiting: Sequence[Orphan],
+    busy: Collection[str],
+    solo: bool,
+    concurrency: int,
+    listing: OrphanWatch,
+    interval: float,
+) -> Iterator[Orphan | None]:
+    """Which of `waiting` (oldest first) to start now, beside the resumptions already running (`busy`;
+    `solo`: one of them is a suspect, running alone); `None` for each one left waiting for room.
+
+    At most `concurrency` run at once, and a suspect (see `suspect`) runs alone: it starts only when
+    nothing else runs, and nothing starts beside it. A suspect kept waiting longer than `interval`
+    since this worker first listed it stops this worker from starting anything else, so that it
+    drains and takes the suspect (unless another worker does first).
+    """
+    running = len(busy)
+    closed = solo or running >= concurrency
+    now = utcnow()
+    for orphan in waiting:
+        if closed or running >= concurrency:
+            yield None
+        elif not suspect(orphan):
+            running += 1
+            yield orphan
+        elif running == 0:
+            closed = True
+            yield orphan
+        else:
+            first = listing.first_listed(orphan.run_id)
+            closed = first is not None and (now - first).total_seconds() > interval
+            yield None
+
+
 async def run_recovery_loop(
     store: StepStoreProtocol,
     agents: Mapping[str, Agent[Any, Any]] | Sequence[Agent[Any, Any]] | AgentChooser,
@@ -347,10 +398,12 @@ async def run_recovery_loop(
     and at once again when one of its resumptions ends while the last listing held more orphans than
     it had room for; it runs at most `concurrency` resumptions at a time, and hands each orphan's
     outcome to `on_outcome` as soon as that orphan is done. An orphan one of its own resumptions is
-    busy with is not tried again. A listing that fails (the store unreachable) is logged and retried
-    at the next tick, as is a resumption that raises. Once `stop` is set it claims nothing more, lets
-    the resumptions under way finish, and returns; cancelling it cancels them (their runs are orphans
-    again when their leases expire).
+    busy with is not tried again. A suspect (a resumption that died, or a run of a chain some of whose
+    resumptions died: see `suspect`) is resumed alone, nothing else beside it in this worker, so a run
+    that kills its worker every time takes no other run down with it. A listing that fails (the store
+    unreachable) is logged and retried at the next tick, as is a resumption that raises. Once `stop`
+    is set it claims nothing more, lets the resumptions under way finish, and returns; cancelling it
+    cancels them (their runs are orphans again when their leases expire).
     """
     if interval <= 0:
         raise ValueError(f'interval={interval!r} would never wait: pass a number of seconds > 0')
@@ -361,6 +414,8 @@ async def run_recovery_loop(
     stopped = stop or asyncio.Event()
     freed = asyncio.Event()
     busy: dict[str, asyncio.Task[None]] = {}
+    solo: set[str] = set()
+    """The suspect among `busy`, resumed alone (see `suspect`)."""
     deadlines = WaitingWatch()
     listing = OrphanWatch(bound)
 
@@ -384,6 +439,7 @@ async def run_recovery_loop(
 
     def finished(run_id: str, _: object) -> None:
         busy.pop(run_id, None)
+        solo.discard(run_id)
         freed.set()
 
     try:
@@ -410,15 +466,20 @@ async def run_recovery_loop(
                     'applying deadlines failed (%s: %s); trying again in %.1f s', type(error).__name__, error, interval
                 )
             waiting = [orphan for orphan in orphans if orphan.run_id not in busy]
-            room = concurrency - len(busy)
-            for orphan in waiting[: max(room, 0)]:
+            held = 0
+            for orphan in _startable(waiting, busy, bool(solo), concurrency, listing, interval):
+                if orphan is None:
+                    held += 1
+                    continue
+                if suspect(orphan):
+                    solo.add(orphan.run_id)
                 first = listing.first_listed(orphan.run_id)
                 task = asyncio.create_task(one(orphan, first), name=f'stepcore recovery of {orphan.run_id}')
                 busy[orphan.run_id] = task
                 task.add_done_callback(lambda done, run_id=orphan.run_id: finished(run_id, done))
             freed.clear()
-            # More orphans than room: list again as soon as a resumption ends; else at the next tick.
-            await _first_of([stopped, freed] if len(waiting) > room else [stopped], interval)
+            # Orphans left waiting for room: list again as soon as a resumption ends; else at the next tick.
+            await _first_of([stopped, freed] if held else [stopped], interval)
     except BaseException:
         for task in busy.values():
             task.cancel()
