@@ -93,3 +93,22 @@ async def test_a_flipped_bit_is_read_back_equal_or_reported(
     assert not silent, '\n'.join(silent[:20])
     assert not lost, '\n'.join(lost[:20])
     assert not unnamed, '\n'.join(unnamed[:20])
+
+
+async def test_a_store_refused_whole_is_a_detection_that_names_no_run(tmp_path: Path) -> None:
+    """A flip in the schema's version makes the database look newer than this release: every read,
+    `list_runs` first, is refused with the same error naming the database, which counts as detected."""
+    import sqlite3
+
+    db = tmp_path / 'runs.db'
+    run_ids = await _build(db)
+    with contextlib.closing(sqlite3.connect(db)) as raw, raw:
+        raw.execute("UPDATE stepcore_schema SET version = version + 32 WHERE component = 'steps'")
+    store = SqliteStepStore(database=db)
+    try:
+        reading = await read_everything(store, run_ids)
+    finally:
+        await store.aclose()
+    assert 'newer than this step-sqlite supports' in reading.errors['list_runs']
+    assert len(reading.errors) == 1 + 6 * len(run_ids)
+    assert not reading.unnamed

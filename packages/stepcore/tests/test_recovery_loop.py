@@ -464,3 +464,20 @@ async def test_a_suspect_waits_for_its_worker_to_drain_and_nothing_starts_beside
             world.gate(gate).set()
         stop.set()
         await asyncio.wait_for(loop, 10)
+
+
+async def test_letting_go_of_a_claim_taken_over_meanwhile_is_not_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A worker stopped past its claim's lease comes back to a run another worker took: letting go
+    of its claim finds nothing to let go, which is told at info level, not as a warning."""
+    from stepcore.ownership.claims import claim_run
+    from stepcore.recovery.claiming import release_quietly
+
+    store = InMemoryStepStore()
+    world = World()
+    await _orphan(store, world, 'taken')
+    first = await claim_run(store, 'taken', ttl=TTL)
+    await claim_run(store, 'taken', ttl=TTL, force=True)  # another worker, after the first one's claim
+    with caplog.at_level('INFO', logger='stepcore.recovery'):
+        await release_quietly(first)
+    assert not [r for r in caplog.records if r.levelname == 'WARNING']
+    assert any('taken over meanwhile' in r.getMessage() for r in caplog.records)

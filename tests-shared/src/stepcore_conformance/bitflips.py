@@ -29,7 +29,8 @@ class Reading:
     answers: dict[str, Any] = field(default_factory=dict[str, Any])
     errors: dict[str, str] = field(default_factory=dict[str, str])
     unnamed: dict[str, str] = field(default_factory=dict[str, str])
-    """The errors of reads of one run that are not a `DamagedRecordError` naming that run."""
+    """The errors of reads of one run that are not a `DamagedRecordError` naming that run (an error the
+    whole store answered, `list_runs` included, is not one of them)."""
 
 
 _READS: tuple[str, ...] = (
@@ -51,7 +52,10 @@ async def read_everything(store: StepStore, run_ids: list[str]) -> Reading:
             reading.answers[name] = await call()
         except Exception as error:  # any error is a detection: the read did not return wrong data
             reading.errors[name] = f'{type(error).__name__}: {error}'
-            if run_id is not None and not (isinstance(error, DamagedRecordError) and error.run_id == run_id):
+            named = isinstance(error, DamagedRecordError) and error.run_id == run_id
+            # the store refused as a whole (`list_runs` failed the same way): no run to name
+            whole = reading.errors[name] == reading.errors.get('list_runs')
+            if run_id is not None and not named and not whole:
                 reading.unnamed[name] = reading.errors[name]
 
     await one('list_runs', store.list_runs)

@@ -13,7 +13,7 @@ from pydantic_ai.tools import RunContext
 from stepcore.capability.events import announce_snapshot
 from stepcore.capability.operations import StepOperations
 from stepcore.common.telemetry import store_write
-from stepcore.engine import EngineStore
+from stepcore.engine import EngineStore, sealed_size
 from stepcore.store.contract import own_extension, write_records
 from stepcore.store.models import ContinuableSnapshot, SnapshotState, StepEvent, ToolEffectRecord
 from stepcore.store.protocols import StepWrite
@@ -182,7 +182,7 @@ class RunWriter:
         try:
             with store_write(self.store, self.run_id, batch, saved) as write:
                 if self._write_step is not None:
-                    write.written(await self._write_step(self.run_id, batch, saved))
+                    write.written(await self._write_step(self.run_id, batch, saved), sealed_size)
                 else:
                     await write_records(self.store, batch, snapshot=saved, own=self._own_batch)
                     write.written()

@@ -534,7 +534,7 @@ class _Off:
     def done(self, found: T) -> T:
         return found
 
-    def written(self, step: object = None) -> None:
+    def written(self, step: Any = None, size: Callable[[Any], int | None] | None = None) -> None:
         return None
 
 
@@ -563,12 +563,12 @@ class _Write(_Block):
         super().__init__('stepcore.write', attributes, client=True)
         self._started = time.perf_counter()
 
-    def written(self, step: object = None) -> None:
-        """The write went through: `step` is what the engine wrote (its sealed bodies tell the bytes);
-        without one (a store of its own), the bytes are those of the records and new messages as JSON."""
-        measure = getattr(step, 'body_bytes', None)
-        size = measure() if measure is not None else None
-        self._bytes = size if size is not None else _payload(self._run_id, self._batch, self._snapshot)
+    def written(self, step: Any = None, size: Callable[[Any], int | None] | None = None) -> None:
+        """The write went through: `step` is what the engine wrote and `size` tells its bytes (its
+        sealed bodies); without them (a store of its own), the bytes are those of the records and new
+        messages as JSON."""
+        sealed = size(step) if size is not None else None
+        self._bytes = sealed if sealed is not None else _payload(self._run_id, self._batch, self._snapshot)
         self.set(_BYTES, self._bytes)
 
     def ended(self, error: BaseException | None) -> None:

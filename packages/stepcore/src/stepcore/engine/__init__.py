@@ -42,7 +42,7 @@ from stepcore.engine._pipeline import Ask, NodeIdBlocks, PipelinedPort
 from stepcore.engine._plans import Fenced, KeyConflict, StaleHistory, pruned_with
 from stepcore.engine._port import AsyncPort, Port, SyncPort, check_text
 from stepcore.engine._retry import backoff, retrying
-from stepcore.engine._rows import EFFECT_FIELDS_IN_ROW, EVENT_FIELDS_IN_ROW
+from stepcore.engine._rows import EFFECT_FIELDS_IN_ROW, EVENT_FIELDS_IN_ROW, sealed_size
 from stepcore.engine._seal import HEAD_KEY, Sealer
 from stepcore.engine._setup_once import SetupOnce
 from stepcore.engine._sql import event_window
@@ -83,6 +83,7 @@ __all__ = (
     'replace_file',
     'retrying',
     'running_inline',
+    'sealed_size',
     'shares_prefix',
     'starts_with',
     'trusted_prefix',

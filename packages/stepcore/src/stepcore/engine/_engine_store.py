@@ -451,7 +451,7 @@ class EngineStore(StepStore):
         """Save one run's `snapshot` and `records` in one transaction, as `write_batch` does, for a
         caller that built them itself for `run_id` (the capability's writer): nothing is checked
         again. Every other caller goes through `write_batch`, which checks what it is given.
-        Answers the step as written (sealed), whose `body_bytes()` tells its size."""
+        Answers the step as written (sealed): `sealed_size` tells its bytes."""
         return await self.__write_run(run_id, records, snapshot)
 
     async def __write_run(

@@ -547,24 +547,6 @@ class WriteStep(Op):
     max_snapshots: int | None
     epoch: int | None = None
 
-    def body_bytes(self) -> int | None:
-        """The bytes of the sealed bodies this step writes (the store's own framing aside); `None`
-        when a body is a document rather than bytes or text (its size is the store's to tell)."""
-        bodies: list[Body] = [row.body for row in self.events]
-        bodies += [row.body for row in self.effects]
-        if self.snapshot is not None:
-            bodies += self.snapshot.bodies
-            bodies.append(self.snapshot.row.body)
-        size = 0
-        for body in bodies:
-            if isinstance(body, bytes):
-                size += len(body)
-            elif isinstance(body, str):
-                size += len(body.encode())
-            else:
-                return None
-        return size
-
 
 @dataclass(frozen=True, slots=True)
 class CheckLease(Op):

@@ -13,7 +13,17 @@ from typing import Any, Final, cast
 
 from stepcore.common.damage import UnreadableBody, decoded
 from stepcore.engine._history import walk_chain
-from stepcore.engine._ops import Body, EffectRow, EventRow, Node, RunRow, SnapshotRow, Unparsable, Unreadable
+from stepcore.engine._ops import (
+    Body,
+    EffectRow,
+    EventRow,
+    Node,
+    RunRow,
+    SnapshotRow,
+    Unparsable,
+    Unreadable,
+    WriteStep,
+)
 from stepcore.engine._seal import HEAD_KEY, SEALED_FORMAT, Sealer
 from stepcore.store.codec import FORMAT_KEY, validated
 from stepcore.store.lifecycle import sort_time
@@ -191,3 +201,21 @@ class RowCodec:
         stored = walk_chain(row.head, row.length, lookup)
         chain.reverse()
         return chain, stored
+
+
+def sealed_size(step: WriteStep) -> int | None:
+    """The bytes of the sealed bodies `step` writes, the store's own framing and compression aside;
+    `None` when a body is a document rather than bytes or text (its size is the store's to tell)."""
+    bodies: list[Body] = [row.body for row in step.events]
+    bodies += [row.body for row in step.effects]
+    if step.snapshot is not None:
+        bodies += [*step.snapshot.bodies, step.snapshot.row.body]
+    size = 0
+    for body in bodies:
+        if isinstance(body, bytes):
+            size += len(body)
+        elif isinstance(body, str):
+            size += len(body.encode())
+        else:
+            return None
+    return size

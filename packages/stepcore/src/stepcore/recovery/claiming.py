@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from stepcore.capability.context import settling_under
 from stepcore.ownership.claims import Claim, claim_run, has_leases
-from stepcore.store.leases import Fence
+from stepcore.store.leases import Fence, RunClaimedError
 from stepcore.store.step_store import StepStore
 
 __all__ = ('Ownership', 'claim_for_recovery', 'fenced', 'release_quietly')
@@ -45,10 +45,13 @@ def fenced(claim: Claim | None) -> Any:
 
 async def release_quietly(claim: Claim | None) -> None:
     """Let a claim go after a failure, the run as it was, without hiding the failure (the claim
-    expires anyway)."""
+    expires anyway). A claim another worker took over meanwhile (it expired while this one was
+    stopped) has nothing to let go: that is told, not warned of."""
     if claim is None:
         return
     try:
         await claim.restore()
+    except RunClaimedError as error:  # the claim expired and another worker took the run: nothing to let go
+        logger.info('the claim on run %r was taken over meanwhile: %s', claim.run_id, error)
     except Exception as error:
         logger.warning('could not let go of the claim on run %r: %s: %s', claim.run_id, type(error).__name__, error)
