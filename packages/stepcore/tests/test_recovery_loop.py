@@ -4,6 +4,8 @@ each outcome when that orphan is done; an orphan's end as `abandoned` is reporte
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import pytest
@@ -80,15 +82,21 @@ class World:
         return agent
 
 
-async def _orphan(store: InMemoryStepStore, world: World, run_id: str, version: str | None = None) -> None:
-    """A run of `run_id` whose process stopped inside its tool: its lease expires `TTL` later."""
-    world.gate(run_id)
-    task = asyncio.create_task(world.agent(store, run_id, version).run('go'))
-    await asyncio.wait_for(world.entered(run_id).wait(), 5)
-    world.entered(run_id).clear()
+async def _stopped_inside_its_tool(world: World, origin: str, run: Coroutine[Any, Any, Any]) -> None:
+    """Run `run` (of the chain `origin`) until its tool is entered, then stop it there, as a killed
+    process stops: its lease is left running, to expire."""
+    task = asyncio.create_task(run)
+    await asyncio.wait_for(world.entered(origin).wait(), 5)
+    world.entered(origin).clear()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def _orphan(store: InMemoryStepStore, world: World, run_id: str, version: str | None = None) -> None:
+    """A run of `run_id` whose process stopped inside its tool: its lease expires `TTL` later."""
+    world.gate(run_id)
+    await _stopped_inside_its_tool(world, run_id, world.agent(store, run_id, version).run('go'))
     lease = await store.get_lease(run_id)
     assert lease is not None
     assert lease.state is LeaseState.RUNNING
@@ -113,50 +121,55 @@ class Outcomes(list[OrphanOutcome]):
         return found[0]
 
 
+@contextlib.asynccontextmanager
+async def recovering(store: InMemoryStepStore, world: World, **options: Any) -> AsyncIterator[Outcomes]:
+    """The recovery loop running on `store` with the world's agent (a 0.05 s tick unless `options` say
+    otherwise), and its outcomes as they come; stopped, and waited for, on leaving."""
+    outcomes = Outcomes()
+    stop = asyncio.Event()
+    options.setdefault('interval', 0.05)
+    loop = asyncio.create_task(
+        run_recovery_loop(store, [world.agent(store)], stop=stop, on_outcome=outcomes.add, **options)
+    )
+    try:
+        yield outcomes
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+
+
 async def test_each_outcome_is_reported_when_its_orphan_is_done() -> None:
     store = InMemoryStepStore()
     world = World()
     await _orphan(store, world, 'quick')
     await _orphan(store, world, 'slow')
     world.gate('quick').set()  # the quick one's re-run returns at once; the slow one's blocks
-    outcomes = Outcomes()
-    stop = asyncio.Event()
-    loop = asyncio.create_task(
-        run_recovery_loop(store, [world.agent(store)], interval=0.05, stop=stop, on_outcome=outcomes.add)
-    )
-    try:
-        quick = await outcomes.until('quick')
-        assert quick.outcome == 'resumed'
-        assert not world.gate('slow').is_set()
-        assert [o.run_id for o in outcomes] == ['quick']  # reported while the slow one still runs
-        world.gate('slow').set()
-        assert (await outcomes.until('slow')).outcome == 'resumed'
-    finally:
-        world.gate('slow').set()
-        stop.set()
-        await asyncio.wait_for(loop, 10)
+    async with recovering(store, world) as outcomes:
+        try:
+            quick = await outcomes.until('quick')
+            assert quick.outcome == 'resumed'
+            assert not world.gate('slow').is_set()
+            assert [o.run_id for o in outcomes] == ['quick']  # reported while the slow one still runs
+            world.gate('slow').set()
+            assert (await outcomes.until('slow')).outcome == 'resumed'
+        finally:
+            world.gate('slow').set()
 
 
 async def test_an_orphan_appearing_while_a_resumption_runs_is_claimed_at_the_next_tick() -> None:
     store = InMemoryStepStore()
     world = World()
     await _orphan(store, world, 'long')
-    outcomes = Outcomes()
-    stop = asyncio.Event()
-    loop = asyncio.create_task(
-        run_recovery_loop(store, [world.agent(store)], interval=0.05, stop=stop, on_outcome=outcomes.add)
-    )
-    try:
-        await asyncio.wait_for(world.entered('long').wait(), 10)  # the long one is being resumed
-        await _orphan(store, world, 'later')
-        world.gate('later').set()
-        later = await outcomes.until('later')  # no pass waits for the long one first
-        assert later.outcome == 'resumed'
-        assert not world.gate('long').is_set()
-    finally:
-        world.gate('long').set()
-        stop.set()
-        await asyncio.wait_for(loop, 10)
+    async with recovering(store, world) as outcomes:
+        try:
+            await asyncio.wait_for(world.entered('long').wait(), 10)  # the long one is being resumed
+            await _orphan(store, world, 'later')
+            world.gate('later').set()
+            later = await outcomes.until('later')  # no pass waits for the long one first
+            assert later.outcome == 'resumed'
+            assert not world.gate('long').is_set()
+        finally:
+            world.gate('long').set()
     assert {o.run_id: o.outcome for o in outcomes} == {'later': 'resumed', 'long': 'resumed'}
 
 
@@ -166,18 +179,10 @@ async def test_room_freed_is_filled_at_once_not_at_the_next_tick() -> None:
     for run_id in ('one', 'two', 'three'):
         await _orphan(store, world, run_id)
         world.gate(run_id).set()
-    outcomes = Outcomes()
-    stop = asyncio.Event()
     # One at a time, and a tick far longer than the test: only a freed slot can start the next.
-    loop = asyncio.create_task(
-        run_recovery_loop(store, [world.agent(store)], interval=60.0, stop=stop, on_outcome=outcomes.add, concurrency=1)
-    )
-    try:
+    async with recovering(store, world, interval=60.0, concurrency=1) as outcomes:
         for run_id in ('one', 'two', 'three'):
             assert (await outcomes.until(run_id)).outcome == 'resumed'
-    finally:
-        stop.set()
-        await asyncio.wait_for(loop, 10)
 
 
 async def test_stopping_lets_the_resumptions_under_way_finish() -> None:
@@ -314,7 +319,8 @@ async def test_an_outcome_says_when_its_claim_was_made_and_what_lease_it_took_ov
     (taken,) = [change for change in after.history if change.what.value == 'taken over']
     assert outcome.claimed_at == taken.at  # the claim itself, not the end of the settlement after it
     assert outcome.listed_at is not None
-    assert outcome.listed_at <= outcome.claimed_at  # listed by this worker, then claimed
+    assert taken.at is not None
+    assert outcome.listed_at <= taken.at  # listed by this worker, then claimed
 
 
 async def test_the_loop_knows_when_it_first_listed_each_orphan_without_opentelemetry(
@@ -329,16 +335,8 @@ async def test_the_loop_knows_when_it_first_listed_each_orphan_without_opentelem
     world = World()
     await _orphan(store, world, 'listed')
     world.gate('listed').set()
-    outcomes = Outcomes()
-    stop = asyncio.Event()
-    loop = asyncio.create_task(
-        run_recovery_loop(store, [world.agent(store)], interval=0.05, stop=stop, on_outcome=outcomes.add)
-    )
-    try:
+    async with recovering(store, world) as outcomes:
         outcome = await outcomes.until('listed')
-    finally:
-        stop.set()
-        await asyncio.wait_for(loop, 10)
     assert outcome.listed_at is not None
     assert outcome.claimed_at is not None
     assert outcome.listed_at <= outcome.claimed_at
@@ -388,12 +386,7 @@ async def _died_resumption(store: InMemoryStepStore, world: World, run_id: str) 
     resumption's id (an orphan that is a suspect)."""
     await _orphan(store, world, run_id)
     resumption = await resolve_run(store, run_id=run_id, agent=world.agent(store), lease_ttl=TTL)
-    task = asyncio.create_task(resumption.run(world.agent(store)))
-    await asyncio.wait_for(world.entered(run_id).wait(), 5)
-    world.entered(run_id).clear()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await _stopped_inside_its_tool(world, run_id, resumption.run(world.agent(store)))
     lease = await store.get_lease(run_id)
     assert lease is not None
     assert lease.resumed_by is not None
@@ -410,25 +403,19 @@ async def test_a_suspect_is_resumed_alone_in_its_worker() -> None:
     listed = {o.run_id: o for o in await list_orphans(store)}
     assert suspect(listed[resumption])
     assert not suspect(listed['plain'])
-    outcomes = Outcomes()
-    stop = asyncio.Event()
-    loop = asyncio.create_task(
-        run_recovery_loop(store, [world.agent(store)], interval=0.05, concurrency=2, stop=stop, on_outcome=outcomes.add)
-    )
-    try:
-        await asyncio.wait_for(world.entered('suspect').wait(), 10)  # the oldest orphan: alone
-        await asyncio.sleep(0.3)  # six ticks with room for one more
-        assert not world.entered('plain').is_set()
-        world.gate('suspect').set()
-        assert (await outcomes.until(resumption)).outcome == 'resumed'
-        await asyncio.wait_for(world.entered('plain').wait(), 10)  # then the next
-        world.gate('plain').set()
-        assert (await outcomes.until('plain')).outcome == 'resumed'
-    finally:
-        world.gate('suspect').set()
-        world.gate('plain').set()
-        stop.set()
-        await asyncio.wait_for(loop, 10)
+    async with recovering(store, world, concurrency=2) as outcomes:
+        try:
+            await asyncio.wait_for(world.entered('suspect').wait(), 10)  # the oldest orphan: alone
+            await asyncio.sleep(0.3)  # six ticks with room for one more
+            assert not world.entered('plain').is_set()
+            world.gate('suspect').set()
+            assert (await outcomes.until(resumption)).outcome == 'resumed'
+            await asyncio.wait_for(world.entered('plain').wait(), 10)  # then the next
+            world.gate('plain').set()
+            assert (await outcomes.until('plain')).outcome == 'resumed'
+        finally:
+            world.gate('suspect').set()
+            world.gate('plain').set()
 
 
 async def test_a_suspect_waits_for_its_worker_to_drain_and_nothing_starts_beside_it() -> None:
@@ -437,33 +424,27 @@ async def test_a_suspect_waits_for_its_worker_to_drain_and_nothing_starts_beside
     store = InMemoryStepStore()
     world = World()
     await _orphan(store, world, 'first')
-    outcomes = Outcomes()
-    stop = asyncio.Event()
-    loop = asyncio.create_task(
-        run_recovery_loop(store, [world.agent(store)], interval=0.05, concurrency=3, stop=stop, on_outcome=outcomes.add)
-    )
-    try:
-        await asyncio.wait_for(world.entered('first').wait(), 10)
-        resumption = await _died_resumption(store, world, 'suspect')
-        await asyncio.sleep(0.2)  # the suspect is listed, and waits past an interval
-        await _orphan(store, world, 'later')
-        await asyncio.sleep(0.3)
-        assert not world.entered('suspect').is_set()  # not beside the first
-        assert not world.entered('later').is_set()  # and the worker drains for the suspect
-        world.gate('first').set()
-        await asyncio.wait_for(world.entered('suspect').wait(), 10)
-        await asyncio.sleep(0.2)
-        assert not world.entered('later').is_set()  # nothing beside the suspect
-        world.gate('suspect').set()
-        assert (await outcomes.until(resumption)).outcome == 'resumed'
-        await asyncio.wait_for(world.entered('later').wait(), 10)
-        world.gate('later').set()
-        assert (await outcomes.until('later')).outcome == 'resumed'
-    finally:
-        for gate in ('first', 'suspect', 'later'):
-            world.gate(gate).set()
-        stop.set()
-        await asyncio.wait_for(loop, 10)
+    async with recovering(store, world, concurrency=3) as outcomes:
+        try:
+            await asyncio.wait_for(world.entered('first').wait(), 10)
+            resumption = await _died_resumption(store, world, 'suspect')
+            await asyncio.sleep(0.2)  # the suspect is listed, and waits past an interval
+            await _orphan(store, world, 'later')
+            await asyncio.sleep(0.3)
+            assert not world.entered('suspect').is_set()  # not beside the first
+            assert not world.entered('later').is_set()  # and the worker drains for the suspect
+            world.gate('first').set()
+            await asyncio.wait_for(world.entered('suspect').wait(), 10)
+            await asyncio.sleep(0.2)
+            assert not world.entered('later').is_set()  # nothing beside the suspect
+            world.gate('suspect').set()
+            assert (await outcomes.until(resumption)).outcome == 'resumed'
+            await asyncio.wait_for(world.entered('later').wait(), 10)
+            world.gate('later').set()
+            assert (await outcomes.until('later')).outcome == 'resumed'
+        finally:
+            for gate in ('first', 'suspect', 'later'):
+                world.gate(gate).set()
 
 
 async def test_letting_go_of_a_claim_taken_over_meanwhile_is_not_a_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -2,9 +2,10 @@
 
 An orphan is a run whose lease is `running` and whose owner is gone: the lease expired on the
 store's clock, or its owner ran on this host and its process has exited. A run this very process
-is still running and renewing is not one, even when a late renewal let its lease expire. Runs waiting for an
-approval (`waiting`) or for a person's answer after recovery (`pending`) are never orphans; the
-second kind is listed apart, so a fleet can report them without holding other runs back.
+is still running and renewing is not one, even when a late renewal let its lease expire. Runs
+waiting for an approval (`waiting`) or for a person's answer after recovery (`pending`) are never
+orphans; the second kind is listed apart, so a fleet can report them without holding other runs
+back.
 """
 
 from __future__ import annotations
