@@ -1,16 +1,15 @@
 """Whether a lease's owner is still there, in the situations the reference library checks for its own
 owner probe, on a simulated Windows and on POSIX systems.
 
-The reference asks Windows' `tasklist` about the owner's process id and refuses to start it from a
-`SystemRoot` that is not an absolute path. stepcore asks the kernel directly (`OpenProcess`,
-`GetExitCodeProcess`), so the same questions are answered without any program being started: the
-running owner is alive, an id no process has (or that only other processes near it have) is gone,
-and a relative or drive-relative `SystemRoot` cannot make it run anything from the wrong folder.
+On Windows both libraries ask the system's own `tasklist`, started by its full path under an
+absolute `SystemRoot` and filtered to the owner's process id: the running owner is alive, an id no
+process has (or only other processes near it) is gone, and a relative or drive-relative
+`SystemRoot` is refused before anything is started. Here `subprocess.run` answers as `tasklist`
+would.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 import sys
@@ -24,70 +23,44 @@ from stepcore.ownership import identity
 from stepcore.store.leases import Lease, LeaseState, Owner
 
 OWNER_PID = 123
-ERROR_INVALID_PARAMETER = 87
-"""What `OpenProcess` fails with for an id no process has."""
-STILL_ACTIVE = 259
+TASKLIST = r'C:\Windows\System32\tasklist.exe'
 
 
-class Kernel32:
-    """The kernel32 calls of a simulated Windows on which the processes `running` exist."""
+class Tasklist:
+    """`tasklist /FI "PID eq N" /FO CSV /NH` on a simulated Windows on which the processes `running` exist."""
 
     def __init__(self, running: set[int]) -> None:
         self.running = running
-        self.error = 0
         self.asked: list[int] = []
-        self.OpenProcess = _Foreign(self._open)
-        self.GetExitCodeProcess = _Foreign(self._exit_code)
-        self.CloseHandle = _Foreign(self._close)
 
-    def _open(self, access: int, inherit: bool, pid: int) -> int:
+    def __call__(self, args: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
+        assert options == {'capture_output': True, 'text': True, 'check': True, 'timeout': 10}
+        program, flag, query, *rest = args
+        assert (program, flag, rest) == (TASKLIST, '/FI', ['/FO', 'CSV', '/NH'])
+        pid = int(query.removeprefix('PID eq '))
         self.asked.append(pid)
         if pid in self.running:
-            return 1000 + pid
-        self.error = ERROR_INVALID_PARAMETER
-        return 0
-
-    def _close(self, handle: Any) -> int:
-        return 1
-
-    def _exit_code(self, handle: Any, code: Any) -> int:
-        assert handle.value - 1000 in self.running
-        code._obj.value = STILL_ACTIVE
-        return 1
-
-
-class _Foreign:
-    def __init__(self, body: Any) -> None:
-        self.body = body
-        self.restype: Any = None
-        self.argtypes: Any = None
-
-    def __call__(self, *args: Any) -> Any:
-        return self.body(*args)
+            listing = f'"python.exe","{pid}","Console","1","12,345 K"\n'
+        else:
+            listing = 'INFO: No tasks are running which match the specified criteria.\n'
+        return subprocess.CompletedProcess(args, 0, stdout=listing)
 
 
 @pytest.fixture
 def windows(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Simulate Windows, where no program may be started and `os.kill` must not be called."""
+    """Simulate Windows, where `os.kill` must not be called; the fixture sets the processes that run."""
     monkeypatch.setattr(sys, 'platform', 'win32')
     monkeypatch.setenv('SystemRoot', r'C:\Windows')
 
     def refuse(*args: object, **kwargs: object) -> Any:
-        raise AssertionError(f'the owner probe started a program: {args}')
+        raise AssertionError(f'os.kill{args} would terminate the process on Windows')
 
-    monkeypatch.setattr(subprocess, 'Popen', refuse)
-    monkeypatch.setattr(subprocess, 'run', refuse)
     monkeypatch.setattr(os, 'kill', refuse)
 
-    def with_processes(*running: int) -> Kernel32:
-        kernel32 = Kernel32(set(running))
-
-        def load(name: str, use_last_error: bool = False) -> Kernel32:
-            return kernel32
-
-        monkeypatch.setattr(ctypes, 'WinDLL', load, raising=False)
-        monkeypatch.setattr(ctypes, 'get_last_error', lambda: kernel32.error, raising=False)
-        return kernel32
+    def with_processes(*running: int) -> Tasklist:
+        tasklist = Tasklist(set(running))
+        monkeypatch.setattr(subprocess, 'run', tasklist)
+        return tasklist
 
     return with_processes
 
@@ -103,10 +76,10 @@ def lease(*, pid: int | None = OWNER_PID, state: LeaseState = LeaseState.RUNNING
 
 
 def test_windows_an_owner_whose_process_runs_is_there(windows: Any) -> None:
-    kernel32 = windows(OWNER_PID, 4, 600)
+    tasklist = windows(OWNER_PID, 4, 600)
     assert identity.process_alive(OWNER_PID)
     assert not identity.owner_gone(lease())
-    assert kernel32.asked == [OWNER_PID, OWNER_PID]
+    assert tasklist.asked == [OWNER_PID, OWNER_PID]
 
 
 def test_windows_an_owner_no_process_answers_for_is_gone(windows: Any) -> None:
@@ -115,22 +88,56 @@ def test_windows_an_owner_no_process_answers_for_is_gone(windows: Any) -> None:
     assert identity.owner_gone(lease())
 
 
-def test_windows_other_processes_do_not_stand_for_the_owner(windows: Any) -> None:
-    kernel32 = windows(456, 1230, 12)  # other ids, some sharing its digits
+def test_windows_other_processes_do_not_stand_for_the_owner(windows: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def others(args: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
+        # a listing that ignored the filter: ids sharing the owner's digits, none of them its own
+        rows = '"other.exe","456"\n"python.exe","1230","Console","1","2 K"\n"x.exe","12"\n"y.exe"\n'
+        return subprocess.CompletedProcess(args, 0, stdout=rows)
+
+    windows()
+    monkeypatch.setattr(subprocess, 'run', others)
     assert not identity.process_alive(OWNER_PID)
     assert identity.owner_gone(lease())
-    assert set(kernel32.asked) == {OWNER_PID}  # only the owner's own id is asked about
 
 
 @pytest.mark.parametrize('root', ['', '.', 'C:Windows', r'\Windows'])
-def test_windows_a_relative_system_root_cannot_make_the_probe_run_a_program(
+def test_windows_a_relative_system_root_is_refused_before_anything_runs(
     windows: Any, monkeypatch: pytest.MonkeyPatch, root: str
 ) -> None:
     monkeypatch.setenv('SystemRoot', root)
-    windows(OWNER_PID)
-    assert identity.process_alive(OWNER_PID)  # answered by the kernel: nothing is started from `root`
+    tasklist = windows(OWNER_PID)
+    with pytest.raises(ValueError, match='absolute Windows path') as refused:
+        identity.process_alive(OWNER_PID)
+    assert f'SystemRoot={root!r}' in str(refused.value)
+    assert tasklist.asked == []
+
+
+def test_windows_without_a_system_root_nothing_runs(windows: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv('SystemRoot')
+    tasklist = windows(OWNER_PID)
+    with pytest.raises(ValueError, match="SystemRoot='' is not an absolute Windows path"):
+        identity.process_alive(OWNER_PID)
+    assert tasklist.asked == []
+
+
+@pytest.mark.parametrize(
+    'failure',
+    [
+        subprocess.CalledProcessError(1, 'tasklist'),
+        subprocess.TimeoutExpired('tasklist', 10),
+        FileNotFoundError(2, 'The system cannot find the file specified'),
+    ],
+)
+def test_windows_an_owner_the_probe_cannot_ask_about_is_there(
+    windows: Any, monkeypatch: pytest.MonkeyPatch, failure: Exception
+) -> None:
+    def fails(args: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
+        raise failure
+
     windows()
-    assert not identity.process_alive(OWNER_PID)
+    monkeypatch.setattr(subprocess, 'run', fails)
+    assert identity.process_alive(OWNER_PID)  # the safe mistake: its lease's expiry decides
+    assert not identity.owner_gone(lease())
 
 
 # -- POSIX ------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """The Windows and macOS branches of process liveness and of the crash-safe file writes, run on any
-system by simulating the platform (`sys.platform` and the system calls are replaced)."""
+system by simulating the platform (`sys.platform` and the system calls are replaced). Windows'
+process probe itself is in test_owner_probe_scenarios.py."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 import time
@@ -15,110 +15,16 @@ import pytest
 from stepcore.engine import _fileio
 from stepcore.ownership import identity
 
-STILL_ACTIVE = 259
 
-
-class FakeFunction:
-    """A foreign function of the fake kernel32: called like one, with `restype` and `argtypes` to set."""
-
-    def __init__(self, body: Any) -> None:
-        self.body = body
-        self.restype: Any = None
-        self.argtypes: Any = None
-
-    def __call__(self, *args: Any) -> Any:
-        return self.body(*args)
-
-
-class FakeKernel32:
-    """`OpenProcess` / `GetExitCodeProcess` / `CloseHandle` of a simulated Windows, with the error
-    `ctypes.get_last_error()` answers after a failed call."""
-
-    def __init__(self, *, handle: int = 7, error: int = 0, exit_code: int = STILL_ACTIVE, exit_ok: bool = True) -> None:
-        self.handle = handle
-        self.error = error
-        self.exit_code = exit_code
-        self.exit_ok = exit_ok
-        self.opened: list[tuple[int, bool, int]] = []
-        self.closed: list[int] = []
-        self.OpenProcess = FakeFunction(self._open_process)
-        self.GetExitCodeProcess = FakeFunction(self._exit_code)
-        self.CloseHandle = FakeFunction(self._close)
-
-    def _open_process(self, access: int, inherit: bool, pid: int) -> int:
-        self.opened.append((access, inherit, pid))
-        return self.handle
-
-    def _exit_code(self, handle: Any, code: Any) -> int:
-        assert handle.value == self.handle
-        if not self.exit_ok:
-            return 0
-        code._obj.value = self.exit_code
-        return 1
-
-    def _close(self, handle: Any) -> int:
-        self.closed.append(handle.value)
-        return 1
-
-
-@pytest.fixture
-def windows(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Simulate Windows for `process_alive`; the fixture sets the fake kernel32 it returns."""
+def test_windows_nonpositive_pid_is_gone_without_asking(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, 'platform', 'win32')
 
-    def no_kill(pid: int, sig: int) -> None:
-        raise AssertionError('os.kill must not be called on Windows: it would terminate the process')
+    def ask(pid: int) -> bool:
+        raise AssertionError(f'asked Windows about process {pid}')
 
-    monkeypatch.setattr(os, 'kill', no_kill)
-
-    def use(kernel32: FakeKernel32) -> FakeKernel32:
-        def load(name: str, use_last_error: bool = False) -> FakeKernel32:
-            assert name == 'kernel32'
-            assert use_last_error  # the error is read as ctypes saved it, right after the call
-            return kernel32
-
-        monkeypatch.setattr(ctypes, 'WinDLL', load, raising=False)
-        monkeypatch.setattr(ctypes, 'get_last_error', lambda: kernel32.error, raising=False)
-        return kernel32
-
-    return use
-
-
-def test_windows_running_process_is_alive(windows: Any) -> None:
-    kernel32 = windows(FakeKernel32(exit_code=STILL_ACTIVE))
-    assert identity.process_alive(1234)
-    assert kernel32.opened == [(0x1000, False, 1234)]
-    assert kernel32.closed == [7]
-    assert kernel32.OpenProcess.restype is ctypes.c_void_p  # a HANDLE is pointer-sized on 64-bit Windows
-
-
-def test_windows_exited_process_is_gone(windows: Any) -> None:
-    kernel32 = windows(FakeKernel32(exit_code=0))
-    assert not identity.process_alive(1234)
-    assert kernel32.closed == [7]
-
-
-def test_windows_process_not_ours_to_open_is_alive(windows: Any) -> None:
-    kernel32 = windows(FakeKernel32(handle=0, error=5))
-    assert identity.process_alive(1234)
-    assert kernel32.closed == []
-
-
-def test_windows_no_such_process_is_gone(windows: Any) -> None:
-    windows(FakeKernel32(handle=0, error=87))
-    assert not identity.process_alive(1234)
-
-
-def test_windows_unreadable_exit_code_is_alive(windows: Any) -> None:
-    kernel32 = windows(FakeKernel32(exit_ok=False))
-    assert identity.process_alive(1234)
-    assert kernel32.closed == [7]
-
-
-def test_windows_nonpositive_pid_is_gone_without_a_system_call(windows: Any) -> None:
-    kernel32 = windows(FakeKernel32())
+    monkeypatch.setattr(identity, '_windows_process_alive', ask)
     assert not identity.process_alive(0)
-    assert kernel32.opened == []
+    assert not identity.process_alive(-1)
 
 
 def test_platform_is_chosen_when_called(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,12 +9,14 @@ only the lease's expiry on the store's clock tells.
 
 from __future__ import annotations
 
+import csv
 import os
 import socket
+import subprocess
 import sys
 import uuid
 from functools import cache
-from typing import Any
+from pathlib import PureWindowsPath
 
 from stepcore.store.leases import Lease, LeaseState, Owner
 
@@ -77,38 +79,34 @@ def _exited(pid: int) -> bool:
     return bool(state) and state[0] in ('Z', 'X')
 
 
-_QUERY_LIMITED_INFORMATION = 0x1000
-_ACCESS_DENIED = 5
-_STILL_ACTIVE = 259
+_TASKLIST_TIMEOUT = 10
+"""Seconds `tasklist` may take to answer before the probe counts the process as alive."""
 
 
 def _windows_process_alive(pid: int) -> bool:
-    """`process_alive` on Windows: whether `OpenProcess` finds the process and it has no exit code yet.
+    """`process_alive` on Windows: whether Windows' own `tasklist` lists a process with this id.
 
-    `os.kill(pid, 0)` would terminate the process there, so it is never called; nor is any program
-    (such as `tasklist`) started, so no `PATH` or `SystemRoot` decides what runs. A process this
-    user may not open (access denied), or whose exit code cannot be read, counts as alive; a
-    process that exited with the code 259 (`STILL_ACTIVE`) too, the safe mistake. The error of a
-    failed `OpenProcess` is the one ctypes saved right after the call (`use_last_error`): a
-    separate `GetLastError` call could read one set by something in between.
+    `os.kill(pid, 0)` would terminate the process there, so it is never called. `tasklist` is run
+    from `%SystemRoot%\\System32` by its full path, never looked up on `PATH`, and only when
+    `SystemRoot` is an absolute path: a relative or drive-relative one (`''`, `'.'`, `'C:Windows'`,
+    `'\\Windows'`) would pick the program by the current folder, so it is refused with a
+    `ValueError` naming it. The process is there when a row of the CSV listing has its id in the PID
+    column (another process sharing its digits does not count). A listing that cannot be had (the
+    program fails, or takes longer than 10 s) counts as alive: the safe mistake.
     """
-    import ctypes
-
-    windows: Any = ctypes  # `WinDLL` and `get_last_error` exist on Windows only
-    kernel32 = windows.WinDLL('kernel32', use_last_error=True)
-    open_process = kernel32.OpenProcess
-    open_process.restype = ctypes.c_void_p  # a HANDLE: pointer-sized, not the default C int
-    open_process.argtypes = (ctypes.c_uint32, ctypes.c_int, ctypes.c_uint32)
-    handle = open_process(_QUERY_LIMITED_INFORMATION, False, pid)
-    if not handle:
-        return bool(windows.get_last_error() == _ACCESS_DENIED)
+    raw = os.environ.get('SystemRoot', '')  # noqa: SIM112 - Windows' own spelling, which the tests set elsewhere
+    root = PureWindowsPath(raw)
+    if not root.is_absolute():
+        raise ValueError(
+            f'SystemRoot={raw!r} is not an absolute Windows path, so stepcore will not start tasklist from it '
+            'to see whether a process runs: set SystemRoot to the Windows folder (such as C:\\Windows)'
+        )
+    command = [str(root / 'System32' / 'tasklist.exe'), '/FI', f'PID eq {pid}', '/FO', 'CSV', '/NH']
     try:
-        code = ctypes.c_ulong()
-        if not kernel32.GetExitCodeProcess(ctypes.c_void_p(handle), ctypes.byref(code)):
-            return True
-        return code.value == _STILL_ACTIVE
-    finally:
-        kernel32.CloseHandle(ctypes.c_void_p(handle))
+        listing = subprocess.run(command, capture_output=True, text=True, check=True, timeout=_TASKLIST_TIMEOUT)
+    except (OSError, subprocess.SubprocessError):
+        return True
+    return any(len(row) > 1 and row[1] == str(pid) for row in csv.reader(listing.stdout.splitlines()))
 
 
 def owner_gone(lease: Lease) -> bool:
