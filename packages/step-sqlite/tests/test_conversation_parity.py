@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import signal
@@ -377,6 +378,41 @@ def test_ensure_inactive_checks_only_running_conversations_with_an_owner() -> No
     ensure_inactive(ConversationSummary(id='b', outcome='running'))
     with pytest.raises(ConversationConflict, match=f"'c': it is running in process {os.getpid()}"):
         ensure_inactive(ConversationSummary(id='c', outcome='running', owner_pid=os.getpid()))
+
+
+async def test_summaries_are_copied_with_dataclasses_replace_as_the_harness_ones_are(
+    conversations: SqliteConversationStore,
+) -> None:
+    # Code written for pydantic-ai-harness, whose summaries are dataclasses, copies them with
+    # `dataclasses.replace`, passing that library's field names.
+    checkout = GitCheckout(repository='/r/.git', name='r', root='/r', branch='main')
+    running = ConversationSummary(id='c', workspace='/w', checkout=checkout, outcome='running', owner_pid=os.getpid())
+    with pytest.raises(ConversationConflict, match='busy'):
+        ensure_inactive(running)
+    finished = dataclasses.replace(running, outcome='completed')
+    ensure_inactive(finished)
+    assert (finished.id, finished.owner_pid) == ('c', os.getpid())
+    assert (finished.checkout, finished.workspace) == (checkout, '/w')
+    released = dataclasses.replace(running, owner_pid=None)
+    assert (released.writer_pid, released.outcome) == (None, 'running')
+    ensure_inactive(released)
+    renamed = dataclasses.replace(running, id='d', naming_version=3)
+    assert (renamed.conversation_id, renamed.name_revision) == ('d', 3)
+    moved = dataclasses.replace(checkout, branch='dev')
+    assert moved == GitCheckout(repository='/r/.git', name='r', root='/r', branch='dev')
+    with pytest.raises(ValueError, match="'finished'"):
+        dataclasses.replace(running, outcome='finished')  # the copy is validated like any summary
+    assert running.outcome == 'running'
+
+    saved = await conversations.save(summary=finished, messages=turn('a', 'b'))
+    read = await conversations.get(conversation_id='c')
+    assert read is not None
+    again = dataclasses.replace(read, messages=[*read.messages, *turn('c', 'd')])
+    assert len(again.messages) == 4
+    assert again.summary == saved
+    listed = dataclasses.asdict(saved)
+    assert (listed['id'], listed['owner_pid'], listed['outcome']) == ('c', os.getpid(), 'completed')
+    assert 'writer_pid' not in listed  # each field once, by the harness's name
 
 
 async def test_conflicts_say_busy_and_another_process_as_the_harness_does(

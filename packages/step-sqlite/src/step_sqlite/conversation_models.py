@@ -3,13 +3,15 @@
 `ConversationSummary` carries our field names and, for code written against pydantic-ai-harness,
 that library's names too: `id` for `conversation_id`, `owner_pid` for `writer_pid`,
 `naming_version` for `name_revision` and `named_revision` for `named_at_revision`. Either name
-is accepted when a summary is built or validated, and both read back.
+is accepted when a summary is built or validated, and both read back. That library's summaries are
+dataclasses, so code written for it copies them with `dataclasses.replace`: ours answer it too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 from uuid import uuid4
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -208,3 +210,26 @@ class SavedConversation(BaseModel):
 
     summary: ConversationSummary
     messages: list[ModelMessage]
+
+
+def _copied_by_dataclasses_replace(model: type[BaseModel]) -> None:
+    """Let `dataclasses.replace(summary, outcome=...)` copy `model` as it copies a dataclass.
+
+    `replace` reads the fields a class lists in `__dataclass_fields__`, takes each one not given from
+    the instance, and builds a new instance from them: here pydantic's constructor, so the copy is
+    validated like any summary. A field pydantic-ai-harness spells otherwise is listed by its name
+    (`owner_pid`, not `writer_pid`), the name code written for that library passes to `replace`; a
+    field listed twice would reach the constructor with two values. `named_at_revision` keeps its
+    name: the other spelling reads an unnamed conversation's `None` as 0. The list is the one
+    `make_dataclass` writes, so `dataclasses.fields` and `asdict` answer it too.
+    """
+    theirs = {ours: other for ours, other in _SPELLINGS if ours != 'named_at_revision'}
+    names = [theirs.get(name, name) for name in model.model_fields]
+    listing = dataclasses.make_dataclass(
+        model.__name__, [(name, Any, dataclasses.field(default=None)) for name in names], kw_only=True
+    )
+    setattr(model, '__dataclass_fields__', listing.__dataclass_fields__)  # noqa: B010 - a dunder pyright would refuse
+
+
+for _model in (GitCheckout, ConversationSummary, SavedConversation):
+    _copied_by_dataclasses_replace(_model)
