@@ -140,25 +140,51 @@ class Lines:
 
 
 class Sharing:
-    """`os.replace` and `os.unlink` failing as on Windows while another process holds the file open:
-    the next `fail` calls on a path named `where` (either path of a rename) raise `PermissionError`
-    with `winerror` 32."""
+    """`os.replace` and `os.unlink` failing as on Windows while a handle is open on the file.
+
+    The next `fail` calls on a path named `where` (either path of a rename) raise `PermissionError`
+    with `winerror` 32, as when another process holds it open. A folder holding a file this process
+    has open (`os.open` without `os.close`) is never renamed: `winerror` 5, as Windows answers.
+    """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.fail = 0
         self.where = ''
         self.refused: list[str] = []
         self.waits: list[float] = []
+        self.open: dict[int, str] = {}
         self._real = {'replace': os.replace, 'unlink': os.unlink}
+        real_open, real_close = os.open, os.close
+
+        def open_(path: str | os.PathLike[str], flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+            fd = real_open(path, flags, mode, dir_fd=dir_fd)
+            self.open[fd] = os.path.abspath(path)
+            return fd
+
+        def close(fd: int) -> None:
+            self.open.pop(fd, None)
+            real_close(fd)
+
+        monkeypatch.setattr(os, 'open', open_)
+        monkeypatch.setattr(os, 'close', close)
         monkeypatch.setattr(os, 'replace', self._wrap('replace'))
         monkeypatch.setattr(os, 'unlink', self._wrap('unlink'))
         monkeypatch.setattr('stepcore.engine._fileio.time.sleep', self.waits.append)
+
+    def _holds_open(self, folder: Any) -> bool:
+        inside = os.path.abspath(folder) + os.sep
+        return os.path.isdir(folder) and any(path.startswith(inside) for path in self.open.values())
 
     def _wrap(self, name: str) -> Any:
         real = self._real[name]
 
         def call(*args: Any, **kwargs: Any) -> None:
             named = [Path(a).name for a in args if isinstance(a, str | Path)]
+            if name == 'replace' and self._holds_open(args[0]):
+                self.refused.append(f'{name} {named[0]} (a file in it is open)')
+                error = PermissionError(13, 'Access is denied')
+                error.winerror = 5  # type: ignore[attr-defined]  # set by Windows' OSError
+                raise error
             if self.fail and self.where in named:
                 self.fail -= 1
                 self.refused.append(f'{name} {self.where}')
@@ -206,7 +232,7 @@ async def test_a_pruned_snapshot_held_open_elsewhere_is_removed_after_a_wait(win
 async def test_a_lease_file_read_elsewhere_is_swapped_after_a_wait(
     windows: Sharing, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def alive(pid: int) -> bool:  # the simulation has no OpenProcess: this process is the only one
+    def alive(pid: int) -> bool:  # the simulation has no tasklist: this process is the only one
         return pid == os.getpid()
 
     monkeypatch.setattr('stepcore.ownership.identity._windows_process_alive', alive)
@@ -220,14 +246,58 @@ async def test_a_lease_file_read_elsewhere_is_swapped_after_a_wait(
     await store.aclose()
 
 
-async def test_a_run_whose_files_are_open_elsewhere_is_deleted_after_a_wait(windows: Sharing, tmp_path: Path) -> None:
+async def test_a_run_is_deleted_while_its_lock_file_is_open(windows: Sharing, tmp_path: Path) -> None:
+    # Windows will not rename a folder with an open file in it, and the delete holds the run's lock
+    # file open: the run's files move out one by one, and the folder stays with its lock file only.
+    store = FileStepStore(tmp_path)
+    await write_a_run(store, 'r', steps=2)
+    await open_lease(store, 'r', ttl=60.0, start=messages(1))
+    windows.where, windows.fail = 'events.jsonl', 2  # a reader elsewhere closes it after a while
+    assert await store.delete_run('r')
+    assert windows.refused == ['replace events.jsonl', 'replace events.jsonl']
+    assert await store.get_run('r') is None
+    assert await store.get_lease('r') is None
+    assert await store.list_runs() == []
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(('r', '.r.'))) == ['r']
+    assert [p.name for p in (tmp_path / 'r').iterdir()] == ['.lock']
+
+    await write_a_run(store, 'r', steps=1)  # the same id again starts from nothing
+    assert [s.step_index for s in await store.list_snapshots('r')] == [1]
+    assert len(await store.list_events('r')) == 1
+    await store.aclose()
+
+
+async def test_a_delete_cut_short_on_windows_leaves_the_run_and_finishes_when_repeated(
+    windows: Sharing, tmp_path: Path
+) -> None:
+    store = FileStepStore(tmp_path)
+    await write_a_run(store, 'r', steps=2)
+    windows.where, windows.fail = 'run.json', 100  # the record, moved last, stays open elsewhere
+    with pytest.raises(PermissionError, match=r'run\.json'):
+        await store.delete_run('r')
+    assert [r.run_id for r in await store.list_runs()] == ['r']  # still listed: not gone half-way
+    windows.fail = 0
+    assert await store.delete_run('r')
+    assert await store.list_runs() == []
+    assert not any(p.name.startswith('.r.') for p in tmp_path.iterdir())
+    await store.aclose()
+
+
+async def test_elsewhere_a_run_folder_is_set_aside_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, 'platform', 'darwin')
+    renamed: list[tuple[str, str]] = []
+    real = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        renamed.append((Path(src).name, Path(dst).name.split('.deleted.')[0]))
+        real(src, dst)
+
     store = FileStepStore(tmp_path)
     await write_a_run(store, 'r', steps=1)
-    windows.where, windows.fail = 'r', 2  # renaming the folder aside fails while a file in it is open
+    monkeypatch.setattr(os, 'replace', replace)
     assert await store.delete_run('r')
-    assert windows.refused == ['replace r', 'replace r']
-    assert await store.get_run('r') is None
-    assert not any(p.name.startswith(('r', '.r.')) for p in tmp_path.iterdir())
+    assert renamed == [('r', '.r')]  # one rename of the folder, its lock file inside
+    assert not (tmp_path / 'r').exists()
     await store.aclose()
 
 

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 import uuid
@@ -323,7 +324,7 @@ class FilePort(SyncPort):
         return found
 
     def delete_run(self, tx: _Tx, op: ops.DeleteRun) -> bool:
-        """Move the run's folder aside under a hidden name, then remove it (the run's lock is held).
+        """Move the run's folder aside under a hidden name (`_set_aside`), then remove it (the run's lock is held).
 
         The lease and its start point go with the folder; the run's markers in the index of lease
         states are removed after it (a kill in between leaves markers a listing passes over).
@@ -336,7 +337,7 @@ class FilePort(SyncPort):
             # a run stored under the media folder's name before that was refused: its files only
             _remove_run_files(folder)
         elif folder.exists():
-            replace_file(folder, self.directory / f'.{op.run_id}.deleted.{uuid.uuid4().hex}')
+            _set_aside(folder, self.directory / f'.{op.run_id}.deleted.{uuid.uuid4().hex}')
             fsync_dir(self.directory)
         self._leases.unmark(op.run_id)
         # This delete's folder, and any an interrupted delete of the same run id left behind.
@@ -748,6 +749,28 @@ class FileStepStore(EngineStore):
 def _run_files_in(folder: Path) -> bool:
     """Whether `folder` holds a run's files (not only media blobs)."""
     return any((folder / name).exists() for name in RUN_FILES) or (folder / SNAPSHOTS_DIR).is_dir()
+
+
+def _set_aside(folder: Path, tombstone: Path) -> None:
+    """Take a run's folder out of the store under the hidden name `tombstone`; the run's lock is held.
+
+    Where a folder can be renamed while a file in it is open, it is renamed whole: one step, which a
+    kill cannot cut in two. Windows refuses to rename a folder while any file in it is open, and this
+    delete holds the run's `.lock` open (as may other processes waiting for it); there the run's
+    files move into `tombstone` one by one, the lease first, the run's record last. A kill partway
+    leaves the run listed, with what was not yet moved (its reads may then report records missing),
+    and deleting it again finishes the job; the folder stays behind with its lock file only, which
+    no listing shows.
+    """
+    if sys.platform != 'win32':
+        replace_file(folder, tombstone)
+        return
+    make_dir(tombstone)
+    firsts = (LEASE_FILE, LEASE_START_FILE)
+    rest = [name for name in RUN_FILES if name not in (*firsts, RUN_FILE)]
+    for name in (*firsts, *rest, SNAPSHOTS_DIR, RUN_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            replace_file(folder / name, tombstone / name)
 
 
 def _remove_run_files(folder: Path) -> None:
