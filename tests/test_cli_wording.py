@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -289,6 +290,8 @@ def test_a_live_run_has_calls_running_and_an_orphan_has_them_unresolved(orphan_d
         assert not any(word in text for word in (*PYTHON_WORDS, *CRASH_WORDS)), text
         assert 'stepcore resume' not in text  # nothing to resume: its owner is alive
         assert 'start point' not in text
+        assert re.search(r'ownership \(running on .+, epoch 1, held until [^()]+\):', text), text
+        assert text.count('epoch 1') == 3, text  # the lease line, the ownership header, its history line
         report = as_json('recover', 'live-1', '-s', url)
         assert report['lease']['live'] is True
         assert [e['tool_call_id'] for e in report['unresolved_effects']] == ['call-send']  # as stored

@@ -236,6 +236,10 @@ def test_a_live_run_has_calls_running_with_no_crash_words(served: Served) -> Non
         assert '<tr class="effect-started running">' in ledger
         assert 'may or may not' not in ledger
         assert '1 running' in _text(_section(page, 'lineage'))
+        lease = _text(_section(page, 'ownership'))
+        line = re.search(r'Its lease: (.+?)\. at \(UTC\) change', lease)  # the history's table follows it
+        assert line is not None, lease
+        assert re.fullmatch(r'running on .+, epoch 1, held until \S+', line[1]), line[1]  # the epoch said once
         timeline = served.page('/runs/live-1/timeline')
         started = _text(re.findall(r'<tr class="kind-tool_call_started open"[^>]*>(.*?)</tr>', timeline, re.S)[0])
         assert 'tool_call_started running send call-send' in started

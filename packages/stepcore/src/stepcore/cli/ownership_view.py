@@ -77,7 +77,7 @@ def ownership_block(ownership: Ownership) -> RenderableType | None:
     if lease is None:
         return None
     lines = link_lines(ownership)
-    lines.append(Text(f'ownership (lease epoch {lease.epoch}, {lease.describe()}):', style='bold'))
+    lines.append(Text(f'ownership ({lease.headline()}):', style='bold'))
     if not lease.history:
         lines.append(Text('  no changes recorded (a lease stored before its history was kept)', style='dim'))
     for change in lease.history:

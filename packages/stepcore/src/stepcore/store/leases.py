@@ -386,6 +386,11 @@ class Lease:
         extra = f' ({self.outcome})' if self.outcome else ''
         return f'{self.state.value}{extra}'
 
+    def headline(self) -> str:
+        """`describe()` with the lease's epoch, said once, for a heading over its history."""
+        said = self.describe()
+        return said if self.state is LeaseState.RUNNING and self.owner is not None else f'{said}, epoch {self.epoch}'
+
 
 @dataclass(frozen=True, slots=True)
 class FencingToken:
