@@ -68,7 +68,7 @@ class Sharing:
         monkeypatch.setattr(sys, 'platform', 'win32')
         monkeypatch.setattr(os, 'replace', wrap('replace'))
         monkeypatch.setattr(os, 'unlink', wrap('unlink'))
-        monkeypatch.setattr('stepcore.engine._fileio.time.sleep', self.waits.append)
+        monkeypatch.setattr('stepcore.backend_io.files.time.sleep', self.waits.append)
 
 
 async def test_collecting_a_blob_a_reader_holds_open_waits_for_it(

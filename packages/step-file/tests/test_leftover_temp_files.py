@@ -12,7 +12,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 
 from step_file import FileStepStore
 from stepcore import ContinuableSnapshot
-from stepcore.engine._fileio import TEMP_NAME
+from stepcore.backend_io.files import TEMP_NAME
 
 # Saves one snapshot, then kills itself (SIGKILL) when the second snapshot's temporary file is
 # about to be renamed into place.
@@ -21,7 +21,7 @@ _KILLED_MID_SAVE = textwrap.dedent(
     import os, signal, sys
     import anyio
     from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
-    import stepcore.engine._fileio
+    import stepcore.backend_io.files
     from step_file import FileStepStore
     from functools import partial
     from stepcore import ContinuableSnapshot
@@ -35,7 +35,7 @@ _KILLED_MID_SAVE = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGKILL)
         return real_replace(src, dst)
 
-    stepcore.engine._fileio.os.replace = replace
+    stepcore.backend_io.files.os.replace = replace
 
     async def main():
         store = FileStepStore(sys.argv[1])

@@ -169,7 +169,7 @@ class Sharing:
         monkeypatch.setattr(os, 'close', close)
         monkeypatch.setattr(os, 'replace', self._wrap('replace'))
         monkeypatch.setattr(os, 'unlink', self._wrap('unlink'))
-        monkeypatch.setattr('stepcore.engine._fileio.time.sleep', self.waits.append)
+        monkeypatch.setattr('stepcore.backend_io.files.time.sleep', self.waits.append)
 
     def _holds_open(self, folder: Any) -> bool:
         inside = os.path.abspath(folder) + os.sep

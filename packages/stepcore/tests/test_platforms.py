@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from stepcore.engine import _fileio
+from stepcore.backend_io import files
 from stepcore.ownership import identity
 
 
@@ -49,7 +49,7 @@ def test_windows_directory_fsync_opens_nothing(monkeypatch: pytest.MonkeyPatch, 
         raise PermissionError(13, 'Permission denied')  # what os.open does with a folder on Windows
 
     monkeypatch.setattr(os, 'open', refuse)
-    _fileio.fsync_dir(tmp_path)
+    files.fsync_dir(tmp_path)
 
 
 def test_windows_atomic_write_fsyncs_the_file_before_the_rename(
@@ -69,7 +69,7 @@ def test_windows_atomic_write_fsyncs_the_file_before_the_rename(
 
     monkeypatch.setattr(os, 'fsync', fsync)
     monkeypatch.setattr(os, 'replace', replace)
-    _fileio.write_atomic(tmp_path / 'f', b'data\n')
+    files.write_atomic(tmp_path / 'f', b'data\n')
     assert calls == ['fsync', 'replace']  # the file's fsync, the rename, and no directory fsync
     assert (tmp_path / 'f').read_bytes() == b'data\n'
 
@@ -84,8 +84,8 @@ def test_linux_directory_fsync_is_unchanged(monkeypatch: pytest.MonkeyPatch, tmp
         real_fsync(fd)
 
     monkeypatch.setattr(os, 'fsync', fsync)
-    _fileio.fsync_dir(tmp_path)
-    _fileio.write_atomic(tmp_path / 'f', b'x')
+    files.fsync_dir(tmp_path)
+    files.write_atomic(tmp_path / 'f', b'x')
     assert len(synced) == 3  # the folder; then the file and the folder
 
 
@@ -118,7 +118,7 @@ def darwin(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeFcntl, list[int]]:
 
 def test_darwin_file_fsync_is_a_full_fsync(darwin: tuple[FakeFcntl, list[int]], tmp_path: Path) -> None:
     fake, fsynced = darwin
-    _fileio.write_atomic(tmp_path / 'f', b'data')
+    files.write_atomic(tmp_path / 'f', b'data')
     assert [cmd for _, cmd in fake.calls] == [51, 51]  # the file, then its folder
     assert fsynced == []
     assert (tmp_path / 'f').read_bytes() == b'data'
@@ -131,7 +131,7 @@ def test_darwin_falls_back_to_fsync_when_full_fsync_is_refused(
     fake.fail = True
     fd = os.open(tmp_path / 'f', os.O_CREAT | os.O_WRONLY, 0o600)
     try:
-        _fileio.fsync_file(fd)
+        files.fsync_file(fd)
     finally:
         os.close(fd)
     assert fake.calls == [(fd, 51)]
@@ -143,7 +143,7 @@ def test_darwin_uses_the_known_value_when_fcntl_lacks_the_name(
 ) -> None:
     fake, _ = darwin
     monkeypatch.delattr(FakeFcntl, 'F_FULLFSYNC')
-    _fileio.fsync_file(5)
+    files.fsync_file(5)
     assert fake.calls == [(5, 51)]
 
 
@@ -153,7 +153,7 @@ def test_linux_file_fsync_is_a_plain_fsync(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setitem(sys.modules, 'fcntl', fake)
     fsynced: list[int] = []
     monkeypatch.setattr(os, 'fsync', fsynced.append)
-    _fileio.fsync_file(9)
+    files.fsync_file(9)
     assert fsynced == [9]
     assert fake.calls == []
 
@@ -171,7 +171,7 @@ def test_create_file_without_fchmod_sets_the_mode_by_path(monkeypatch: pytest.Mo
         real_chmod(path, mode)
 
     monkeypatch.setattr(os, 'chmod', chmod)
-    fd = _fileio.create_file(tmp_path / 'f', os.O_WRONLY)
+    fd = files.create_file(tmp_path / 'f', os.O_WRONLY)
     os.close(fd)
     assert chmods == [(tmp_path / 'f', 0o600)]
     assert (tmp_path / 'f').stat().st_mode & 0o777 == 0o600
@@ -200,7 +200,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 
 def test_open_binary_adds_o_binary_where_it_exists(opened: list[tuple[str, int]], tmp_path: Path) -> None:
     (tmp_path / 'f').write_bytes(b'a\r\nb\n')
-    fd = _fileio.open_binary(tmp_path / 'f', os.O_RDONLY)
+    fd = files.open_binary(tmp_path / 'f', os.O_RDONLY)
     try:
         assert os.read(fd, 100) == b'a\r\nb\n'
     finally:
@@ -218,16 +218,16 @@ def test_open_binary_leaves_the_flags_where_there_is_none(monkeypatch: pytest.Mo
         return real_open(path, flags, mode)
 
     monkeypatch.setattr(os, 'open', open_)
-    os.close(_fileio.open_binary(tmp_path / 'g', os.O_WRONLY | os.O_CREAT, 0o600))
+    os.close(files.open_binary(tmp_path / 'g', os.O_WRONLY | os.O_CREAT, 0o600))
     assert seen == [os.O_WRONLY | os.O_CREAT]
 
 
 def test_atomic_writes_open_every_file_in_binary_mode(opened: list[tuple[str, int]], tmp_path: Path) -> None:
-    _fileio.write_atomic(tmp_path / 'f', b'line\r\n')
-    os.close(_fileio.create_file(tmp_path / 'g', os.O_WRONLY))
-    files = [(Path(path).name, flags) for path, flags in opened if not os.path.isdir(path)]
-    assert [name.startswith('.f.') for name, _ in files] == [True, False]  # the temporary file, then g
-    assert all(flags & O_BINARY and flags & os.O_EXCL for _, flags in files)
+    files.write_atomic(tmp_path / 'f', b'line\r\n')
+    os.close(files.create_file(tmp_path / 'g', os.O_WRONLY))
+    made = [(Path(path).name, flags) for path, flags in opened if not os.path.isdir(path)]
+    assert [name.startswith('.f.') for name, _ in made] == [True, False]  # the temporary file, then g
+    assert all(flags & O_BINARY and flags & os.O_EXCL for _, flags in made)
     assert (tmp_path / 'f').read_bytes() == b'line\r\n'
 
 
@@ -270,7 +270,7 @@ def test_windows_replace_waits_for_a_sharing_violation_to_pass(
     (tmp_path / 'new').write_bytes(b'new')
     (tmp_path / 'old').write_bytes(b'old')
     sharing = Sharing(monkeypatch, fail=4, winerror=winerror)
-    _fileio.replace_file(tmp_path / 'new', tmp_path / 'old')
+    files.replace_file(tmp_path / 'new', tmp_path / 'old')
     assert sharing.calls == 5
     assert sharing.waits == [0.01, 0.02, 0.04, 0.08]
     assert (tmp_path / 'old').read_bytes() == b'new'
@@ -282,7 +282,7 @@ def test_windows_atomic_write_waits_for_a_reader_of_the_old_file(
     monkeypatch.setattr(sys, 'platform', 'win32')
     (tmp_path / 'f').write_bytes(b'old')
     sharing = Sharing(monkeypatch, fail=2)
-    _fileio.write_atomic(tmp_path / 'f', b'new')
+    files.write_atomic(tmp_path / 'f', b'new')
     assert sharing.waits == [0.01, 0.02]
     assert (tmp_path / 'f').read_bytes() == b'new'
 
@@ -291,7 +291,7 @@ def test_windows_remove_waits_for_a_sharing_violation_to_pass(monkeypatch: pytes
     monkeypatch.setattr(sys, 'platform', 'win32')
     (tmp_path / 'f').write_bytes(b'x')
     sharing = Sharing(monkeypatch, fail=3)
-    _fileio.remove_file(tmp_path / 'f')
+    files.remove_file(tmp_path / 'f')
     assert sharing.calls == 4
     assert not (tmp_path / 'f').exists()
 
@@ -301,7 +301,7 @@ def test_windows_gives_up_after_ten_tries_naming_the_files(monkeypatch: pytest.M
     (tmp_path / 'new').write_bytes(b'new')
     sharing = Sharing(monkeypatch, fail=1000)
     with pytest.raises(PermissionError) as raised:
-        _fileio.replace_file(tmp_path / 'new', tmp_path / 'old')
+        files.replace_file(tmp_path / 'new', tmp_path / 'old')
     error = raised.value
     assert (error.filename, error.filename2) == (str(tmp_path / 'new'), str(tmp_path / 'old'))
     assert 'cannot replace the file: another program still has it open after 10 tries over 2.1 s' in str(error)
@@ -310,7 +310,7 @@ def test_windows_gives_up_after_ten_tries_naming_the_files(monkeypatch: pytest.M
     assert sharing.calls == 10
     assert sharing.waits == [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.5, 0.5, 0.5]
     with pytest.raises(PermissionError, match='cannot delete the file') as removing:
-        _fileio.remove_file(tmp_path / 'new')
+        files.remove_file(tmp_path / 'new')
     assert (removing.value.filename, removing.value.filename2) == (str(tmp_path / 'new'), None)
 
 
@@ -321,7 +321,7 @@ def test_windows_other_permission_errors_are_raised_at_once(
     monkeypatch.setattr(sys, 'platform', 'win32')
     sharing = Sharing(monkeypatch, fail=1, winerror=winerror)
     with pytest.raises(PermissionError, match='being used'):
-        _fileio.remove_file(tmp_path / 'f')
+        files.remove_file(tmp_path / 'f')
     assert sharing.waits == []
 
 
@@ -329,14 +329,14 @@ def test_linux_never_waits_on_a_permission_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(sys, 'platform', 'linux')
     sharing = Sharing(monkeypatch, fail=1)  # even one that looks like a sharing violation
     with pytest.raises(PermissionError):
-        _fileio.replace_file(tmp_path / 'a', tmp_path / 'b')
+        files.replace_file(tmp_path / 'a', tmp_path / 'b')
     assert (sharing.calls, sharing.waits) == (1, [])
 
 
 def test_remove_file_missing_ok(tmp_path: Path) -> None:
-    _fileio.remove_file(tmp_path / 'absent', missing_ok=True)
+    files.remove_file(tmp_path / 'absent', missing_ok=True)
     with pytest.raises(FileNotFoundError):
-        _fileio.remove_file(tmp_path / 'absent')
+        files.remove_file(tmp_path / 'absent')
 
 
 # --- the full_fsync choice --------------------------------------------------------------------
@@ -347,10 +347,10 @@ def test_darwin_full_fsync_choice(
     darwin: tuple[FakeFcntl, list[int]], tmp_path: Path, choice: bool | None, full: bool
 ) -> None:
     fake, fsynced = darwin
-    with _fileio.using_full_fsync(choice):
-        _fileio.write_atomic(tmp_path / 'f', b'data')  # the file, then its folder
+    with files.using_full_fsync(choice):
+        files.write_atomic(tmp_path / 'f', b'data')  # the file, then its folder
     assert (len(fake.calls), len(fsynced)) == ((2, 0) if full else (0, 2))
-    _fileio.write_atomic(tmp_path / 'g', b'data')  # outside the block: the platform's default again
+    files.write_atomic(tmp_path / 'g', b'data')  # outside the block: the platform's default again
     assert (len(fake.calls), len(fsynced)) == ((4, 0) if full else (2, 2))
 
 
@@ -360,6 +360,6 @@ def test_linux_full_fsync_choice_changes_nothing(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, 'fcntl', fake)
     fsynced: list[int] = []
     monkeypatch.setattr(os, 'fsync', fsynced.append)
-    with _fileio.using_full_fsync(True):
-        _fileio.write_atomic(tmp_path / 'f', b'data')
+    with files.using_full_fsync(True):
+        files.write_atomic(tmp_path / 'f', b'data')
     assert (len(fake.calls), len(fsynced)) == (0, 2)

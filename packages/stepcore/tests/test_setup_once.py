@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from stepcore.engine._setup_once import SetupOnce
+from stepcore.backend_io.setup_once import SetupOnce
 
 
 async def test_concurrent_first_calls_run_the_setup_once() -> None:

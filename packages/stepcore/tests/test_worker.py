@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from stepcore.engine._worker import WorkerThread, WouldBlock, running_inline
+from stepcore.backend_io.worker import WorkerThread, WouldBlock, running_inline
 
 
 def _pause() -> None:

@@ -15,6 +15,24 @@ registry of installed backends. A name stays here while a backend, the template 
 
 from __future__ import annotations
 
+from stepcore.backend_io import (
+    TEMP_NAME,
+    SetupOnce,
+    WorkerThread,
+    WouldBlock,
+    create_file,
+    fsync_dir,
+    fsync_file,
+    make_dir,
+    open_binary,
+    remove_file,
+    replace_file,
+    running_inline,
+    using_full_fsync,
+    write_all,
+    write_atomic,
+    write_temp,
+)
 from stepcore.common.damage import DamagedRecordError, decoded, skip_damaged, warnings_logged
 from stepcore.common.encryption import Encryption
 from stepcore.common.features import (
@@ -33,7 +51,6 @@ from stepcore.engine import (
     EFFECT_FIELDS_IN_ROW,
     EVENT_FIELDS_IN_ROW,
     HEAD_KEY,
-    TEMP_NAME,
     Ask,
     AsyncPort,
     EngineStore,
@@ -42,28 +59,13 @@ from stepcore.engine import (
     NodeIdBlocks,
     PipelinedPort,
     Sealer,
-    SetupOnce,
     StaleHistory,
     SyncPort,
-    WorkerThread,
-    WouldBlock,
     backoff,
-    create_file,
     event_window,
-    fsync_dir,
-    fsync_file,
-    make_dir,
-    open_binary,
     ops,
     pruned_with,
-    remove_file,
-    replace_file,
     retrying,
-    running_inline,
-    using_full_fsync,
-    write_all,
-    write_atomic,
-    write_temp,
 )
 from stepcore.engine.faults import InjectedFault, boundaries, inject_faults, stop_at
 from stepcore.engine.memory import MemoryPort

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stepcore.backend_io import fsync_dir
 from stepcore.cli.transfer import collect_run, dump_export, import_runs, parse_export
-from stepcore.engine import fsync_dir
 from stepcore.store.step_store import StepStore
 
 __all__ = ('RekeyReport', 'rekey_store')

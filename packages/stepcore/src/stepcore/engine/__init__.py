@@ -13,7 +13,7 @@ the modules that implement it are private:
 - `_plans.py`: the mechanisms themselves, as plans of operations.
 - `_history.py`: message histories stored as chains of nodes, and how histories are compared.
 - `_retry.py`: passing failures (timeouts, conflicts) made again, with growing random waits.
-- `_fileio.py`, `_worker.py`, `_setup_once.py`, `_sql.py`: what local and SQL backends share.
+- `_sql.py`: the engine's event listing as an SQL window, for the SQL backends.
 - `memory.py`: `InMemoryStepStore`, the engine over dictionaries.
 - `faults.py`: fault injection at write boundaries, for crash tests.
 """
@@ -23,20 +23,6 @@ from __future__ import annotations
 from stepcore.common.damage import DamagedRecordError
 from stepcore.engine import _ops as ops
 from stepcore.engine._engine_store import EngineStore
-from stepcore.engine._fileio import (
-    TEMP_NAME,
-    create_file,
-    fsync_dir,
-    fsync_file,
-    make_dir,
-    open_binary,
-    remove_file,
-    replace_file,
-    using_full_fsync,
-    write_all,
-    write_atomic,
-    write_temp,
-)
 from stepcore.engine._history import TAIL_RECHECK, shares_prefix, starts_with, trusted_prefix
 from stepcore.engine._pipeline import Ask, NodeIdBlocks, PipelinedPort
 from stepcore.engine._plans import Fenced, KeyConflict, StaleHistory, pruned_with
@@ -44,16 +30,13 @@ from stepcore.engine._port import AsyncPort, Port, SyncPort, check_text
 from stepcore.engine._retry import backoff, retrying
 from stepcore.engine._rows import EFFECT_FIELDS_IN_ROW, EVENT_FIELDS_IN_ROW, sealed_size
 from stepcore.engine._seal import HEAD_KEY, Sealer
-from stepcore.engine._setup_once import SetupOnce
 from stepcore.engine._sql import event_window
-from stepcore.engine._worker import WorkerThread, WouldBlock, running_inline
 
 __all__ = (
     'EFFECT_FIELDS_IN_ROW',
     'EVENT_FIELDS_IN_ROW',
     'HEAD_KEY',
     'TAIL_RECHECK',
-    'TEMP_NAME',
     'Ask',
     'AsyncPort',
     'DamagedRecordError',
@@ -64,31 +47,16 @@ __all__ = (
     'PipelinedPort',
     'Port',
     'Sealer',
-    'SetupOnce',
     'StaleHistory',
     'SyncPort',
-    'WorkerThread',
-    'WouldBlock',
     'backoff',
     'check_text',
-    'create_file',
     'event_window',
-    'fsync_dir',
-    'fsync_file',
-    'make_dir',
-    'open_binary',
     'ops',
     'pruned_with',
-    'remove_file',
-    'replace_file',
     'retrying',
-    'running_inline',
     'sealed_size',
     'shares_prefix',
     'starts_with',
     'trusted_prefix',
-    'using_full_fsync',
-    'write_all',
-    'write_atomic',
-    'write_temp',
 )

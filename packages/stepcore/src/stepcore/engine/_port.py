@@ -24,8 +24,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, nullcontext
 from typing import Any, ClassVar, Final, TypeVar
 
+from stepcore.backend_io.worker import WorkerThread
 from stepcore.engine import _ops as ops
-from stepcore.engine._worker import WorkerThread
 
 __all__ = ('AsyncPort', 'Port', 'SyncPort', 'check_text')
 
@@ -215,8 +215,8 @@ class SyncPort(Port):
     inline_writes: bool = False
     """Whether a short write may run on the event loop's thread when the port's thread is idle
     (`try_inline`): true for a port whose commit does not wait for the disk (no fsync) and whose
-    code raises `stepcore.engine._worker.WouldBlock` where it would otherwise wait for a lock held by
-    another thread or process (see `stepcore.engine._worker.running_inline`)."""
+    code raises `stepcore.backend_io.worker.WouldBlock` where it would otherwise wait for a lock held by
+    another thread or process (see `stepcore.backend_io.worker.running_inline`)."""
 
     group_commit: ClassVar[bool] = False
     """Whether `savepoint` can isolate one write inside a transaction, so the engine may carry out
