@@ -4,6 +4,9 @@ What other layers and backends use is handed on here (backends take it from `ste
 the modules that implement it are private:
 
 - `EngineStore` (`_engine_store.py`): the `StepStore` a backend subclasses: the public API.
+- `_store_writes.py`, `_store_reads.py`, `_store_leases.py`, `_store_upkeep.py`: `EngineStore`'s jobs
+  (writes, reads, leases, whole-store maintenance), one class each, which it derives from.
+- `_store_base.py`: the state and the helpers those classes share.
 - `_rows.py`, `_seal.py`: the row codec: records into rows (bodies checked, sealed) and back.
 - `_driver.py`, `_group.py`: run plans on a port, in transactions, inline or grouped.
 - `SyncPort` / `AsyncPort` (`_port.py`): the I/O a backend implements, one method per operation.
