@@ -2,21 +2,23 @@
 
 From the ground up (each uses only what stands below it):
 
-1. `common` — what every layer shares: feature names, the damaged-record error, encryption keys.
-2. `media` — content-addressed blobs: the media store protocol, the media engine, the walker that
+1. `backend_io` — blocking I/O local stores share: crash-safe file writes, a store's worker
+   thread, a setup run once. It knows nothing of stepcore's records.
+2. `common` — what every layer shares: feature names, the damaged-record error, encryption keys.
+3. `media` — content-addressed blobs: the media store protocol, the media engine, the walker that
    moves large payloads out of messages. It knows nothing of runs.
-3. `store` — the records of a run and the store contract (protocol, base class, adapters), with
+4. `store` — the records of a run and the store contract (protocol, base class, adapters), with
    the rules every store shares; stored messages reference media, so it stands on `media`.
-4. `engine` — the storage engine: the contract implemented once over a small port per backend.
-5. `plugins` — the registry of backends, which builds stores from specs and URLs.
-6. `ownership` — run leases: claims, renewal, orphans.
-7. `capability` — `StepPersistence`: it builds its store from a spec and holds a lease per run.
-8. `recovery` — inspecting, settling and resuming what a crash or a pause left, run by the
+5. `engine` — the storage engine: the contract implemented once over a small port per backend.
+6. `plugins` — the registry of backends, which builds stores from specs and URLs.
+7. `ownership` — run leases: claims, renewal, orphans.
+8. `capability` — `StepPersistence`: it builds its store from a spec and holds a lease per run.
+9. `recovery` — inspecting, settling and resuming what a crash or a pause left, run by the
    capability again.
-9. `maintenance` — whole-store work (media collection).
-10. `harness` — reading stores pydantic-ai-harness wrote.
-11. `ui` — the web inspector.
-12. `cli` — the command line, which starts the inspector and the importer.
+10. `maintenance` — whole-store work (media collection).
+11. `harness` — reading stores pydantic-ai-harness wrote.
+12. `ui` — the web inspector.
+13. `cli` — the command line, which starts the inspector and the importer.
 
 The faces at the top, `stepcore` itself, `stepcore.backend` and `python -m stepcore` (which runs
 the command line), only hand names on; no module of
@@ -38,6 +40,7 @@ import stepcore
 ROOT = Path(stepcore.__file__).parent
 
 ORDER = (
+    'backend_io',
     'common',
     'media',
     'store',

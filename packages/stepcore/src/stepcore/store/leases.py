@@ -381,15 +381,13 @@ class Lease:
             when = self.expires_at.isoformat(timespec='seconds')
             hold = f'expired at {when}' if self.expired else f'held until {when}'
             return f'running on {self.owner}, epoch {self.epoch}, {hold}'
-        if self.state is LeaseState.RESUMED:
-            return f'resumed by run {self.resumed_by!r}'
-        extra = f' ({self.outcome})' if self.outcome else ''
-        return f'{self.state.value}{extra}'
+        ended = f'{self.state.value} ({self.outcome})' if self.outcome else self.state.value
+        return f'resumed by run {self.resumed_by!r}' if self.state is LeaseState.RESUMED else ended
 
     def headline(self) -> str:
         """`describe()` with the lease's epoch, said once, for a heading over its history."""
-        said = self.describe()
-        return said if self.state is LeaseState.RUNNING and self.owner is not None else f'{said}, epoch {self.epoch}'
+        running = self.state is LeaseState.RUNNING and self.owner is not None  # its words name the epoch
+        return self.describe() + ('' if running else f', epoch {self.epoch}')
 
 
 @dataclass(frozen=True, slots=True)
