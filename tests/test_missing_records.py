@@ -26,7 +26,15 @@ from typer.testing import CliRunner
 from step_file import FileStepStore
 from step_file.layout import EFFECTS_FILE, EVENTS_FILE, LEASE_FILE
 from step_sqlite import SqliteStepStore
-from stepcore import DamagedRecordError, RunRecord, StepEvent, StepPersistence, StepStore, check_store
+from stepcore import (
+    DamagedRecordError,
+    InMemoryStepStore,
+    RunRecord,
+    StepEvent,
+    StepPersistence,
+    StepStore,
+    check_store,
+)
 from stepcore.cli import app
 from stepcore.store.models import EventKind
 
@@ -222,3 +230,40 @@ async def test_postgres_rows_missing_from_a_run_raise() -> None:
         await _damaged(lambda: store.latest_snapshot(run_id, include_interrupted=True), run_id, 'snapshots')
     finally:
         await store.aclose()
+
+
+@pytest.mark.parametrize('backend', ['memory', 'sqlite'])
+async def test_a_lease_swap_counts_the_ledger_without_reading_its_entries(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every lease swap (taking, renewing, letting go) stores the run's count of ledger entries; a store
+    # that can count them answers the number, so a long run's renewal does not read every entry's body.
+    db = tmp_path / 'runs.db'
+    store: SqliteStepStore | InMemoryStepStore = (
+        SqliteStepStore(database=db) if backend == 'sqlite' else InMemoryStepStore()
+    )
+    port = type(store.port)
+    asked: list[tuple[bool, str | None]] = []
+    list_effects = port.list_effects
+
+    def spied(self: Any, tx: Any, op: Any) -> Any:
+        asked.append((op.count, op.tool_call_id))
+        return list_effects(self, tx, op)
+
+    monkeypatch.setattr(port, 'list_effects', spied)
+    run_id = await _agent_run(store, calls=3)
+    assert (True, None) in asked
+    assert (False, None) not in asked  # no swap, nor anything else of the run, read the whole ledger
+
+    entries = await store.list_tool_effects(run_id)
+    assert len(entries) == 1
+    assert asked[-1] == (False, None)  # a listing reads it whole, and checks it against the count
+    if isinstance(store, SqliteStepStore):
+        await store.aclose()
+        _sqlite(db, 'DELETE FROM tool_effects WHERE run_id = ?', run_id)
+        store = SqliteStepStore(database=db)
+    else:
+        store.port._data[run_id].effects.clear()  # pyright: ignore[reportPrivateUsage]
+    error = await _damaged(lambda: store.list_tool_effects(run_id), run_id, 'ledger')
+    assert 'the run had 1 ledger entries and the store lists 0' in str(error)
+    await store.aclose()

@@ -536,8 +536,10 @@ class MongoPort(AsyncPort):
                 # concurrent first writes raced on the unique index: replay the batch as replaces
                 # (replaying the entries before the failed one rewrites the same documents)
 
-    async def list_effects(self, tx: Any, op: ops.ListEffects) -> list[ops.EffectRow]:
+    async def list_effects(self, tx: Any, op: ops.ListEffects) -> list[ops.EffectRow] | int:
         query: Document = {'run_id': op.run_id}
+        if op.count and op.tool_call_id is None:  # one document per call (its unique index)
+            return int(await self._effects.count_documents(query, **_on(tx)))
         if op.tool_call_id is not None:
             query['tool_call_id'] = op.tool_call_id
         return [effect_row(doc) async for doc in self._effects.find(query, sort=_BY_START, **_on(tx))]

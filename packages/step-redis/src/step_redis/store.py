@@ -344,8 +344,10 @@ class RedisPort(PipelinedPort):
             value = pack(row.status, row.started_at.isoformat(), _bytes(row.body))
             tx.args += ['F', tx.run(row.run_id), row.tool_call_id, value]
 
-    async def list_effects(self, tx: Any, op: ops.ListEffects) -> list[ops.EffectRow]:
+    async def list_effects(self, tx: Any, op: ops.ListEffects) -> list[ops.EffectRow] | int:
         run = self.keys.run(op.run_id)
+        if op.count and op.tool_call_id is None:  # one hash field per call
+            return await self.fetch(tx, Ask([('HLEN', run.fx)], lambda replies: int(replies[0])))
         if op.tool_call_id is not None:
             value = cast(bytes | None, await self._client.hget(run.fx, op.tool_call_id))
             return [_effect_row(op.run_id, op.tool_call_id, value)] if value is not None else []

@@ -308,7 +308,9 @@ class SqlitePort(SyncPort):
         for r in op.rows:
             tx.execute(_UPSERT_EFFECT, (r.run_id, r.tool_call_id, r.status, _micros(r.started_at), _text(r.body)))
 
-    def list_effects(self, tx: sqlite3.Connection, op: ops.ListEffects) -> list[ops.EffectRow]:
+    def list_effects(self, tx: sqlite3.Connection, op: ops.ListEffects) -> list[ops.EffectRow] | int:
+        if op.count and op.tool_call_id is None:  # one row per call (the upsert's key)
+            return int(tx.execute('SELECT COUNT(*) FROM tool_effects WHERE run_id = ?', (op.run_id,)).fetchone()[0])
         sql = f'SELECT {_EFFECT_COLUMNS} FROM tool_effects WHERE run_id = ?'
         params: list[str] = [op.run_id]
         if op.tool_call_id is not None:

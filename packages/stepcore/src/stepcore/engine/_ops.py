@@ -335,15 +335,16 @@ class PutEffects(Op):
 
 @dataclass(frozen=True, slots=True)
 class ListEffects(Op):
-    """Answer: the run's ledger rows, in the order their calls were first recorded; only the one
-    call's row when `tool_call_id` is given (a port may answer more: the engine picks the call's row
-    again). A port may also answer rows a call's latest one replaced, before it: the engine checks
-    each and keeps the latest. Which entries are unresolved the engine decides from the decoded records, so that an
-    entry whose status was altered on disk is read, and fails its checksum, rather than filtered out."""
+    """Answer: the run's ledger rows, in the order their calls were first recorded; only the one call's row
+    when `tool_call_id` is given (a port may answer more: the engine picks it again). A port may also answer
+    rows a call's latest one replaced, before it: the engine checks each and keeps the latest, and decides
+    from the decoded records which are unresolved (an entry whose status was altered on disk fails its
+    checksum). With `count` a port may answer how many calls the rows are of (an `int`), without bodies."""
 
     method: ClassVar[str] = 'list_effects'
     run_id: str
     tool_call_id: str | None = None
+    count: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,7 +116,7 @@ class Port:
 
     def list_effects(
         self, tx: Any, op: ops.ListEffects
-    ) -> Sequence[ops.EffectRow] | Awaitable[Sequence[ops.EffectRow]]:
+    ) -> Sequence[ops.EffectRow] | int | Awaitable[Sequence[ops.EffectRow] | int]:
         raise NotImplementedError(f'{type(self).__name__} does not implement list_effects')
 
     def snapshot_key_applied(self, tx: Any, op: ops.SnapshotKeyApplied) -> bool | Awaitable[bool]:

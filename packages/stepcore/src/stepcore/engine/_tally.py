@@ -189,17 +189,20 @@ def count_plan(run_id: str) -> Plan[Tally]:
     """Count what the run holds now (three reads sent together)."""
     events, effects, states = yield (
         ListEvents(run_id, limit=1, newest=True),
-        ListEffects(run_id),
+        ListEffects(run_id, count=True),
         SnapshotStates(run_id),
     )
-    return _tally(cast(Sequence[EventRow], events), cast(Sequence[EffectRow], effects), states)
+    return _tally(cast(Sequence[EventRow], events), effects, states)
 
 
-def _tally(event_rows: Sequence[EventRow], effect_rows: Sequence[EffectRow], states: object) -> Tally:
+def _tally(event_rows: Sequence[EventRow], effects: object, states: object) -> Tally:
+    """The counts from the reads above; `effects` is the ledger's rows, or their number of calls where
+    the port counts them itself, so a long run's renewal does not read every entry's body."""
     pairs = cast(Sequence[tuple[int, str]], states)
+    calls = effects if type(effects) is int else len({row.tool_call_id for row in cast(Sequence[EffectRow], effects)})
     return Tally(
         events=max((row.seq or 0 for row in event_rows), default=0),
-        effects=len({row.tool_call_id for row in effect_rows}),
+        effects=calls,
         snapshot=max((seq for seq, _ in pairs), default=0),
         complete=max((seq for seq, state in pairs if state == _COMPLETE), default=0),
         snapshots=len(pairs),
@@ -211,11 +214,11 @@ def swap_plan(run_id: str) -> Plan[tuple[Tally, LeaseRead]]:
     """What a lease swap reads first, in one go: the run's tally (`count_plan`) and its lease."""
     events, effects, states, lease = yield (
         ListEvents(run_id, limit=1, newest=True),
-        ListEffects(run_id),
+        ListEffects(run_id, count=True),
         SnapshotStates(run_id),
         GetLease(run_id),
     )
-    tally = _tally(cast(Sequence[EventRow], events), cast(Sequence[EffectRow], effects), states)
+    tally = _tally(cast(Sequence[EventRow], events), effects, states)
     return tally, cast(LeaseRead, lease)
 
 

@@ -138,10 +138,12 @@ class MemoryPort(SyncPort):
         for row in rows:
             self._run(row.run_id).effects[row.tool_call_id] = row
 
-    def list_effects(self, tx: Any, op: ops.ListEffects) -> list[ops.EffectRow]:
+    def list_effects(self, tx: Any, op: ops.ListEffects) -> list[ops.EffectRow] | int:
         data = self._data.get(op.run_id)
         if data is None:
-            return []
+            return 0 if op.count and op.tool_call_id is None else []
+        if op.count and op.tool_call_id is None:
+            return len(data.effects)
         if op.tool_call_id is not None:
             row = data.effects.get(op.tool_call_id)
             return [row] if row is not None else []
