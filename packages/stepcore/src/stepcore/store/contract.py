@@ -22,12 +22,11 @@ of its parent class would go around it. `own_extension` decides this, once, for 
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
-from stepcore.store.adapters import paged_list_runs
+from stepcore.store.adapters import paged_list_runs, takes_keywords
 from stepcore.store.lifecycle import PruneProgress, PruneReport, RunPage
 from stepcore.store.models import (
     ContinuableSnapshot,
@@ -163,15 +162,6 @@ def _maybe(cls: type[R], record: object) -> R | None:
     return None if record is None else ours(cls, record)
 
 
-def _accepts(method: Callable[..., object], *names: str) -> bool:
-    """Whether `method` takes every one of `names` as a keyword (by name or through `**kwargs`)."""
-    try:
-        params = inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return True
-    return all(n in params for n in names) or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
 class ProtocolStore(StepStore):
     """A store that keeps the reference's contract, with the rest of `StepStore` around it.
 
@@ -204,7 +194,7 @@ class ProtocolStore(StepStore):
 
     async def list_runs(self, **filters: Any) -> list[RunRecord]:
         own = self.inner.list_runs
-        if _accepts(own, 'limit', 'cursor'):
+        if takes_keywords(own, 'limit', 'cursor'):
             return [ours(RunRecord, r) for r in await own(**filters)]
 
         async def by_lineage(**lineage: str | None) -> list[RunRecord]:
@@ -241,7 +231,7 @@ class ProtocolStore(StepStore):
         own = self._own('list_snapshots')
         if own is None:
             return await super().list_snapshots(run_id, include_interrupted=include_interrupted)
-        if _accepts(own, 'include_interrupted'):
+        if takes_keywords(own, 'include_interrupted'):
             found = await own(run_id=run_id, include_interrupted=include_interrupted)
         else:
             every = [ours(ContinuableSnapshot, s) for s in await own(run_id=run_id)]
