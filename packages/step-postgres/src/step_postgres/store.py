@@ -6,6 +6,8 @@ statements whose answers the engine does not need are sent without waiting for t
 without a snapshot costs one round trip and a snapshot save two (its checks, then the writes and
 the commit). A fenced write (one made under a run's lease) costs no more: its check is one more
 statement of the transaction, which fails the transaction on the server when the lease moved on.
+A step's write comes whole (`write_step`), and sends those statements without the engine's
+dispatch of each operation.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any, ClassVar, Final, TypeAlias, TypeVar
 
-from psycopg import AsyncConnection, Error, OperationalError, errors, pq, sql
+from psycopg import AsyncConnection, AsyncCursor, Error, OperationalError, errors, pq, sql
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -38,8 +40,10 @@ from stepcore.backend import (
     PipelinedPort,
     SetupOnce,
     SnapshotState,
+    StaleHistory,
     event_window,
     ops,
+    pruned_with,
 )
 
 from ._pool import CONNECT_TIMEOUT_SECONDS, PoolHandle
@@ -125,6 +129,21 @@ def _lease_rows(rows: Rows) -> tuple[list[ops.LeaseRow], float]:
 
 def _start(rows: Rows) -> bytes | None:
     return bytes(rows[0][0]) if rows and rows[0][0] is not None else None
+
+
+async def _send(tx: AsyncConnection[Any], requests: Sequence[Any]) -> list[AsyncCursor[tuple[Any, ...]]]:
+    """Send `(statement, parameters)` requests; their cursors, to read the rows from (`_receive`).
+    In a pipeline nothing waits for an answer until the first cursor is read."""
+    cursors = [tx.cursor(row_factory=tuple_row) for _ in requests]
+    for (query, params), cursor in zip(requests, cursors, strict=True):
+        await cursor.execute(query, params)
+    return cursors
+
+
+async def _receive(cursors: Sequence[AsyncCursor[tuple[Any, ...]]]) -> list[Rows]:
+    """The rows of each of `_send`'s cursors, in order: in a pipeline the first read waits for the
+    answers of everything sent before it, and the rest are there already."""
+    return [await cursor.fetchall() for cursor in cursors]
 
 
 async def _roll_back(conn: AsyncConnection[Any]) -> None:
@@ -271,10 +290,7 @@ class PostgresPort(PipelinedPort):
     async def pipeline(self, tx: AsyncConnection[Any], requests: Sequence[Any]) -> list[Rows]:
         """Send the statements, then read their rows: inside a transaction's pipeline the server
         gets them together and the port waits once; outside one, each in turn."""
-        cursors = [tx.cursor(row_factory=tuple_row) for _ in requests]
-        for (query, params), cursor in zip(requests, cursors, strict=True):
-            await cursor.execute(query, params)
-        return [await cursor.fetchall() for cursor in cursors]
+        return await _receive(await _send(tx, requests))
 
     async def close(self) -> None:
         await self.__handle.close()
@@ -356,7 +372,10 @@ class PostgresPort(PipelinedPort):
     # -- events and ledger --------------------------------------------------------------------
 
     async def put_events(self, tx: AsyncConnection[Any], op: ops.PutEvents) -> None:
-        params = [{'run': op.run_id, 'key': r.idempotency_key, 'record': _text(r.body)} for r in op.rows]
+        await self._send_events(tx, op.run_id, op.rows)
+
+    async def _send_events(self, tx: AsyncConnection[Any], run_id: str, rows: Sequence[ops.EventRow]) -> None:
+        params = [{'run': run_id, 'key': r.idempotency_key, 'record': _text(r.body)} for r in rows]
         await tx.cursor().executemany(self._q.event_insert, params)
 
     def ask_list_events(self, op: ops.ListEvents) -> Ask[list[ops.EventRow]]:
@@ -370,10 +389,15 @@ class PostgresPort(PipelinedPort):
         )
 
     async def put_effects(self, tx: AsyncConnection[Any], op: ops.PutEffects) -> None:
-        params = [(r.run_id, r.tool_call_id, r.status, r.started_at, _text(r.body)) for r in op.rows]
+        await self._send_effects(tx, op.rows)
+
+    async def _send_effects(self, tx: AsyncConnection[Any], rows: Sequence[ops.EffectRow]) -> None:
+        params = [(r.run_id, r.tool_call_id, r.status, r.started_at, _text(r.body)) for r in rows]
         await tx.cursor().executemany(self._q.effect_upsert, params)
 
-    def ask_list_effects(self, op: ops.ListEffects) -> Ask[list[ops.EffectRow]]:
+    def ask_list_effects(self, op: ops.ListEffects) -> Ask[list[ops.EffectRow]] | Ask[int]:
+        if op.count and op.tool_call_id is None:  # one row per call (the upsert's key)
+            return _ask(self._q.effects_count, (op.run_id,), lambda rows: int(rows[0][0]))
         if op.tool_call_id is not None:
             query, params = self._q.effect_get, (op.run_id, op.tool_call_id)
         else:
@@ -392,29 +416,43 @@ class PostgresPort(PipelinedPort):
         return _ask(self._q.snapshot_states, (op.run_id,), lambda rows: [(int(s), str(st)) for s, st in rows])
 
     async def put_snapshot(self, tx: AsyncConnection[Any], op: ops.PutSnapshot) -> list[int]:
+        nodes = await self._take_node_ids(tx, len(op.bodies))
+        await self._send_snapshot(tx, op.run_id, op, nodes)
+        return nodes
+
+    async def _take_node_ids(self, tx: AsyncConnection[Any], count: int) -> list[int]:
+        """`count` message node ids, from the store's block; a refill (rare) waits for its answer."""
+
         async def reserve(count: int) -> list[int]:
             params = (self._tables.name('node_ids'), count)
             return await self.fetch(tx, _ask(self._q.node_ids, params, lambda rows: [int(r[0]) for r in rows]))
 
-        nodes = await self._node_ids.take(len(op.bodies), reserve)
-        row = op.row
+        return await self._node_ids.take(count, reserve)
+
+    async def _send_snapshot(
+        self, tx: AsyncConnection[Any], run_id: str, snapshot: ops.PutSnapshot | ops.SnapshotWrite, nodes: list[int]
+    ) -> None:
+        """The snapshot's one statement (key, counter, new nodes `nodes`, row), its answer not awaited."""
+        row = snapshot.row
         params = {
-            'run': op.run_id,
-            'key': op.key,
+            'run': run_id,
+            'key': snapshot.key,
             'nodes': nodes,
-            'parents': [op.parent, *nodes[:-1]] if nodes else [],
-            'bodies': list(op.bodies),
+            'parents': [snapshot.parent, *nodes[:-1]] if nodes else [],
+            'bodies': list(snapshot.bodies),
             'state': row.state,
             'step_index': ops.legacy_step_index(row.body),
-            'head': nodes[-1] if nodes else op.parent,
+            'head': nodes[-1] if nodes else snapshot.parent,
             'length': row.length,
             'record': _text(row.body),
         }
         await tx.execute(self._q.snapshot_insert, params)
-        return nodes
 
     async def delete_snapshots(self, tx: AsyncConnection[Any], op: ops.DeleteSnapshots) -> None:
-        await tx.execute(self._q.snapshot_delete, (op.run_id, list(op.seqs)))
+        await self._send_delete(tx, op.run_id, op.seqs)
+
+    async def _send_delete(self, tx: AsyncConnection[Any], run_id: str, seqs: Sequence[int]) -> None:
+        await tx.execute(self._q.snapshot_delete, (run_id, list(seqs)))
 
     def ask_list_snapshots(self, op: ops.ListSnapshots) -> Ask[list[ops.SnapshotRow]]:
         query = self._q.snapshots[op.newest, op.complete_only]
@@ -479,11 +517,72 @@ class PostgresPort(PipelinedPort):
         for the write to commit and then sees it, and fails the transaction on the server when the
         lease is not at `op.epoch` (a takeover committed first, or the run has no lease).
         `transaction()` then raises `Fenced`."""
+        await self._send_fence(tx, op.run_id, op.epoch)
+
+    async def _send_fence(self, tx: AsyncConnection[Any], run_id: str, epoch: int) -> None:
         checked = self._fences.get(id(tx))
         if checked is None:
-            raise RuntimeError(f'check_lease of run {op.run_id!r} runs only inside a write transaction')
-        checked.append((op.run_id, op.epoch))
-        await tx.execute(self._q.lease_check, (op.run_id, op.epoch))
+            raise RuntimeError(f'check_lease of run {run_id!r} runs only inside a write transaction')
+        checked.append((run_id, epoch))
+        await tx.execute(self._q.lease_check, (run_id, epoch))
+
+    # -- a step's whole write -------------------------------------------------------------------
+
+    fused_steps = True
+
+    async def write_step(self, tx: AsyncConnection[Any], op: ops.WriteStep) -> list[int] | None:
+        """A step's write (`ops.WriteStep`) as `write_plan` makes it, without the engine's dispatch of
+        each operation: the fence first (`check_lease`, answered with what follows it), then with a
+        snapshot its checks, sent together with a refill of node ids when one is due and answered
+        in one round trip; then the writes, sent without waiting and answered with the commit.
+
+        The node ids of the new messages are taken before the checks are answered, so a snapshot
+        skipped (its key applied) or refused (`StaleHistory`) leaves its ids unused, a gap like
+        those every store object leaves. The write boundaries of the operations it stands for are
+        marked as the engine marks them (`Port.boundary`), so a fault injected at one stops the step
+        at the same point either way."""
+        run_id = op.run_id
+        if op.epoch is not None:
+            await self._send_fence(tx, run_id, op.epoch)
+        nodes = None if op.snapshot is None else await self._write_snapshot(tx, run_id, op.snapshot, op.max_snapshots)
+        if op.effects:
+            self.boundary('put_effects')
+            await self._send_effects(tx, op.effects)
+        if op.events:
+            self.boundary('put_events')
+            await self._send_events(tx, run_id, op.events)
+        return nodes
+
+    async def _write_snapshot(
+        self, tx: AsyncConnection[Any], run_id: str, snapshot: ops.SnapshotWrite, max_snapshots: int | None
+    ) -> list[int] | None:
+        """`write_plan`'s snapshot part: its new node ids, or `None` when its key was applied."""
+        key, parent = snapshot.key, snapshot.parent
+        checks: list[Ask[Any]] = []
+        if key is not None:
+            checks.append(self.ask_snapshot_key_applied(ops.SnapshotKeyApplied(run_id, key)))
+        if parent is not None:
+            checks.append(self.ask_node_exists(ops.NodeExists(run_id, parent)))
+        if max_snapshots is not None:
+            checks.append(self.ask_snapshot_states(ops.SnapshotStates(run_id)))
+        sent = await _send(tx, [check.request for check in checks])
+        nodes = await self._take_node_ids(tx, len(snapshot.bodies))  # a refill waits with the checks
+        answers = iter([check.answer(rows) for check, rows in zip(checks, await _receive(sent), strict=True)])
+        applied = key is not None and next(answers)
+        parent_found = parent is None or next(answers)
+        states = next(answers) if max_snapshots is not None else ()
+        if applied:
+            return None
+        if not parent_found:
+            raise StaleHistory(run_id)
+        self.boundary('put_snapshot')
+        await self._send_snapshot(tx, run_id, snapshot, nodes)
+        if max_snapshots is not None:
+            doomed = pruned_with(states, snapshot.row.state, max_snapshots)
+            if doomed:
+                self.boundary('delete_snapshots')
+                await self._send_delete(tx, run_id, doomed)
+        return nodes
 
 
 class _Queries:
@@ -558,6 +657,7 @@ class _Queries:
         effect_columns = 'SELECT run_id, tool_call_id, status, started_at, record FROM {tool_effects}'
         self.effect_get = q(effect_columns + ' WHERE run_id = %s AND tool_call_id = %s')
         self.effects_list = q(effect_columns + ' WHERE run_id = %s ORDER BY started_at, ord')
+        self.effects_count = q('SELECT count(*) FROM {tool_effects} WHERE run_id = %s')
         self.snapshot_key_applied = q(
             'SELECT EXISTS (SELECT 1 FROM {snapshot_keys} WHERE run_id = %s AND idempotency_key = %s)'
         )
