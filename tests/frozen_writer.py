@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -52,16 +53,16 @@ def build_agent(store: StepStore, *, run_id: str | None = None, ttl: float = 1.0
 def freeze_in_second_write(world: Path, run_id: str, action: str) -> None:
     """Stop this process (`action` 'stop'; 'kill': end it) inside the transaction that records the
     second step's ledger entry."""
-    put_effects = PostgresPort.put_effects
+    send_effects = PostgresPort._send_effects  # pyright: ignore[reportPrivateUsage]  # a step's or a batch's ledger rows
 
-    async def frozen(self: PostgresPort, tx: Any, op: ops.PutEffects) -> None:
-        await put_effects(self, tx, op)
-        if any(row.run_id == run_id and row.tool_call_id == 'step-2' for row in op.rows):
+    async def frozen(self: PostgresPort, tx: Any, rows: Sequence[ops.EffectRow]) -> None:
+        await send_effects(self, tx, rows)
+        if any(row.run_id == run_id and row.tool_call_id == 'step-2' for row in rows):
             (world / f'{run_id}.frozen').write_text(str(os.getpid()))
             await (await tx.execute('SELECT 1')).fetchone()  # all sent and done on the server: the locks are held
             os.kill(os.getpid(), signal.SIGSTOP if action == 'stop' else signal.SIGKILL)
 
-    PostgresPort.put_effects = frozen  # type: ignore[method-assign]
+    PostgresPort._send_effects = frozen  # type: ignore[method-assign]  # pyright: ignore[reportPrivateUsage]
 
 
 async def main(config: dict[str, Any]) -> None:
