@@ -233,7 +233,7 @@ async def test_postgres_rows_missing_from_a_run_raise() -> None:
 
 
 @pytest.mark.parametrize('backend', ['memory', 'sqlite'])
-async def test_a_lease_swap_counts_the_ledger_without_reading_its_entries(
+async def test_a_lease_swap_counts_the_ledger_and_snapshots_without_reading_them(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every lease swap (taking, renewing, letting go) stores the run's count of ledger entries; a store
@@ -244,16 +244,24 @@ async def test_a_lease_swap_counts_the_ledger_without_reading_its_entries(
     )
     port = type(store.port)
     asked: list[tuple[bool, str | None]] = []
-    list_effects = port.list_effects
+    summaries: list[bool] = []
+    list_effects, snapshot_states = port.list_effects, port.snapshot_states
 
     def spied(self: Any, tx: Any, op: Any) -> Any:
         asked.append((op.count, op.tool_call_id))
         return list_effects(self, tx, op)
 
+    def states_spied(self: Any, tx: Any, op: Any) -> Any:
+        summaries.append(op.summary)
+        return snapshot_states(self, tx, op)
+
     monkeypatch.setattr(port, 'list_effects', spied)
+    monkeypatch.setattr(port, 'snapshot_states', states_spied)
     run_id = await _agent_run(store, calls=3)
     assert (True, None) in asked
     assert (False, None) not in asked  # no swap, nor anything else of the run, read the whole ledger
+    assert summaries
+    assert all(summaries)  # nor a row per snapshot: without retention nothing else lists their states
 
     entries = await store.list_tool_effects(run_id)
     assert len(entries) == 1
@@ -266,4 +274,13 @@ async def test_a_lease_swap_counts_the_ledger_without_reading_its_entries(
         store.port._data[run_id].effects.clear()  # pyright: ignore[reportPrivateUsage]
     error = await _damaged(lambda: store.list_tool_effects(run_id), run_id, 'ledger')
     assert 'the run had 1 ledger entries and the store lists 0' in str(error)
+    snapshots = await store.list_snapshots(run_id, include_interrupted=True)
+    if isinstance(store, SqliteStepStore):
+        await store.aclose()
+        _sqlite(db, 'DELETE FROM snapshots WHERE run_id = ? AND seq = ?', run_id, snapshots[0].seq)
+        store = SqliteStepStore(database=db)
+    else:
+        del store.port._data[run_id].snapshots[0]  # pyright: ignore[reportPrivateUsage]
+    error = await _damaged(lambda: store.list_snapshots(run_id, include_interrupted=True), run_id, 'snapshots')
+    assert f'the run had {len(snapshots)} snapshots and the store lists {len(snapshots) - 1}' in str(error)
     await store.aclose()

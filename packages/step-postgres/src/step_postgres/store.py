@@ -412,7 +412,11 @@ class PostgresPort(PipelinedPort):
     def ask_node_exists(self, op: ops.NodeExists) -> Ask[bool]:
         return _ask(self._q.node_exists, (op.node, op.run_id), _flag)
 
-    def ask_snapshot_states(self, op: ops.SnapshotStates) -> Ask[list[tuple[int, str]]]:
+    def ask_snapshot_states(
+        self, op: ops.SnapshotStates
+    ) -> Ask[list[tuple[int, str]]] | Ask[tuple[int, int, int, int]]:
+        if op.summary:
+            return _ask(self._q.snapshot_summary, (op.run_id,), lambda rows: tuple(int(v) for v in rows[0]))
         return _ask(self._q.snapshot_states, (op.run_id,), lambda rows: [(int(s), str(st)) for s, st in rows])
 
     async def put_snapshot(self, tx: AsyncConnection[Any], op: ops.PutSnapshot) -> list[int]:
@@ -663,6 +667,10 @@ class _Queries:
         )
         self.node_exists = q('SELECT EXISTS (SELECT 1 FROM {nodes} WHERE node_id = %s AND run_id = %s)')
         self.snapshot_states = q('SELECT seq, state FROM {snapshots} WHERE run_id = %s ORDER BY seq')
+        self.snapshot_summary = q(
+            "SELECT COALESCE(MAX(seq), 0), COALESCE(MAX(seq) FILTER (WHERE state = 'complete'), 0), count(*), "
+            "count(*) FILTER (WHERE state = 'complete') FROM {snapshots} WHERE run_id = %s"
+        )
         self.node_ids = q('SELECT nextval(%s::regclass) FROM generate_series(1, %s)')
         # The key is inserted without ON CONFLICT: a key recorded meanwhile fails the transaction.
         # The new nodes (ids given) chain off %(parent)s in order; the snapshot row takes the run's

@@ -102,6 +102,10 @@ SELECT node_id, parent_id, body FROM chain
 """
 _NODE_EXISTS: Final = 'SELECT 1 FROM message_nodes WHERE node_id = ? AND run_id = ?'
 _SNAPSHOT_STATES: Final = 'SELECT seq, state FROM snapshots WHERE run_id = ?'
+_SNAPSHOT_SUMMARY: Final = (
+    "SELECT COALESCE(MAX(seq), 0), COALESCE(MAX(CASE WHEN state = 'complete' THEN seq END), 0), COUNT(*), "
+    "COALESCE(SUM(state = 'complete'), 0) FROM snapshots WHERE run_id = ?"
+)
 _LAST_NODE = 'SELECT MAX(COALESCE((SELECT MAX(node_id) FROM message_nodes), 0), (SELECT last FROM node_ids))'
 """The highest node id ever handed out: the newest node's, or a deleted run's (see `delete_run`)."""
 _RUN_TABLES = (
@@ -331,7 +335,12 @@ class SqlitePort(SyncPort):
     def node_exists(self, tx: sqlite3.Connection, op: ops.NodeExists) -> bool:
         return tx.execute(_NODE_EXISTS, (op.node, op.run_id)).fetchone() is not None
 
-    def snapshot_states(self, tx: sqlite3.Connection, op: ops.SnapshotStates) -> list[tuple[int, str]]:
+    def snapshot_states(
+        self, tx: sqlite3.Connection, op: ops.SnapshotStates
+    ) -> list[tuple[int, str]] | tuple[int, int, int, int]:
+        if op.summary:
+            newest, complete, count, completes = tx.execute(_SNAPSHOT_SUMMARY, (op.run_id,)).fetchone()
+            return int(newest), int(complete), int(count), int(completes)
         return [(int(s), str(st)) for s, st in tx.execute(_SNAPSHOT_STATES, (op.run_id,))]
 
     def put_snapshot(self, tx: sqlite3.Connection, op: ops.PutSnapshot) -> list[int]:

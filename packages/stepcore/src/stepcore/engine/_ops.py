@@ -367,10 +367,12 @@ class NodeExists(Op):
 
 @dataclass(frozen=True, slots=True)
 class SnapshotStates(Op):
-    """Answer: `(seq, state)` of each of the run's stored snapshots."""
+    """Answer: `(seq, state)` of each of the run's stored snapshots. With `summary` a port may answer a tuple
+    instead: the newest seq, the newest complete one's, how many, how many complete (0 for none)."""
 
     method: ClassVar[str] = 'snapshot_states'
     run_id: str
+    summary: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,8 +450,7 @@ class GetLease(Op):
 
 @dataclass(frozen=True, slots=True)
 class SwapLease(Op):
-    """Compare and set the run's lease, atomically against every other `SwapLease` and `CheckLease`
-    of the run (and against its writes).
+    """Compare and set the run's lease, atomically against the run's other swaps, `CheckLease` and writes.
 
     It matches when the run has no lease and `expect` is `None`, or when its lease's epoch is
     `expect` and, with `expired`, its `expires` is earlier than now on the port's clock. Then it
@@ -461,10 +462,9 @@ class SwapLease(Op):
     Ports with a clock of their own (a database server) use it for both `expires` and the
     comparison, so the clocks of the processes sharing the store never matter.
 
-    With `expect_expires` (a lease's `expires` exactly as the port read it), the lease must also
-    still have that expiry: as every swap sets a new one, nothing else swapped the lease since it
-    was read. (A note added to a lease by a process that does not own it uses this, so that it never
-    undoes a change its owner made at the same epoch.)
+    With `expect_expires` (a lease's `expires` exactly as the port read it), the lease must also still
+    have that expiry: every swap sets a new one, so nothing swapped it since it was read (a note a
+    process adds to a lease it does not own never undoes its owner's change at the same epoch).
     """
 
     method: ClassVar[str] = 'swap_lease'

@@ -127,7 +127,7 @@ class Port:
 
     def snapshot_states(
         self, tx: Any, op: ops.SnapshotStates
-    ) -> Sequence[tuple[int, str]] | Awaitable[Sequence[tuple[int, str]]]:
+    ) -> Sequence[tuple[int, str]] | tuple[int, int, int, int] | Awaitable[Any]:
         raise NotImplementedError(f'{type(self).__name__} does not implement snapshot_states')
 
     def put_snapshot(self, tx: Any, op: ops.PutSnapshot) -> Sequence[int] | Awaitable[Sequence[int]]:

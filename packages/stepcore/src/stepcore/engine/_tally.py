@@ -190,23 +190,30 @@ def count_plan(run_id: str) -> Plan[Tally]:
     events, effects, states = yield (
         ListEvents(run_id, limit=1, newest=True),
         ListEffects(run_id, count=True),
-        SnapshotStates(run_id),
+        SnapshotStates(run_id, summary=True),
     )
     return _tally(cast(Sequence[EventRow], events), effects, states)
 
 
 def _tally(event_rows: Sequence[EventRow], effects: object, states: object) -> Tally:
-    """The counts from the reads above; `effects` is the ledger's rows, or their number of calls where
-    the port counts them itself, so a long run's renewal does not read every entry's body."""
-    pairs = cast(Sequence[tuple[int, str]], states)
+    """The counts from the reads above. `effects` is the ledger's rows, or their number of calls, and
+    `states` the snapshots' `(seq, state)` pairs, or their summary, where the port counts them itself:
+    so a long run's renewal does not read a row per record it holds."""
     calls = effects if type(effects) is int else len({row.tool_call_id for row in cast(Sequence[EffectRow], effects)})
+    if type(states) is tuple:
+        newest, complete, snapshots, completes = cast(tuple[int, int, int, int], states)
+    else:
+        pairs = cast(Sequence[tuple[int, str]], states)
+        newest = max((seq for seq, _ in pairs), default=0)
+        complete = max((seq for seq, state in pairs if state == _COMPLETE), default=0)
+        snapshots, completes = len(pairs), sum(1 for _, state in pairs if state == _COMPLETE)
     return Tally(
         events=max((row.seq or 0 for row in event_rows), default=0),
         effects=calls,
-        snapshot=max((seq for seq, _ in pairs), default=0),
-        complete=max((seq for seq, state in pairs if state == _COMPLETE), default=0),
-        snapshots=len(pairs),
-        completes=sum(1 for _, state in pairs if state == _COMPLETE),
+        snapshot=newest,
+        complete=complete,
+        snapshots=snapshots,
+        completes=completes,
     )
 
 
@@ -215,7 +222,7 @@ def swap_plan(run_id: str) -> Plan[tuple[Tally, LeaseRead]]:
     events, effects, states, lease = yield (
         ListEvents(run_id, limit=1, newest=True),
         ListEffects(run_id, count=True),
-        SnapshotStates(run_id),
+        SnapshotStates(run_id, summary=True),
         GetLease(run_id),
     )
     tally = _tally(cast(Sequence[EventRow], events), effects, states)
