@@ -157,13 +157,10 @@ class MemoryPort(SyncPort):
         data = self._data.get(op.run_id)
         return data is not None and op.node in data.nodes
 
-    def snapshot_states(self, tx: Any, op: ops.SnapshotStates) -> list[tuple[int, str]] | tuple[int, int, int, int]:
+    def snapshot_states(self, tx: Any, op: ops.SnapshotStates) -> list[tuple[int, str]]:
+        # the pairs even for a summary: they are at hand, and the engine sums them up as it would
         data = self._data.get(op.run_id)
-        pairs = [(s.seq or 0, s.state) for s in data.snapshots] if data is not None else []
-        if not op.summary:
-            return pairs
-        complete = [seq for seq, state in pairs if state == SnapshotState.COMPLETE.value]
-        return max((seq for seq, _ in pairs), default=0), max(complete, default=0), len(pairs), len(complete)
+        return [(s.seq or 0, s.state) for s in data.snapshots] if data is not None else []
 
     def put_snapshot(self, tx: Any, op: ops.PutSnapshot) -> list[int]:
         data = self._run(op.run_id)
